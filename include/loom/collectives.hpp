@@ -1,0 +1,78 @@
+#pragma once
+// The collectives that loom's strategies issue, over one c10d backend (Gloo or NCCL).
+// Every call is asynchronous: it returns a handle to wait on, so communication overlaps compute.
+
+#include <ATen/core/Tensor.h>
+#include <c10/util/intrusive_ptr.h>
+#include <torch/csrc/distributed/c10d/Work.hpp>
+
+#include <chrono>
+#include <functional>
+
+namespace c10d {
+class Backend;
+}  // namespace c10d
+
+namespace loom {
+
+enum class reduce_op { sum, mean };
+
+// An issued collective. wait() blocks until it is done (or the backend's timeout passes, which
+// throws), then runs its completion step, e.g. copying a padded result into the caller's tensor.
+class [[nodiscard]] pending_collective {
+ public:
+  pending_collective() = default;  // nothing to wait for
+  explicit pending_collective(c10::intrusive_ptr<c10d::Work> work, std::function<void()> then = {});
+
+  void wait();
+  [[nodiscard]] bool is_completed() const;
+
+ private:
+  c10::intrusive_ptr<c10d::Work> work_;
+  std::function<void()> then_;
+};
+
+class collectives {
+ public:
+  // world_size 1 needs no backend: every collective is then the identity.
+  collectives(c10::intrusive_ptr<c10d::Backend> backend, int rank, int world_size);
+  ~collectives();
+  collectives(const collectives&) = delete;
+  collectives& operator=(const collectives&) = delete;
+
+  [[nodiscard]] int rank() const noexcept { return rank_; }
+  [[nodiscard]] int world_size() const noexcept { return world_size_; }
+
+  // In place. mean divides first and then sums: Gloo has no AVG.
+  pending_collective all_reduce(at::Tensor& tensor, reduce_op op = reduce_op::sum);
+  pending_collective broadcast(at::Tensor& tensor, int root = 0);
+
+  // The shard size for a flat tensor of `numel` elements: ceil(numel / world), so that the last
+  // shard is padded.
+  [[nodiscard]] std::int64_t shard_numel(std::int64_t numel) const noexcept;
+
+  // Each rank's shard (shard_numel(flat.numel()) elements) concatenated into `flat`; the padding
+  // past flat.numel() is dropped.
+  pending_collective all_gather(const at::Tensor& shard, at::Tensor& flat);
+
+  // `flat` reduced across ranks, this rank's slice of it written into `shard`; `flat` is padded
+  // to world × shard elements as needed.
+  pending_collective reduce_scatter(const at::Tensor& flat, at::Tensor& shard,
+                                    reduce_op op = reduce_op::sum);
+
+  pending_collective barrier();
+
+  // Reduce-scatter as an all-reduce and a local slice: for backends without a native one, and
+  // for tests that compare the two paths.
+  void use_emulated_reduce_scatter(bool emulate) noexcept { emulate_reduce_scatter_ = emulate; }
+
+ private:
+  pending_collective emulated_reduce_scatter(const at::Tensor& padded, at::Tensor& shard);
+
+  c10::intrusive_ptr<c10d::Backend> backend_;
+  int rank_;
+  int world_size_;
+  bool emulate_reduce_scatter_ = false;
+};
+
+}  // namespace loom

@@ -1,0 +1,47 @@
+#pragma once
+// The process's place in a job and its process group: rendezvous through c10d's TCPStore, then
+// Gloo for CPU tensors or NCCL for CUDA tensors.
+
+#include <loom/collectives.hpp>
+#include <loom/runtime/launch_env.hpp>
+
+#include <c10/core/Device.h>
+#include <c10/util/intrusive_ptr.h>
+
+#include <memory>
+
+namespace c10d {
+class ProcessGroup;
+class Store;
+}  // namespace c10d
+
+namespace loom {
+
+class runtime {
+ public:
+  // Reads the launcher's variables (see launch_env) and joins the job; a single process when
+  // none is set. Throws launch_error with the variable, the master or the backend at fault.
+  [[nodiscard]] static runtime from_env();
+  [[nodiscard]] static runtime single_process();
+  explicit runtime(const launch_env& env);
+
+  [[nodiscard]] int rank() const noexcept;
+  [[nodiscard]] int local_rank() const noexcept;
+  [[nodiscard]] int world_size() const noexcept;
+  [[nodiscard]] bool is_distributed() const noexcept { return world_size() > 1; }
+  [[nodiscard]] backend_kind backend() const noexcept;
+  [[nodiscard]] c10::Device device() const noexcept;
+  [[nodiscard]] std::chrono::milliseconds timeout() const noexcept;
+  [[nodiscard]] const launch_env& env() const noexcept;
+
+  [[nodiscard]] collectives& comm() const noexcept;
+  // The world group, for c10d components such as the Reducer; null for a single process.
+  [[nodiscard]] const c10::intrusive_ptr<c10d::ProcessGroup>& process_group() const noexcept;
+  [[nodiscard]] const c10::intrusive_ptr<c10d::Store>& store() const noexcept;
+
+ private:
+  struct state;
+  std::shared_ptr<state> state_;  // shared: a runtime is a cheap handle, copies join one group
+};
+
+}  // namespace loom

@@ -1,0 +1,52 @@
+#pragma once
+// What torchrun and loom-run tell a process about its place in the job, parsed and validated.
+// Torch-free, so that the parsing and its error messages are tested without LibTorch.
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+
+namespace loom {
+
+enum class backend_kind { gloo, nccl };
+
+[[nodiscard]] std::string_view to_string(backend_kind kind) noexcept;
+
+// A launch environment that cannot work: the message names the variable and its accepted form.
+class launch_error : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+struct launch_env {
+  static constexpr std::chrono::milliseconds default_timeout{std::chrono::seconds(300)};
+
+  int rank = 0;
+  int local_rank = 0;
+  int world_size = 1;
+  int local_world_size = 1;
+  std::string master_addr;            // empty for a single process
+  std::uint16_t master_port = 0;
+  bool agent_store = false;           // TORCHELASTIC_USE_AGENT_STORE: every rank is a store client
+  int restart_count = 0;              // TORCHELASTIC_RESTART_COUNT: names the agent store's prefix
+  std::chrono::milliseconds timeout = default_timeout;  // LOOM_TIMEOUT_S: rendezvous and collectives
+  std::optional<backend_kind> backend;                   // LOOM_BACKEND; unset: chosen by device
+
+  [[nodiscard]] bool is_distributed() const noexcept { return world_size > 1; }
+};
+
+// Looks a variable up; the default reads the process environment.
+using env_lookup = std::function<std::optional<std::string>(const char* name)>;
+
+[[nodiscard]] std::optional<std::string> process_env(const char* name);
+
+// Reads RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT,
+// TORCHELASTIC_USE_AGENT_STORE, TORCHELASTIC_RESTART_COUNT, LOOM_BACKEND and LOOM_TIMEOUT_S.
+// None of the launcher's variables set means a single process. Throws launch_error.
+[[nodiscard]] launch_env parse_launch_env(const env_lookup& lookup = process_env);
+
+}  // namespace loom

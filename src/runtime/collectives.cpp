@@ -1,0 +1,136 @@
+#include <loom/collectives.hpp>
+
+#include <torch/csrc/distributed/c10d/Backend.hpp>
+#include <torch/csrc/distributed/c10d/Work.hpp>
+
+#include <ATen/ATen.h>
+#include <fmt/format.h>
+
+#include <stdexcept>
+#include <utility>
+#include <vector>
+
+namespace loom {
+namespace {
+
+c10d::ReduceOp sum() { return c10d::ReduceOp(c10d::ReduceOp::SUM); }
+
+// A contiguous flat view when the tensor allows one, otherwise a contiguous flat copy.
+at::Tensor flat_contiguous(const at::Tensor& tensor) { return tensor.contiguous().view(-1); }
+
+}  // namespace
+
+pending_collective::pending_collective(c10::intrusive_ptr<c10d::Work> work, std::function<void()> then)
+    : work_(std::move(work)), then_(std::move(then)) {}
+
+void pending_collective::wait() {
+  if (work_) {
+    auto work = std::exchange(work_, {});
+    work->wait();
+  }
+  if (then_) std::exchange(then_, {})();
+}
+
+bool pending_collective::is_completed() const { return !work_ || work_->isCompleted(); }
+
+collectives::collectives(c10::intrusive_ptr<c10d::Backend> backend, int rank, int world_size)
+    : backend_(std::move(backend)), rank_(rank), world_size_(world_size) {
+  if (world_size_ > 1 && !backend_) {
+    throw std::invalid_argument("loom: collectives over more than one rank need a c10d backend");
+  }
+}
+
+collectives::~collectives() = default;
+
+std::int64_t collectives::shard_numel(std::int64_t numel) const noexcept {
+  return (numel + world_size_ - 1) / world_size_;
+}
+
+pending_collective collectives::all_reduce(at::Tensor& tensor, reduce_op op) {
+  if (world_size_ == 1) return {};
+  if (op == reduce_op::mean) tensor.div_(world_size_);
+  std::vector<at::Tensor> tensors{tensor};
+  c10d::AllreduceOptions options;
+  options.reduceOp = sum();
+  return pending_collective(backend_->allreduce(tensors, options));
+}
+
+pending_collective collectives::broadcast(at::Tensor& tensor, int root) {
+  if (world_size_ == 1) return {};
+  std::vector<at::Tensor> tensors{tensor};
+  c10d::BroadcastOptions options;
+  options.rootRank = root;
+  return pending_collective(backend_->broadcast(tensors, options));
+}
+
+pending_collective collectives::all_gather(const at::Tensor& shard, at::Tensor& flat) {
+  const std::int64_t numel = flat.numel();
+  const std::int64_t shard_size = shard_numel(numel);
+  if (shard.numel() != shard_size) {
+    throw std::invalid_argument(fmt::format(
+        "loom: all_gather into {} elements over {} ranks takes shards of {} elements, got {}", numel,
+        world_size_, shard_size, shard.numel()));
+  }
+  if (world_size_ == 1) {
+    flat.copy_(shard.reshape(flat.sizes()));
+    return {};
+  }
+  at::Tensor input = flat_contiguous(shard);
+  const bool direct = flat.is_contiguous() && shard_size * world_size_ == numel;
+  at::Tensor output = direct ? flat.view(-1) : at::empty({shard_size * world_size_}, flat.options());
+  auto work = backend_->_allgather_base(output, input);
+  if (direct) return pending_collective(std::move(work));
+  return pending_collective(std::move(work), [flat, output, numel]() mutable {
+    flat.copy_(output.narrow(0, 0, numel).view(flat.sizes()));
+  });
+}
+
+pending_collective collectives::reduce_scatter(const at::Tensor& flat, at::Tensor& shard, reduce_op op) {
+  const std::int64_t numel = flat.numel();
+  const std::int64_t shard_size = shard_numel(numel);
+  if (shard.numel() != shard_size) {
+    throw std::invalid_argument(fmt::format(
+        "loom: reduce_scatter of {} elements over {} ranks gives shards of {} elements, got {}",
+        numel, world_size_, shard_size, shard.numel()));
+  }
+  // The input is the caller's: pad or pre-divide a copy, never the original.
+  at::Tensor input = flat_contiguous(flat);
+  if (shard_size * world_size_ != numel) {
+    at::Tensor padded = at::zeros({shard_size * world_size_}, flat.options());
+    padded.narrow(0, 0, numel).copy_(input);
+    input = std::move(padded);
+  }
+  if (op == reduce_op::mean) input = input.div(world_size_);
+  if (world_size_ == 1) {
+    shard.copy_(input.view(shard.sizes()));
+    return {};
+  }
+  if (emulate_reduce_scatter_) return emulated_reduce_scatter(input, shard);
+
+  const bool direct = shard.is_contiguous();
+  at::Tensor output = direct ? shard.view(-1) : at::empty({shard_size}, shard.options());
+  c10d::ReduceScatterOptions options;
+  options.reduceOp = sum();
+  auto work = backend_->_reduce_scatter_base(output, input, options);
+  if (direct) return pending_collective(std::move(work));
+  return pending_collective(std::move(work), [shard, output]() mutable { shard.copy_(output.view(shard.sizes())); });
+}
+
+pending_collective collectives::emulated_reduce_scatter(const at::Tensor& padded, at::Tensor& shard) {
+  at::Tensor reduced = padded.clone();  // all-reduce works in place; the input may be the caller's
+  std::vector<at::Tensor> tensors{reduced};
+  c10d::AllreduceOptions options;
+  options.reduceOp = sum();
+  auto work = backend_->allreduce(tensors, options);
+  const std::int64_t shard_size = shard.numel();
+  return pending_collective(std::move(work), [shard, reduced, offset = rank_ * shard_size]() mutable {
+    shard.copy_(reduced.narrow(0, offset, shard.numel()).view(shard.sizes()));
+  });
+}
+
+pending_collective collectives::barrier() {
+  if (world_size_ == 1) return {};
+  return pending_collective(backend_->barrier());
+}
+
+}  // namespace loom

@@ -1,0 +1,134 @@
+#include <loom/runtime/launch_env.hpp>
+
+#include <fmt/format.h>
+
+#include <array>
+#include <charconv>
+#include <cmath>
+#include <cstdlib>
+
+namespace loom {
+namespace {
+
+constexpr std::array launcher_variables{"RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"};
+
+[[noreturn]] void reject(const char* name, std::string_view value, std::string_view expected) {
+  throw launch_error(fmt::format("loom: {}=\"{}\" is invalid: expected {}", name, value, expected));
+}
+
+long long parse_integer(const char* name, std::string_view text, long long low, long long high,
+                        std::string_view expected) {
+  long long value = 0;
+  auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value);
+  if (text.empty() || error != std::errc{} || end != text.data() + text.size() || value < low ||
+      value > high) {
+    reject(name, text, expected);
+  }
+  return value;
+}
+
+class reader {
+ public:
+  explicit reader(const env_lookup& lookup) : lookup_(lookup) {}
+
+  std::optional<std::string> get(const char* name) const { return lookup_(name); }
+
+  std::string require(const char* name, std::string_view why) const {
+    auto value = lookup_(name);
+    if (!value || value->empty()) {
+      throw launch_error(fmt::format(
+          "loom: {} is not set, but {}: start the program with loom-run or torchrun, which set it",
+          name, why));
+    }
+    return *value;
+  }
+
+  int integer(const char* name, long long low, long long high, std::string_view expected,
+              std::optional<int> fallback, std::string_view why) const {
+    auto value = lookup_(name);
+    if (!value && fallback) return *fallback;
+    std::string text = value ? *value : require(name, why);
+    return static_cast<int>(parse_integer(name, text, low, high, expected));
+  }
+
+ private:
+  const env_lookup& lookup_;
+};
+
+std::chrono::milliseconds parse_timeout(const reader& env) {
+  auto text = env.get("LOOM_TIMEOUT_S");
+  if (!text) return launch_env::default_timeout;
+  const char* expected = "a positive number of seconds, e.g. LOOM_TIMEOUT_S=60 or 0.5";
+  char* end = nullptr;
+  double seconds = std::strtod(text->c_str(), &end);
+  if (text->empty() || end != text->c_str() + text->size() || !std::isfinite(seconds) ||
+      seconds <= 0 || seconds > 1e7) {
+    reject("LOOM_TIMEOUT_S", *text, expected);
+  }
+  return std::chrono::milliseconds(static_cast<long long>(std::ceil(seconds * 1000)));
+}
+
+std::optional<backend_kind> parse_backend(const reader& env) {
+  auto text = env.get("LOOM_BACKEND");
+  if (!text || text->empty()) return std::nullopt;
+  if (*text == "gloo") return backend_kind::gloo;
+  if (*text == "nccl") return backend_kind::nccl;
+  reject("LOOM_BACKEND", *text, "gloo (CPU tensors) or nccl (CUDA tensors)");
+}
+
+bool parse_flag(const reader& env, const char* name) {
+  auto text = env.get(name);
+  if (!text || text->empty() || *text == "0" || *text == "False" || *text == "false") return false;
+  if (*text == "1" || *text == "True" || *text == "true") return true;
+  reject(name, *text, "True or False (as torchrun sets it)");
+}
+
+}  // namespace
+
+std::string_view to_string(backend_kind kind) noexcept {
+  return kind == backend_kind::gloo ? "gloo" : "nccl";
+}
+
+std::optional<std::string> process_env(const char* name) {
+  const char* value = std::getenv(name);
+  return value ? std::optional<std::string>(value) : std::nullopt;
+}
+
+launch_env parse_launch_env(const env_lookup& lookup) {
+  reader env(lookup);
+  launch_env result;
+  result.timeout = parse_timeout(env);
+  result.backend = parse_backend(env);
+
+  bool launched = false;
+  for (const char* name : launcher_variables) launched = launched || env.get(name).has_value();
+  if (!launched) return result;  // a plain single process: no rendezvous
+
+  constexpr auto why = "another launcher variable is";
+  constexpr long long max_world = 1 << 20;
+  result.world_size = env.integer("WORLD_SIZE", 1, max_world,
+                                  "a positive integer: the number of processes in the job",
+                                  std::nullopt, why);
+  result.rank = env.integer("RANK", 0, max_world, "a non-negative integer: this process's global rank",
+                            std::nullopt, why);
+  if (result.rank >= result.world_size) {
+    throw launch_error(fmt::format(
+        "loom: RANK={} is not below WORLD_SIZE={}: ranks are numbered 0 to WORLD_SIZE-1",
+        result.rank, result.world_size));
+  }
+  result.local_world_size = env.integer("LOCAL_WORLD_SIZE", 1, result.world_size,
+                                        "a positive integer no larger than WORLD_SIZE",
+                                        result.world_size, why);
+  result.local_rank = env.integer("LOCAL_RANK", 0, result.local_world_size - 1,
+                                  "a non-negative integer below LOCAL_WORLD_SIZE", result.rank % result.local_world_size, why);
+  result.master_addr = env.require("MASTER_ADDR", "the rendezvous needs the master's host");
+  result.master_port = static_cast<std::uint16_t>(env.integer(
+      "MASTER_PORT", 1, 65535, "a TCP port, an integer from 1 to 65535", std::nullopt,
+      "the rendezvous needs the master's port"));
+  result.agent_store = parse_flag(env, "TORCHELASTIC_USE_AGENT_STORE");
+  result.restart_count = env.integer("TORCHELASTIC_RESTART_COUNT", 0, 1 << 30,
+                                     "a non-negative integer", 0, why);
+  return result;
+}
+
+}  // namespace loom

@@ -1,0 +1,128 @@
+#include <loom/runtime/launch_env.hpp>
+
+#include <catch2/catch_test_macros.hpp>
+#include <catch2/generators/catch_generators.hpp>
+#include <catch2/matchers/catch_matchers_string.hpp>
+
+#include <map>
+#include <string>
+
+using Catch::Matchers::ContainsSubstring;
+using loom::launch_env;
+using loom::parse_launch_env;
+
+namespace {
+
+using variables = std::map<std::string, std::string>;
+
+loom::env_lookup lookup(const variables& vars) {
+  return [vars](const char* name) -> std::optional<std::string> {
+    auto it = vars.find(name);
+    return it == vars.end() ? std::nullopt : std::optional<std::string>(it->second);
+  };
+}
+
+variables torchrun(int rank, int world) {
+  return {{"RANK", std::to_string(rank)},       {"LOCAL_RANK", std::to_string(rank)},
+          {"WORLD_SIZE", std::to_string(world)}, {"LOCAL_WORLD_SIZE", std::to_string(world)},
+          {"MASTER_ADDR", "127.0.0.1"},          {"MASTER_PORT", "29500"}};
+}
+
+variables with(variables vars, const std::string& name, const std::string& value) {
+  vars[name] = value;
+  return vars;
+}
+
+variables without(variables vars, const std::string& name) {
+  vars.erase(name);
+  return vars;
+}
+
+std::string error_for(const variables& vars) {
+  try {
+    (void)parse_launch_env(lookup(vars));
+  } catch (const loom::launch_error& error) {
+    return error.what();
+  }
+  FAIL("parse_launch_env accepted an invalid environment");
+  return {};
+}
+
+}  // namespace
+
+TEST_CASE("no launcher variables mean a single process", "[launch_env]") {
+  launch_env env = parse_launch_env(lookup({}));
+  CHECK(env.world_size == 1);
+  CHECK(env.rank == 0);
+  CHECK_FALSE(env.is_distributed());
+  CHECK(env.master_addr.empty());
+  CHECK(env.timeout == launch_env::default_timeout);
+  CHECK_FALSE(env.backend.has_value());
+}
+
+TEST_CASE("torchrun's variables are read", "[launch_env]") {
+  launch_env env = parse_launch_env(lookup(with(torchrun(2, 3), "LOCAL_RANK", "0")));
+  CHECK(env.rank == 2);
+  CHECK(env.local_rank == 0);
+  CHECK(env.world_size == 3);
+  CHECK(env.local_world_size == 3);
+  CHECK(env.master_addr == "127.0.0.1");
+  CHECK(env.master_port == 29500);
+  CHECK(env.is_distributed());
+  CHECK_FALSE(env.agent_store);
+}
+
+TEST_CASE("the agent store and its attempt are read", "[launch_env]") {
+  auto vars = with(with(torchrun(1, 2), "TORCHELASTIC_USE_AGENT_STORE", "True"),
+                   "TORCHELASTIC_RESTART_COUNT", "3");
+  launch_env env = parse_launch_env(lookup(vars));
+  CHECK(env.agent_store);
+  CHECK(env.restart_count == 3);
+  CHECK_THAT(error_for(with(vars, "TORCHELASTIC_USE_AGENT_STORE", "maybe")),
+             ContainsSubstring("TORCHELASTIC_USE_AGENT_STORE=\"maybe\"") && ContainsSubstring("True or False"));
+}
+
+TEST_CASE("LOCAL_RANK and LOCAL_WORLD_SIZE default to a single node", "[launch_env]") {
+  auto vars = without(without(torchrun(1, 2), "LOCAL_RANK"), "LOCAL_WORLD_SIZE");
+  launch_env env = parse_launch_env(lookup(vars));
+  CHECK(env.local_rank == 1);
+  CHECK(env.local_world_size == 2);
+}
+
+TEST_CASE("LOOM_BACKEND and LOOM_TIMEOUT_S are read", "[launch_env]") {
+  launch_env env = parse_launch_env(lookup({{"LOOM_BACKEND", "gloo"}, {"LOOM_TIMEOUT_S", "2.5"}}));
+  CHECK(env.backend == loom::backend_kind::gloo);
+  CHECK(env.timeout == std::chrono::milliseconds(2500));
+  CHECK(parse_launch_env(lookup({{"LOOM_BACKEND", "nccl"}})).backend == loom::backend_kind::nccl);
+}
+
+TEST_CASE("a malformed variable is named with its accepted form", "[launch_env]") {
+  const auto good = torchrun(0, 2);
+  struct bad_case {
+    std::string name, value, expected;
+  };
+  auto [name, value, expected] = GENERATE(
+      bad_case{"RANK", "abc", "non-negative integer"}, bad_case{"RANK", "-1", "non-negative integer"},
+      bad_case{"RANK", "1x", "non-negative integer"}, bad_case{"WORLD_SIZE", "0", "positive integer"},
+      bad_case{"WORLD_SIZE", "", "positive integer"}, bad_case{"MASTER_PORT", "70000", "1 to 65535"},
+      bad_case{"MASTER_PORT", "0", "1 to 65535"}, bad_case{"MASTER_PORT", "http", "1 to 65535"},
+      bad_case{"LOCAL_RANK", "2", "below LOCAL_WORLD_SIZE"},
+      bad_case{"LOOM_TIMEOUT_S", "0", "positive number of seconds"},
+      bad_case{"LOOM_TIMEOUT_S", "soon", "positive number of seconds"},
+      bad_case{"LOOM_BACKEND", "mpi", "gloo (CPU tensors) or nccl (CUDA tensors)"});
+  CAPTURE(name, value);
+  CHECK_THAT(error_for(with(good, name, value)),
+             ContainsSubstring(name + "=\"" + value + "\"") && ContainsSubstring(expected));
+}
+
+TEST_CASE("RANK must be below WORLD_SIZE", "[launch_env]") {
+  CHECK_THAT(error_for(with(torchrun(0, 2), "RANK", "2")),
+             ContainsSubstring("RANK=2 is not below WORLD_SIZE=2"));
+}
+
+TEST_CASE("a missing variable is named, with the launcher that sets it", "[launch_env]") {
+  auto name = GENERATE(as<std::string>{}, "WORLD_SIZE", "RANK", "MASTER_ADDR", "MASTER_PORT");
+  CAPTURE(name);
+  CHECK_THAT(error_for(without(torchrun(0, 2), name)),
+             ContainsSubstring(name + " is not set") && ContainsSubstring("loom-run or torchrun"));
+}

@@ -1,0 +1,73 @@
+// The runtime's failures that need LibTorch: an unreachable master, a missing backend.
+#include <loom/runtime.hpp>
+
+#include <ATen/ATen.h>
+
+#include <catch2/catch_test_macros.hpp>
+#include <catch2/matchers/catch_matchers_string.hpp>
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <chrono>
+
+using Catch::Matchers::ContainsSubstring;
+
+namespace {
+
+// A loopback port that nothing listens on (bound, read back, released).
+std::uint16_t unused_port() {
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ::bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof address);
+  socklen_t length = sizeof address;
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length);
+  ::close(fd);
+  return ntohs(address.sin_port);
+}
+
+}  // namespace
+
+TEST_CASE("a single process needs no process group", "[runtime]") {
+  auto rt = loom::runtime::single_process();
+  CHECK(rt.world_size() == 1);
+  CHECK_FALSE(rt.is_distributed());
+  CHECK_FALSE(rt.process_group());
+  CHECK(rt.device().is_cpu());
+  auto tensor = at::ones({3});
+  rt.comm().all_reduce(tensor, loom::reduce_op::mean).wait();
+  CHECK(tensor.sum().item<float>() == 3.0f);
+}
+
+TEST_CASE("an unreachable master fails within the timeout, naming it", "[runtime]") {
+  loom::launch_env env;
+  env.rank = 1;
+  env.world_size = 2;
+  env.master_addr = "127.0.0.1";
+  env.master_port = unused_port();
+  env.timeout = std::chrono::seconds(2);
+  auto start = std::chrono::steady_clock::now();
+  try {
+    loom::runtime rt(env);
+    FAIL("joined a job whose master does not exist");
+  } catch (const loom::launch_error& error) {
+    CHECK_THAT(std::string(error.what()),
+               ContainsSubstring("could not rendezvous at MASTER_ADDR=127.0.0.1 MASTER_PORT=" +
+                                 std::to_string(env.master_port)) &&
+                   ContainsSubstring("within 2 s"));
+  }
+  CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(20));
+}
+
+#ifndef LOOM_HAVE_NCCL
+TEST_CASE("asking for a backend this LibTorch lacks names it and the alternative", "[runtime]") {
+  loom::launch_env env;
+  env.backend = loom::backend_kind::nccl;
+  CHECK_THROWS_WITH(loom::runtime(env), ContainsSubstring("LOOM_BACKEND=nccl") &&
+                                            ContainsSubstring("use LOOM_BACKEND=gloo"));
+}
+#endif
