@@ -1,0 +1,140 @@
+// operator|: stages compose into a partial pipeline (closure), and anything piped into a model is a
+// plan. Every composition runs the order rules; a broken one fails right at the |.
+#pragma once
+
+#include <loom/dsl/rules.hpp>
+#include <loom/dsl/sentences.hpp>
+#include <loom/dsl/stage_kind.hpp>
+#include <loom/dsl/violation.hpp>
+
+#include <array>
+#include <concepts>
+#include <string>
+#include <tuple>
+#include <utility>
+
+namespace loom {
+
+template <class Model, class... Stages>
+class plan;
+
+template <class... Stages>
+class closure;
+
+namespace detail {
+
+struct pipeable;
+
+// A stage, a closure or a plan: anything that can stand on either side of |.
+template <class T>
+concept pipeline_part = std::derived_from<T, pipeable>;
+
+template <class T>
+concept stage = pipeline_part<T> && requires {
+  { T::kind } -> std::convertible_to<stage_kind>;
+};
+
+template <stage S>
+constexpr std::tuple<S> stages_of(const S& s) {
+  return std::tuple<S>(s);
+}
+
+template <pipeline_part P>
+  requires(!stage<P>)
+constexpr const auto& stages_of(const P& p) {
+  return p.stages();
+}
+
+template <class... Stages>
+inline constexpr std::array<stage_kind, sizeof...(Stages)> kinds_of{Stages::kind...};
+
+template <class Tuple>
+inline constexpr violation violation_in = violation::none;
+
+template <class First, class... Rest>
+inline constexpr violation violation_in<std::tuple<First, Rest...>> =
+    First::kind == stage_kind::model ? first_violation(kinds_of<First, Rest...>)
+                                     : first_violation_in_fragment(kinds_of<First, Rest...>);
+
+// The stages of `Lhs | Rhs`, in order.
+template <class Lhs, class Rhs>
+using joined_stages = decltype(std::tuple_cat(stages_of(std::declval<const Lhs&>()),
+                                              stages_of(std::declval<const Rhs&>())));
+
+template <class First, class... Rest>
+constexpr auto make_pipeline(std::tuple<First, Rest...>&& stages) {
+  if constexpr (First::kind == stage_kind::model) {
+    return plan<First, Rest...>(std::move(stages));
+  } else {
+    return closure<First, Rest...>(std::move(stages));
+  }
+}
+
+// Prints stages one a line, each line ending in '\n'.
+template <class... Stages>
+std::string describe_stages(const std::tuple<Stages...>& stages) {
+  std::string text;
+  std::apply([&](const auto&... each) { ((text += each.describe() + '\n'), ...); }, stages);
+  return text;
+}
+
+template <class>
+inline constexpr bool dependent_false = false;
+
+// The base of every stage, closure and plan; it brings operator| into scope by argument-dependent
+// lookup only (hidden friends), so loom's | never competes with anyone else's.
+struct pipeable {
+  template <pipeline_part Lhs, pipeline_part Rhs>
+  friend constexpr auto operator|(const Lhs& lhs, const Rhs& rhs) {
+    joined_stages<Lhs, Rhs> stages = std::tuple_cat(stages_of(lhs), stages_of(rhs));
+    constexpr violation v = violation_in<joined_stages<Lhs, Rhs>>;
+    // One assertion per order rule, so the compiler prints that rule's sentence and nothing else.
+    static_assert(v != violation::r1_model_not_first, LOOM_R1_MODEL_NOT_FIRST);
+    static_assert(v != violation::r1_two_models, LOOM_R1_TWO_MODELS);
+    static_assert(v != violation::r2_two_strategies, LOOM_R2_TWO_STRATEGIES);
+    static_assert(v != violation::r2_seeded_after_strategy, LOOM_R2_SEEDED_AFTER_STRATEGY);
+    static_assert(v != violation::r3_lora_after_ddp, LOOM_R3_LORA_AFTER_DDP);
+    static_assert(v != violation::r3_lora_after_fsdp, LOOM_R3_LORA_AFTER_FSDP);
+    static_assert(v != violation::r3_lora_after_strategy, LOOM_R3_LORA_AFTER_STRATEGY);
+    static_assert(v != violation::r3_trainable_after_ddp, LOOM_R3_TRAINABLE_AFTER_DDP);
+    static_assert(v != violation::r3_trainable_after_fsdp, LOOM_R3_TRAINABLE_AFTER_FSDP);
+    static_assert(v != violation::r3_trainable_after_strategy, LOOM_R3_TRAINABLE_AFTER_STRATEGY);
+    static_assert(v != violation::r4_seeded_twice, LOOM_R4_SEEDED_TWICE);
+    static_assert(v != violation::r4_seeded_not_after_model, LOOM_R4_SEEDED_NOT_AFTER_MODEL);
+    static_assert(v != violation::r6_two_loras, LOOM_R6_TWO_LORAS);
+    static_assert(v != violation::r9_trainable_without_lora, LOOM_R9_TRAINABLE_WITHOUT_LORA);
+    static_assert(v != violation::r10_trainable_twice, LOOM_R10_TRAINABLE_TWICE);
+    return make_pipeline(std::move(stages));
+  }
+
+  // The commonest slip, `| loom::ddp` for `| loom::ddp()`: one sentence instead of a candidate list.
+  template <pipeline_part Lhs, class Rhs>
+    requires(!pipeline_part<Rhs>)
+  friend constexpr Lhs operator|(const Lhs& lhs, const Rhs&) {
+    static_assert(dependent_false<Rhs>, LOOM_R13_NOT_A_STAGE);
+    return lhs;
+  }
+};
+
+}  // namespace detail
+
+// Whether `lhs | rhs` compiles: both sides are stages, closures or plans, and together they break no
+// rule. (operator| itself accepts any two and static_asserts, to print the rule's sentence.)
+template <class Lhs, class Rhs>
+concept composable = detail::pipeline_part<Lhs> && detail::pipeline_part<Rhs> &&
+                     detail::violation_in<detail::joined_stages<Lhs, Rhs>> == violation::none;
+
+// A partial pipeline, such as `lora(8) | ddp()`: a value to pipe into a model later.
+template <class... Stages>
+class closure : public detail::pipeable {
+ public:
+  constexpr explicit closure(std::tuple<Stages...> stages) : stages_(std::move(stages)) {}
+
+  [[nodiscard]] constexpr const std::tuple<Stages...>& stages() const noexcept { return stages_; }
+  [[nodiscard]] std::string describe() const { return detail::describe_stages(stages_); }
+
+ private:
+  std::tuple<Stages...> stages_;
+};
+
+}  // namespace loom

@@ -1,0 +1,103 @@
+// The rules on stage order, as constexpr functions over a list of stage kinds. operator| runs them on
+// every composition (and static_asserts the result); check_stages runs them on a plan assembled at
+// run time. The value rules (R5, R11, R12) live with their stages.
+#pragma once
+
+#include <loom/dsl/diagnostics.hpp>
+#include <loom/dsl/stage_kind.hpp>
+#include <loom/dsl/violation.hpp>
+
+#include <cstddef>
+#include <span>
+
+namespace loom {
+namespace detail {
+
+constexpr violation lora_after(stage_kind strategy) noexcept {
+  switch (strategy) {
+    case stage_kind::ddp: return violation::r3_lora_after_ddp;
+    case stage_kind::fsdp: return violation::r3_lora_after_fsdp;
+    default: return violation::r3_lora_after_strategy;
+  }
+}
+
+constexpr violation trainable_after(stage_kind strategy) noexcept {
+  switch (strategy) {
+    case stage_kind::ddp: return violation::r3_trainable_after_ddp;
+    case stage_kind::fsdp: return violation::r3_trainable_after_fsdp;
+    default: return violation::r3_trainable_after_strategy;
+  }
+}
+
+enum class pipeline_shape : bool {
+  plan,      // stages[0] is the model
+  fragment,  // stages that will follow a model: closure | closure, before it meets model<M>()
+};
+
+// One left-to-right pass; the first broken rule wins, so a message never depends on later stages.
+constexpr violation scan(std::span<const stage_kind> stages, pipeline_shape shape) noexcept {
+  std::size_t first = 0;  // index of the first stage after the model
+  if (shape == pipeline_shape::plan) {
+    if (stages.empty() || stages[0] != stage_kind::model) {
+      for (stage_kind k : stages)
+        if (k == stage_kind::model) return violation::r1_model_not_first;
+      return violation::r1_no_model;
+    }
+    first = 1;
+  }
+  bool has_strategy = false, has_seeded = false, has_lora = false, has_trainable = false;
+  stage_kind strategy = stage_kind::local;
+  for (std::size_t i = first; i != stages.size(); ++i) {
+    const stage_kind k = stages[i];
+    if (k == stage_kind::model)
+      return shape == pipeline_shape::plan ? violation::r1_two_models : violation::r1_model_not_first;
+    if (has_strategy) {
+      if (is_strategy(k)) return violation::r2_two_strategies;
+      if (k == stage_kind::lora) return lora_after(strategy);
+      if (k == stage_kind::trainable) return trainable_after(strategy);
+      return violation::r2_seeded_after_strategy;
+    }
+    switch (k) {
+      case stage_kind::seeded:
+        if (has_seeded) return violation::r4_seeded_twice;
+        if (i != first) return violation::r4_seeded_not_after_model;
+        has_seeded = true;
+        break;
+      case stage_kind::lora:
+        if (has_lora) return violation::r6_two_loras;
+        if (has_trainable) return violation::r9_trainable_without_lora;
+        has_lora = true;
+        break;
+      case stage_kind::trainable:
+        if (has_trainable) return violation::r10_trainable_twice;
+        // A fragment may still be piped after a plan that has lora; a plan cannot get one later.
+        if (!has_lora && shape == pipeline_shape::plan) return violation::r9_trainable_without_lora;
+        has_trainable = true;
+        break;
+      default:
+        has_strategy = true;
+        strategy = k;
+        break;
+    }
+  }
+  return violation::none;
+}
+
+}  // namespace detail
+
+// The first rule that a whole plan (model first) breaks, or violation::none.
+constexpr violation first_violation(std::span<const stage_kind> plan) noexcept {
+  return detail::scan(plan, detail::pipeline_shape::plan);
+}
+
+// The first rule that a partial pipeline (the stages after the model) breaks, or violation::none.
+constexpr violation first_violation_in_fragment(std::span<const stage_kind> fragment) noexcept {
+  return detail::scan(fragment, detail::pipeline_shape::fragment);
+}
+
+// Throws plan_error with the rule's sentence when the plan breaks a rule.
+constexpr void check_stages(std::span<const stage_kind> plan) {
+  detail::enforce(first_violation(plan));
+}
+
+}  // namespace loom

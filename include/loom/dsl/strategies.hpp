@@ -1,0 +1,85 @@
+// The built-in strategies: local(), ddp(options), fsdp(options). The runtime maps each to its engine.
+#pragma once
+
+#include <loom/dsl/describe.hpp>
+#include <loom/dsl/pipe.hpp>
+#include <loom/dsl/stage_kind.hpp>
+
+#include <cstddef>
+#include <string>
+#include <string_view>
+
+namespace loom {
+
+// One process, nothing to synchronise; the strategy of a plan that names none.
+struct local_stage : detail::pipeable {
+  static constexpr stage_kind kind = stage_kind::local;
+  static constexpr std::string_view name = "local";
+
+  [[nodiscard]] std::string options() const { return {}; }
+  [[nodiscard]] std::string describe() const { return detail::call_text(name, options()); }
+};
+
+constexpr local_stage local() noexcept { return {}; }
+
+// Named and defaulted as PyTorch's DistributedDataParallel names them (broadcast_buffers excepted:
+// loom builds bit-identical replicas, so there is nothing to broadcast by default).
+struct ddp_options {
+  std::size_t bucket_cap_mb = 25;
+  bool broadcast_buffers = false;
+  bool find_unused_parameters = false;
+  bool gradient_as_bucket_view = false;
+  bool static_graph = false;
+};
+
+class ddp_stage : public detail::pipeable {
+ public:
+  static constexpr stage_kind kind = stage_kind::ddp;
+  static constexpr std::string_view name = "ddp";
+
+  constexpr explicit ddp_stage(const ddp_options& settings) noexcept : settings_(settings) {}
+
+  [[nodiscard]] constexpr const ddp_options& settings() const noexcept { return settings_; }
+
+  [[nodiscard]] std::string options() const {
+    return "bucket_cap_mb=" + detail::to_text(settings_.bucket_cap_mb) +
+           ", broadcast_buffers=" + detail::to_text(settings_.broadcast_buffers) +
+           ", find_unused_parameters=" + detail::to_text(settings_.find_unused_parameters) +
+           ", gradient_as_bucket_view=" + detail::to_text(settings_.gradient_as_bucket_view) +
+           ", static_graph=" + detail::to_text(settings_.static_graph);
+  }
+  [[nodiscard]] std::string describe() const { return detail::call_text(name, options()); }
+
+ private:
+  ddp_options settings_;
+};
+
+// ddp() or ddp({.bucket_cap_mb = 50, .static_graph = true})
+constexpr ddp_stage ddp(const ddp_options& settings = {}) noexcept { return ddp_stage(settings); }
+
+struct fsdp_options {
+  bool reshard_after_forward = true;  // free the gathered parameters after forward, gather again for backward
+};
+
+class fsdp_stage : public detail::pipeable {
+ public:
+  static constexpr stage_kind kind = stage_kind::fsdp;
+  static constexpr std::string_view name = "fsdp";
+
+  constexpr explicit fsdp_stage(const fsdp_options& settings) noexcept : settings_(settings) {}
+
+  [[nodiscard]] constexpr const fsdp_options& settings() const noexcept { return settings_; }
+
+  [[nodiscard]] std::string options() const {
+    return "reshard_after_forward=" + detail::to_text(settings_.reshard_after_forward);
+  }
+  [[nodiscard]] std::string describe() const { return detail::call_text(name, options()); }
+
+ private:
+  fsdp_options settings_;
+};
+
+// fsdp() or fsdp({.reshard_after_forward = false})
+constexpr fsdp_stage fsdp(const fsdp_options& settings = {}) noexcept { return fsdp_stage(settings); }
+
+}  // namespace loom

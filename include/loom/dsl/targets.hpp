@@ -1,0 +1,104 @@
+// Which modules a stage applies to: names and regular expressions, in a list stored inline so that a
+// plan stays a constexpr value.
+#pragma once
+
+#include <loom/dsl/diagnostics.hpp>
+
+#include <array>
+#include <cstddef>
+#include <functional>
+#include <initializer_list>
+#include <mutex>
+#include <set>
+#include <string>
+#include <string_view>
+#include <type_traits>
+
+namespace loom {
+
+enum class target_kind : unsigned char {
+  name,     // a module whose dotted name equals it or ends with "." + it
+  pattern,  // a regular expression that matches the whole dotted name
+};
+
+struct target {
+  std::string_view text;
+  target_kind kind = target_kind::name;
+
+  constexpr target() noexcept = default;
+  constexpr target(const char* name) noexcept : text(name) {}  // NOLINT: {"q_proj", ...}
+  constexpr target(std::string_view text, target_kind kind = target_kind::name) noexcept  // NOLINT
+      : text(text), kind(kind) {}
+  target(const std::string& name) noexcept : text(name) {}  // NOLINT: target_list copies the text
+
+  friend constexpr bool operator==(const target&, const target&) = default;
+};
+
+// loom::pattern(".*attn\\.(q|v)") matches a module whose whole dotted name matches the regex.
+constexpr target pattern(std::string_view regex) noexcept { return {regex, target_kind::pattern}; }
+
+namespace detail {
+
+// Text given at run time is copied here, so that a target_list built from run-time strings holds
+// views that never dangle, like one built from literals. A process uses a handful of distinct names.
+inline std::string_view intern(std::string_view text) {
+  static std::mutex mutex;
+  static std::set<std::string, std::less<>> texts;
+  const std::scoped_lock lock(mutex);
+  return *texts.emplace(text).first;
+}
+
+}  // namespace detail
+
+class target_list {
+ public:
+  static constexpr std::size_t capacity = 16;
+
+  constexpr target_list() noexcept = default;
+  constexpr target_list(std::initializer_list<target> entries) {
+    for (const target& entry : entries) push_back(entry);
+  }
+
+  // R12 when full.
+  constexpr void push_back(target entry) {
+    if (size_ == capacity) detail::enforce(violation::r12_too_many_targets);
+    if (!std::is_constant_evaluated()) entry.text = detail::intern(entry.text);
+    entries_[size_++] = entry;
+  }
+
+  [[nodiscard]] constexpr std::size_t size() const noexcept { return size_; }
+  [[nodiscard]] constexpr bool empty() const noexcept { return size_ == 0; }
+  [[nodiscard]] constexpr const target* begin() const noexcept { return entries_.data(); }
+  [[nodiscard]] constexpr const target* end() const noexcept { return entries_.data() + size_; }
+  [[nodiscard]] constexpr const target& operator[](std::size_t i) const noexcept { return entries_[i]; }
+
+  friend constexpr bool operator==(const target_list& a, const target_list& b) noexcept {
+    if (a.size_ != b.size_) return false;
+    for (std::size_t i = 0; i != a.size_; ++i)
+      if (a[i] != b[i]) return false;
+    return true;
+  }
+
+ private:
+  std::array<target, capacity> entries_{};
+  std::size_t size_ = 0;
+};
+
+// The layers that PEFT and FastVideo adapt by default: attention projections under both spellings.
+inline constexpr target_list default_targets{"q_proj", "k_proj", "v_proj", "o_proj", "to_q",
+                                             "to_k",   "to_v",   "to_out", "to_qkv"};
+
+namespace detail {
+
+// The first empty or repeated entry of a list, as the given violation; none otherwise.
+constexpr violation entries_violation(const target_list& list, violation empty, violation duplicate) noexcept {
+  for (std::size_t i = 0; i != list.size(); ++i) {
+    if (list[i].text.empty()) return empty;
+    for (std::size_t j = 0; j != i; ++j)
+      if (list[j] == list[i]) return duplicate;
+  }
+  return violation::none;
+}
+
+}  // namespace detail
+}  // namespace loom

@@ -1,0 +1,14 @@
+// expect: loom R5: a lora target is empty
+// An empty target name.
+#include <loom/dsl.hpp>
+
+struct Model {};
+
+void compose() {
+#ifdef LOOM_CF_PASS
+  auto pipeline = loom::model<Model>() | loom::lora(8, {"q_proj", "v_proj"});
+#else
+  auto pipeline = loom::model<Model>() | loom::lora(8, {"q_proj", ""});
+#endif
+  (void)pipeline;
+}

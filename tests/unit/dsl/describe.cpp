@@ -1,0 +1,49 @@
+// describe(): one stage a line, every option spelled out. The format is documented in docs/dsl.md
+// and carried by checkpoints and logs, so these strings are the contract.
+#include <loom/dsl.hpp>
+
+#include <catch2/catch_test_macros.hpp>
+
+#include <string>
+#include <string_view>
+
+namespace demo {
+struct TinyGpt {};
+}  // namespace demo
+
+TEST_CASE("describe a full plan", "[dsl][describe]") {
+  const auto plan = loom::model<demo::TinyGpt>(64) | loom::seeded(42) | loom::lora(16, {"q_proj", "v_proj"}) |
+                    loom::ddp();
+  CHECK(plan.describe() ==
+        "model<demo::TinyGpt>(1 arg)\n"
+        "seeded(42)\n"
+        "lora(rank=16, alpha=16, dropout=0, targets=[q_proj, v_proj], exclude=[])\n"
+        "ddp(bucket_cap_mb=25, broadcast_buffers=false, find_unused_parameters=false, "
+        "gradient_as_bucket_view=false, static_graph=false)\n");
+}
+
+TEST_CASE("describe fills in defaults, the strategy included", "[dsl][describe]") {
+  const auto plan = loom::model<demo::TinyGpt>() |
+                    loom::lora(8, loom::default_targets,
+                               {.alpha = 0.5, .dropout = 0.05, .exclude = {"lm_head", loom::pattern("blocks\\.0\\..*")}}) |
+                    loom::trainable({"norm", loom::pattern(".*\\.bias")});
+  CHECK(plan.describe() ==
+        "model<demo::TinyGpt>(0 args)\n"
+        "lora(rank=8, alpha=0.5, dropout=0.05, targets=[q_proj, k_proj, v_proj, o_proj, to_q, to_k, to_v, "
+        "to_out, to_qkv], exclude=[lm_head, pattern(\"blocks\\.0\\..*\")])\n"
+        "trainable(patterns=[norm, pattern(\".*\\.bias\")])\n"
+        "local()\n");
+}
+
+TEST_CASE("describe the other strategies and a closure", "[dsl][describe]") {
+  CHECK((loom::model<demo::TinyGpt>(1, 2) | loom::fsdp()).describe() ==
+        "model<demo::TinyGpt>(2 args)\nfsdp(reshard_after_forward=true)\n");
+  CHECK((loom::model<demo::TinyGpt>() | loom::local()).describe() == "model<demo::TinyGpt>(0 args)\nlocal()\n");
+  CHECK((loom::seeded(7) | loom::fsdp({.reshard_after_forward = false})).describe() ==
+        "seeded(7)\nfsdp(reshard_after_forward=false)\n");
+}
+
+TEST_CASE("a type's name, read at compile time", "[dsl][describe]") {
+  STATIC_REQUIRE(loom::detail::type_name<demo::TinyGpt>() == "demo::TinyGpt");
+  STATIC_REQUIRE(loom::detail::type_name<int>() == "int");
+}

@@ -1,0 +1,108 @@
+// The value rules (R5, R11, R12): constexpr functions, consteval stage functions, and the
+// run-time twins that throw plan_error with the same sentence.
+#include <loom/dsl.hpp>
+
+#include <catch2/catch_test_macros.hpp>
+
+#include <limits>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace {
+
+using loom::violation;
+
+constexpr loom::target_list attention{"q_proj", "v_proj"};
+
+// Runs f, expecting plan_error with the given code; returns what() for further checks.
+template <class F>
+std::string plan_error_of(F f, violation expected) {
+  try {
+    f();
+  } catch (const loom::plan_error& error) {
+    CHECK(error.code() == expected);
+    CHECK(std::string_view(error.what()) == loom::sentence(expected));
+    return error.what();
+  }
+  FAIL("no plan_error");
+  return {};
+}
+
+}  // namespace
+
+TEST_CASE("lora_violation: each R5 check", "[dsl][values]") {
+  using loom::lora_violation;
+  STATIC_REQUIRE(lora_violation(8, attention, {}) == violation::none);
+  STATIC_REQUIRE(lora_violation(0, attention, {}) == violation::r5_rank_not_positive);
+  STATIC_REQUIRE(lora_violation(-4, attention, {}) == violation::r5_rank_not_positive);
+  STATIC_REQUIRE(lora_violation(8, attention, {.alpha = 0.0}) == violation::r5_alpha_not_positive);
+  STATIC_REQUIRE(lora_violation(8, attention, {.alpha = -1.0}) == violation::r5_alpha_not_positive);
+  STATIC_REQUIRE(lora_violation(8, attention, {.alpha = 0.5}) == violation::none);
+  STATIC_REQUIRE(lora_violation(8, attention, {.dropout = 1.0}) == violation::r5_dropout_out_of_range);
+  STATIC_REQUIRE(lora_violation(8, attention, {.dropout = -0.1}) == violation::r5_dropout_out_of_range);
+  STATIC_REQUIRE(lora_violation(8, attention, {.dropout = 0.99}) == violation::none);
+  STATIC_REQUIRE(lora_violation(8, {}, {}) == violation::r5_no_targets);
+  STATIC_REQUIRE(lora_violation(8, {"q_proj", ""}, {}) == violation::r5_empty_target);
+  STATIC_REQUIRE(lora_violation(8, {"q_proj", "q_proj"}, {}) == violation::r5_duplicate_target);
+  // A name and a pattern with the same text are different targets.
+  STATIC_REQUIRE(lora_violation(8, {"q_proj", loom::pattern("q_proj")}, {}) == violation::none);
+  STATIC_REQUIRE(lora_violation(8, attention, {.exclude = {""}}) == violation::r5_empty_exclude);
+  STATIC_REQUIRE(lora_violation(8, attention, {.exclude = {"head", "head"}}) == violation::r5_duplicate_exclude);
+}
+
+TEST_CASE("lora_violation rejects NaN", "[dsl][values]") {
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  CHECK(loom::lora_violation(8, attention, {.alpha = nan}) == violation::r5_alpha_not_positive);
+  CHECK(loom::lora_violation(8, attention, {.dropout = nan}) == violation::r5_dropout_out_of_range);
+}
+
+TEST_CASE("lora(...) with constants, lora_stage::checked with run-time values", "[dsl][values]") {
+  constexpr loom::lora_stage fixed = loom::lora(16, {"q_proj", "v_proj"}, {.alpha = 8, .dropout = 0.1});
+  STATIC_REQUIRE(fixed.rank() == 16);
+  STATIC_REQUIRE(fixed.alpha() == 8);
+  STATIC_REQUIRE(fixed.scaling() == 0.5);
+  STATIC_REQUIRE(fixed.dropout() == 0.1);
+  STATIC_REQUIRE(fixed.targets() == attention);
+  STATIC_REQUIRE(fixed.exclude().empty());
+  STATIC_REQUIRE(loom::lora(4).targets() == loom::default_targets);
+  STATIC_REQUIRE(loom::lora(4).alpha() == 4);  // alpha defaults to the rank
+
+  const int rank = static_cast<int>(std::string("12").size()) * 6;  // a value the compiler cannot see
+  const loom::lora_stage from_config = loom::lora_stage::checked(rank, {"to_q"}, {.alpha = 6});
+  CHECK(from_config.rank() == 12);
+  CHECK(from_config.scaling() == 0.5);
+
+  plan_error_of([&] { (void)loom::lora_stage::checked(rank - 12); }, violation::r5_rank_not_positive);
+  plan_error_of([&] { (void)loom::lora_stage::checked(rank, {"to_q", "to_q"}); }, violation::r5_duplicate_target);
+  plan_error_of([&] { (void)loom::lora_stage::checked(rank, attention, {.dropout = 1}); },
+                violation::r5_dropout_out_of_range);
+}
+
+TEST_CASE("trainable: R11", "[dsl][values]") {
+  STATIC_REQUIRE(loom::trainable_violation({"norm"}) == violation::none);
+  STATIC_REQUIRE(loom::trainable_violation({}) == violation::r11_no_patterns);
+  STATIC_REQUIRE(loom::trainable_violation({"norm", ""}) == violation::r11_empty_pattern);
+  STATIC_REQUIRE(loom::trainable_violation({"norm", "norm"}) == violation::r11_duplicate_pattern);
+  STATIC_REQUIRE(loom::trainable({"norm", "lm_head"}).patterns().size() == 2);
+  plan_error_of([] { (void)loom::trainable_stage::checked({}); }, violation::r11_no_patterns);
+}
+
+TEST_CASE("target_list: capacity (R12) and run-time text that outlives its source", "[dsl][values]") {
+  loom::target_list list;
+  for (int i = 0; i != static_cast<int>(loom::target_list::capacity); ++i) {
+    std::string name = "layer" + std::to_string(i);
+    list.push_back(name);  // name dies at the end of the iteration
+  }
+  CHECK(list.size() == loom::target_list::capacity);
+  CHECK(list[15].text == "layer15");
+  CHECK(list[0].text == "layer0");
+  CHECK(list[0].kind == loom::target_kind::name);
+  plan_error_of([&] { list.push_back("one_more"); }, violation::r12_too_many_targets);
+
+  const std::vector<std::string> from_file{"blocks\\.[0-9]+\\.attn"};
+  loom::target_list patterns;
+  patterns.push_back(loom::pattern(from_file[0]));
+  CHECK(patterns[0].kind == loom::target_kind::pattern);
+  CHECK(patterns[0].text.data() != from_file[0].data());  // a copy, not a view of the caller's string
+}
