@@ -9,6 +9,8 @@
 #include <c10/util/intrusive_ptr.h>
 
 #include <memory>
+#include <optional>
+#include <string>
 
 namespace c10d {
 class ProcessGroup;
@@ -38,6 +40,11 @@ class runtime {
   // The world group, for c10d components such as the Reducer; null for a single process.
   [[nodiscard]] const c10::intrusive_ptr<c10d::ProcessGroup>& process_group() const noexcept;
   [[nodiscard]] const c10::intrusive_ptr<c10d::Store>& store() const noexcept;
+
+  // A rank about to fail leaves its reason in the rendezvous store, so that a rank whose collective
+  // then breaks (or times out) reports that reason rather than a bare transport error.
+  void publish_failure(const std::string& message) const;
+  [[nodiscard]] std::optional<std::string> peer_failure() const;
 
  private:
   struct state;

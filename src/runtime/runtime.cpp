@@ -166,4 +166,29 @@ collectives& runtime::comm() const noexcept { return *state_->comm; }
 const c10::intrusive_ptr<c10d::ProcessGroup>& runtime::process_group() const noexcept { return state_->group; }
 const c10::intrusive_ptr<c10d::Store>& runtime::store() const noexcept { return state_->store; }
 
+namespace {
+constexpr const char* failure_key = "loom/failure";
+}
+
+void runtime::publish_failure(const std::string& message) const {
+  if (!state_->store) return;
+  const std::string text = fmt::format("rank {} failed: {}", rank(), message);
+  try {
+    state_->store->set(failure_key, std::vector<std::uint8_t>(text.begin(), text.end()));
+  } catch (const std::exception&) {
+    // The store is gone with rank 0: the launcher reports this rank's own error.
+  }
+}
+
+std::optional<std::string> runtime::peer_failure() const {
+  if (!state_->store) return std::nullopt;
+  try {
+    if (!state_->store->check({failure_key})) return std::nullopt;
+    auto bytes = state_->store->get(failure_key);
+    return std::string(bytes.begin(), bytes.end());
+  } catch (const std::exception&) {
+    return std::nullopt;
+  }
+}
+
 }  // namespace loom

@@ -1,0 +1,73 @@
+#pragma once
+// loom::build(plan, runtime): a validated plan becomes a job on this process's share of the world.
+
+#include <loom/dsl.hpp>
+#include <loom/job.hpp>
+#include <loom/replicas.hpp>
+#include <loom/strategies/ddp.hpp>
+#include <loom/strategies/local.hpp>
+
+#include <tuple>
+#include <type_traits>
+
+// R7, checked where the plan meets LibTorch.
+#define LOOM_R7_NOT_A_MODULE                                                                          \
+  "loom R7: model<M>(...) needs a LibTorch module: M must derive from torch::nn::Module or be a " \
+  "ModuleHolder made by TORCH_MODULE(...)"
+#define LOOM_R7_NOT_CONSTRUCTIBLE \
+  "loom R7: M cannot be constructed from the arguments given to model<M>(...): pass what M's constructor takes"
+
+namespace loom {
+
+namespace detail {
+
+template <class M, class Tuple>
+inline constexpr bool constructible_from_tuple = false;
+
+template <class M, class... Args>
+inline constexpr bool constructible_from_tuple<M, std::tuple<Args...>> = std::is_constructible_v<M, const Args&...>;
+
+inline local_engine make_engine(const local_stage&) { return {}; }
+inline ddp_engine make_engine(const ddp_stage& stage) { return ddp_engine(stage.settings()); }
+template <class S>
+S make_engine(const strategy_stage<S>& stage) { return stage.get(); }
+
+template <class Stage>
+inline constexpr bool has_engine = requires(const Stage& stage) { make_engine(stage); };
+
+}  // namespace detail
+
+template <class Plan>
+  requires is_plan<Plan>
+[[nodiscard]] auto build(const Plan& plan, runtime rt) {
+  using M = typename Plan::model_type;
+  static_assert(TorchModule<M>, LOOM_R7_NOT_A_MODULE);
+  static_assert(detail::constructible_from_tuple<M, std::remove_cvref_t<decltype(plan.model_args())>>,
+                LOOM_R7_NOT_CONSTRUCTIBLE);
+  using strategy_stage_type = typename Plan::strategy_type;
+  static_assert(detail::has_engine<strategy_stage_type>,
+                "loom: this strategy has no engine in this runtime yet (fsdp() is planned): use local() or ddp()");
+  auto engine = detail::make_engine(plan.strategy());
+
+  // Construction, then the adapters' initial weights, from one forked stream when seeded.
+  std::optional<forked_rng> fork;
+  if (auto seed = plan.seed()) fork.emplace(*seed);
+  auto model = std::apply([](const auto&... args) { return detail::module_storage<M>::make(args...); },
+                          plan.model_args());
+  auto base = model.base();
+  std::optional<lora_layers> lora;
+  if (auto spec = plan.lora()) lora = lora_layers::inject(*base, *spec);
+  fork.reset();
+
+  set_trainable(*base, lora.has_value(), plan.trainable_patterns());
+  base->to(rt.device());
+  if (auto seed = plan.seed()) {
+    verify_identical_replicas(rt, *base, *seed);
+  } else {
+    broadcast_replicas(rt, *base);
+  }
+  return job<M, decltype(engine)>(std::move(model), std::move(rt), std::move(lora), plan.describe(),
+                                  std::move(engine));
+}
+
+}  // namespace loom

@@ -1,0 +1,151 @@
+#pragma once
+// job<M, Engine>: a built plan. The user's module, typed, with its strategy around forward and
+// backward (DESIGN.md §3).
+
+#include <loom/lora.hpp>
+#include <loom/strategy_context.hpp>
+
+#include <torch/nn/module.h>
+#include <torch/nn/pimpl.h>
+
+#include <concepts>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace loom {
+
+namespace detail {
+
+template <class M>
+concept module_holder = requires { typename M::ContainedType; } &&
+                        std::derived_from<M, torch::nn::ModuleHolder<typename M::ContainedType>> &&
+                        std::derived_from<typename M::ContainedType, torch::nn::Module>;
+
+// How a job holds M: a ModuleHolder (TORCH_MODULE) by value, a Module subclass by shared_ptr.
+template <class M>
+struct module_storage {
+  std::shared_ptr<M> held;
+  template <class... Args>
+  static module_storage make(const Args&... args) { return {std::make_shared<M>(args...)}; }
+  M& get() noexcept { return *held; }
+  M* operator->() noexcept { return held.get(); }
+  std::shared_ptr<torch::nn::Module> base() const { return held; }
+};
+
+template <module_holder M>
+struct module_storage<M> {
+  M held;
+  template <class... Args>
+  static module_storage make(const Args&... args) { return {M(args...)}; }
+  M& get() noexcept { return held; }
+  auto* operator->() noexcept { return held.get(); }
+  std::shared_ptr<torch::nn::Module> base() const { return held.ptr(); }
+};
+
+// The part of a job that does not depend on M or the strategy (src/job/job.cpp).
+class job_core {
+ public:
+  job_core(runtime rt, std::shared_ptr<torch::nn::Module> module, std::optional<lora_layers> lora,
+           std::string plan_text);
+
+  [[nodiscard]] strategy_context& context() noexcept { return context_; }
+  [[nodiscard]] const strategy_context& context() const noexcept { return context_; }
+  [[nodiscard]] lora_layers* lora() noexcept { return lora_ ? &*lora_ : nullptr; }
+
+  // Checks the schedule the strategy derived against every other rank's.
+  void verify_schedule() const;
+  // loss.backward(), reporting a peer's published failure when a collective breaks.
+  void run_backward(const at::Tensor& loss);
+
+  [[nodiscard]] std::vector<at::Tensor> trainable_parameters() const;
+  [[nodiscard]] double clip_grad_norm(double max_norm, double norm_type) const;
+  [[nodiscard]] std::string describe() const;
+
+ private:
+  strategy_context context_;
+  std::optional<lora_layers> lora_;
+  std::string plan_text_;
+};
+
+}  // namespace detail
+
+template <class M>
+concept TorchModule = detail::module_holder<M> || std::derived_from<M, torch::nn::Module>;
+
+template <class M, class Engine>
+class job {
+ public:
+  job(detail::module_storage<M> model, runtime rt, std::optional<lora_layers> lora, std::string plan_text,
+      Engine engine)
+      : model_(std::move(model)),
+        core_(std::move(rt), model_.base(), std::move(lora), std::move(plan_text)),
+        engine_(std::move(engine)) {
+    engine_.setup(core_.context());
+    core_.verify_schedule();
+  }
+
+  // The user's module, typed.
+  [[nodiscard]] M& module() noexcept { return model_.get(); }
+  [[nodiscard]] Engine& strategy() noexcept { return engine_; }
+  [[nodiscard]] const runtime& rt() const noexcept { return core_.context().rt(); }
+
+  // M's forward with the strategy around it; returns what M's forward returns.
+  template <class... Args>
+  decltype(auto) forward(Args&&... args) {
+    engine_.before_forward(core_.context());
+    std::optional<lora_layers::forward_guard> adapters;
+    if (lora_layers* lora = core_.lora()) adapters.emplace(*lora);
+    return model_->forward(std::forward<Args>(args)...);
+  }
+
+  // Backward, and the strategy's gradient synchronisation completed.
+  void backward(const at::Tensor& loss) {
+    strategy_context& context = core_.context();
+    if constexpr (requires { engine_.before_backward(context, loss); }) engine_.before_backward(context, loss);
+    core_.run_backward(loss);
+    engine_.after_backward(context);
+  }
+
+  [[nodiscard]] std::vector<at::Tensor> trainable_parameters() const { return core_.trainable_parameters(); }
+
+  // The global gradient norm (before clipping), as torch::nn::utils::clip_grad_norm_ returns it.
+  double clip_grad_norm(double max_norm, double norm_type = 2.0) { return core_.clip_grad_norm(max_norm, norm_type); }
+
+  // Gradient accumulation: backward inside the guard's lifetime communicates nothing; the next
+  // backward outside it reduces the accumulated gradients.
+  class [[nodiscard]] no_sync_guard {
+   public:
+    explicit no_sync_guard(strategy_context& context) : context_(context), was_(context.sync_gradients()) {
+      context_.set_sync_gradients(false);
+    }
+    ~no_sync_guard() { context_.set_sync_gradients(was_); }
+    no_sync_guard(const no_sync_guard&) = delete;
+    no_sync_guard& operator=(const no_sync_guard&) = delete;
+
+   private:
+    strategy_context& context_;
+    bool was_;
+  };
+  no_sync_guard no_sync() { return no_sync_guard(core_.context()); }
+
+  [[nodiscard]] const collective_schedule& schedule() const noexcept { return core_.context().schedule(); }
+  [[nodiscard]] std::string describe() const { return core_.describe(); }
+
+  // LoRA: fold the adapters into the base weights, and take them out again.
+  void merge() { require_lora("merge").merge(); }
+  void unmerge() { require_lora("unmerge").unmerge(); }
+
+ private:
+  lora_layers& require_lora(const char* what) {
+    if (lora_layers* lora = core_.lora()) return *lora;
+    throw std::logic_error(std::string("loom: job.") + what + "() needs a plan with lora(...)");
+  }
+
+  detail::module_storage<M> model_;
+  detail::job_core core_;
+  Engine engine_;
+};
+
+}  // namespace loom

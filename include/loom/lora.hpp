@@ -1,0 +1,73 @@
+#pragma once
+// LoRA adapters injected into a built module (DESIGN.md §3): which layers a lora(...) stage adapts,
+// the two paths (loom::nn::Linear's unmerged fast path, torch::nn::Linear's effective-weight
+// fallback), freezing, merge and unmerge.
+
+#include <loom/dsl/lora.hpp>
+#include <loom/dsl/targets.hpp>
+
+#include <torch/nn/module.h>
+#include <torch/nn/modules/linear.h>
+
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace loom {
+
+// The dotted `name` is selected by `target`: equal to it, ending with "." + it, or (a pattern) a
+// whole match of its regular expression.
+[[nodiscard]] bool matches(const target& target, std::string_view name);
+[[nodiscard]] bool matches_any(const target_list& targets, std::string_view name);
+
+class lora_layers {
+ public:
+  lora_layers() = default;
+
+  // Adapts every linear layer under `root` that a target of `spec` selects and no exclusion does,
+  // drawing A from the current default generator (the forked one under seeded). Throws
+  // std::invalid_argument when nothing matches or a target selects a module that is not linear.
+  static lora_layers inject(torch::nn::Module& root, const lora_stage& spec);
+
+  [[nodiscard]] std::size_t fast_path_count() const noexcept { return fast_.size(); }
+  [[nodiscard]] std::size_t fallback_count() const noexcept { return fallback_.size(); }
+  [[nodiscard]] const std::vector<std::string>& adapted() const noexcept { return adapted_; }
+  [[nodiscard]] bool empty() const noexcept { return adapted_.empty(); }
+
+  // The fallback path: each adapted torch::nn::Linear computes with W + scaling · B·A for the
+  // duration of one forward; the guard puts W back.
+  class forward_guard {
+   public:
+    explicit forward_guard(lora_layers& layers);
+    ~forward_guard();
+    forward_guard(const forward_guard&) = delete;
+    forward_guard& operator=(const forward_guard&) = delete;
+
+   private:
+    lora_layers& layers_;
+  };
+
+  void merge();
+  void unmerge();
+
+ private:
+  struct fallback_layer {
+    std::shared_ptr<torch::nn::LinearImpl> layer;
+    at::Tensor base_weight;  // the registered parameter; layer->weight points elsewhere in forward
+    at::Tensor lora_A;
+    at::Tensor lora_B;
+    double scaling;
+  };
+
+  std::vector<std::string> adapted_;
+  std::vector<std::shared_ptr<torch::nn::Module>> fast_;
+  std::vector<fallback_layer> fallback_;
+  bool merged_ = false;
+};
+
+// requires_grad: with LoRA, only the adapters; plus every parameter under a module (or with a name)
+// that `patterns` selects. Throws std::invalid_argument for a pattern that selects nothing.
+void set_trainable(torch::nn::Module& root, bool has_lora, const target_list& patterns);
+
+}  // namespace loom

@@ -1,0 +1,56 @@
+#pragma once
+// loom::nn::Linear: a drop-in for torch::nn::Linear (same options, parameter names, initialisation
+// and results) that can carry a LoRA adapter on the fast unmerged path
+//   y = base(x) + scaling · B(A(dropout(x))).
+
+#include <torch/nn/cloneable.h>
+#include <torch/nn/options/linear.h>
+#include <torch/nn/pimpl.h>
+
+#include <optional>
+
+namespace loom::nn {
+
+struct lora_adapter_options {
+  std::int64_t rank;
+  double scaling;  // alpha / rank
+  double dropout;  // on the adapter branch's input only
+};
+
+class LinearImpl : public torch::nn::Cloneable<LinearImpl> {
+ public:
+  LinearImpl(std::int64_t in_features, std::int64_t out_features)
+      : LinearImpl(torch::nn::LinearOptions(in_features, out_features)) {}
+  explicit LinearImpl(const torch::nn::LinearOptions& options);
+
+  void reset() override;
+  void reset_parameters();
+  void pretty_print(std::ostream& stream) const override;
+
+  at::Tensor forward(const at::Tensor& input);
+
+  // Registers lora_A (rank × in, kaiming-uniform with a = √5, from the current default generator)
+  // and lora_B (out × rank, zeros), so the output is unchanged until B is trained.
+  void add_adapter(const lora_adapter_options& adapter);
+  [[nodiscard]] bool has_adapter() const noexcept { return adapter_.has_value(); }
+  [[nodiscard]] const std::optional<lora_adapter_options>& adapter() const noexcept { return adapter_; }
+
+  // Folds scaling · B·A into weight (forward then runs the base alone), and takes it out again.
+  void merge();
+  void unmerge();
+  [[nodiscard]] bool merged() const noexcept { return merged_; }
+
+  torch::nn::LinearOptions options;
+  at::Tensor weight;
+  at::Tensor bias;
+  at::Tensor lora_A;
+  at::Tensor lora_B;
+
+ private:
+  std::optional<lora_adapter_options> adapter_;
+  bool merged_ = false;
+};
+
+TORCH_MODULE(Linear);
+
+}  // namespace loom::nn

@@ -1,0 +1,71 @@
+#pragma once
+// The collective schedule: the ordered collectives that one training step issues, derived by the
+// strategy before the first step from the plan and the parameters in registration order. It is
+// identical on every rank by construction; build() checks that through its fingerprint.
+// Format: docs/schedule.md.
+
+#include <c10/core/ScalarType.h>
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+namespace loom {
+
+class runtime;
+
+enum class collective_op { all_reduce, broadcast, all_gather, reduce_scatter, barrier };
+enum class step_phase { forward, backward, optimizer };
+
+[[nodiscard]] std::string_view to_string(collective_op op) noexcept;
+[[nodiscard]] std::string_view to_string(step_phase phase) noexcept;
+
+struct tensor_spec {
+  std::string name;
+  std::vector<std::int64_t> shape;
+  c10::ScalarType dtype = c10::ScalarType::Float;
+
+  [[nodiscard]] std::int64_t numel() const noexcept;
+  [[nodiscard]] std::int64_t bytes() const noexcept;
+};
+
+struct schedule_entry {
+  collective_op op;
+  step_phase phase;
+  std::vector<tensor_spec> tensors;  // communicated as one flat buffer, in this order
+  std::string group = "world";
+
+  [[nodiscard]] std::int64_t bytes() const noexcept;
+  // One line: "all_reduce backward world 1.25 MiB [head.bias f32[128], head.weight f32[128,256]]".
+  [[nodiscard]] std::string to_string() const;
+};
+
+class collective_schedule {
+ public:
+  void add(schedule_entry entry);
+  [[nodiscard]] std::span<const schedule_entry> entries() const noexcept { return entries_; }
+  [[nodiscard]] bool empty() const noexcept { return entries_.empty(); }
+  [[nodiscard]] std::int64_t bytes_per_step() const noexcept;
+
+  // FNV-1a over every entry's line, in order.
+  [[nodiscard]] std::uint64_t fingerprint() const;
+  // A header (entries, bytes, fingerprint), then one numbered line per entry.
+  [[nodiscard]] std::string to_string() const;
+
+ private:
+  std::vector<schedule_entry> entries_;
+};
+
+// Thrown on every rank when the ranks disagree about what they built: the schedule, or the
+// replicas under seeded(...). The message names the first entry or parameter that differs.
+class rank_mismatch : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+// Exchanges the fingerprint (one all-gather; a second, of per-entry hashes, only on a mismatch)
+// and throws rank_mismatch naming the first differing entry and the ranks' versions of it.
+void verify_schedule_across_ranks(const collective_schedule& schedule, const runtime& rt);
+
+}  // namespace loom

@@ -1,0 +1,56 @@
+#pragma once
+// What a strategy sees of the job it runs (the definition behind the DSL's forward declaration):
+// the runtime, the built module, its trainable parameters in registration order, and the schedule
+// it fills in during setup.
+
+#include <loom/runtime.hpp>
+#include <loom/schedule.hpp>
+
+#include <torch/nn/module.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace loom {
+
+struct named_parameter {
+  std::string name;
+  at::Tensor tensor;
+};
+
+class strategy_context {
+ public:
+  strategy_context(runtime rt, std::shared_ptr<torch::nn::Module> module);
+
+  [[nodiscard]] const runtime& rt() const noexcept { return runtime_; }
+  [[nodiscard]] torch::nn::Module& module() noexcept { return *module_; }
+  [[nodiscard]] const torch::nn::Module& module() const noexcept { return *module_; }
+  [[nodiscard]] const std::vector<named_parameter>& trainable() const noexcept { return trainable_; }
+
+  [[nodiscard]] collective_schedule& schedule() noexcept { return schedule_; }
+  [[nodiscard]] const collective_schedule& schedule() const noexcept { return schedule_; }
+
+  // False inside job.no_sync(): gradients accumulate locally, nothing is communicated.
+  [[nodiscard]] bool sync_gradients() const noexcept { return sync_gradients_; }
+  void set_sync_gradients(bool sync) noexcept { sync_gradients_ = sync; }
+
+  // Lines for job.describe(): what the strategy decided (buckets, shards).
+  void note(std::string line) { notes_.push_back(std::move(line)); }
+  [[nodiscard]] const std::vector<std::string>& notes() const noexcept { return notes_; }
+
+  // Tells the other ranks why this one is about to fail, then throws std::runtime_error(message):
+  // a rank blocked in a collective with this one reports the message instead of a bare
+  // "connection closed".
+  [[noreturn]] void fail(const std::string& message) const;
+
+ private:
+  runtime runtime_;
+  std::shared_ptr<torch::nn::Module> module_;
+  std::vector<named_parameter> trainable_;
+  collective_schedule schedule_;
+  std::vector<std::string> notes_;
+  bool sync_gradients_ = true;
+};
+
+}  // namespace loom

@@ -1,0 +1,162 @@
+#include <loom/lora.hpp>
+
+#include <loom/nn/linear.hpp>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <torch/nn/init.h>
+
+#include <cmath>
+#include <regex>
+#include <stdexcept>
+
+namespace loom {
+namespace {
+
+constexpr std::size_t listed_names = 12;
+
+std::string describe_targets(const target_list& targets) {
+  std::vector<std::string> texts;
+  for (const target& t : targets) {
+    texts.push_back(t.kind == target_kind::pattern ? fmt::format("pattern(\"{}\")", t.text) : std::string(t.text));
+  }
+  return fmt::format("[{}]", fmt::join(texts, ", "));
+}
+
+// Up to a dozen names, then how many more.
+std::string some_of(const std::vector<std::string>& names) {
+  if (names.empty()) return "(none)";
+  std::vector<std::string> shown(names.begin(), names.begin() + std::min(names.size(), listed_names));
+  std::string text = fmt::format("{}", fmt::join(shown, ", "));
+  if (names.size() > listed_names) text += fmt::format(" and {} more", names.size() - listed_names);
+  return text;
+}
+
+bool is_linear(const torch::nn::Module& module) {
+  return dynamic_cast<const nn::LinearImpl*>(&module) != nullptr ||
+         dynamic_cast<const torch::nn::LinearImpl*>(&module) != nullptr;
+}
+
+std::vector<std::string> linear_layer_names(torch::nn::Module& root) {
+  std::vector<std::string> names;
+  for (const auto& item : root.named_modules("", /*include_self=*/false)) {
+    if (is_linear(*item.value())) names.push_back(item.key());
+  }
+  return names;
+}
+
+}  // namespace
+
+bool matches(const target& target, std::string_view name) {
+  if (target.kind == target_kind::pattern) {
+    return std::regex_match(name.begin(), name.end(), std::regex(target.text.begin(), target.text.end()));
+  }
+  if (name == target.text) return true;
+  return name.size() > target.text.size() && name.ends_with(target.text) &&
+         name[name.size() - target.text.size() - 1] == '.';
+}
+
+bool matches_any(const target_list& targets, std::string_view name) {
+  for (const target& t : targets) {
+    if (matches(t, name)) return true;
+  }
+  return false;
+}
+
+lora_layers lora_layers::inject(torch::nn::Module& root, const lora_stage& spec) {
+  const nn::lora_adapter_options adapter{spec.rank(), spec.scaling(), spec.dropout()};
+  lora_layers layers;
+  for (const auto& item : root.named_modules("", /*include_self=*/false)) {
+    const std::string& name = item.key();
+    if (!matches_any(spec.targets(), name) || matches_any(spec.exclude(), name)) continue;
+    const std::shared_ptr<torch::nn::Module>& module = item.value();
+    if (auto fast = std::dynamic_pointer_cast<nn::LinearImpl>(module)) {
+      fast->add_adapter(adapter);
+      layers.fast_.push_back(fast);
+    } else if (auto plain = std::dynamic_pointer_cast<torch::nn::LinearImpl>(module)) {
+      if (spec.dropout() > 0) {
+        throw std::invalid_argument(fmt::format(
+            "loom: lora dropout {} needs loom::nn::Linear, but '{}' is a torch::nn::Linear, whose adapter runs "
+            "as an effective weight W + scale·B·A that cannot drop the adapter's input alone: build the model "
+            "with loom::nn::Linear, or set dropout to 0",
+            spec.dropout(), name));
+      }
+      auto lora_A = plain->register_parameter("lora_A", torch::empty({spec.rank(), plain->options.in_features()}));
+      auto lora_B = plain->register_parameter("lora_B", torch::zeros({plain->options.out_features(), spec.rank()}));
+      torch::nn::init::kaiming_uniform_(lora_A, std::sqrt(5));
+      layers.fallback_.push_back({plain, plain->weight, lora_A, lora_B, spec.scaling()});
+    } else {
+      throw std::invalid_argument(fmt::format(
+          "loom: lora target selects '{}', a {}, which is not a linear layer: LoRA adapts torch::nn::Linear "
+          "and loom::nn::Linear; target the linear layers inside it or add it to lora_options::exclude",
+          name, module->name()));
+    }
+    layers.adapted_.push_back(name);
+  }
+  if (layers.adapted_.empty()) {
+    throw std::invalid_argument(fmt::format(
+        "loom: lora(targets={}) matched no layer of {}; its linear layers are: {}. Name one of them, the "
+        "end of its dotted name (e.g. 'q_proj'), or a loom::pattern(\"regex\")",
+        describe_targets(spec.targets()), root.name(), some_of(linear_layer_names(root))));
+  }
+  return layers;
+}
+
+lora_layers::forward_guard::forward_guard(lora_layers& layers) : layers_(layers) {
+  if (layers_.merged_) return;
+  for (fallback_layer& f : layers_.fallback_) {
+    f.layer->weight = at::addmm(f.base_weight, f.lora_B, f.lora_A, /*beta=*/1, /*alpha=*/f.scaling);
+  }
+}
+
+lora_layers::forward_guard::~forward_guard() {
+  for (fallback_layer& f : layers_.fallback_) f.layer->weight = f.base_weight;
+}
+
+void lora_layers::merge() {
+  if (merged_) return;
+  torch::NoGradGuard no_grad;
+  for (auto& module : fast_) std::static_pointer_cast<nn::LinearImpl>(module)->merge();
+  for (fallback_layer& f : fallback_) f.base_weight.add_(f.lora_B.mm(f.lora_A), f.scaling);
+  merged_ = true;
+}
+
+void lora_layers::unmerge() {
+  if (!merged_) return;
+  torch::NoGradGuard no_grad;
+  for (auto& module : fast_) std::static_pointer_cast<nn::LinearImpl>(module)->unmerge();
+  for (fallback_layer& f : fallback_) f.base_weight.sub_(f.lora_B.mm(f.lora_A), f.scaling);
+  merged_ = false;
+}
+
+void set_trainable(torch::nn::Module& root, bool has_lora, const target_list& patterns) {
+  if (has_lora) {
+    for (const auto& item : root.named_parameters()) {
+      const std::string& name = item.key();
+      const bool adapter = name.ends_with("lora_A") || name.ends_with("lora_B");
+      item.value().set_requires_grad(adapter);
+    }
+  }
+  for (const target& pattern : patterns) {
+    bool selected = false;
+    for (const auto& module : root.named_modules("", /*include_self=*/false)) {
+      if (!matches(pattern, module.key())) continue;
+      for (auto& parameter : module.value()->parameters()) parameter.set_requires_grad(true);
+      selected = true;
+    }
+    for (const auto& parameter : root.named_parameters()) {
+      if (!matches(pattern, parameter.key())) continue;
+      parameter.value().set_requires_grad(true);
+      selected = true;
+    }
+    if (!selected) {
+      std::vector<std::string> names;
+      for (const auto& module : root.named_modules("", false)) names.push_back(module.key());
+      throw std::invalid_argument(fmt::format(
+          "loom: trainable pattern '{}' selects no module or parameter of {}; its modules are: {}",
+          pattern.text, root.name(), some_of(names)));
+    }
+  }
+}
+
+}  // namespace loom

@@ -1,0 +1,243 @@
+// build() and the job on a single process: seeded construction, LoRA on both linear paths, freezing,
+// merge, describe, and the errors a user meets first.
+#include <loom/loom.hpp>
+#include <models/mlp.hpp>
+#include <models/tiny_gpt.hpp>
+
+#include <catch2/catch_test_macros.hpp>
+#include <catch2/matchers/catch_matchers_string.hpp>
+
+using Catch::Matchers::ContainsSubstring;
+
+namespace {
+
+constexpr models::tiny_gpt_config small{.vocab = 32, .d = 16, .layers = 2, .heads = 2, .ctx = 8};
+
+template <class Linear>
+using Gpt = models::BasicTinyGpt<Linear>;
+
+struct batch {
+  at::Tensor x, y;
+};
+
+batch tokens(std::uint64_t seed, std::int64_t rows = 4) {
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
+  return {torch::randint(0, small.vocab, {rows, small.ctx}, gen), torch::randint(0, small.vocab, {rows, small.ctx}, gen)};
+}
+
+loom::runtime one() { return loom::runtime::single_process(); }
+
+// Gives every adapter a non-zero B, the same on any model built from the same seed.
+void randomise_adapters(torch::nn::Module& module) {
+  torch::NoGradGuard no_grad;
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(5);
+  for (auto& p : module.named_parameters()) {
+    if (p.key().ends_with("lora_B")) p.value().copy_(torch::randn(p.value().sizes(), gen) * 0.1);
+  }
+}
+
+std::map<std::string, at::Tensor> gradients_by_name(torch::nn::Module& module) {
+  std::map<std::string, at::Tensor> grads;
+  for (auto& p : module.named_parameters()) {
+    if (p.value().grad().defined()) grads[p.key()] = p.value().grad().clone();
+  }
+  return grads;
+}
+
+struct frozen_mlp : models::Mlp {
+  frozen_mlp() : models::Mlp(8, 2) {
+    for (auto& p : parameters()) p.set_requires_grad(false);
+  }
+};
+
+}  // namespace
+
+TEST_CASE("seeded construction leaves the caller's generator as it was", "[seeded]") {
+  torch::manual_seed(7);
+  auto expected = torch::rand({8});
+  torch::manual_seed(7);
+  auto job = loom::build(loom::model<Gpt<loom::nn::Linear>>(small) | loom::seeded(3), one());
+  CHECK(torch::equal(torch::rand({8}), expected));
+}
+
+TEST_CASE("seeded construction is reproducible and seed-dependent", "[seeded]") {
+  auto a = loom::build(loom::model<Gpt<loom::nn::Linear>>(small) | loom::seeded(3), one());
+  auto b = loom::build(loom::model<Gpt<loom::nn::Linear>>(small) | loom::seeded(3), one());
+  auto c = loom::build(loom::model<Gpt<loom::nn::Linear>>(small) | loom::seeded(4), one());
+  CHECK(torch::equal(a.module().head->weight, b.module().head->weight));
+  CHECK_FALSE(torch::equal(a.module().head->weight, c.module().head->weight));
+}
+
+TEST_CASE("loom::nn::Linear is a drop-in for torch::nn::Linear", "[nn]") {
+  auto fast = loom::build(loom::model<Gpt<loom::nn::Linear>>(small) | loom::seeded(9), one());
+  auto plain = loom::build(loom::model<Gpt<torch::nn::Linear>>(small) | loom::seeded(9), one());
+  auto fast_params = fast.module().named_parameters();
+  auto plain_params = plain.module().named_parameters();
+  REQUIRE(fast_params.keys() == plain_params.keys());
+  for (const auto& name : fast_params.keys()) CHECK(torch::equal(fast_params[name], plain_params[name]));
+  auto [x, y] = tokens(1);
+  CHECK(torch::equal(fast.forward(x, y), plain.forward(x, y)));
+}
+
+TEST_CASE("right after build, a LoRA model computes exactly what its base does", "[lora]") {
+  auto [x, y] = tokens(2);
+  auto base = loom::build(loom::model<Gpt<loom::nn::Linear>>(small) | loom::seeded(11), one());
+  auto fast = loom::build(loom::model<Gpt<loom::nn::Linear>>(small) | loom::seeded(11) | loom::lora(4), one());
+  auto plain = loom::build(loom::model<Gpt<torch::nn::Linear>>(small) | loom::seeded(11) | loom::lora(4), one());
+  const auto expected = base.forward(x, y);
+  CHECK(torch::equal(fast.forward(x, y), expected));
+  CHECK(torch::equal(plain.forward(x, y), expected));
+  CHECK(torch::equal(fast.module().logits(x), base.module().logits(x)));
+}
+
+TEST_CASE("the fast path and the fallback give the same outputs and gradients", "[lora]") {
+  auto [x, y] = tokens(3);
+  constexpr auto plan_tail = loom::seeded(12) | loom::lora(4, {"q_proj", "v_proj", "fc_in"}, {.alpha = 6.0});
+  auto fast = loom::build(loom::model<Gpt<loom::nn::Linear>>(small) | plan_tail, one());
+  auto plain = loom::build(loom::model<Gpt<torch::nn::Linear>>(small) | plan_tail, one());
+  randomise_adapters(fast.module());
+  randomise_adapters(plain.module());
+  auto fast_loss = fast.forward(x, y);
+  auto plain_loss = plain.forward(x, y);
+  CHECK(torch::allclose(fast_loss, plain_loss, 1e-5, 1e-6));
+  fast.backward(fast_loss);
+  plain.backward(plain_loss);
+  auto fast_grads = gradients_by_name(fast.module());
+  auto plain_grads = gradients_by_name(plain.module());
+  REQUIRE(fast_grads.size() == 12);  // lora_A and lora_B of 3 layers in 2 blocks, nothing else
+  for (const auto& [name, grad] : fast_grads) {
+    CAPTURE(name);
+    REQUIRE(plain_grads.contains(name));
+    CHECK(torch::allclose(grad, plain_grads[name], 1e-4, 1e-6));
+  }
+}
+
+TEST_CASE("adapters start as PEFT's: A kaiming-uniform, B zero, scaling alpha / rank", "[lora]") {
+  auto job = loom::build(loom::model<Gpt<loom::nn::Linear>>(small) | loom::seeded(1) |
+                             loom::lora(4, {"q_proj"}, {.alpha = 2.0}),
+                         one());
+  auto& q = *job.module().blocks[0]->as<models::BlockImpl<loom::nn::Linear>>()->attn->q_proj;
+  REQUIRE(q.adapter().has_value());
+  CHECK(q.adapter()->scaling == 0.5);
+  CHECK(q.lora_A.sizes() == at::IntArrayRef{4, small.d});
+  CHECK(q.lora_B.sizes() == at::IntArrayRef{small.d, 4});
+  CHECK(q.lora_B.abs().max().item<float>() == 0.0f);
+  const double bound = 1.0 / std::sqrt(static_cast<double>(small.d));  // gain √(1/3) · √(3 / fan_in)
+  CHECK(q.lora_A.abs().max().item<double>() <= bound);
+  CHECK(q.lora_A.abs().max().item<double>() > bound / 2);
+}
+
+TEST_CASE("LoRA freezes all but the adapters, and trainable(...) keeps more", "[lora]") {
+  auto adapters_only = loom::build(loom::model<Gpt<loom::nn::Linear>>(small) | loom::lora(4, {"v_proj"}), one());
+  for (auto& p : adapters_only.module().named_parameters()) {
+    CAPTURE(p.key());
+    CHECK(p.value().requires_grad() == (p.key().ends_with("lora_A") || p.key().ends_with("lora_B")));
+  }
+  CHECK(adapters_only.trainable_parameters().size() == 4);
+
+  auto with_head = loom::build(
+      loom::model<Gpt<loom::nn::Linear>>(small) | loom::lora(4, {"v_proj"}) | loom::trainable({"head", "ln_f"}), one());
+  CHECK(with_head.trainable_parameters().size() == 8);
+  CHECK(with_head.module().head->weight.requires_grad());
+  CHECK_FALSE(with_head.module().tok->weight.requires_grad());
+}
+
+TEST_CASE("targets match a name, its dotted ending, or a whole regex; exclude matches the same way", "[lora]") {
+  auto count = [](auto plan) { return loom::build(plan, loom::runtime::single_process()).trainable_parameters().size() / 2; };
+  using M = Gpt<loom::nn::Linear>;
+  CHECK(count(loom::model<M>(small) | loom::lora(2, {"attn.q_proj"})) == 2);
+  CHECK(count(loom::model<M>(small) | loom::lora(2, {"blocks.1.attn.q_proj"})) == 1);
+  CHECK(count(loom::model<M>(small) | loom::lora(2, {loom::pattern("blocks\\.1\\.attn\\..*_proj")})) == 4);
+  CHECK(count(loom::model<M>(small) | loom::lora(2, loom::default_targets, {.exclude = {"blocks.0.attn.k_proj"}})) == 7);
+}
+
+TEST_CASE("merge folds the adapters in, unmerge takes them out", "[lora]") {
+  auto [x, y] = tokens(4);
+  auto check = [&](auto job) {
+    randomise_adapters(job.module());
+    const auto unmerged = job.forward(x, y).detach();
+    const auto weight = job.module().head->weight.clone();
+    job.merge();
+    CHECK(torch::allclose(job.forward(x, y), unmerged, 1e-5, 1e-6));
+    CHECK_FALSE(torch::allclose(job.module().head->weight, weight));
+    job.unmerge();
+    CHECK(torch::allclose(job.module().head->weight, weight, 0, 1e-6));
+    CHECK(torch::allclose(job.forward(x, y), unmerged, 1e-5, 1e-6));
+  };
+  SECTION("fast path") {
+    check(loom::build(loom::model<Gpt<loom::nn::Linear>>(small) | loom::seeded(2) | loom::lora(4, {"head"}), one()));
+  }
+  SECTION("fallback") {
+    check(loom::build(loom::model<Gpt<torch::nn::Linear>>(small) | loom::seeded(2) | loom::lora(4, {"head"}), one()));
+  }
+}
+
+TEST_CASE("lora dropout applies to the adapter branch's input only", "[lora]") {
+  auto [x, y] = tokens(5);
+  auto base = loom::build(loom::model<Gpt<loom::nn::Linear>>(small) | loom::seeded(6), one());
+  auto job = loom::build(loom::model<Gpt<loom::nn::Linear>>(small) | loom::seeded(6) |
+                             loom::lora(4, loom::default_targets, {.dropout = 0.5}),
+                         one());
+  // Training mode, B still zero: dropout on the base path would change the output.
+  CHECK(torch::equal(job.forward(x, y), base.forward(x, y)));
+  randomise_adapters(job.module());
+  CHECK_FALSE(torch::equal(job.forward(x, y), job.forward(x, y)));  // the adapter's input is dropped at random
+  job.module().eval();
+  CHECK(torch::equal(job.forward(x, y), job.forward(x, y)));
+}
+
+TEST_CASE("a target that matches nothing lists the linear layers that exist", "[lora][errors]") {
+  CHECK_THROWS_WITH(loom::build(loom::model<Gpt<loom::nn::Linear>>(small) | loom::lora(4, {"query"}), one()),
+                    ContainsSubstring("lora(targets=[query]) matched no layer") &&
+                        ContainsSubstring("blocks.0.attn.q_proj, blocks.0.attn.k_proj") &&
+                        ContainsSubstring("and 1 more"));
+}
+
+TEST_CASE("a target that selects a module that is not linear is named with its type", "[lora][errors]") {
+  CHECK_THROWS_WITH(loom::build(loom::model<Gpt<loom::nn::Linear>>(small) | loom::lora(4, {"blocks.0.attn"}), one()),
+                    ContainsSubstring("selects 'blocks.0.attn', a models::AttentionImpl") &&
+                        ContainsSubstring("not a linear layer"));
+  CHECK_THROWS_WITH(loom::build(loom::model<Gpt<loom::nn::Linear>>(small) | loom::lora(4, {"ln1"}), one()),
+                    ContainsSubstring("'blocks.0.ln1', a torch::nn::LayerNormImpl"));
+}
+
+TEST_CASE("dropout on the torch::nn::Linear fallback is refused with the fix", "[lora][errors]") {
+  CHECK_THROWS_WITH(loom::build(loom::model<Gpt<torch::nn::Linear>>(small) |
+                                    loom::lora(4, {"q_proj"}, {.dropout = 0.1}),
+                                one()),
+                    ContainsSubstring("needs loom::nn::Linear") && ContainsSubstring("set dropout to 0"));
+}
+
+TEST_CASE("ddp() with no trainable parameter says so and names the fix", "[ddp][errors]") {
+  CHECK_THROWS_WITH(loom::build(loom::model<frozen_mlp>() | loom::ddp(), one()),
+                    ContainsSubstring("ddp(): the plan leaves no trainable parameter"));
+}
+
+TEST_CASE("describe() is the plan plus what the build decided", "[job]") {
+  auto job = loom::build(loom::model<Gpt<torch::nn::Linear>>(small) | loom::seeded(1) | loom::lora(4, {"q_proj"}) |
+                             loom::trainable({"head"}),
+                         one());
+  const std::string text = job.describe();
+  CHECK_THAT(text, ContainsSubstring("seeded(1)"));
+  CHECK_THAT(text, ContainsSubstring("lora adapted 2 layers (0 on the loom::nn::Linear fast path, 2 on the "
+                                     "torch::nn::Linear fallback)"));
+  CHECK_THAT(text, ContainsSubstring("trainable (6 tensors)"));
+  CHECK_THAT(text, ContainsSubstring("schedule 0 collectives a step"));
+  CHECK(job.schedule().empty());
+}
+
+TEST_CASE("the job trains: loss goes down with the optimizer over trainable_parameters()", "[job]") {
+  auto job = loom::build(loom::model<Gpt<loom::nn::Linear>>(small) | loom::seeded(1) | loom::lora(4), one());
+  torch::optim::AdamW optimizer(job.trainable_parameters(), torch::optim::AdamWOptions(1e-2));
+  auto [x, y] = tokens(8);
+  double first = 0, last = 0;
+  for (int step = 0; step < 20; ++step) {
+    auto loss = job.forward(x, y);
+    job.backward(loss);
+    CHECK(job.clip_grad_norm(1.0) > 0);
+    optimizer.step();
+    optimizer.zero_grad();
+    (step == 0 ? first : last) = loss.item<double>();
+  }
+  CHECK(last < first);
+}
