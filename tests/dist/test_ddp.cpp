@@ -5,6 +5,7 @@
 #include <loom/loom.hpp>
 #include <models/mlp.hpp>
 #include <models/tiny_gpt.hpp>
+#include <strategies/average_every_step.hpp>
 
 #include <catch2/catch_test_macros.hpp>
 
@@ -181,4 +182,16 @@ TEST_CASE("find_unused_parameters: a parameter unused on one rank counts as zero
     REQUIRE(mine->weight.grad().defined());
     CHECK(torch::allclose(mine->weight.grad(), grad, 0, 1e-6));
   }
+}
+
+TEST_CASE("a user-written strategy runs: dsl_examples' average_every_step trains like ddp()", "[strategy]") {
+  using M = models::BasicMlp<loom::nn::Linear>;
+  auto reference = loom::build(loom::model<M>(16, 3) | loom::seeded(9) | loom::ddp(), world());
+  auto custom = loom::build(loom::model<M>(16, 3) | loom::seeded(9) | loom::strategy(examples::average_every_step{}), world());
+  CHECK(custom.schedule().entries().size() == 6);
+  train_side_by_side(reference, custom, [](auto& job, int step, bool) {
+    auto [x, y] = regression_batch(step, 16);
+    return torch::mse_loss(job.forward(my_rows(x)), my_rows(y));
+  });
+  check_same_parameters(reference, custom);
 }
