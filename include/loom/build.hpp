@@ -37,23 +37,17 @@ inline constexpr bool has_engine = requires(const Stage& stage) { make_engine(st
 
 }  // namespace detail
 
+namespace detail {
+
 template <class Plan>
-  requires is_plan<Plan>
-[[nodiscard]] auto build(const Plan& plan, runtime rt) {
+auto build_checked(const Plan& plan, runtime rt) {
   using M = typename Plan::model_type;
-  static_assert(TorchModule<M>, LOOM_R7_NOT_A_MODULE);
-  static_assert(detail::constructible_from_tuple<M, std::remove_cvref_t<decltype(plan.model_args())>>,
-                LOOM_R7_NOT_CONSTRUCTIBLE);
-  using strategy_stage_type = typename Plan::strategy_type;
-  static_assert(detail::has_engine<strategy_stage_type>,
-                "loom: this strategy has no engine in this runtime yet (fsdp() is planned): use local() or ddp()");
-  auto engine = detail::make_engine(plan.strategy());
+  auto engine = make_engine(plan.strategy());
 
   // Construction, then the adapters' initial weights, from one forked stream when seeded.
   std::optional<forked_rng> fork;
   if (auto seed = plan.seed()) fork.emplace(*seed);
-  auto model = std::apply([](const auto&... args) { return detail::module_storage<M>::make(args...); },
-                          plan.model_args());
+  auto model = std::apply([](const auto&... args) { return module_storage<M>::make(args...); }, plan.model_args());
   auto base = model.base();
   std::optional<lora_layers> lora;
   if (auto spec = plan.lora()) lora = lora_layers::inject(*base, *spec);
@@ -68,6 +62,24 @@ template <class Plan>
   }
   return job<M, decltype(engine)>(std::move(model), std::move(rt), std::move(lora), plan.describe(),
                                   std::move(engine));
+}
+
+}  // namespace detail
+
+// R7 is checked here, where the plan meets LibTorch; a failed check stops before the body, so the
+// sentence is the whole diagnostic.
+template <class Plan>
+  requires is_plan<Plan>
+[[nodiscard]] auto build(const Plan& plan, runtime rt) {
+  using M = typename Plan::model_type;
+  constexpr bool is_module = TorchModule<M>;
+  constexpr bool constructible =
+      detail::constructible_from_tuple<M, std::remove_cvref_t<decltype(plan.model_args())>>;
+  constexpr bool has_engine = detail::has_engine<typename Plan::strategy_type>;
+  static_assert(is_module, LOOM_R7_NOT_A_MODULE);
+  static_assert(!is_module || constructible, LOOM_R7_NOT_CONSTRUCTIBLE);
+  static_assert(has_engine, "loom: this strategy has no engine in this runtime yet (fsdp() is planned): use local() or ddp()");
+  if constexpr (is_module && constructible && has_engine) return detail::build_checked(plan, std::move(rt));
 }
 
 }  // namespace loom
