@@ -1,6 +1,7 @@
 // Ranks that disagree must fail together, fast, with a message that names what differs, never
 // hang. Usage (under loom-run): dist-failures MODE. Every rank expects its error; it prints it and
 // exits 0 when the message and the time are as they should be, 1 otherwise.
+#include "branchy.hpp"
 #include "world.hpp"
 
 #include <loom/loom.hpp>
@@ -13,20 +14,12 @@
 #include <regex>
 #include <string>
 
+using loom::testing::branchy;
 using loom::testing::world;
 
 namespace {
 
 bool last_rank() { return world().rank() == world().world_size() - 1; }
-
-struct branchy : torch::nn::Module {
-  branchy() : trunk(register_module("trunk", loom::nn::Linear(8, 8))), extra(register_module("extra", loom::nn::Linear(8, 8))) {}
-  at::Tensor forward(const at::Tensor& x, bool use_extra) {
-    auto h = trunk(x);
-    return use_extra ? extra(h) : h;
-  }
-  loom::nn::Linear trunk, extra;
-};
 
 struct scenario {
   std::function<void()> run;  // must throw

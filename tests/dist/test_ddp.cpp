@@ -1,5 +1,6 @@
 // ddp() across real processes: parity with one process on the whole batch, seeded replicas,
 // accumulation with no_sync(), unused parameters with find_unused_parameters.
+#include "branchy.hpp"
 #include "world.hpp"
 
 #include <loom/loom.hpp>
@@ -8,7 +9,9 @@
 #include <strategies/average_every_step.hpp>
 
 #include <catch2/catch_test_macros.hpp>
+#include <catch2/generators/catch_generators.hpp>
 
+using loom::testing::branchy;
 using loom::testing::world;
 
 namespace {
@@ -94,22 +97,15 @@ bool same_on_every_rank(const at::Tensor& tensor) {
   return true;
 }
 
-// A trunk every rank uses and a branch that only some ranks use.
-struct branchy : torch::nn::Module {
-  branchy() : trunk(register_module("trunk", loom::nn::Linear(8, 8))), extra(register_module("extra", loom::nn::Linear(8, 8))) {}
-  at::Tensor forward(const at::Tensor& x, bool use_extra) {
-    auto h = trunk(x);
-    return use_extra ? extra(h) : h;
-  }
-  loom::nn::Linear trunk, extra;
-};
-
 }  // namespace
 
 TEST_CASE("ddp: N ranks with 1/N of the batch each equal one process on the whole batch", "[ddp][parity]") {
   using M = models::BasicMlp<loom::nn::Linear>;
+  auto options = GENERATE(loom::ddp_options{}, loom::ddp_options{.gradient_as_bucket_view = true},
+                          loom::ddp_options{.static_graph = true}, loom::ddp_options{.find_unused_parameters = true});
+  CAPTURE(loom::ddp(options).options());
   auto reference = loom::build(loom::model<M>(16, 3) | loom::seeded(21) | loom::local(), world());
-  auto distributed = loom::build(loom::model<M>(16, 3) | loom::seeded(21) | loom::ddp(), world());
+  auto distributed = loom::build(loom::model<M>(16, 3) | loom::seeded(21) | loom::ddp(options), world());
   train_side_by_side(reference, distributed, [](auto& job, int step, bool whole) {
     auto [x, y] = regression_batch(step, 16);
     return whole ? torch::mse_loss(job.forward(x), y) : torch::mse_loss(job.forward(my_rows(x)), my_rows(y));

@@ -1,0 +1,346 @@
+// tiny-gpt, loom's flagship recipe: a character-level GPT pretrained with data parallelism on the
+// licence texts every Debian machine has, saved, then adapted with LoRA to one text held apart.
+//
+//   build/loom-run --nproc-per-node 2 -- build/dsl_examples/tiny-gpt [--steps-pretrain N]
+//       [--steps-adapt N] [--out DIR]
+//
+// Phase 1: model<TinyGpt> | seeded | ddp. Each rank samples its own batches; the DDP reducer
+//          averages the gradients. Rank 0 saves the weights.
+// Phase 2: model<PretrainedTinyGpt> | seeded | lora | ddp. The pretrained weights are loaded as the
+//          model is constructed, so LoRA adapts them; only the adapters train.
+#include "models/tiny_gpt.hpp"
+
+#include <loom/loom.hpp>
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <fmt/core.h>
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <charconv>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <exception>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <set>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+namespace fs = std::filesystem;
+
+namespace {
+
+// Bytes & 127 as tokens: the licences are ASCII, so nothing is lost.
+constexpr models::tiny_gpt_config model_config{.vocab = 128, .d = 128, .layers = 2, .heads = 4, .ctx = 64};
+constexpr std::uint64_t model_seed = 42;
+constexpr std::int64_t batch_per_rank = 16;
+constexpr double clip_norm = 1.0;
+
+const fs::path licence_folder = "/usr/share/common-licenses";
+constexpr std::string_view preferred_held_apart = "GPL-3";
+constexpr std::string_view sample_prompt = "You may ";
+constexpr int sample_length = 120;
+constexpr double sample_temperature = 0.7;  // below 1: likelier characters, fewer typos
+
+// ---------------------------------------------------------------- command line
+
+struct options {
+  bool help = false;
+  int steps_pretrain = 800;
+  int steps_adapt = 300;
+  fs::path out = fs::temp_directory_path() / "loom-tiny-gpt";
+};
+
+class usage_error : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+constexpr std::string_view usage =
+    "usage: tiny-gpt [--steps-pretrain N] [--steps-adapt N] [--out DIR]\n"
+    "  --steps-pretrain N  optimizer steps of phase 1, data-parallel pretraining (default 800)\n"
+    "  --steps-adapt N     optimizer steps of phase 2, LoRA adaptation (default 300)\n"
+    "  --out DIR           where pretrained.pt and adapted.pt go; every rank must see it\n"
+    "                      (default $TMPDIR/loom-tiny-gpt)\n";
+
+int parse_steps(std::string_view flag, std::string_view text) {
+  int value = 0;
+  const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value);
+  if (error != std::errc{} || end != text.data() + text.size() || value < 1) {
+    throw usage_error(std::string(flag) + " expects a positive whole number, got '" + std::string(text) + "'");
+  }
+  return value;
+}
+
+options parse_options(int argc, char** argv) {
+  options parsed;
+  for (int i = 1; i < argc; ++i) {
+    const std::string_view flag = argv[i];
+    if (flag == "-h" || flag == "--help") {
+      parsed.help = true;
+      continue;
+    }
+    if (flag != "--steps-pretrain" && flag != "--steps-adapt" && flag != "--out") {
+      throw usage_error("unknown option '" + std::string(flag) + "'");
+    }
+    if (i + 1 == argc) throw usage_error(std::string(flag) + " expects a value");
+    const std::string_view value = argv[++i];
+    if (flag == "--steps-pretrain") parsed.steps_pretrain = parse_steps(flag, value);
+    if (flag == "--steps-adapt") parsed.steps_adapt = parse_steps(flag, value);
+    if (flag == "--out") parsed.out = value;
+  }
+  return parsed;
+}
+
+// ---------------------------------------------------------------- text
+
+struct corpus_files {
+  std::vector<fs::path> pretrain;
+  fs::path held_apart;
+};
+
+// The regular files under `folder`, each once (GPL is a link to GPL-3), sorted so that every rank
+// reads the same texts in the same order.
+std::vector<fs::path> text_files(const fs::path& folder) {
+  std::error_code error;
+  std::set<fs::path> unique;
+  for (const auto& entry : fs::directory_iterator(folder, error)) {
+    if (entry.is_regular_file(error) && entry.file_size(error) > 0) unique.insert(fs::canonical(entry.path(), error));
+  }
+  unique.erase(fs::path{});
+  return {unique.begin(), unique.end()};
+}
+
+// GPL-3 is held apart where it exists, otherwise the largest text; the rest is for pretraining.
+corpus_files split_corpus(const fs::path& folder) {
+  constexpr std::string_view origin = "Debian's base-files package installs the licence texts there";
+  if (!fs::is_directory(folder)) {
+    throw std::runtime_error("no text files: " + folder.string() + " is not a folder (" + std::string(origin) + ")");
+  }
+  std::vector<fs::path> files = text_files(folder);
+  if (files.size() < 2) {
+    throw std::runtime_error("found " + std::to_string(files.size()) + " text file(s) in " + folder.string() +
+                             ": tiny-gpt needs two, one to pretrain on and one to adapt to (" +
+                             std::string(origin) + ")");
+  }
+  auto held = std::ranges::find(files, preferred_held_apart, [](const fs::path& p) { return p.filename().string(); });
+  if (held == files.end()) {
+    held = std::ranges::max_element(files, {}, [](const fs::path& p) { return fs::file_size(p); });
+  }
+  corpus_files corpus{.pretrain = {}, .held_apart = *held};
+  files.erase(held);
+  corpus.pretrain = std::move(files);
+  return corpus;
+}
+
+std::string read_text(const fs::path& file) {
+  std::ifstream in(file, std::ios::binary);
+  if (!in) throw std::runtime_error("cannot read " + file.string());
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+at::Tensor encode(std::string_view text) {
+  auto tokens = torch::empty({static_cast<std::int64_t>(text.size())}, torch::kLong);
+  auto* out = tokens.data_ptr<std::int64_t>();
+  for (const char c : text) *out++ = static_cast<unsigned char>(c) & 127;
+  return tokens;
+}
+
+// Newlines become spaces: a sample prints as one line.
+std::string decode(const at::Tensor& tokens) {
+  const auto flat = tokens.contiguous();
+  const auto* data = flat.data_ptr<std::int64_t>();
+  std::string text;
+  for (std::int64_t i = 0; i < tokens.numel(); ++i) text += data[i] == '\n' ? ' ' : static_cast<char>(data[i]);
+  return text;
+}
+
+at::Tensor load_tokens(const std::vector<fs::path>& files) {
+  std::string text;
+  for (const auto& file : files) text += read_text(file) + '\n';
+  return encode(text);
+}
+
+// Windows of ctx tokens at random offsets, and the same windows shifted by one as targets.
+struct batch_sampler {
+  at::Tensor tokens;
+  at::Generator generator;
+
+  batch_sampler(at::Tensor text, std::uint64_t seed)
+      : tokens(std::move(text)), generator(at::make_generator<at::CPUGeneratorImpl>(seed)) {
+    if (tokens.numel() <= model_config.ctx) throw std::runtime_error("the text is shorter than one context window");
+  }
+
+  std::pair<at::Tensor, at::Tensor> next() {
+    auto starts = torch::randint(tokens.numel() - model_config.ctx, {batch_per_rank, 1}, generator, torch::kLong);
+    auto positions = starts + torch::arange(model_config.ctx, torch::kLong);
+    return {tokens.index({positions}), tokens.index({positions + 1})};
+  }
+};
+
+// ---------------------------------------------------------------- the model
+
+// TinyGpt with its pretrained weights loaded as it is constructed: the plan builds it, so LoRA
+// adapts these weights and seeded(...) draws only the adapters.
+class PretrainedTinyGpt : public models::TinyGpt {
+ public:
+  PretrainedTinyGpt(const models::tiny_gpt_config& config, const fs::path& weights) : models::TinyGpt(config) {
+    try {
+      torch::serialize::InputArchive archive;
+      archive.load_from(weights.string());
+      load(archive);
+    } catch (const c10::Error& error) {
+      throw std::runtime_error("cannot load the pretrained weights from " + weights.string() + ": " +
+                               error.what_without_backtrace());
+    }
+  }
+};
+
+// Temperature sampling from a fixed prompt with a fixed generator: runs compare like with like.
+std::string sample(models::TinyGpt& model) {
+  torch::NoGradGuard no_grad;
+  auto generator = at::make_generator<at::CPUGeneratorImpl>(0);
+  auto tokens = encode(sample_prompt).unsqueeze(0);
+  for (int i = 0; i < sample_length; ++i) {
+    auto window = tokens.slice(1, std::max<std::int64_t>(0, tokens.size(1) - model_config.ctx));
+    auto logits = model.logits(window).select(1, -1) / sample_temperature;
+    auto next = torch::multinomial(logits.softmax(-1), 1, false, generator);
+    tokens = torch::cat({tokens, next}, 1);
+  }
+  return decode(tokens.squeeze(0));
+}
+
+// Written under a temporary name and renamed, so a crash never leaves a truncated archive.
+void save_atomically(torch::nn::Module& model, const fs::path& file) {
+  const fs::path partial = file.string() + ".tmp";
+  torch::serialize::OutputArchive archive;
+  model.save(archive);
+  archive.save_to(partial.string());
+  fs::rename(partial, file);
+}
+
+// ---------------------------------------------------------------- training
+
+bool is_leader(const loom::runtime& rt) { return rt.rank() == 0; }
+
+// Rank 0 speaks for the job; flushed, so the launcher relays each line as it comes.
+template <class... Args>
+void say(const loom::runtime& rt, fmt::format_string<Args...> format, Args&&... args) {
+  if (!is_leader(rt)) return;
+  fmt::print(format, std::forward<Args>(args)...);
+  std::fflush(stdout);
+}
+
+struct phase {
+  std::string_view name;
+  int steps;
+  double learning_rate;
+  std::uint64_t data_seed;  // offset by the rank: each rank samples its own batches
+};
+
+// Trains `job` on `tokens`; rank 0 prints the loss averaged over the steps since the last report
+// and over every rank.
+template <class Job>
+void train(Job& job, const phase& spec, const at::Tensor& tokens) {
+  const loom::runtime& rt = job.rt();
+  batch_sampler batches(tokens, spec.data_seed + static_cast<std::uint64_t>(rt.rank()));
+  torch::optim::AdamW optimizer(job.trainable_parameters(),
+                                torch::optim::AdamWOptions(spec.learning_rate).weight_decay(0.01));
+  const int report_every = std::max(1, spec.steps / 10);
+  const auto start = std::chrono::steady_clock::now();
+  double loss_sum = 0;
+  int losses = 0;
+  for (int step = 1; step <= spec.steps; ++step) {
+    auto [inputs, targets] = batches.next();
+    optimizer.zero_grad();
+    auto loss = job.forward(inputs, targets);
+    job.backward(loss);
+    (void)job.clip_grad_norm(clip_norm);
+    optimizer.step();
+    loss_sum += loss.template item<double>();
+    ++losses;
+
+    if (step == 1 || step % report_every == 0 || step == spec.steps) {  // the same steps on every rank
+      auto mean = torch::tensor(loss_sum / losses, torch::kDouble);
+      rt.comm().all_reduce(mean, loom::reduce_op::mean).wait();
+      const std::chrono::duration<double> elapsed = std::chrono::steady_clock::now() - start;
+      say(rt, "{} step {:5}/{}  loss {:.3f}  ({:.0f} s)\n", spec.name, step, spec.steps, mean.item<double>(),
+          elapsed.count());
+      loss_sum = 0;
+      losses = 0;
+    }
+  }
+}
+
+template <class Job>
+void print_sample(Job& job, std::string_view when) {
+  if (!is_leader(job.rt())) return;
+  say(job.rt(), "{}, from \"{}\":\n  {}\n", when, sample_prompt, sample(job.module()));
+}
+
+// Phase 1: every parameter trains; rank 0 saves the pretrained weights to `weights`.
+void pretrain(const loom::runtime& rt, const options& opts, const corpus_files& corpus, const fs::path& weights) {
+  const auto plan = loom::model<models::TinyGpt>(model_config) | loom::seeded(model_seed) | loom::ddp();
+  auto job = loom::build(plan, rt);
+  const auto tokens = load_tokens(corpus.pretrain);
+  say(rt, "== phase 1: pretraining on {} texts in {} ({} characters), {} rank(s)\n{}\n", corpus.pretrain.size(),
+      licence_folder.string(), tokens.numel(), rt.world_size(), job.describe());
+
+  train(job, {.name = "pretrain", .steps = opts.steps_pretrain, .learning_rate = 2e-3, .data_seed = 1000}, tokens);
+  print_sample(job, "after pretraining");
+
+  if (is_leader(rt)) save_atomically(job.module(), weights);
+  say(rt, "saved {}\n\n", weights.string());
+  rt.comm().barrier().wait();  // phase 2 loads the file on every rank
+}
+
+// Phase 2: LoRA adapters on the attention's q and v projections; the pretrained weights stay frozen.
+void adapt(const loom::runtime& rt, const options& opts, const corpus_files& corpus, const fs::path& weights) {
+  const auto plan = loom::model<PretrainedTinyGpt>(model_config, weights) | loom::seeded(model_seed) |
+                    loom::lora(8, {"q_proj", "v_proj"}) | loom::ddp();
+  auto job = loom::build(plan, rt);
+  const auto tokens = load_tokens({corpus.held_apart});
+  say(rt, "== phase 2: adapting to {} ({} characters), held apart from pretraining\n{}\n",
+      corpus.held_apart.string(), tokens.numel(), job.describe());
+  print_sample(job, "before adapting (lora_B starts at zero: the pretrained model's sample)");
+
+  train(job, {.name = "adapt", .steps = opts.steps_adapt, .learning_rate = 5e-3, .data_seed = 2000}, tokens);
+  print_sample(job, "after adapting");
+
+  // Merged, the adapted weights load into a plain TinyGpt (Module::load skips lora_A and lora_B).
+  job.merge();
+  const fs::path adapted = opts.out / "adapted.pt";
+  if (is_leader(rt)) save_atomically(job.module(), adapted);
+  say(rt, "saved {} (adapters merged)\n", adapted.string());
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    const options opts = parse_options(argc, argv);
+    if (opts.help) {
+      fmt::print("{}", usage);
+      return 0;
+    }
+    const corpus_files corpus = split_corpus(licence_folder);
+    const loom::runtime rt = loom::runtime::from_env();
+    fs::create_directories(opts.out);
+    const fs::path weights = opts.out / "pretrained.pt";
+    pretrain(rt, opts, corpus, weights);
+    adapt(rt, opts, corpus, weights);
+    return 0;
+  } catch (const usage_error& error) {
+    fmt::print(stderr, "tiny-gpt: {}\n{}", error.what(), usage);
+    return 2;
+  } catch (const std::exception& error) {
+    fmt::print(stderr, "tiny-gpt: {}\n", error.what());
+    return 1;
+  }
+}
