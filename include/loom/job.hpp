@@ -60,6 +60,7 @@ class job_core {
   void run_backward(const at::Tensor& loss);
 
   [[nodiscard]] std::vector<at::Tensor> trainable_parameters() const;
+  void zero_grad(bool set_to_none);
   [[nodiscard]] double clip_grad_norm(double max_norm, double norm_type) const;
   [[nodiscard]] std::string describe() const;
 
@@ -109,6 +110,11 @@ class job {
   }
 
   [[nodiscard]] std::vector<at::Tensor> trainable_parameters() const { return core_.trainable_parameters(); }
+
+  // Clears the trainable gradients. Use it rather than torch::optim::Optimizer::zero_grad under
+  // ddp({.gradient_as_bucket_view = true}): LibTorch's detaches each gradient in place, which a
+  // view of a bucket refuses.
+  void zero_grad(bool set_to_none = true) { core_.zero_grad(set_to_none); }
 
   // The global gradient norm (before clipping), as torch::nn::utils::clip_grad_norm_ returns it.
   double clip_grad_norm(double max_norm, double norm_type = 2.0) { return core_.clip_grad_norm(max_norm, norm_type); }

@@ -53,6 +53,18 @@ std::vector<at::Tensor> job_core::trainable_parameters() const {
   return tensors;
 }
 
+void job_core::zero_grad(bool set_to_none) {
+  for (const named_parameter& p : context_.trainable()) {
+    at::Tensor& grad = p.tensor.mutable_grad();
+    if (!grad.defined()) continue;
+    if (set_to_none) {
+      grad.reset();
+    } else {
+      grad.zero_();
+    }
+  }
+}
+
 double job_core::clip_grad_norm(double max_norm, double norm_type) const {
   // After ddp's all-reduce every rank holds the same gradients, so the local norm is the global one.
   return torch::nn::utils::clip_grad_norm_(trainable_parameters(), max_norm, norm_type);

@@ -84,6 +84,9 @@ std::unique_ptr<Reducer> make_reducer(reducer_arguments a) {
 
 struct ddp_engine::state {
   std::unique_ptr<c10d::Reducer> reducer;
+  // static_graph: the Reducer only records the graph in its first synchronised step and reduces
+  // every bucket at its end (what PyTorch's DDP queues after that step's backward).
+  bool static_graph_recorded = false;
   std::shared_ptr<std::vector<char>> produced_gradient;  // per trainable parameter, this step
 };
 
@@ -179,7 +182,12 @@ void ddp_engine::before_backward(strategy_context& context, const at::Tensor& lo
 }
 
 void ddp_engine::after_backward(strategy_context& context) {
-  if (!state_ || !context.sync_gradients() || settings_.find_unused_parameters) return;
+  if (!state_ || !context.sync_gradients()) return;
+  if (settings_.static_graph && !state_->static_graph_recorded) {
+    state_->reducer->delay_all_reduce();
+    state_->static_graph_recorded = true;
+  }
+  if (settings_.find_unused_parameters) return;
   const auto& produced = *state_->produced_gradient;
   for (std::size_t i = 0; i < produced.size(); ++i) {
     if (produced[i]) continue;

@@ -59,11 +59,11 @@ void train_side_by_side(Reference& reference, Distributed& distributed, Loss los
     auto full_loss = loss_of(reference, step, /*whole=*/true);
     reference.backward(full_loss);
     reference_optimizer.step();
-    reference_optimizer.zero_grad();
+    reference.zero_grad();
     auto my_loss = loss_of(distributed, step, /*whole=*/false);
     distributed.backward(my_loss);
     distributed_optimizer.step();
-    distributed_optimizer.zero_grad();
+    distributed.zero_grad();
   }
 }
 
