@@ -1,0 +1,266 @@
+// loom-bench: the workloads of ../shared/BENCHMARKS.md on loom. It does what the Python anchor
+// (../shared/bench/torch_anchor.py) does, step for step, and rank 0 prints one JSON line with the
+// anchor's keys, so that bench/compare can pair the two.
+//
+//   build/loom-run --nproc-per-node 2 -- build/bench/loom-bench --workload gpt-lora-ddp --steps 30
+
+#include <loom/loom.hpp>
+#include <models/mlp.hpp>
+#include <models/tiny_gpt.hpp>
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <fmt/format.h>
+#include <sys/resource.h>
+#include <torch/torch.h>
+#include <torch/version.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <exception>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+namespace {
+
+struct bench_options {
+  std::string workload;
+  int steps = 30;
+  int warmup = 5;
+  std::int64_t batch = 0;  // 0: the workload's own
+};
+
+constexpr std::string_view usage =
+    "usage: loom-bench --workload {mlp-ddp,gpt-local,gpt-ddp,gpt-lora-local,gpt-lora-ddp} "
+    "[--steps N] [--warmup N] [--batch N]";
+
+[[noreturn]] void usage_error(const std::string& message) {
+  fmt::print(stderr, "loom-bench: {}\n{}\n", message, usage);
+  std::exit(2);
+}
+
+long parse_count(std::string_view flag, const char* text) {
+  char* end = nullptr;
+  const long value = std::strtol(text, &end, 10);
+  if (end == text || *end != '\0' || value < 0) usage_error(fmt::format("{} expects a count, got '{}'", flag, text));
+  return value;
+}
+
+bench_options parse_options(int argc, char** argv) {
+  bench_options options;
+  for (int i = 1; i < argc; i += 2) {
+    const std::string_view flag = argv[i];
+    if (i + 1 >= argc) usage_error(fmt::format("{} expects a value", flag));
+    const char* value = argv[i + 1];
+    if (flag == "--workload") {
+      options.workload = value;
+    } else if (flag == "--steps") {
+      options.steps = static_cast<int>(parse_count(flag, value));
+    } else if (flag == "--warmup") {
+      options.warmup = static_cast<int>(parse_count(flag, value));
+    } else if (flag == "--batch") {
+      options.batch = parse_count(flag, value);
+    } else {
+      usage_error(fmt::format("unknown flag '{}'", flag));
+    }
+  }
+  if (options.workload.empty()) usage_error("--workload is required");
+  if (options.steps == 0) usage_error("--steps must be at least 1");
+  return options;
+}
+
+std::int64_t tensor_bytes(const at::Tensor& tensor) {
+  return tensor.defined() ? static_cast<std::int64_t>(tensor.nbytes()) : 0;
+}
+
+std::int64_t optimizer_state_bytes(const torch::optim::SGD& optimizer) {
+  std::int64_t total = 0;
+  for (const auto& [param, state] : optimizer.state()) {
+    total += tensor_bytes(static_cast<const torch::optim::SGDParamState&>(*state).momentum_buffer());
+  }
+  return total;
+}
+
+std::int64_t optimizer_state_bytes(const torch::optim::AdamW& optimizer) {
+  std::int64_t total = 0;
+  for (const auto& [param, state] : optimizer.state()) {
+    const auto& adam = static_cast<const torch::optim::AdamWParamState&>(*state);
+    total += tensor_bytes(adam.exp_avg()) + tensor_bytes(adam.exp_avg_sq()) + tensor_bytes(adam.max_exp_avg_sq());
+  }
+  return total;
+}
+
+// Parameters (frozen ones too), their gradients and the optimizer's state: what the anchor counts.
+// (The anchor also counts PyTorch's per-parameter 0-d `step` tensor, 4 bytes each, which LibTorch
+// keeps as an integer.)
+template <class Optimizer>
+std::int64_t state_bytes(const torch::nn::Module& module, const Optimizer& optimizer) {
+  std::int64_t total = optimizer_state_bytes(optimizer);
+  for (const at::Tensor& p : module.parameters()) total += tensor_bytes(p) + tensor_bytes(p.grad());
+  return total;
+}
+
+double peak_rss_mb() {
+  rusage usage{};
+  getrusage(RUSAGE_SELF, &usage);
+  return static_cast<double>(usage.ru_maxrss) / 1024.0;  // ru_maxrss is in KiB on Linux
+}
+
+// As Python's statistics.median: the mean of the middle two for an even count.
+double median(std::vector<double> values) {
+  std::sort(values.begin(), values.end());
+  const std::size_t mid = values.size() / 2;
+  return values.size() % 2 ? values[mid] : (values[mid - 1] + values[mid]) / 2;
+}
+
+// Mlp, MSE to a random target, SGD.
+struct mlp_workload {
+  static constexpr std::int64_t default_batch = 32;
+  static constexpr std::int64_t width = 1024;
+
+  static std::pair<at::Tensor, at::Tensor> draw(const at::Generator& gen, std::int64_t batch) {
+    at::Tensor x = torch::randn({batch, width}, gen);
+    at::Tensor y = torch::randn({batch, width}, gen);
+    return {x, y};
+  }
+  template <class Job>
+  static at::Tensor loss(Job& job, const at::Tensor& x, const at::Tensor& y) {
+    return torch::mse_loss(job.forward(x), y);
+  }
+  static torch::optim::SGD optimizer(const std::vector<at::Tensor>& params) {
+    return torch::optim::SGD(params, torch::optim::SGDOptions(1e-3));
+  }
+};
+
+// TinyGpt, next-token cross-entropy on random tokens, AdamW.
+struct gpt_workload {
+  static constexpr std::int64_t default_batch = 8;
+
+  static std::pair<at::Tensor, at::Tensor> draw(const at::Generator& gen, std::int64_t batch) {
+    const models::tiny_gpt_config config;
+    at::Tensor x = torch::randint(0, config.vocab, {batch, config.ctx}, gen, torch::kLong);
+    at::Tensor y = torch::randint(0, config.vocab, {batch, config.ctx}, gen, torch::kLong);
+    return {x, y};
+  }
+  template <class Job>
+  static at::Tensor loss(Job& job, const at::Tensor& x, const at::Tensor& y) {
+    return job.forward(x, y);
+  }
+  static torch::optim::AdamW optimizer(const std::vector<at::Tensor>& params) {
+    return torch::optim::AdamW(params, torch::optim::AdamWOptions(3e-4));
+  }
+};
+
+// One rank's figures, in the order they travel in the all-gather.
+struct rank_figures {
+  double step_ms_median;
+  double state_bytes;
+  double rss_peak_mb;
+};
+
+std::vector<rank_figures> gather_figures(const loom::runtime& rt, const rank_figures& mine) {
+  constexpr std::int64_t fields = 3;
+  at::Tensor shard = torch::tensor({mine.step_ms_median, mine.state_bytes, mine.rss_peak_mb}, torch::kDouble);
+  at::Tensor flat = torch::empty({rt.world_size() * fields}, torch::kDouble);
+  rt.comm().all_gather(shard, flat).wait();
+  std::vector<rank_figures> all;
+  const auto* values = flat.const_data_ptr<double>();
+  for (int r = 0; r < rt.world_size(); ++r) {
+    all.push_back({values[r * fields], values[r * fields + 1], values[r * fields + 2]});
+  }
+  return all;
+}
+
+template <class Field>
+double max_over_ranks(const std::vector<rank_figures>& all, Field field) {
+  double worst = all.front().*field;
+  for (const rank_figures& f : all) worst = std::max(worst, f.*field);
+  return worst;
+}
+
+struct run_result {
+  rank_figures figures;
+  double final_loss;
+  std::int64_t trainable_params;
+  std::int64_t local_batch;
+};
+
+void print_json(const bench_options& options, const loom::runtime& rt, const run_result& result,
+                const std::vector<rank_figures>& all) {
+  fmt::print(
+      "{{\"impl\": \"loom\", \"torch\": \"{}\", \"workload\": \"{}\", \"world\": {}, \"local_batch\": {}, "
+      "\"steps\": {}, \"step_ms_median\": {:.3f}, \"state_mb_per_rank_max\": {:.3f}, \"rss_peak_mb_max\": {:.1f}, "
+      "\"final_loss\": {:.5f}, \"trainable_params\": {}}}\n",
+      TORCH_VERSION, options.workload, rt.world_size(), result.local_batch, options.steps,
+      max_over_ranks(all, &rank_figures::step_ms_median), max_over_ranks(all, &rank_figures::state_bytes) / (1 << 20),
+      max_over_ranks(all, &rank_figures::rss_peak_mb), result.final_loss, result.trainable_params);
+  std::fflush(stdout);
+}
+
+// A step is forward, backward, optimizer step and zero_grad (gradients kept, as the anchor's
+// set_to_none=False); the data is drawn outside the timed region.
+template <class Workload, class Job>
+run_result train(Job& job, const bench_options& options) {
+  const std::int64_t batch = options.batch ? options.batch : Workload::default_batch;
+  const std::vector<at::Tensor> params = job.trainable_parameters();
+  auto optimizer = Workload::optimizer(params);
+  const at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(99 + job.rt().rank());
+
+  std::vector<double> step_ms;
+  double final_loss = 0;
+  for (int step = 0; step < options.warmup + options.steps; ++step) {
+    const auto [x, y] = Workload::draw(gen, batch);
+    const auto t0 = std::chrono::steady_clock::now();
+    at::Tensor loss = Workload::loss(job, x, y);
+    job.backward(loss);
+    optimizer.step();
+    optimizer.zero_grad(/*set_to_none=*/false);
+    const auto t1 = std::chrono::steady_clock::now();
+    final_loss = loss.template item<double>();
+    if (step >= options.warmup) step_ms.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
+  }
+
+  std::int64_t trainable = 0;
+  for (const at::Tensor& p : params) trainable += p.numel();
+  const rank_figures figures{median(step_ms), static_cast<double>(state_bytes(job.module(), optimizer)),
+                             peak_rss_mb()};
+  return {figures, final_loss, trainable, batch};
+}
+
+template <class Workload, class Plan>
+void run(const Plan& plan, const bench_options& options) {
+  auto job = loom::build(plan, loom::runtime::from_env());
+  const run_result result = train<Workload>(job, options);
+  const std::vector<rank_figures> all = gather_figures(job.rt(), result.figures);
+  if (job.rt().rank() == 0) print_json(options, job.rt(), result, all);
+}
+
+// Plans are typed, so each workload is its own plan expression.
+void run_workload(const bench_options& options) {
+  const auto gpt = loom::model<models::TinyGpt>(models::tiny_gpt_config{}) | loom::seeded(1234);
+  const auto adapters = loom::lora(8, {"q_proj", "k_proj", "v_proj", "o_proj"});
+  const std::string_view name = options.workload;
+  if (name == "mlp-ddp") return run<mlp_workload>(loom::model<models::Mlp>() | loom::seeded(1234) | loom::ddp(), options);
+  if (name == "gpt-local") return run<gpt_workload>(gpt | loom::local(), options);
+  if (name == "gpt-ddp") return run<gpt_workload>(gpt | loom::ddp(), options);
+  if (name == "gpt-lora-local") return run<gpt_workload>(gpt | adapters | loom::local(), options);
+  if (name == "gpt-lora-ddp") return run<gpt_workload>(gpt | adapters | loom::ddp(), options);
+  usage_error(fmt::format("unknown workload '{}'", name));
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const bench_options options = parse_options(argc, argv);
+  torch::set_num_threads(1);  // one intra-op thread per rank, as the anchor
+  try {
+    run_workload(options);
+  } catch (const std::exception& error) {
+    fmt::print(stderr, "loom-bench: {}\n", error.what());
+    return 1;
+  }
+  return 0;
+}
