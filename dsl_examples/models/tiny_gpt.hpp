@@ -76,13 +76,9 @@ class BasicTinyGpt : public torch::nn::Module {
       : config(config),
         tok(register_module("tok", torch::nn::Embedding(config.vocab, config.d))),
         pos(register_module("pos", torch::nn::Embedding(config.ctx, config.d))),
-        blocks(register_module("blocks", torch::nn::ModuleList())),
+        blocks(register_module("blocks", make_blocks(config))),
         ln_f(register_module("ln_f", torch::nn::LayerNorm(torch::nn::LayerNormOptions({config.d})))),
-        head(register_module("head", Linear(config.d, config.vocab))) {
-    for (std::int64_t i = 0; i < config.layers; ++i) {
-      blocks->push_back(std::make_shared<BlockImpl<Linear>>(config.d, config.heads));
-    }
-  }
+        head(register_module("head", Linear(config.d, config.vocab))) {}
 
   at::Tensor logits(const at::Tensor& idx) {
     auto x = tok(idx) + pos(torch::arange(idx.size(1), idx.options()));
@@ -98,9 +94,18 @@ class BasicTinyGpt : public torch::nn::Module {
 
   tiny_gpt_config config;
   torch::nn::Embedding tok, pos;
-  torch::nn::ModuleList blocks;
+  torch::nn::ModuleList blocks;  // built before ln_f and head, so a seed draws what PyTorch's draws
   torch::nn::LayerNorm ln_f;
   Linear head;
+
+ private:
+  static torch::nn::ModuleList make_blocks(const tiny_gpt_config& config) {
+    torch::nn::ModuleList list;
+    for (std::int64_t i = 0; i < config.layers; ++i) {
+      list->push_back(std::make_shared<BlockImpl<Linear>>(config.d, config.heads));
+    }
+    return list;
+  }
 };
 
 using TinyGpt = BasicTinyGpt<loom::nn::Linear>;

@@ -5,6 +5,7 @@
 
 #include <loom/dsl/lora.hpp>
 #include <loom/dsl/targets.hpp>
+#include <loom/nn/linear.hpp>
 
 #include <torch/nn/module.h>
 #include <torch/nn/modules/linear.h>
@@ -61,7 +62,7 @@ class lora_layers {
   };
 
   std::vector<std::string> adapted_;
-  std::vector<std::shared_ptr<torch::nn::Module>> fast_;
+  std::vector<std::shared_ptr<nn::LinearImpl>> fast_;
   std::vector<fallback_layer> fallback_;
   bool merged_ = false;
 };

@@ -1,9 +1,9 @@
 #include <loom/lora.hpp>
 
-#include <loom/nn/linear.hpp>
-
 #include <fmt/format.h>
 #include <fmt/ranges.h>
+#include <range/v3/view/take.hpp>
+#include <range/v3/view/transform.hpp>
 #include <torch/nn/init.h>
 
 #include <cmath>
@@ -16,18 +16,16 @@ namespace {
 constexpr std::size_t listed_names = 12;
 
 std::string describe_targets(const target_list& targets) {
-  std::vector<std::string> texts;
-  for (const target& t : targets) {
-    texts.push_back(t.kind == target_kind::pattern ? fmt::format("pattern(\"{}\")", t.text) : std::string(t.text));
-  }
+  auto texts = targets | ranges::views::transform([](const target& t) {
+                 return t.kind == target_kind::pattern ? fmt::format("pattern(\"{}\")", t.text) : std::string(t.text);
+               });
   return fmt::format("[{}]", fmt::join(texts, ", "));
 }
 
 // Up to a dozen names, then how many more.
 std::string some_of(const std::vector<std::string>& names) {
   if (names.empty()) return "(none)";
-  std::vector<std::string> shown(names.begin(), names.begin() + std::min(names.size(), listed_names));
-  std::string text = fmt::format("{}", fmt::join(shown, ", "));
+  std::string text = fmt::format("{}", fmt::join(names | ranges::views::take(listed_names), ", "));
   if (names.size() > listed_names) text += fmt::format(" and {} more", names.size() - listed_names);
   return text;
 }
@@ -116,7 +114,7 @@ lora_layers::forward_guard::~forward_guard() {
 void lora_layers::merge() {
   if (merged_) return;
   torch::NoGradGuard no_grad;
-  for (auto& module : fast_) std::static_pointer_cast<nn::LinearImpl>(module)->merge();
+  for (auto& layer : fast_) layer->merge();
   for (fallback_layer& f : fallback_) f.base_weight.add_(f.lora_B.mm(f.lora_A), f.scaling);
   merged_ = true;
 }
@@ -124,7 +122,7 @@ void lora_layers::merge() {
 void lora_layers::unmerge() {
   if (!merged_) return;
   torch::NoGradGuard no_grad;
-  for (auto& module : fast_) std::static_pointer_cast<nn::LinearImpl>(module)->unmerge();
+  for (auto& layer : fast_) layer->unmerge();
   for (fallback_layer& f : fallback_) f.base_weight.sub_(f.lora_B.mm(f.lora_A), f.scaling);
   merged_ = false;
 }
