@@ -82,4 +82,12 @@ template <class Plan>
   if constexpr (is_module && constructible && has_engine) return detail::build_checked(plan, std::move(rt));
 }
 
+// READ THIS: build() takes a whole plan. A partial pipeline such as `lora(8) | ddp()` has no model
+// yet: pipe it into one, `build(model<M>(args...) | adapters, rt)`.
+template <class NotAPlan>
+  requires(!is_plan<NotAPlan>)
+void build(const NotAPlan&, const runtime&) {
+  require_plan<NotAPlan>();
+}
+
 }  // namespace loom

@@ -1,0 +1,15 @@
+// expect: loom R1: the plan has no model
+// build() given a partial pipeline: it has no model yet.
+#include <loom/build.hpp>
+
+struct Net : torch::nn::Module {};
+
+void build_it() {
+  constexpr auto adapters = loom::lora(8) | loom::ddp();
+#ifdef LOOM_CF_PASS
+  auto job = loom::build(loom::model<Net>() | adapters, loom::runtime::single_process());
+  (void)job;
+#else
+  loom::build(adapters, loom::runtime::single_process());
+#endif
+}
