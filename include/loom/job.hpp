@@ -12,6 +12,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace loom {
@@ -56,8 +57,9 @@ class job_core {
 
   // Checks the schedule the strategy derived against every other rank's.
   void verify_schedule() const;
-  // loss.backward(), reporting a peer's published failure when a collective breaks.
-  void run_backward(const at::Tensor& loss);
+  // Inside a catch block: the exception that ended this rank's `during` becomes the job's error
+  // (a peer's published failure, the ranks that are gone, or this rank's own, published).
+  [[noreturn]] void fail_step(std::string_view during) const;
 
   [[nodiscard]] std::vector<at::Tensor> trainable_parameters() const;
   void zero_grad(bool set_to_none);
@@ -95,18 +97,26 @@ class job {
   // M's forward with the strategy around it; returns what M's forward returns.
   template <class... Args>
   decltype(auto) forward(Args&&... args) {
-    engine_.before_forward(core_.context());
-    std::optional<lora_layers::forward_guard> adapters;
-    if (lora_layers* lora = core_.lora()) adapters.emplace(*lora);
-    return model_->forward(std::forward<Args>(args)...);
+    try {
+      engine_.before_forward(core_.context());
+      std::optional<lora_layers::forward_guard> adapters;
+      if (lora_layers* lora = core_.lora()) adapters.emplace(*lora);
+      return model_->forward(std::forward<Args>(args)...);
+    } catch (...) {
+      core_.fail_step("forward pass");
+    }
   }
 
   // Backward, and the strategy's gradient synchronisation completed.
   void backward(const at::Tensor& loss) {
     strategy_context& context = core_.context();
-    if constexpr (requires { engine_.before_backward(context, loss); }) engine_.before_backward(context, loss);
-    core_.run_backward(loss);
-    engine_.after_backward(context);
+    try {
+      if constexpr (requires { engine_.before_backward(context, loss); }) engine_.before_backward(context, loss);
+      loss.backward();
+      engine_.after_backward(context);
+    } catch (...) {
+      core_.fail_step("backward pass");
+    }
   }
 
   [[nodiscard]] std::vector<at::Tensor> trainable_parameters() const { return core_.trainable_parameters(); }

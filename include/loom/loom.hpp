@@ -5,3 +5,4 @@
 #include <loom/dsl.hpp>
 #include <loom/nn/linear.hpp>
 #include <loom/runtime.hpp>
+#include <loom/runtime/failures.hpp>

@@ -8,9 +8,9 @@
 #include <c10/core/Device.h>
 #include <c10/util/intrusive_ptr.h>
 
+#include <chrono>
 #include <memory>
-#include <optional>
-#include <string>
+#include <vector>
 
 namespace c10d {
 class ProcessGroup;
@@ -41,10 +41,10 @@ class runtime {
   [[nodiscard]] const c10::intrusive_ptr<c10d::ProcessGroup>& process_group() const noexcept;
   [[nodiscard]] const c10::intrusive_ptr<c10d::Store>& store() const noexcept;
 
-  // A rank about to fail leaves its reason in the rendezvous store, so that a rank whose collective
-  // then breaks (or times out) reports that reason rather than a bare transport error.
-  void publish_failure(const std::string& message) const;
-  [[nodiscard]] std::optional<std::string> peer_failure() const;
+  // The other ranks whose heartbeat stopped during `window` without their leaving on purpose: they
+  // died or are stopped (loom/runtime/heartbeat.hpp). Blocks for `window`; throws when the
+  // rendezvous store is unreachable.
+  [[nodiscard]] std::vector<int> silent_ranks(std::chrono::milliseconds window) const;
 
  private:
   struct state;

@@ -39,9 +39,9 @@ class strategy_context {
   void note(std::string line) { notes_.push_back(std::move(line)); }
   [[nodiscard]] const std::vector<std::string>& notes() const noexcept { return notes_; }
 
-  // Tells the other ranks why this one is about to fail, then throws std::runtime_error(message):
+  // Tells the other ranks why this one is about to fail, then throws job_failure("loom: " + message):
   // a rank blocked in a collective with this one reports the message instead of a bare
-  // "connection closed".
+  // "connection closed" (loom/runtime/failures.hpp).
   [[noreturn]] void fail(const std::string& message) const;
 
  private:

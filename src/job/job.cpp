@@ -1,4 +1,5 @@
 #include <loom/job.hpp>
+#include <loom/runtime/failures.hpp>
 #include <loom/strategies/local.hpp>
 
 #include <fmt/format.h>
@@ -15,10 +16,7 @@ strategy_context::strategy_context(runtime rt, std::shared_ptr<torch::nn::Module
   }
 }
 
-void strategy_context::fail(const std::string& message) const {
-  runtime_.publish_failure(message);
-  throw std::runtime_error("loom: " + message);
-}
+void strategy_context::fail(const std::string& message) const { fail_job(runtime_, message); }
 
 void local_engine::setup(strategy_context& context) {
   if (context.rt().is_distributed()) {
@@ -35,16 +33,8 @@ job_core::job_core(runtime rt, std::shared_ptr<torch::nn::Module> module, std::o
 
 void job_core::verify_schedule() const { verify_schedule_across_ranks(context_.schedule(), context_.rt()); }
 
-void job_core::run_backward(const at::Tensor& loss) {
-  try {
-    loss.backward();
-  } catch (const std::exception& error) {
-    // A peer that failed on purpose said why; that is the error worth reading on every rank.
-    if (auto reason = context_.rt().peer_failure()) {
-      throw std::runtime_error(fmt::format("loom: {}; this rank's gradient synchronisation then failed", *reason));
-    }
-    throw;
-  }
+void job_core::fail_step(std::string_view during) const {
+  rethrow_as_job_failure(context_.rt(), std::current_exception(), during);
 }
 
 std::vector<at::Tensor> job_core::trainable_parameters() const {

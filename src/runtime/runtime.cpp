@@ -1,4 +1,5 @@
 #include <loom/runtime.hpp>
+#include <loom/runtime/heartbeat.hpp>
 
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
@@ -12,6 +13,7 @@
 #include <ATen/Context.h>
 #include <fmt/format.h>
 
+#include <csignal>
 #include <cmath>
 #include <utility>
 
@@ -75,6 +77,14 @@ c10::intrusive_ptr<c10d::Store> rendezvous(const launch_env& env) {
   return store;
 }
 
+// A peer that dies closes its sockets, and Gloo's next write to one raises SIGPIPE, whose default
+// action kills this rank before it can say why. Python ignores SIGPIPE in every PyTorch program;
+// loom does the same for a distributed job, unless the program installed a handler of its own.
+void ignore_broken_pipes() {
+  struct sigaction current {};
+  if (::sigaction(SIGPIPE, nullptr, &current) == 0 && current.sa_handler == SIG_DFL) std::signal(SIGPIPE, SIG_IGN);
+}
+
 bool is_loopback(const std::string& address) {
   return address == "localhost" || address.starts_with("127.") || address == "::1";
 }
@@ -115,6 +125,7 @@ struct runtime::state {
   c10::intrusive_ptr<c10d::Store> store;
   c10::intrusive_ptr<c10d::ProcessGroup> group;
   std::unique_ptr<collectives> comm;
+  std::unique_ptr<heartbeat> pulse;  // after the store: stops beating before the store goes
 };
 
 runtime runtime::from_env() { return runtime(parse_launch_env()); }
@@ -131,6 +142,7 @@ runtime::runtime(const launch_env& env) : state_(std::make_shared<state>()) {
     return;
   }
 
+  ignore_broken_pipes();
   s.store = rendezvous(env);
   s.group = c10::make_intrusive<c10d::ProcessGroup>(s.store, env.rank, env.world_size);
   c10::intrusive_ptr<c10d::Backend> device_backend;
@@ -153,6 +165,7 @@ runtime::runtime(const launch_env& env) : state_(std::make_shared<state>()) {
                                                              : c10d::ProcessGroup::BackendType::GLOO);
   s.group->setGroupName("loom.world");
   s.comm = std::make_unique<collectives>(device_backend, env.rank, env.world_size);
+  s.pulse = std::make_unique<heartbeat>(s.store, env.rank, env.world_size);
 }
 
 int runtime::rank() const noexcept { return state_->env.rank; }
@@ -166,29 +179,8 @@ collectives& runtime::comm() const noexcept { return *state_->comm; }
 const c10::intrusive_ptr<c10d::ProcessGroup>& runtime::process_group() const noexcept { return state_->group; }
 const c10::intrusive_ptr<c10d::Store>& runtime::store() const noexcept { return state_->store; }
 
-namespace {
-constexpr const char* failure_key = "loom/failure";
-}
-
-void runtime::publish_failure(const std::string& message) const {
-  if (!state_->store) return;
-  const std::string text = fmt::format("rank {} failed: {}", rank(), message);
-  try {
-    state_->store->set(failure_key, std::vector<std::uint8_t>(text.begin(), text.end()));
-  } catch (const std::exception&) {
-    // The store is gone with rank 0: the launcher reports this rank's own error.
-  }
-}
-
-std::optional<std::string> runtime::peer_failure() const {
-  if (!state_->store) return std::nullopt;
-  try {
-    if (!state_->store->check({failure_key})) return std::nullopt;
-    auto bytes = state_->store->get(failure_key);
-    return std::string(bytes.begin(), bytes.end());
-  } catch (const std::exception&) {
-    return std::nullopt;
-  }
+std::vector<int> runtime::silent_ranks(std::chrono::milliseconds window) const {
+  return state_->pulse ? state_->pulse->silent_ranks(window) : std::vector<int>{};
 }
 
 }  // namespace loom

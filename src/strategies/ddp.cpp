@@ -1,10 +1,13 @@
 #include <loom/strategies/ddp.hpp>
 
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+#include <torch/csrc/distributed/c10d/logger.hpp>
 #include <torch/csrc/distributed/c10d/reducer.hpp>
 
 #include <fmt/format.h>
 
+#include <stdexcept>
+#include <string_view>
 #include <type_traits>
 #include <unordered_map>
 
@@ -51,7 +54,7 @@ struct reducer_arguments {
 // The Reducer's constructor grew arguments across 2.x releases: pick the form this LibTorch has.
 // (A template, so that the forms this LibTorch lacks are discarded rather than compiled.)
 template <class Reducer = c10d::Reducer>
-std::unique_ptr<Reducer> make_reducer(reducer_arguments a) {
+std::shared_ptr<Reducer> make_reducer(reducer_arguments a) {
   using tensors = std::vector<at::Tensor>;
   using indices = std::vector<std::vector<std::size_t>>;
   using group = c10::intrusive_ptr<c10d::ProcessGroup>;
@@ -64,7 +67,7 @@ std::unique_ptr<Reducer> make_reducer(reducer_arguments a) {
   constexpr bool since_2_0 = std::is_constructible_v<Reducer, tensors, indices, group, std::vector<bool>, std::int64_t,
                                                      bool, bool, names, std::int64_t>;
   auto args = [&](auto... extra) {
-    return std::make_unique<Reducer>(std::move(a.params), std::move(a.buckets), std::move(a.group), std::move(a.sparse),
+    return std::make_shared<Reducer>(std::move(a.params), std::move(a.buckets), std::move(a.group), std::move(a.sparse),
                                      a.bucket_bytes_cap, a.find_unused_parameters, a.gradient_as_bucket_view,
                                      std::move(a.names), a.first_bucket_bytes_cap, extra...);
   };
@@ -80,14 +83,40 @@ std::unique_ptr<Reducer> make_reducer(reducer_arguments a) {
   }
 }
 
+// Under static_graph every step must use the parameters that the recording step used (PyTorch's
+// contract): the Reducer expects exactly those gradients in every later step.
+constexpr std::string_view static_graph_contract =
+    "under ddp({.static_graph = true}) every step must use the same parameters as the first "
+    "synchronised step, which recorded the graph: drop static_graph, and pass "
+    "find_unused_parameters = true if the set of used parameters changes between steps";
+
+// Which trainable parameters received a gradient in this step (a hook on each parameter sets its
+// flag), and under static_graph which ones the recording step used.
+struct gradient_record {
+  std::vector<char> produced;
+  std::vector<char> recorded;
+  bool has_recording = false;
+  int step = 0;  // synchronised steps so far, for messages
+};
+
 }  // namespace
 
+// Everything PyTorch's DistributedDataParallel gives its Reducer that a code path may use, read off
+// reducer.cpp for 2.13 (and 2.4-2.14, where the same holds):
+// - a Logger (set_logger): the Reducer keeps a weak reference and calls it without a check in
+//   search_unused_parameters when the set of unused parameters changes between steps (a null
+//   dereference without one); its REDUCER_CHECKs log to it when it is set;
+// - static_graph told to the Logger as well as the Reducer (DDP's _set_static_graph);
+// - the comm hook, mixed-precision dtype, sparse metadata and forward-pass work handle are optional
+//   and checked before use; loom sets none of them;
+// - local_used_map_ exists only with find_unused_parameters or static_graph, and the code paths
+//   that read it are those two modes';
+// - delay_all_reduce after the recording step of static_graph (DDP queues it from _DDPSink).
+// loom never calls rebuild_buckets(): the bucket layout is part of the checked schedule.
 struct ddp_engine::state {
-  std::unique_ptr<c10d::Reducer> reducer;
-  // static_graph: the Reducer only records the graph in its first synchronised step and reduces
-  // every bucket at its end (what PyTorch's DDP queues after that step's backward).
-  bool static_graph_recorded = false;
-  std::shared_ptr<std::vector<char>> produced_gradient;  // per trainable parameter, this step
+  std::shared_ptr<c10d::Reducer> reducer;
+  std::shared_ptr<c10d::Logger> logger;  // holds the Reducer; declared after it, so destroyed first
+  std::shared_ptr<gradient_record> gradients;
 };
 
 ddp_engine::ddp_engine(const ddp_options& settings) : settings_(settings) {}
@@ -116,6 +145,15 @@ void ddp_engine::setup(strategy_context& context) {
 
   const auto cap = static_cast<std::int64_t>(settings_.bucket_cap_mb) * mib;
   buckets_ = assign_buckets(params, cap);
+  add_schedule_entries(context);
+  state_ = std::make_unique<state>();
+  start_reducer(context, cap);
+  watch_gradients(context);
+  note_buckets(context);
+}
+
+void ddp_engine::add_schedule_entries(strategy_context& context) const {
+  const auto& params = context.trainable();
   for (const auto& bucket : buckets_) {
     schedule_entry entry{collective_op::all_reduce, step_phase::backward, {}, "world"};
     for (std::size_t i : bucket) {
@@ -130,39 +168,65 @@ void ddp_engine::setup(strategy_context& context) {
                               {{buffer.key(), buffer.value().sizes().vec(), buffer.value().scalar_type()}}, "world"});
     }
   }
+}
 
+void ddp_engine::start_reducer(strategy_context& context, std::int64_t bucket_cap_bytes) {
+  const auto& params = context.trainable();
   reducer_arguments args;
   for (std::size_t i = 0; i < params.size(); ++i) {
     args.params.push_back(params[i].tensor);
     args.names.emplace(i, params[i].name);
   }
   args.buckets = buckets_;
-  args.group = rt.process_group();
+  args.group = context.rt().process_group();
   args.sparse.assign(params.size(), false);
-  args.bucket_bytes_cap = cap;
+  args.bucket_bytes_cap = bucket_cap_bytes;
   args.find_unused_parameters = settings_.find_unused_parameters;
   args.gradient_as_bucket_view = settings_.gradient_as_bucket_view;
   args.first_bucket_bytes_cap = first_bucket_bytes;
 
-  state_ = std::make_unique<state>();
   state_->reducer = make_reducer(std::move(args));
-  if (settings_.static_graph) state_->reducer->set_static_graph();
-
-  // Which parameters received a gradient this step: without find_unused_parameters, a missing one
-  // would leave its bucket's all-reduce waiting on the other ranks.
-  state_->produced_gradient = std::make_shared<std::vector<char>>(params.size(), 0);
-  for (std::size_t i = 0; i < params.size(); ++i) {
-    auto flags = state_->produced_gradient;
-    at::Tensor tensor = params[i].tensor;
-    tensor.register_hook([flags, i](const at::Tensor&) { (*flags)[i] = 1; });
+  state_->logger = std::make_shared<c10d::Logger>(state_->reducer);
+  state_->reducer->set_logger(state_->logger);
+  state_->logger->set_construction_data_and_log(context.module().name(), /*device_ids=*/{}, /*output_device=*/-1,
+                                                settings_.broadcast_buffers, /*has_sync_bn=*/false,
+                                                settings_.static_graph);
+  if (settings_.static_graph) {
+    state_->reducer->set_static_graph();
+    state_->logger->set_static_graph();
   }
+}
 
+void ddp_engine::watch_gradients(strategy_context& context) {
+  const auto& params = context.trainable();
+  auto record = std::make_shared<gradient_record>();
+  record->produced.assign(params.size(), 0);
+  record->recorded.assign(params.size(), 0);
+  const bool static_graph = settings_.static_graph;
+  const int rank = context.rt().rank();
+  for (std::size_t i = 0; i < params.size(); ++i) {
+    at::Tensor tensor = params[i].tensor;
+    // Runs before the gradient is accumulated, so before the Reducer's own hook sees it.
+    tensor.register_hook([record, i, static_graph, rank, name = params[i].name](const at::Tensor&) {
+      record->produced[i] = 1;
+      if (static_graph && record->has_recording && !record->recorded[i]) {
+        throw std::runtime_error(fmt::format(
+            "loom: ddp(): parameter '{}' received a gradient on rank {} in step {}, but none in the step that "
+            "recorded the graph; {}",
+            name, rank, record->step + 1, static_graph_contract));
+      }
+    });
+  }
+  state_->gradients = std::move(record);
+}
+
+void ddp_engine::note_buckets(strategy_context& context) const {
   std::string sizes;
   for (std::size_t b = 0; b < buckets_.size(); ++b) {
     sizes += fmt::format("{}{:.2f}", b ? ", " : "", static_cast<double>(context.schedule().entries()[b].bytes()) / mib);
   }
-  context.note(fmt::format("ddp: {} gradient buckets over {} ranks, MiB each: [{}]", buckets_.size(), rt.world_size(),
-                           sizes));
+  context.note(fmt::format("ddp: {} gradient buckets over {} ranks, MiB each: [{}]", buckets_.size(),
+                           context.rt().world_size(), sizes));
 }
 
 void ddp_engine::before_forward(strategy_context& context) {
@@ -175,7 +239,8 @@ void ddp_engine::before_forward(strategy_context& context) {
 
 void ddp_engine::before_backward(strategy_context& context, const at::Tensor& loss) {
   if (!state_) return;
-  std::fill(state_->produced_gradient->begin(), state_->produced_gradient->end(), 0);
+  auto& produced = state_->gradients->produced;
+  std::fill(produced.begin(), produced.end(), 0);
   if (!context.sync_gradients()) return;
   state_->reducer->prepare_for_backward(settings_.find_unused_parameters ? std::vector<at::Tensor>{loss}
                                                                           : std::vector<at::Tensor>{});
@@ -183,12 +248,35 @@ void ddp_engine::before_backward(strategy_context& context, const at::Tensor& lo
 
 void ddp_engine::after_backward(strategy_context& context) {
   if (!state_ || !context.sync_gradients()) return;
-  if (settings_.static_graph && !state_->static_graph_recorded) {
-    state_->reducer->delay_all_reduce();
-    state_->static_graph_recorded = true;
+  gradient_record& record = *state_->gradients;
+  ++record.step;
+  if (settings_.static_graph) {
+    check_static_graph(context);
+  } else if (!settings_.find_unused_parameters) {
+    check_every_gradient_produced(context);
   }
-  if (settings_.find_unused_parameters) return;
-  const auto& produced = *state_->produced_gradient;
+}
+
+void ddp_engine::check_static_graph(strategy_context& context) {
+  gradient_record& record = *state_->gradients;
+  if (!record.has_recording) {
+    // The recording step: reduce every bucket now, as DDP's _DDPSink queues it after this backward.
+    state_->reducer->delay_all_reduce();
+    record.recorded = record.produced;
+    record.has_recording = true;
+    return;
+  }
+  for (std::size_t i = 0; i < record.produced.size(); ++i) {
+    if (record.produced[i] || !record.recorded[i]) continue;
+    context.fail(fmt::format(
+        "ddp(): parameter '{}' received no gradient on rank {} in step {}, but one in the step that recorded the "
+        "graph; {}",
+        context.trainable()[i].name, context.rt().rank(), record.step, static_graph_contract));
+  }
+}
+
+void ddp_engine::check_every_gradient_produced(strategy_context& context) const {
+  const auto& produced = state_->gradients->produced;
   for (std::size_t i = 0; i < produced.size(); ++i) {
     if (produced[i]) continue;
     context.fail(fmt::format(

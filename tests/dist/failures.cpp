@@ -8,9 +8,11 @@
 #include <models/mlp.hpp>
 
 #include <chrono>
+#include <csignal>
 #include <functional>
 #include <iostream>
 #include <map>
+#include <memory>
 #include <regex>
 #include <string>
 
@@ -20,6 +22,20 @@ using loom::testing::world;
 namespace {
 
 bool last_rank() { return world().rank() == world().world_size() - 1; }
+
+// Started by peer_death.py rather than loom-run, which would stop the survivors itself: `victim`
+// dies by SIGKILL in its second backward, after its first bucket's all-reduce began.
+void killed_in_backward(int victim) {
+  auto job = loom::build(loom::model<models::Mlp>(512, 4) | loom::seeded(3) | loom::ddp(), world());
+  auto backwards = std::make_shared<int>(0);
+  if (world().rank() == victim) {
+    job.module().layers[0]->as<loom::nn::LinearImpl>()->weight.register_hook([backwards](const at::Tensor&) {
+      if (++*backwards == 2) std::raise(SIGKILL);
+    });
+  }
+  auto x = torch::randn({4, 512});
+  for (int step = 0; step < 3; ++step) job.backward(job.forward(x).square().mean());
+}
 
 struct scenario {
   std::function<void()> run;  // must throw
@@ -48,6 +64,32 @@ const std::map<std::string, scenario>& scenarios() {
         },
         "the ranks' collective schedules differ.*first difference at entry #1: rank 0 has 'all_reduce backward "
         "world \\d+ B \\[layers.2.bias"}},
+      {"static-graph-stops-using",
+       {[] {
+          // The last rank leaves `extra` out in the third step: a graph that static_graph promised is fixed.
+          auto job = loom::build(loom::model<branchy>() | loom::seeded(3) | loom::ddp({.static_graph = true}), world());
+          auto x = torch::randn({4, 8});
+          for (int step = 0; step < 4; ++step) job.backward(job.forward(x, step != 2 || !last_rank()).square().mean());
+        },
+        "parameter 'extra.(weight|bias)' received no gradient on rank \\d in step 3, but one in the step that "
+        "recorded the graph; under ddp\\(\\{.static_graph = true\\}\\) every step must use the same parameters"}},
+      {"static-graph-starts-using",
+       {[] {
+          // The last rank leaves `extra` out of the recording step, then uses it.
+          auto job = loom::build(
+              loom::model<branchy>() | loom::seeded(3) | loom::ddp({.find_unused_parameters = true, .static_graph = true}),
+              world());
+          auto x = torch::randn({4, 8});
+          for (int step = 0; step < 3; ++step) job.backward(job.forward(x, step != 0 || !last_rank()).square().mean());
+        },
+        "parameter 'extra.(weight|bias)' received a gradient on rank \\d in step 2, but none in the step that "
+        "recorded the graph; under ddp\\(\\{.static_graph = true\\}\\) every step must use the same parameters"}},
+      {"last-rank-killed-in-backward",
+       {[] { killed_in_backward(world().world_size() - 1); },
+        "rank \\d's backward pass failed: rank \\d fell silent \\(no heartbeat in the rendezvous store"}},
+      {"rank0-killed-in-backward",
+       {[] { killed_in_backward(0); },
+        "rank \\d's backward pass failed, and the rendezvous store is unreachable: rank 0, which hosts it, is gone"}},
       {"unused-without-option",
        {[] {
           auto job = loom::build(loom::model<branchy>() | loom::seeded(3) | loom::ddp(), world());
@@ -65,7 +107,7 @@ const std::map<std::string, scenario>& scenarios() {
 
 int main(int argc, char** argv) {
   if (argc != 2 || !scenarios().contains(argv[1])) {
-    std::cerr << "usage: dist-failures MODE (different-model, different-values, different-schedule, unused-without-option)\n";
+    std::cerr << "usage: dist-failures MODE (one of the scenarios in failures.cpp)\n";
     return 2;
   }
   const auto& [run, expected] = scenarios().at(argv[1]);

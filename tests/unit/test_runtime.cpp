@@ -1,9 +1,12 @@
-// The runtime's failures that need LibTorch: an unreachable master, a missing backend.
+// The runtime's failures that need LibTorch: an unreachable master, a missing backend, a step's
+// error in a single process.
 #include <loom/runtime.hpp>
+#include <loom/runtime/failures.hpp>
 
 #include <ATen/ATen.h>
 
 #include <catch2/catch_test_macros.hpp>
+#include <catch2/matchers/catch_matchers_exception.hpp>
 #include <catch2/matchers/catch_matchers_string.hpp>
 
 #include <arpa/inet.h>
@@ -12,6 +15,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <stdexcept>
 
 using Catch::Matchers::ContainsSubstring;
 
@@ -71,3 +75,16 @@ TEST_CASE("asking for a backend this LibTorch lacks names it and the alternative
                                             ContainsSubstring("use LOOM_BACKEND=gloo"));
 }
 #endif
+
+TEST_CASE("one process: a step's own error passes unchanged, a job failure carries loom's prefix", "[runtime]") {
+  const auto rt = loom::runtime::single_process();
+  try {
+    throw std::out_of_range("the user's own error");
+  } catch (...) {
+    CHECK_THROWS_AS(loom::rethrow_as_job_failure(rt, std::current_exception(), "forward pass"), std::out_of_range);
+  }
+  CHECK_THROWS_MATCHES(loom::fail_job(rt, "loom: ddp(): no gradient"), loom::job_failure,
+                       Catch::Matchers::Message("loom: ddp(): no gradient"));
+  CHECK(rt.silent_ranks(std::chrono::milliseconds(1)).empty());
+  CHECK_FALSE(loom::published_failure(rt).has_value());
+}

@@ -6,6 +6,7 @@
 #include <loom/dsl/strategies.hpp>
 #include <loom/strategy_context.hpp>
 
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -37,6 +38,15 @@ class ddp_engine {
   [[nodiscard]] const std::vector<std::vector<std::size_t>>& buckets() const noexcept { return buckets_; }
 
  private:
+  // The steps of setup, in order.
+  void add_schedule_entries(strategy_context& context) const;
+  void start_reducer(strategy_context& context, std::int64_t bucket_cap_bytes);
+  void watch_gradients(strategy_context& context);
+  void note_buckets(strategy_context& context) const;
+  // After a synchronised backward: the gradients this rank produced against what the options allow.
+  void check_static_graph(strategy_context& context);
+  void check_every_gradient_produced(strategy_context& context) const;
+
   struct state;
   ddp_options settings_;
   std::vector<std::vector<std::size_t>> buckets_;

@@ -1,0 +1,138 @@
+#include <loom/runtime.hpp>
+#include <loom/runtime/failures.hpp>
+#include <loom/runtime/heartbeat.hpp>
+
+#include <torch/csrc/distributed/c10d/Store.hpp>
+
+#include <c10/util/Exception.h>
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <gloo/common/error.h>
+
+#include <algorithm>
+#include <chrono>
+#include <vector>
+
+namespace loom {
+namespace {
+
+constexpr std::string_view failure_key = "loom/failure";
+// Five heartbeats: a live rank, however busy, beats in that time.
+constexpr std::chrono::milliseconds silence_window = 5 * heartbeat::interval;
+
+// c10::Error's what() carries a C++ backtrace; the other ranks and the user need the sentence.
+std::string reason(const std::exception& error) {
+  if (const auto* c10_error = dynamic_cast<const c10::Error*>(&error)) return c10_error->what_without_backtrace();
+  return error.what();
+}
+
+std::string without_prefix(std::string text) {
+  constexpr std::string_view prefix = "loom: ";
+  if (std::string_view(text).starts_with(prefix)) text.erase(0, prefix.size());
+  return text;
+}
+
+bool is_transport_failure(const std::exception& error) {
+  return dynamic_cast<const ::gloo::Exception*>(&error) != nullptr ||
+         dynamic_cast<const c10::DistError*>(&error) != nullptr;
+}
+
+// The failure a rank published; throws when the store cannot be reached.
+std::optional<std::string> read_published(c10d::Store& store) {
+  const std::string key(failure_key);
+  if (!store.check({key})) return std::nullopt;
+  auto bytes = store.get(key);
+  return std::string(bytes.begin(), bytes.end());
+}
+
+[[noreturn]] void throw_published(const runtime& rt, const std::string& published, std::string_view during) {
+  throw job_failure(fmt::format("loom: {}; then rank {}'s {} failed", published, rt.rank(), during));
+}
+
+[[noreturn]] void throw_lost_peer(const runtime& rt, const std::exception& error, std::string_view during,
+                                  bool store_reachable) {
+  const std::string transport = reason(error);
+  const std::string why = "(its own output, or the launcher's report, says why)";
+  const auto window = std::min(silence_window, rt.timeout());
+  std::vector<int> silent;
+  if (store_reachable) {
+    try {
+      silent = rt.silent_ranks(window);
+    } catch (const std::exception&) {
+      store_reachable = false;
+    }
+  }
+  // A peer may have been slower to say why than to break the transport.
+  if (store_reachable) {
+    if (auto published = published_failure(rt)) throw_published(rt, *published, during);
+  }
+  if (!store_reachable) {
+    const std::string host = rt.env().agent_store ? "the launcher's agent, which hosts it," : "rank 0, which hosts it,";
+    throw job_failure(fmt::format("loom: rank {}'s {} failed, and the rendezvous store is unreachable: {} is gone {}. "
+                                  "The transport reported: {}",
+                                  rt.rank(), during, host, why, transport));
+  }
+  if (silent.empty()) {
+    throw job_failure(fmt::format(
+        "loom: rank {}'s {} failed, though every rank is alive (each one's heartbeat advanced): the ranks may be "
+        "waiting on different collectives (docs/schedule.md). The transport reported: {}",
+        rt.rank(), during, transport));
+  }
+  const bool one = silent.size() == 1;
+  throw job_failure(fmt::format(
+      "loom: rank {}'s {} failed: {} {} fell silent (no heartbeat in the rendezvous store for {:g} s): {} died or "
+      "{} stopped {}. The transport reported: {}",
+      rt.rank(), during, one ? "rank" : "ranks", fmt::join(silent, ", "),
+      std::chrono::duration<double>(window).count(), one ? "it" : "they", one ? "was" : "were", why, transport));
+}
+
+void publish(const runtime& rt, const std::string& message) {
+  if (!rt.store()) return;
+  const std::string text = fmt::format("rank {} failed: {}", rt.rank(), without_prefix(message));
+  try {
+    // The first failure published is the cause; later ones are its consequences.
+    rt.store()->compareSet(std::string(failure_key), {}, std::vector<std::uint8_t>(text.begin(), text.end()));
+  } catch (const std::exception&) {
+    // The store is gone with rank 0: the launcher reports this rank's own error.
+  }
+}
+
+}  // namespace
+
+void fail_job(const runtime& rt, const std::string& message) {
+  publish(rt, message);
+  throw job_failure("loom: " + without_prefix(message));
+}
+
+std::optional<std::string> published_failure(const runtime& rt) {
+  if (!rt.store()) return std::nullopt;
+  try {
+    return read_published(*rt.store());
+  } catch (const std::exception&) {
+    return std::nullopt;
+  }
+}
+
+void rethrow_as_job_failure(const runtime& rt, std::exception_ptr error, std::string_view during) {
+  try {
+    std::rethrow_exception(error);
+  } catch (const job_failure&) {
+    throw;
+  } catch (const std::exception& failure) {
+    if (!rt.store()) throw;
+    // One look at the store: when it is gone, every further call would wait and log in vain.
+    bool store_reachable = true;
+    try {
+      if (auto published = read_published(*rt.store())) throw_published(rt, *published, during);
+    } catch (const job_failure&) {
+      throw;
+    } catch (const std::exception&) {
+      store_reachable = false;
+    }
+    if (is_transport_failure(failure)) throw_lost_peer(rt, failure, during, store_reachable);
+    if (store_reachable) publish(rt, reason(failure));
+    throw;
+  }
+}
+
+}  // namespace loom
