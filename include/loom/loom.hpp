@@ -1,8 +1,11 @@
 #pragma once
-// Everything a recipe needs: the plan DSL, the runtime, build() and the job, loom::nn::Linear.
+// Everything a recipe needs: the plan DSL, the runtime, build() and the job, the built-in
+// strategies' engines, loom::nn::Linear.
 
-#include <loom/build.hpp>
 #include <loom/dsl.hpp>
+#include <loom/job/build.hpp>
 #include <loom/nn/linear.hpp>
-#include <loom/runtime.hpp>
 #include <loom/runtime/failures.hpp>
+#include <loom/runtime/runtime.hpp>
+#include <loom/strategies/ddp.hpp>
+#include <loom/strategies/local.hpp>

@@ -1,6 +1,7 @@
-#include <loom/job.hpp>
+#include <loom/job/job.hpp>
+
 #include <loom/runtime/failures.hpp>
-#include <loom/strategies/local.hpp>
+#include <loom/runtime/text.hpp>
 
 #include <fmt/format.h>
 #include <torch/nn/utils/clip_grad.h>
@@ -9,27 +10,14 @@
 
 namespace loom {
 
-strategy_context::strategy_context(runtime rt, std::shared_ptr<torch::nn::Module> module)
-    : runtime_(std::move(rt)), module_(std::move(module)) {
-  for (const auto& item : module_->named_parameters()) {
-    if (item.value().requires_grad()) trainable_.push_back({item.key(), item.value()});
-  }
-}
-
-void strategy_context::fail(const std::string& message) const { fail_job(runtime_, message); }
-
-void local_engine::setup(strategy_context& context) {
-  if (context.rt().is_distributed()) {
-    context.note(fmt::format("local: each of the {} ranks trains on its own, nothing is synchronised",
-                             context.rt().world_size()));
-  }
-}
-
 namespace detail {
 
-job_core::job_core(runtime rt, std::shared_ptr<torch::nn::Module> module, std::optional<lora_layers> lora,
-                   std::string plan_text)
-    : context_(std::move(rt), std::move(module)), lora_(std::move(lora)), plan_text_(std::move(plan_text)) {}
+job_core::job_core(runtime rt, std::shared_ptr<torch::nn::Module> module, std::string model_name,
+                   std::optional<lora_layers> lora, std::string plan_text)
+    : context_(std::move(rt), std::move(module)),
+      model_name_(std::move(model_name)),
+      lora_(std::move(lora)),
+      plan_text_(std::move(plan_text)) {}
 
 void job_core::verify_schedule() const { verify_schedule_across_ranks(context_.schedule(), context_.rt()); }
 
@@ -39,12 +27,12 @@ void job_core::fail_step(std::string_view during) const {
 
 std::vector<at::Tensor> job_core::trainable_parameters() const {
   std::vector<at::Tensor> tensors;
-  for (const named_parameter& p : context_.trainable()) tensors.push_back(p.tensor);
+  for (const named_tensor& p : context_.trainable()) tensors.push_back(p.tensor);
   return tensors;
 }
 
 void job_core::zero_grad(bool set_to_none) {
-  for (const named_parameter& p : context_.trainable()) {
+  for (const named_tensor& p : context_.trainable()) {
     at::Tensor& grad = p.tensor.mutable_grad();
     if (!grad.defined()) continue;
     if (set_to_none) {
@@ -68,19 +56,21 @@ std::string job_core::describe() const {
     if (p.requires_grad()) trainable += p.numel();
   }
   std::string text = plan_text_;
-  text += fmt::format("build: {} on {} rank(s), device {}\n", context_.module().name(), context_.rt().world_size(),
-                      context_.rt().device().str());
+  const runtime& rt = context_.rt();
+  text += fmt::format("build: {} on {}, device {}\n", model_name_, counted(rt.world_size(), "rank"), rt.device().str());
   if (lora_) {
-    text += fmt::format("build: lora adapted {} layers ({} on the loom::nn::Linear fast path, {} on the "
-                        "torch::nn::Linear fallback)\n",
-                        lora_->adapted().size(), lora_->fast_path_count(), lora_->fallback_count());
+    text += fmt::format("build: lora adapted {} ({} on the loom::nn::Linear fast path, {} on the torch::nn::Linear "
+                        "fallback)\n",
+                        counted(static_cast<std::int64_t>(lora_->adapted().size()), "layer"),
+                        lora_->fast_path_count(), lora_->fallback_count());
   }
-  text += fmt::format("build: {} of {} parameters trainable ({} tensors)\n", trainable, total,
-                      context_.trainable().size());
+  text += fmt::format("build: {} of {} parameters trainable ({})\n", trainable, total,
+                      counted(static_cast<std::int64_t>(context_.trainable().size()), "tensor"));
   for (const std::string& line : context_.notes()) text += "build: " + line + '\n';
-  text += fmt::format("build: schedule {} collectives a step, {} bytes, fingerprint {:016x}\n",
-                      context_.schedule().entries().size(), context_.schedule().bytes_per_step(),
-                      context_.schedule().fingerprint());
+  const collective_schedule& schedule = context_.schedule();
+  text += fmt::format("build: schedule {} a step, {} bytes, fingerprint {:016x}\n",
+                      counted(static_cast<std::int64_t>(schedule.entries().size()), "collective"),
+                      schedule.bytes_per_step(), schedule.fingerprint());
   return text;
 }
 

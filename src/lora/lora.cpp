@@ -1,4 +1,4 @@
-#include <loom/lora.hpp>
+#include <loom/lora/lora.hpp>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>

@@ -1,55 +1,38 @@
-#include <loom/replicas.hpp>
+#include <loom/replicas/replicas.hpp>
 
-#include <loom/detail/consensus.hpp>
-#include <loom/runtime.hpp>
-#include <loom/schedule.hpp>
+#include <loom/runtime/agreement.hpp>
+#include <loom/runtime/runtime.hpp>
+#include <loom/runtime/tensors.hpp>
 
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
 #include <fmt/format.h>
-#include <fmt/ranges.h>
 
 namespace loom {
 namespace {
 
-struct named_tensor {
-  std::string name;
-  at::Tensor tensor;
-};
-
-std::vector<named_tensor> state_tensors(torch::nn::Module& module) {
-  std::vector<named_tensor> tensors;
-  for (const auto& item : module.named_parameters()) tensors.push_back({item.key(), item.value()});
-  for (const auto& item : module.named_buffers()) tensors.push_back({item.key(), item.value()});
-  return tensors;
-}
-
-std::string describe(const named_tensor& t) {
-  return fmt::format("{} {}[{}]", t.name, c10::toString(t.tensor.scalar_type()), fmt::join(t.tensor.sizes(), ","));
-}
-
 std::uint64_t checksum(const named_tensor& t, bool with_values) {
-  std::uint64_t hash = detail::fnv1a(describe(t));
+  std::uint64_t hash = fnv1a(t.spec().to_string());
   if (!with_values) return hash;
   at::Tensor bytes = t.tensor.detach().cpu().contiguous();
-  return detail::fnv1a(bytes.data_ptr(), bytes.nbytes(), hash);
+  return fnv1a(bytes.data_ptr(), bytes.nbytes(), hash);
 }
 
-// Throws on every rank when some rank's list of tensors differs from rank 0's.
+// Throws rank_mismatch on every rank when some rank's tensors differ from rank 0's.
 void agree(const runtime& rt, const std::vector<named_tensor>& tensors, bool with_values, const std::string& what) {
   std::vector<std::uint64_t> sums;
   sums.reserve(tensors.size());
   for (const auto& t : tensors) sums.push_back(checksum(t, with_values));
-  auto where = detail::first_divergence(rt, sums);
-  if (!where) return;
-  const std::string mine = where->index < tensors.size() ? describe(tensors[where->index]) : "(none)";
-  auto texts = detail::share_text(rt, "loom/replicas/" + std::to_string(where->index), mine);
-  throw rank_mismatch(fmt::format(
-      "loom: {}, but tensor #{} differs between rank 0 ('{}') and rank {} ('{}'){}", what, where->index, texts[0],
-      where->rank, texts[static_cast<std::size_t>(where->rank)],
-      texts[0] == texts[static_cast<std::size_t>(where->rank)]
-          ? " in its values: the model's constructor draws from something other than the forked generator"
-          : ": every rank must construct the same model from the same arguments"));
+  require_agreement(
+      rt, "replicas", sums, [&](std::size_t i) { return tensors[i].spec().to_string(); },
+      [&](const disagreement& d) {
+        return fmt::format(
+            "loom: {}, but tensor #{} differs between rank 0 ('{}') and rank {} ('{}'){}", what, d.index, d.rank0_item,
+            d.rank, d.other_item,
+            d.rank0_item == d.other_item
+                ? " in its values: the model's constructor draws from something other than the forked generator"
+                : ": every rank must construct the same model from the same arguments");
+      });
 }
 
 }  // namespace
@@ -67,13 +50,13 @@ forked_rng::~forked_rng() {
 
 void verify_identical_replicas(const runtime& rt, torch::nn::Module& module, std::uint64_t seed) {
   if (!rt.is_distributed()) return;
-  agree(rt, state_tensors(module), /*with_values=*/true,
+  agree(rt, module_state(module), /*with_values=*/true,
         fmt::format("seeded({}) should build bit-identical replicas on every rank", seed));
 }
 
 void broadcast_replicas(const runtime& rt, torch::nn::Module& module) {
   if (!rt.is_distributed()) return;
-  auto tensors = state_tensors(module);
+  auto tensors = module_state(module);
   agree(rt, tensors, /*with_values=*/false, "every rank must build the same model before rank 0's weights are broadcast");
   torch::NoGradGuard no_grad;
   std::vector<loom::pending_collective> pending;

@@ -1,4 +1,4 @@
-#include <loom/collectives.hpp>
+#include <loom/runtime/collectives.hpp>
 
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 #include <torch/csrc/distributed/c10d/Work.hpp>

@@ -1,4 +1,4 @@
-#include <loom/runtime.hpp>
+#include <loom/runtime/runtime.hpp>
 #include <loom/runtime/failures.hpp>
 #include <loom/runtime/heartbeat.hpp>
 

@@ -1,5 +1,7 @@
 #include <loom/strategies/ddp.hpp>
 
+#include <loom/runtime/text.hpp>
+
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #include <torch/csrc/distributed/c10d/logger.hpp>
 #include <torch/csrc/distributed/c10d/reducer.hpp>
@@ -20,7 +22,7 @@ constexpr std::int64_t first_bucket_bytes = 1 * mib;
 
 // Reverse registration order, the order in which backward produces gradients; a new bucket when
 // the cap is reached or the dtype changes.
-std::vector<std::vector<std::size_t>> assign_buckets(const std::vector<named_parameter>& params,
+std::vector<std::vector<std::size_t>> assign_buckets(const std::vector<named_tensor>& params,
                                                      std::int64_t cap_bytes) {
   std::vector<std::vector<std::size_t>> buckets;
   std::int64_t filled = 0;
@@ -225,8 +227,9 @@ void ddp_engine::note_buckets(strategy_context& context) const {
   for (std::size_t b = 0; b < buckets_.size(); ++b) {
     sizes += fmt::format("{}{:.2f}", b ? ", " : "", static_cast<double>(context.schedule().entries()[b].bytes()) / mib);
   }
-  context.note(fmt::format("ddp: {} gradient buckets over {} ranks, MiB each: [{}]", buckets_.size(),
-                           context.rt().world_size(), sizes));
+  context.note(fmt::format("ddp: {} over {}, MiB each: [{}]",
+                           counted(static_cast<std::int64_t>(buckets_.size()), "gradient bucket"),
+                           counted(context.rt().world_size(), "rank"), sizes));
 }
 
 void ddp_engine::before_forward(strategy_context& context) {

@@ -54,6 +54,8 @@ def main() -> None:
         elif code != 0:
             how = "std::terminate (SIGABRT)" if code == -signal.SIGABRT else f"exit {code}"
             failures.append(f"survivor rank {rank} ended with {how}, not with loom's expected error")
+        elif rank == 0 and f"rank {victim} fell silent" not in output:
+            failures.append(f"rank 0, which hosts the store, did not name rank {victim} as the one that fell silent")
     if failures:
         sys.exit("FAILED: " + "; ".join(failures))
     print(f"every survivor of {ranks} ranks ended with loom's error naming the lost rank")

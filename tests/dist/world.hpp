@@ -1,7 +1,7 @@
 #pragma once
 // The one runtime a distributed test process joins, started by loom-run.
 
-#include <loom/runtime.hpp>
+#include <loom/runtime/runtime.hpp>
 
 namespace loom::testing {
 

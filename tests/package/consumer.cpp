@@ -1,5 +1,5 @@
 // A program outside loom's tree, built with nothing but `pkg-config --cflags --libs loom`.
-#include <loom/runtime.hpp>
+#include <loom/runtime/runtime.hpp>
 
 #include <ATen/ATen.h>
 

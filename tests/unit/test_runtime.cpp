@@ -1,6 +1,6 @@
 // The runtime's failures that need LibTorch: an unreachable master, a missing backend, a step's
 // error in a single process.
-#include <loom/runtime.hpp>
+#include <loom/runtime/runtime.hpp>
 #include <loom/runtime/failures.hpp>
 
 #include <ATen/ATen.h>

@@ -4,11 +4,10 @@
 // bucket's all-reduce starts as soon as its last gradient is ready, overlapping backward.
 
 #include <loom/dsl/strategies.hpp>
-#include <loom/strategy_context.hpp>
+#include <loom/strategies/strategy_context.hpp>
 
 #include <cstdint>
 #include <memory>
-#include <string>
 #include <string_view>
 #include <vector>
 
@@ -28,7 +27,6 @@ class ddp_engine {
   ddp_engine& operator=(ddp_engine&&) noexcept;
   ~ddp_engine();
 
-  [[nodiscard]] std::string options() const { return ddp_stage(settings_).options(); }
   void setup(strategy_context& context);
   void before_forward(strategy_context& context);
   void before_backward(strategy_context& context, const at::Tensor& loss);
@@ -52,5 +50,7 @@ class ddp_engine {
   std::vector<std::vector<std::size_t>> buckets_;
   std::unique_ptr<state> state_;
 };
+
+inline ddp_engine make_engine(const ddp_stage& stage) { return ddp_engine(stage.settings()); }
 
 }  // namespace loom

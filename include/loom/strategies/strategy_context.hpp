@@ -3,8 +3,9 @@
 // the runtime, the built module, its trainable parameters in registration order, and the schedule
 // it fills in during setup.
 
-#include <loom/runtime.hpp>
-#include <loom/schedule.hpp>
+#include <loom/runtime/runtime.hpp>
+#include <loom/runtime/tensors.hpp>
+#include <loom/schedule/schedule.hpp>
 
 #include <torch/nn/module.h>
 
@@ -14,11 +15,6 @@
 
 namespace loom {
 
-struct named_parameter {
-  std::string name;
-  at::Tensor tensor;
-};
-
 class strategy_context {
  public:
   strategy_context(runtime rt, std::shared_ptr<torch::nn::Module> module);
@@ -26,7 +22,7 @@ class strategy_context {
   [[nodiscard]] const runtime& rt() const noexcept { return runtime_; }
   [[nodiscard]] torch::nn::Module& module() noexcept { return *module_; }
   [[nodiscard]] const torch::nn::Module& module() const noexcept { return *module_; }
-  [[nodiscard]] const std::vector<named_parameter>& trainable() const noexcept { return trainable_; }
+  [[nodiscard]] const std::vector<named_tensor>& trainable() const noexcept { return trainable_; }
 
   [[nodiscard]] collective_schedule& schedule() noexcept { return schedule_; }
   [[nodiscard]] const collective_schedule& schedule() const noexcept { return schedule_; }
@@ -47,7 +43,7 @@ class strategy_context {
  private:
   runtime runtime_;
   std::shared_ptr<torch::nn::Module> module_;
-  std::vector<named_parameter> trainable_;
+  std::vector<named_tensor> trainable_;
   collective_schedule schedule_;
   std::vector<std::string> notes_;
   bool sync_gradients_ = true;

@@ -1,9 +1,10 @@
 #pragma once
-// job<M, Engine>: a built plan. The user's module, typed, with its strategy around forward and
-// backward (DESIGN.md §3).
+// job<M, Engine>: a built plan. The user's module, typed, with its strategy's engine around forward
+// and backward (docs/strategies.md), its state, and its LoRA adapters.
 
-#include <loom/lora.hpp>
-#include <loom/strategy_context.hpp>
+#include <loom/lora/lora.hpp>
+#include <loom/strategies/engine.hpp>
+#include <loom/strategies/strategy_context.hpp>
 
 #include <torch/nn/module.h>
 #include <torch/nn/pimpl.h>
@@ -48,8 +49,8 @@ struct module_storage<M> {
 // The part of a job that does not depend on M or the strategy (src/job/job.cpp).
 class job_core {
  public:
-  job_core(runtime rt, std::shared_ptr<torch::nn::Module> module, std::optional<lora_layers> lora,
-           std::string plan_text);
+  job_core(runtime rt, std::shared_ptr<torch::nn::Module> module, std::string model_name,
+           std::optional<lora_layers> lora, std::string plan_text);
 
   [[nodiscard]] strategy_context& context() noexcept { return context_; }
   [[nodiscard]] const strategy_context& context() const noexcept { return context_; }
@@ -68,6 +69,7 @@ class job_core {
 
  private:
   strategy_context context_;
+  std::string model_name_;
   std::optional<lora_layers> lora_;
   std::string plan_text_;
 };
@@ -77,13 +79,13 @@ class job_core {
 template <class M>
 concept TorchModule = detail::module_holder<M> || std::derived_from<M, torch::nn::Module>;
 
-template <class M, class Engine>
+template <class M, Engine E>
 class job {
  public:
-  job(detail::module_storage<M> model, runtime rt, std::optional<lora_layers> lora, std::string plan_text,
-      Engine engine)
+  job(detail::module_storage<M> model, runtime rt, std::optional<lora_layers> lora, std::string plan_text, E engine)
       : model_(std::move(model)),
-        core_(std::move(rt), model_.base(), std::move(lora), std::move(plan_text)),
+        core_(std::move(rt), model_.base(), std::string(detail::type_name<M>()), std::move(lora),
+              std::move(plan_text)),
         engine_(std::move(engine)) {
     engine_.setup(core_.context());
     core_.verify_schedule();
@@ -91,7 +93,7 @@ class job {
 
   // The user's module, typed.
   [[nodiscard]] M& module() noexcept { return model_.get(); }
-  [[nodiscard]] Engine& strategy() noexcept { return engine_; }
+  [[nodiscard]] E& strategy() noexcept { return engine_; }
   [[nodiscard]] const runtime& rt() const noexcept { return core_.context().rt(); }
 
   // M's forward with the strategy around it; returns what M's forward returns.
@@ -111,7 +113,7 @@ class job {
   void backward(const at::Tensor& loss) {
     strategy_context& context = core_.context();
     try {
-      if constexpr (requires { engine_.before_backward(context, loss); }) engine_.before_backward(context, loss);
+      hooks::before_backward(engine_, context, loss);
       loss.backward();
       engine_.after_backward(context);
     } catch (...) {
@@ -120,6 +122,10 @@ class job {
   }
 
   [[nodiscard]] std::vector<at::Tensor> trainable_parameters() const { return core_.trainable_parameters(); }
+
+  // Every parameter and buffer, whole, under any strategy (a sharding one gathers them); and back.
+  [[nodiscard]] tensor_state state_dict() { return hooks::full_state(engine_, core_.context()); }
+  void load_state_dict(const tensor_state& state) { hooks::load_full_state(engine_, core_.context(), state); }
 
   // Clears the trainable gradients. Use it rather than torch::optim::Optimizer::zero_grad under
   // ddp({.gradient_as_bucket_view = true}): LibTorch's detaches each gradient in place, which a
@@ -161,7 +167,7 @@ class job {
 
   detail::module_storage<M> model_;
   detail::job_core core_;
-  Engine engine_;
+  E engine_;
 };
 
 }  // namespace loom

@@ -4,7 +4,7 @@
 // identical on every rank by construction; build() checks that through its fingerprint.
 // Format: docs/schedule.md.
 
-#include <c10/core/ScalarType.h>
+#include <loom/runtime/tensors.hpp>
 
 #include <cstdint>
 #include <span>
@@ -20,15 +20,6 @@ enum class step_phase { forward, backward, optimizer };
 
 [[nodiscard]] std::string_view to_string(collective_op op) noexcept;
 [[nodiscard]] std::string_view to_string(step_phase phase) noexcept;
-
-struct tensor_spec {
-  std::string name;
-  std::vector<std::int64_t> shape;
-  c10::ScalarType dtype = c10::ScalarType::Float;
-
-  [[nodiscard]] std::int64_t numel() const noexcept;
-  [[nodiscard]] std::int64_t bytes() const noexcept;
-};
 
 struct schedule_entry {
   collective_op op;
@@ -57,15 +48,8 @@ class collective_schedule {
   std::vector<schedule_entry> entries_;
 };
 
-// Thrown on every rank when the ranks disagree about what they built: the schedule, or the
-// replicas under seeded(...). The message names the first entry or parameter that differs.
-class rank_mismatch : public std::runtime_error {
- public:
-  using std::runtime_error::runtime_error;
-};
-
-// Exchanges the fingerprint (one all-gather; a second, of per-entry hashes, only on a mismatch)
-// and throws rank_mismatch naming the first differing entry and the ranks' versions of it.
+// Checks through the agreement service (loom/runtime/agreement.hpp) that every rank derived the
+// same entries; throws rank_mismatch naming the first differing entry and the ranks' versions of it.
 void verify_schedule_across_ranks(const collective_schedule& schedule, const runtime& rt);
 
 }  // namespace loom

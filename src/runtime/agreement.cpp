@@ -1,26 +1,30 @@
-#include <loom/detail/consensus.hpp>
+#include <loom/runtime/agreement.hpp>
 
-#include <loom/runtime.hpp>
+#include <loom/runtime/runtime.hpp>
+
+#include <torch/csrc/distributed/c10d/Store.hpp>
 
 #include <ATen/ATen.h>
 #include <fmt/format.h>
-#include <torch/csrc/distributed/c10d/Store.hpp>
 
 #include <cstring>
+#include <optional>
+#include <vector>
 
 namespace loom {
-namespace detail {
+namespace {
 
-std::uint64_t fnv1a(const void* data, std::size_t size, std::uint64_t hash) {
-  const auto* bytes = static_cast<const unsigned char*>(data);
-  for (std::size_t i = 0; i < size; ++i) hash = (hash ^ bytes[i]) * 1099511628211ull;
-  return hash;
-}
+struct divergence {
+  std::size_t index;
+  int rank;
+};
 
+// The first position where some rank's list differs from rank 0's (or has no entry), and the lowest
+// such rank: the same answer on every rank. The first all-gather (the lengths) has one shape on
+// every rank, and so, given it, has the second.
 std::optional<divergence> first_divergence(const runtime& rt, std::span<const std::uint64_t> hashes) {
   const auto world = static_cast<std::int64_t>(rt.world_size());
   auto options = at::TensorOptions().dtype(at::kLong).device(rt.device());
-  // Lengths first, so that the second all-gather has the same shape on every rank.
   auto length = at::full({1}, static_cast<std::int64_t>(hashes.size()), options);
   auto lengths = at::empty({world}, options);
   rt.comm().all_gather(length, lengths).wait();
@@ -32,7 +36,7 @@ std::optional<divergence> first_divergence(const runtime& rt, std::span<const st
   auto all = at::empty({world * longest}, options);
   if (longest > 0) rt.comm().all_gather(mine.to(rt.device()), all).wait();
   auto all_cpu = all.cpu().view({world, longest});
-  auto* table = all_cpu.data_ptr<std::int64_t>();
+  const auto* table = all_cpu.data_ptr<std::int64_t>();
   const auto* length_of = lengths_cpu.data_ptr<std::int64_t>();
 
   for (std::int64_t i = 0; i < longest; ++i) {
@@ -46,6 +50,7 @@ std::optional<divergence> first_divergence(const runtime& rt, std::span<const st
   return std::nullopt;
 }
 
+// Every rank's `mine` under `key`, through the rendezvous store.
 std::vector<std::string> share_text(const runtime& rt, const std::string& key, const std::string& mine) {
   const auto& store = rt.store();
   store->set(fmt::format("{}/{}", key, rt.rank()), std::vector<std::uint8_t>(mine.begin(), mine.end()));
@@ -57,6 +62,26 @@ std::vector<std::string> share_text(const runtime& rt, const std::string& key, c
   return texts;
 }
 
-}  // namespace detail
+}  // namespace
+
+std::uint64_t fnv1a(const void* data, std::size_t size, std::uint64_t hash) {
+  const auto* bytes = static_cast<const unsigned char*>(data);
+  for (std::size_t i = 0; i < size; ++i) hash = (hash ^ bytes[i]) * 1099511628211ull;
+  return hash;
+}
+
+void require_agreement(const runtime& rt, std::string_view topic, std::span<const std::uint64_t> hashes,
+                       const std::function<std::string(std::size_t index)>& describe,
+                       const std::function<std::string(const disagreement&)>& explain) {
+  if (!rt.is_distributed()) return;
+  const std::uint64_t digest[] = {fnv1a(hashes.data(), hashes.size_bytes(), fnv1a(std::to_string(hashes.size())))};
+  if (!first_divergence(rt, digest)) return;
+
+  const auto where = first_divergence(rt, hashes).value_or(divergence{hashes.size(), 0});
+  const std::string mine = where.index < hashes.size() ? describe(where.index) : "(none)";
+  const auto texts = share_text(rt, fmt::format("loom/{}/{}", topic, where.index), mine);
+  throw rank_mismatch(
+      explain({where.index, where.rank, texts.front(), texts[static_cast<std::size_t>(where.rank)]}));
+}
 
 }  // namespace loom

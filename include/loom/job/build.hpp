@@ -2,10 +2,9 @@
 // loom::build(plan, runtime): a validated plan becomes a job on this process's share of the world.
 
 #include <loom/dsl.hpp>
-#include <loom/job.hpp>
-#include <loom/replicas.hpp>
-#include <loom/strategies/ddp.hpp>
-#include <loom/strategies/local.hpp>
+#include <loom/job/job.hpp>
+#include <loom/replicas/replicas.hpp>
+#include <loom/strategies/engine.hpp>
 
 #include <tuple>
 #include <type_traits>
@@ -27,17 +26,12 @@ inline constexpr bool constructible_from_tuple = false;
 template <class M, class... Args>
 inline constexpr bool constructible_from_tuple<M, std::tuple<Args...>> = std::is_constructible_v<M, const Args&...>;
 
-inline local_engine make_engine(const local_stage&) { return {}; }
-inline ddp_engine make_engine(const ddp_stage& stage) { return ddp_engine(stage.settings()); }
-template <class S>
-S make_engine(const strategy_stage<S>& stage) { return stage.get(); }
-
+// A strategy stage's engine comes from the make_engine(stage) that the strategy's own header
+// declares (loom/strategies/<name>.hpp), found by argument-dependent lookup.
 template <class Stage>
-inline constexpr bool has_engine = requires(const Stage& stage) { make_engine(stage); };
-
-}  // namespace detail
-
-namespace detail {
+inline constexpr bool has_engine = requires(const Stage& stage) {
+  { make_engine(stage) } -> Engine;
+};
 
 template <class Plan>
 auto build_checked(const Plan& plan, runtime rt) {
@@ -78,7 +72,9 @@ template <class Plan>
   constexpr bool has_engine = detail::has_engine<typename Plan::strategy_type>;
   static_assert(is_module, LOOM_R7_NOT_A_MODULE);
   static_assert(!is_module || constructible, LOOM_R7_NOT_CONSTRUCTIBLE);
-  static_assert(has_engine, "loom: this strategy has no engine in this runtime yet (fsdp() is planned): use local() or ddp()");
+  static_assert(has_engine,
+                "loom: this strategy stage has no engine: include its header, loom/strategies/<name>.hpp (or "
+                "loom/loom.hpp); fsdp() has none yet: use local() or ddp()");
   if constexpr (is_module && constructible && has_engine) return detail::build_checked(plan, std::move(rt));
 }
 

@@ -2,7 +2,7 @@
 // The process's place in a job and its process group: rendezvous through c10d's TCPStore, then
 // Gloo for CPU tensors or NCCL for CUDA tensors.
 
-#include <loom/collectives.hpp>
+#include <loom/runtime/collectives.hpp>
 #include <loom/runtime/launch_env.hpp>
 
 #include <c10/core/Device.h>

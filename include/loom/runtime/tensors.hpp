@@ -1,0 +1,39 @@
+#pragma once
+// A tensor with its dotted name, and its description without values: what the schedule lists, the
+// replica check compares, and a module's state is made of.
+
+#include <ATen/core/Tensor.h>
+#include <c10/core/ScalarType.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace torch::nn {
+class Module;
+}
+
+namespace loom {
+
+struct tensor_spec {
+  std::string name;
+  std::vector<std::int64_t> shape;
+  c10::ScalarType dtype = c10::ScalarType::Float;
+
+  [[nodiscard]] std::int64_t numel() const noexcept;
+  [[nodiscard]] std::int64_t bytes() const noexcept;
+  // "name Float[8,8]"
+  [[nodiscard]] std::string to_string() const;
+};
+
+struct named_tensor {
+  std::string name;
+  at::Tensor tensor;
+
+  [[nodiscard]] tensor_spec spec() const;
+};
+
+// A module's state in the order a state dict lists it: parameters, then buffers, registration order.
+[[nodiscard]] std::vector<named_tensor> module_state(const torch::nn::Module& module);
+
+}  // namespace loom

@@ -1,0 +1,111 @@
+#pragma once
+// The seam between a job and its strategy: the engine that a strategy stage becomes, and every hook
+// a job calls on it. A built-in strategy's header says how its stage becomes its engine, with a
+// make_engine(stage) found by argument-dependent lookup; a user-written strategy (loom::strategy(S))
+// is its own engine. Adding a strategy adds its files and touches no list.
+//
+// Hooks, in the order of a job's life:
+//   required (loom::Strategy names them for user-written strategies):
+//     static constexpr std::string_view name
+//     void setup(strategy_context&)            in build(): wrap the module, fill the schedule
+//     void before_forward(strategy_context&)   at the start of job.forward()
+//     void after_backward(strategy_context&)   after loss.backward(): finish the gradient sync
+//   optional, with what the job does when the engine has none:
+//     void before_backward(strategy_context&, const at::Tensor& loss)        nothing
+//     tensor_state full_state(strategy_context&)     the module's parameters and buffers, whole
+//     tensor_state local_state(strategy_context&)    full_state: a replica holds all of it
+//     void load_full_state(strategy_context&, const tensor_state&)           copied into the module
+//     tensor_state strategy_state(strategy_context&)                          none
+//     void load_strategy_state(strategy_context&, const tensor_state&)       only an empty state
+// A sharding strategy overrides the state hooks: full_state gathers, local_state is this rank's
+// shards, and its own state (say, a step counter) goes in strategy_state.
+
+#include <loom/dsl/strategy.hpp>
+#include <loom/runtime/tensors.hpp>
+#include <loom/strategies/strategy_context.hpp>
+
+#include <concepts>
+#include <string_view>
+#include <vector>
+
+namespace loom {
+
+// A module's or a strategy's state: named tensors, in a stable order.
+using tensor_state = std::vector<named_tensor>;
+
+template <class E>
+concept Engine = std::move_constructible<E> && requires(E& engine, strategy_context& context) {
+  { E::name } -> std::convertible_to<std::string_view>;
+  engine.setup(context);
+  engine.before_forward(context);
+  engine.after_backward(context);
+};
+
+// A user-written strategy is its own engine.
+template <class S>
+S make_engine(const strategy_stage<S>& stage) {
+  return stage.get();
+}
+
+// Calls an optional hook, or does what the job does without one.
+namespace hooks {
+
+// Copies `state` into the module's parameters and buffers of the same names; throws
+// std::invalid_argument naming a tensor that is missing, unexpected, or of another shape or dtype.
+void load_module_state(torch::nn::Module& module, const tensor_state& state);
+
+template <Engine E>
+void before_backward(E& engine, strategy_context& context, const at::Tensor& loss) {
+  if constexpr (requires { engine.before_backward(context, loss); }) engine.before_backward(context, loss);
+}
+
+template <Engine E>
+tensor_state full_state(E& engine, strategy_context& context) {
+  if constexpr (requires { engine.full_state(context); }) {
+    return engine.full_state(context);
+  } else {
+    return module_state(context.module());
+  }
+}
+
+template <Engine E>
+tensor_state local_state(E& engine, strategy_context& context) {
+  if constexpr (requires { engine.local_state(context); }) {
+    return engine.local_state(context);
+  } else {
+    return full_state(engine, context);
+  }
+}
+
+template <Engine E>
+void load_full_state(E& engine, strategy_context& context, const tensor_state& state) {
+  if constexpr (requires { engine.load_full_state(context, state); }) {
+    engine.load_full_state(context, state);
+  } else {
+    load_module_state(context.module(), state);
+  }
+}
+
+template <Engine E>
+tensor_state strategy_state(E& engine, strategy_context& context) {
+  if constexpr (requires { engine.strategy_state(context); }) {
+    return engine.strategy_state(context);
+  } else {
+    return {};
+  }
+}
+
+// Throws std::invalid_argument for a non-empty state given to an engine that keeps none.
+void require_no_strategy_state(std::string_view engine_name, const tensor_state& state);
+
+template <Engine E>
+void load_strategy_state(E& engine, strategy_context& context, const tensor_state& state) {
+  if constexpr (requires { engine.load_strategy_state(context, state); }) {
+    engine.load_strategy_state(context, state);
+  } else {
+    require_no_strategy_state(E::name, state);
+  }
+}
+
+}  // namespace hooks
+}  // namespace loom
