@@ -11,6 +11,7 @@
 #include "models/tiny_gpt.hpp"
 
 #include <loom/loom.hpp>
+#include <loom/runtime/text.hpp>
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <fmt/core.h>
@@ -289,8 +290,9 @@ void pretrain(const loom::runtime& rt, const options& opts, const corpus_files& 
   const auto plan = loom::model<models::TinyGpt>(model_config) | loom::seeded(model_seed) | loom::ddp();
   auto job = loom::build(plan, rt);
   const auto tokens = load_tokens(corpus.pretrain);
-  say(rt, "== phase 1: pretraining on {} texts in {} ({} characters), {} rank(s)\n{}\n", corpus.pretrain.size(),
-      licence_folder.string(), tokens.numel(), rt.world_size(), job.describe());
+  say(rt, "== phase 1: pretraining on {} in {} ({} characters), {}\n{}\n",
+      loom::counted(static_cast<std::int64_t>(corpus.pretrain.size()), "text"), licence_folder.string(),
+      tokens.numel(), loom::counted(rt.world_size(), "rank"), job.describe());
 
   train(job, {.name = "pretrain", .steps = opts.steps_pretrain, .learning_rate = 2e-3, .data_seed = 1000}, tokens);
   print_sample(job, "after pretraining");

@@ -9,6 +9,9 @@
 // docs/dsl.md lists the stages and their options, docs/rules.md the rules.
 #pragma once
 
+// First, so that a rule's diagnostic reaches the table in one include step (docs/rules.md's budget).
+#include <loom/dsl/rule_table.hpp>
+
 #include <loom/dsl/describe.hpp>
 #include <loom/dsl/diagnostics.hpp>
 #include <loom/dsl/lora.hpp>

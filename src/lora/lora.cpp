@@ -1,5 +1,7 @@
 #include <loom/lora/lora.hpp>
 
+#include <loom/dsl/describe.hpp>
+
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 #include <range/v3/view/take.hpp>
@@ -14,13 +16,6 @@ namespace loom {
 namespace {
 
 constexpr std::size_t listed_names = 12;
-
-std::string describe_targets(const target_list& targets) {
-  auto texts = targets | ranges::views::transform([](const target& t) {
-                 return t.kind == target_kind::pattern ? fmt::format("pattern(\"{}\")", t.text) : std::string(t.text);
-               });
-  return fmt::format("[{}]", fmt::join(texts, ", "));
-}
 
 // Up to a dozen names, then how many more.
 std::string some_of(const std::vector<std::string>& names) {
@@ -61,8 +56,8 @@ bool matches_any(const target_list& targets, std::string_view name) {
   return false;
 }
 
-lora_layers lora_layers::inject(torch::nn::Module& root, const lora_stage& spec) {
-  const nn::lora_adapter_options adapter{spec.rank(), spec.scaling(), spec.dropout()};
+lora_layers lora_layers::inject(torch::nn::Module& root, std::string_view model_name, const lora_stage& spec) {
+  const lora_adapter_options adapter{spec.rank(), spec.scaling(), spec.dropout()};
   lora_layers layers;
   for (const auto& item : root.named_modules("", /*include_self=*/false)) {
     const std::string& name = item.key();
@@ -79,10 +74,8 @@ lora_layers lora_layers::inject(torch::nn::Module& root, const lora_stage& spec)
             "with loom::nn::Linear, or set dropout to 0",
             spec.dropout(), name));
       }
-      auto lora_A = plain->register_parameter("lora_A", torch::empty({spec.rank(), plain->options.in_features()}));
-      auto lora_B = plain->register_parameter("lora_B", torch::zeros({plain->options.out_features(), spec.rank()}));
-      torch::nn::init::kaiming_uniform_(lora_A, std::sqrt(5));
-      layers.fallback_.push_back({plain, plain->weight, lora_A, lora_B, spec.scaling()});
+      auto added = lora_adapter::attach(*plain, plain->options.in_features(), plain->options.out_features(), adapter);
+      layers.fallback_.push_back({plain, plain->weight, std::move(added)});
     } else {
       throw std::invalid_argument(fmt::format(
           "loom: lora target selects '{}', a {}, which is not a linear layer: LoRA adapts torch::nn::Linear "
@@ -95,7 +88,7 @@ lora_layers lora_layers::inject(torch::nn::Module& root, const lora_stage& spec)
     throw std::invalid_argument(fmt::format(
         "loom: lora(targets={}) matched no layer of {}; its linear layers are: {}. Name one of them, the "
         "end of its dotted name (e.g. 'q_proj'), or a loom::pattern(\"regex\")",
-        describe_targets(spec.targets()), root.name(), some_of(linear_layer_names(root))));
+        detail::to_text(spec.targets()), model_name, some_of(linear_layer_names(root))));
   }
   return layers;
 }
@@ -103,7 +96,7 @@ lora_layers lora_layers::inject(torch::nn::Module& root, const lora_stage& spec)
 lora_layers::forward_guard::forward_guard(lora_layers& layers) : layers_(layers) {
   if (layers_.merged_) return;
   for (fallback_layer& f : layers_.fallback_) {
-    f.layer->weight = at::addmm(f.base_weight, f.lora_B, f.lora_A, /*beta=*/1, /*alpha=*/f.scaling);
+    f.layer->weight = f.adapter.effective_weight(f.base_weight);
   }
 }
 
@@ -113,26 +106,22 @@ lora_layers::forward_guard::~forward_guard() {
 
 void lora_layers::merge() {
   if (merged_) return;
-  torch::NoGradGuard no_grad;
   for (auto& layer : fast_) layer->merge();
-  for (fallback_layer& f : fallback_) f.base_weight.add_(f.lora_B.mm(f.lora_A), f.scaling);
+  for (fallback_layer& f : fallback_) f.adapter.merge_into(f.base_weight);
   merged_ = true;
 }
 
 void lora_layers::unmerge() {
   if (!merged_) return;
-  torch::NoGradGuard no_grad;
   for (auto& layer : fast_) layer->unmerge();
-  for (fallback_layer& f : fallback_) f.base_weight.sub_(f.lora_B.mm(f.lora_A), f.scaling);
+  for (fallback_layer& f : fallback_) f.adapter.unmerge_from(f.base_weight);
   merged_ = false;
 }
 
-void set_trainable(torch::nn::Module& root, bool has_lora, const target_list& patterns) {
+void set_trainable(torch::nn::Module& root, std::string_view model_name, bool has_lora, const target_list& patterns) {
   if (has_lora) {
     for (const auto& item : root.named_parameters()) {
-      const std::string& name = item.key();
-      const bool adapter = name.ends_with("lora_A") || name.ends_with("lora_B");
-      item.value().set_requires_grad(adapter);
+      item.value().set_requires_grad(lora_adapter::is_adapter_parameter(item.key()));
     }
   }
   for (const target& pattern : patterns) {
@@ -152,7 +141,7 @@ void set_trainable(torch::nn::Module& root, bool has_lora, const target_list& pa
       for (const auto& module : root.named_modules("", false)) names.push_back(module.key());
       throw std::invalid_argument(fmt::format(
           "loom: trainable pattern '{}' selects no module or parameter of {}; its modules are: {}",
-          pattern.text, root.name(), some_of(names)));
+          pattern.text, model_name, some_of(names)));
     }
   }
 }

@@ -1,11 +1,11 @@
 #include <loom/nn/linear.hpp>
 
-#include <torch/nn/functional/dropout.h>
 #include <torch/nn/functional/linear.h>
 #include <torch/nn/init.h>
 
 #include <cmath>
 #include <stdexcept>
+#include <utility>
 
 namespace loom::nn {
 
@@ -42,34 +42,25 @@ void LinearImpl::pretty_print(std::ostream& stream) const {
 at::Tensor LinearImpl::forward(const at::Tensor& input) {
   at::Tensor output = torch::nn::functional::linear(input, weight, bias);
   if (!adapter_ || merged_) return output;
-  at::Tensor adapter_input = input;
-  if (adapter_->dropout > 0) {
-    adapter_input = torch::nn::functional::dropout(
-        input, torch::nn::functional::DropoutFuncOptions().p(adapter_->dropout).training(is_training()));
-  }
-  at::Tensor update = torch::nn::functional::linear(torch::nn::functional::linear(adapter_input, lora_A), lora_B);
-  return output.add_(update, adapter_->scaling);
+  return adapter_->add_update(std::move(output), input, is_training());
 }
 
-void LinearImpl::add_adapter(const lora_adapter_options& adapter) {
+void LinearImpl::add_adapter(const lora_adapter_options& options) {
   if (adapter_) throw std::logic_error("loom::nn::Linear already has a LoRA adapter");
-  lora_A = register_parameter("lora_A", torch::empty({adapter.rank, options.in_features()}));
-  lora_B = register_parameter("lora_B", torch::zeros({options.out_features(), adapter.rank}));
-  torch::nn::init::kaiming_uniform_(lora_A, std::sqrt(5));
-  adapter_ = adapter;
+  adapter_ = lora_adapter::attach(*this, this->options.in_features(), this->options.out_features(), options);
+  lora_A = adapter_->lora_A;
+  lora_B = adapter_->lora_B;
 }
 
 void LinearImpl::merge() {
   if (!adapter_ || merged_) return;
-  torch::NoGradGuard no_grad;
-  weight.add_(lora_B.mm(lora_A), adapter_->scaling);
+  adapter_->merge_into(weight);
   merged_ = true;
 }
 
 void LinearImpl::unmerge() {
   if (!adapter_ || !merged_) return;
-  torch::NoGradGuard no_grad;
-  weight.sub_(lora_B.mm(lora_A), adapter_->scaling);
+  adapter_->unmerge_from(weight);
   merged_ = false;
 }
 

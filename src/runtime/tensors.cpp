@@ -17,9 +17,9 @@ std::int64_t tensor_spec::bytes() const noexcept {
   return numel() * static_cast<std::int64_t>(c10::elementSize(dtype));
 }
 
-std::string tensor_spec::to_string() const {
-  return fmt::format("{} {}[{}]", name, c10::toString(dtype), fmt::join(shape, ","));
-}
+std::string tensor_spec::layout() const { return fmt::format("{}[{}]", c10::toString(dtype), fmt::join(shape, ",")); }
+
+std::string tensor_spec::to_string() const { return name + ' ' + layout(); }
 
 tensor_spec named_tensor::spec() const { return {name, tensor.sizes().vec(), tensor.scalar_type()}; }
 

@@ -1,6 +1,6 @@
 // expect: loom R1: the plan has no model
 // build() given a partial pipeline: it has no model yet.
-#include <loom/job/build.hpp>
+#include <loom/loom.hpp>
 
 struct Net : torch::nn::Module {};
 

@@ -1,6 +1,6 @@
 // expect: loom R7: model<M>\(\.\.\.\) needs a LibTorch module
 // A class that is not a LibTorch module reaches build(): checked where the plan meets LibTorch.
-#include <loom/job/build.hpp>
+#include <loom/loom.hpp>
 
 #include <string>
 

@@ -1,6 +1,6 @@
 // expect: loom R7: M cannot be constructed from the arguments given to model<M>
 // The model's constructor does not take what model<M>(...) was given.
-#include <loom/job/build.hpp>
+#include <loom/loom.hpp>
 
 struct Net : torch::nn::Module {
   explicit Net(int width) : width(width) {}

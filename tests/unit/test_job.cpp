@@ -241,3 +241,38 @@ TEST_CASE("the job trains: loss goes down with the optimizer over trainable_para
   }
   CHECK(last < first);
 }
+
+TEST_CASE("describe() counts in one voice and spells the model's type as the plan does", "[job]") {
+  auto job = loom::build(loom::model<Gpt<loom::nn::Linear>>(small) | loom::seeded(1) | loom::lora(4, {"head"}), one());
+  const std::string text = job.describe();
+  CHECK_THAT(text, ContainsSubstring("model<models::BasicTinyGpt<loom::nn::Linear>>(1 arg)") &&
+                       ContainsSubstring("build: models::BasicTinyGpt<loom::nn::Linear> on 1 rank"));
+  CHECK_THAT(text, ContainsSubstring("on 1 rank, device cpu"));
+  CHECK_THAT(text, ContainsSubstring("lora adapted 1 layer (1 on"));
+  CHECK_THAT(text, ContainsSubstring("trainable (2 tensors)"));
+}
+
+TEST_CASE("state_dict() holds every parameter and buffer; load_state_dict() restores them and names a mismatch",
+          "[job][state]") {
+  auto a = loom::build(loom::model<Gpt<loom::nn::Linear>>(small) | loom::seeded(1) | loom::lora(4), one());
+  auto b = loom::build(loom::model<Gpt<loom::nn::Linear>>(small) | loom::seeded(2) | loom::lora(4), one());
+  randomise_adapters(a.module());
+  const loom::tensor_state state = a.state_dict();
+  const auto expected = a.module().named_parameters().size() + a.module().named_buffers().size();
+  CHECK(state.size() == expected);
+  CHECK(state.front().name == "tok.weight");
+
+  b.load_state_dict(state);
+  auto [x, y] = tokens(6);
+  CHECK(torch::equal(b.forward(x, y), a.forward(x, y)));
+
+  loom::tensor_state missing(state.begin() + 1, state.end());
+  CHECK_THROWS_WITH(b.load_state_dict(missing), ContainsSubstring("the state has no tensor 'tok.weight'"));
+  loom::tensor_state reshaped = state;
+  reshaped.front().tensor = reshaped.front().tensor.reshape({-1});
+  CHECK_THROWS_WITH(b.load_state_dict(reshaped),
+                    ContainsSubstring("'tok.weight' is Float[512] in the state but Float[32,16] in the module"));
+  loom::tensor_state extra = state;
+  extra.push_back({"extra.weight", at::zeros({1})});
+  CHECK_THROWS_WITH(b.load_state_dict(extra), ContainsSubstring("a tensor 'extra.weight' that the module lacks"));
+}

@@ -2,6 +2,7 @@
 // at run time, as a loom::plan_error carrying the same sentence.
 #pragma once
 
+#include <loom/dsl/rule_table.hpp>
 #include <loom/dsl/violation.hpp>
 
 #include <cstddef>
@@ -40,25 +41,13 @@ template <fixed_string Sentence>
   throw plan_error(v);
 }
 
-// Fails when v is a violation: a compile error inside a constant evaluation (consteval stage
-// functions), a plan_error otherwise. Value rules get a case each so their sentence shows up while
-// compiling; rules on stage order are diagnosed by static_assert in operator| instead.
+// Fails when v is a violation: a compile error inside a constant evaluation (the consteval stage
+// functions), a plan_error otherwise. A case per row of the rule table, so that the error shows
+// v's own sentence.
 constexpr void enforce(violation v) {
   switch (v) {
     case violation::none: return;
-    case violation::r5_rank_not_positive: report_error<LOOM_R5_RANK_NOT_POSITIVE>(v);
-    case violation::r5_alpha_not_positive: report_error<LOOM_R5_ALPHA_NOT_POSITIVE>(v);
-    case violation::r5_dropout_out_of_range: report_error<LOOM_R5_DROPOUT_OUT_OF_RANGE>(v);
-    case violation::r5_no_targets: report_error<LOOM_R5_NO_TARGETS>(v);
-    case violation::r5_empty_target: report_error<LOOM_R5_EMPTY_TARGET>(v);
-    case violation::r5_duplicate_target: report_error<LOOM_R5_DUPLICATE_TARGET>(v);
-    case violation::r5_empty_exclude: report_error<LOOM_R5_EMPTY_EXCLUDE>(v);
-    case violation::r5_duplicate_exclude: report_error<LOOM_R5_DUPLICATE_EXCLUDE>(v);
-    case violation::r11_no_patterns: report_error<LOOM_R11_NO_PATTERNS>(v);
-    case violation::r11_empty_pattern: report_error<LOOM_R11_EMPTY_PATTERN>(v);
-    case violation::r11_duplicate_pattern: report_error<LOOM_R11_DUPLICATE_PATTERN>(v);
-    case violation::r12_too_many_targets: report_error<LOOM_R12_TOO_MANY_TARGETS>(v);
-    default: throw plan_error(v);
+    LOOM_RULES(LOOM_DETAIL_REPORT_CASE)
   }
 }
 

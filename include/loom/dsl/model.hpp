@@ -4,8 +4,9 @@
 #include <loom/dsl/describe.hpp>
 #include <loom/dsl/pipe.hpp>
 #include <loom/dsl/plan.hpp>
-#include <loom/dsl/sentences.hpp>
+#include <loom/dsl/rule_table.hpp>
 #include <loom/dsl/stage_kind.hpp>
+#include <loom/dsl/violation.hpp>
 
 #include <string>
 #include <tuple>
@@ -35,7 +36,7 @@ struct model_stage : detail::pipeable {
 // the plan meets LibTorch.
 template <class M, class... Args>
 constexpr plan<model_stage<M, std::decay_t<Args>...>> model(Args&&... args) {
-  static_assert(std::is_class_v<M>, LOOM_R7_MODEL_NOT_CLASS);
+  LOOM_STATIC_CHECK(std::is_class_v<M> ? violation::none : violation::r7_model_not_class);
   return plan<model_stage<M, std::decay_t<Args>...>>(
       std::tuple(model_stage<M, std::decay_t<Args>...>(std::tuple<std::decay_t<Args>...>(std::forward<Args>(args)...))));
 }

@@ -2,8 +2,8 @@
 // plan. Every composition runs the order rules; a broken one fails right at the |.
 #pragma once
 
+#include <loom/dsl/rule_table.hpp>
 #include <loom/dsl/rules.hpp>
-#include <loom/dsl/sentences.hpp>
 #include <loom/dsl/stage_kind.hpp>
 #include <loom/dsl/violation.hpp>
 
@@ -87,23 +87,8 @@ struct pipeable {
   template <pipeline_part Lhs, pipeline_part Rhs>
   friend constexpr auto operator|(const Lhs& lhs, const Rhs& rhs) {
     joined_stages<Lhs, Rhs> stages = std::tuple_cat(stages_of(lhs), stages_of(rhs));
-    constexpr violation v = violation_in<joined_stages<Lhs, Rhs>>;
-    // One assertion per order rule, so the compiler prints that rule's sentence and nothing else.
-    static_assert(v != violation::r1_model_not_first, LOOM_R1_MODEL_NOT_FIRST);
-    static_assert(v != violation::r1_two_models, LOOM_R1_TWO_MODELS);
-    static_assert(v != violation::r2_two_strategies, LOOM_R2_TWO_STRATEGIES);
-    static_assert(v != violation::r2_seeded_after_strategy, LOOM_R2_SEEDED_AFTER_STRATEGY);
-    static_assert(v != violation::r3_lora_after_ddp, LOOM_R3_LORA_AFTER_DDP);
-    static_assert(v != violation::r3_lora_after_fsdp, LOOM_R3_LORA_AFTER_FSDP);
-    static_assert(v != violation::r3_lora_after_strategy, LOOM_R3_LORA_AFTER_STRATEGY);
-    static_assert(v != violation::r3_trainable_after_ddp, LOOM_R3_TRAINABLE_AFTER_DDP);
-    static_assert(v != violation::r3_trainable_after_fsdp, LOOM_R3_TRAINABLE_AFTER_FSDP);
-    static_assert(v != violation::r3_trainable_after_strategy, LOOM_R3_TRAINABLE_AFTER_STRATEGY);
-    static_assert(v != violation::r4_seeded_twice, LOOM_R4_SEEDED_TWICE);
-    static_assert(v != violation::r4_seeded_not_after_model, LOOM_R4_SEEDED_NOT_AFTER_MODEL);
-    static_assert(v != violation::r6_two_loras, LOOM_R6_TWO_LORAS);
-    static_assert(v != violation::r9_trainable_without_lora, LOOM_R9_TRAINABLE_WITHOUT_LORA);
-    static_assert(v != violation::r10_trainable_twice, LOOM_R10_TRAINABLE_TWICE);
+    // A broken order rule stops the build here, at the |, with its sentence.
+    LOOM_STATIC_CHECK(violation_in<joined_stages<Lhs, Rhs>>);
     return make_pipeline(std::move(stages));
   }
 
@@ -111,7 +96,7 @@ struct pipeable {
   template <pipeline_part Lhs, class Rhs>
     requires(!pipeline_part<Rhs>)
   friend constexpr Lhs operator|(const Lhs& lhs, const Rhs&) {
-    static_assert(dependent_false<Rhs>, LOOM_R13_NOT_A_STAGE);
+    LOOM_STATIC_CHECK(dependent_false<Rhs> ? violation::none : violation::r13_not_a_stage);
     return lhs;
   }
 };

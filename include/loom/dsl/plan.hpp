@@ -4,12 +4,13 @@
 
 #include <loom/dsl/lora.hpp>
 #include <loom/dsl/pipe.hpp>
+#include <loom/dsl/rule_table.hpp>
 #include <loom/dsl/seeded.hpp>
-#include <loom/dsl/sentences.hpp>
 #include <loom/dsl/stage_kind.hpp>
 #include <loom/dsl/strategies.hpp>
 #include <loom/dsl/targets.hpp>
 #include <loom/dsl/trainable.hpp>
+#include <loom/dsl/violation.hpp>
 
 #include <array>
 #include <cstddef>
@@ -128,7 +129,7 @@ inline constexpr bool has_strategy = std::remove_cvref_t<P>::strategy_index != s
 // R1 for functions that take a plan (loom::build): a closure or another type gets the sentence.
 template <class P>
 consteval void require_plan() {
-  static_assert(is_plan<std::remove_cvref_t<P>>, LOOM_R1_NO_MODEL);
+  LOOM_STATIC_CHECK(is_plan<std::remove_cvref_t<P>> ? violation::none : violation::r1_no_model);
 }
 
 }  // namespace loom

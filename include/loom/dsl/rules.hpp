@@ -4,6 +4,7 @@
 #pragma once
 
 #include <loom/dsl/diagnostics.hpp>
+#include <loom/dsl/rule_table.hpp>
 #include <loom/dsl/stage_kind.hpp>
 #include <loom/dsl/violation.hpp>
 
@@ -13,20 +14,16 @@
 namespace loom {
 namespace detail {
 
-constexpr violation lora_after(stage_kind strategy) noexcept {
-  switch (strategy) {
-    case stage_kind::ddp: return violation::r3_lora_after_ddp;
-    case stage_kind::fsdp: return violation::r3_lora_after_fsdp;
-    default: return violation::r3_lora_after_strategy;
-  }
-}
-
-constexpr violation trainable_after(stage_kind strategy) noexcept {
-  switch (strategy) {
-    case stage_kind::ddp: return violation::r3_trainable_after_ddp;
-    case stage_kind::fsdp: return violation::r3_trainable_after_fsdp;
-    default: return violation::r3_trainable_after_strategy;
-  }
+// R3's code for `stage` (lora or trainable) after `strategy`: the strategy's own sentence when the
+// rule table gives it one (LOOM_R3_STRATEGIES), the general one otherwise.
+constexpr violation too_late(stage_kind stage, stage_kind strategy) noexcept {
+  const bool lora = stage == stage_kind::lora;
+#define LOOM_DETAIL_R3_CODE(name, why, ...) \
+  if (strategy == stage_kind::name)         \
+    return lora ? violation::r3_lora_after_##name : violation::r3_trainable_after_##name;
+  LOOM_R3_STRATEGIES(LOOM_DETAIL_R3_CODE)
+#undef LOOM_DETAIL_R3_CODE
+  return lora ? violation::r3_lora_after_strategy : violation::r3_trainable_after_strategy;
 }
 
 enum class pipeline_shape : bool {
@@ -53,8 +50,7 @@ constexpr violation scan(std::span<const stage_kind> stages, pipeline_shape shap
       return shape == pipeline_shape::plan ? violation::r1_two_models : violation::r1_model_not_first;
     if (has_strategy) {
       if (is_strategy(k)) return violation::r2_two_strategies;
-      if (k == stage_kind::lora) return lora_after(strategy);
-      if (k == stage_kind::trainable) return trainable_after(strategy);
+      if (k == stage_kind::lora || k == stage_kind::trainable) return too_late(k, strategy);
       return violation::r2_seeded_after_strategy;
     }
     switch (k) {

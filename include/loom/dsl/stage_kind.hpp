@@ -5,6 +5,8 @@
 
 namespace loom {
 
+// The strategies come last, from local on, so that is_strategy is one comparison: a new strategy is
+// an enumerator at the end and its name_of case.
 enum class stage_kind : unsigned char {
   model,
   seeded,
@@ -16,10 +18,7 @@ enum class stage_kind : unsigned char {
   custom_strategy,  // loom::strategy(S{...})
 };
 
-constexpr bool is_strategy(stage_kind k) noexcept {
-  return k == stage_kind::local || k == stage_kind::ddp || k == stage_kind::fsdp ||
-         k == stage_kind::custom_strategy;
-}
+constexpr bool is_strategy(stage_kind k) noexcept { return k >= stage_kind::local; }
 
 // The stage function's name, as a plan read from a file would spell it.
 constexpr std::string_view name_of(stage_kind k) noexcept {

@@ -3,7 +3,7 @@
 
 #include <loom/dsl/describe.hpp>
 #include <loom/dsl/pipe.hpp>
-#include <loom/dsl/sentences.hpp>
+#include <loom/dsl/rule_table.hpp>
 #include <loom/dsl/stage_kind.hpp>
 #include <loom/dsl/strategies.hpp>
 

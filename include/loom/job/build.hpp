@@ -9,13 +9,6 @@
 #include <tuple>
 #include <type_traits>
 
-// R7, checked where the plan meets LibTorch.
-#define LOOM_R7_NOT_A_MODULE                                                                          \
-  "loom R7: model<M>(...) needs a LibTorch module: M must derive from torch::nn::Module or be a " \
-  "ModuleHolder made by TORCH_MODULE(...)"
-#define LOOM_R7_NOT_CONSTRUCTIBLE \
-  "loom R7: M cannot be constructed from the arguments given to model<M>(...): pass what M's constructor takes"
-
 namespace loom {
 
 namespace detail {
@@ -44,10 +37,11 @@ auto build_checked(const Plan& plan, runtime rt) {
   auto model = std::apply([](const auto&... args) { return module_storage<M>::make(args...); }, plan.model_args());
   auto base = model.base();
   std::optional<lora_layers> lora;
-  if (auto spec = plan.lora()) lora = lora_layers::inject(*base, *spec);
+  constexpr std::string_view model_name = type_name<M>();
+  if (auto spec = plan.lora()) lora = lora_layers::inject(*base, model_name, *spec);
   fork.reset();
 
-  set_trainable(*base, lora.has_value(), plan.trainable_patterns());
+  set_trainable(*base, model_name, lora.has_value(), plan.trainable_patterns());
   base->to(rt.device());
   if (auto seed = plan.seed()) {
     verify_identical_replicas(rt, *base, *seed);

@@ -1,10 +1,11 @@
 #pragma once
-// LoRA adapters injected into a built module (DESIGN.md §3): which layers a lora(...) stage adapts,
-// the two paths (loom::nn::Linear's unmerged fast path, torch::nn::Linear's effective-weight
-// fallback), freezing, merge and unmerge.
+// LoRA adapters injected into a built module (docs/dsl.md): which layers a lora(...) stage adapts,
+// on two paths that share one adapter (loom/lora/adapter.hpp): loom::nn::Linear's unmerged fast
+// path and torch::nn::Linear's effective-weight fallback; freezing, merge and unmerge.
 
 #include <loom/dsl/lora.hpp>
 #include <loom/dsl/targets.hpp>
+#include <loom/lora/adapter.hpp>
 #include <loom/nn/linear.hpp>
 
 #include <torch/nn/module.h>
@@ -29,7 +30,8 @@ class lora_layers {
   // Adapts every linear layer under `root` that a target of `spec` selects and no exclusion does,
   // drawing A from the current default generator (the forked one under seeded). Throws
   // std::invalid_argument when nothing matches or a target selects a module that is not linear.
-  static lora_layers inject(torch::nn::Module& root, const lora_stage& spec);
+  // `model_name` names the model in errors.
+  static lora_layers inject(torch::nn::Module& root, std::string_view model_name, const lora_stage& spec);
 
   [[nodiscard]] std::size_t fast_path_count() const noexcept { return fast_.size(); }
   [[nodiscard]] std::size_t fallback_count() const noexcept { return fallback_.size(); }
@@ -56,9 +58,7 @@ class lora_layers {
   struct fallback_layer {
     std::shared_ptr<torch::nn::LinearImpl> layer;
     at::Tensor base_weight;  // the registered parameter; layer->weight points elsewhere in forward
-    at::Tensor lora_A;
-    at::Tensor lora_B;
-    double scaling;
+    lora_adapter adapter;
   };
 
   std::vector<std::string> adapted_;
@@ -69,6 +69,6 @@ class lora_layers {
 
 // requires_grad: with LoRA, only the adapters; plus every parameter under a module (or with a name)
 // that `patterns` selects. Throws std::invalid_argument for a pattern that selects nothing.
-void set_trainable(torch::nn::Module& root, bool has_lora, const target_list& patterns);
+void set_trainable(torch::nn::Module& root, std::string_view model_name, bool has_lora, const target_list& patterns);
 
 }  // namespace loom

@@ -3,6 +3,8 @@
 // and results) that can carry a LoRA adapter on the fast unmerged path
 //   y = base(x) + scaling · B(A(dropout(x))).
 
+#include <loom/lora/adapter.hpp>
+
 #include <torch/nn/cloneable.h>
 #include <torch/nn/options/linear.h>
 #include <torch/nn/pimpl.h>
@@ -10,12 +12,6 @@
 #include <optional>
 
 namespace loom::nn {
-
-struct lora_adapter_options {
-  std::int64_t rank;
-  double scaling;  // alpha / rank
-  double dropout;  // on the adapter branch's input only
-};
 
 class LinearImpl : public torch::nn::Cloneable<LinearImpl> {
  public:
@@ -29,11 +25,10 @@ class LinearImpl : public torch::nn::Cloneable<LinearImpl> {
 
   at::Tensor forward(const at::Tensor& input);
 
-  // Registers lora_A (rank × in, kaiming-uniform with a = √5, from the current default generator)
-  // and lora_B (out × rank, zeros), so the output is unchanged until B is trained.
-  void add_adapter(const lora_adapter_options& adapter);
+  // Registers lora_A and lora_B (loom/lora/adapter.hpp), so the output is unchanged until B is trained.
+  void add_adapter(const lora_adapter_options& options);
   [[nodiscard]] bool has_adapter() const noexcept { return adapter_.has_value(); }
-  [[nodiscard]] const std::optional<lora_adapter_options>& adapter() const noexcept { return adapter_; }
+  [[nodiscard]] const std::optional<lora_adapter>& adapter() const noexcept { return adapter_; }
 
   // Folds scaling · B·A into weight (forward then runs the base alone), and takes it out again.
   void merge();
@@ -47,7 +42,7 @@ class LinearImpl : public torch::nn::Cloneable<LinearImpl> {
   at::Tensor lora_B;
 
  private:
-  std::optional<lora_adapter_options> adapter_;
+  std::optional<lora_adapter> adapter_;
   bool merged_ = false;
 };
 

@@ -22,6 +22,8 @@ struct tensor_spec {
 
   [[nodiscard]] std::int64_t numel() const noexcept;
   [[nodiscard]] std::int64_t bytes() const noexcept;
+  // "Float[8,8]"
+  [[nodiscard]] std::string layout() const;
   // "name Float[8,8]"
   [[nodiscard]] std::string to_string() const;
 };
