@@ -225,8 +225,7 @@ run_result train(Job& job, const bench_options& options) {
 
   std::int64_t trainable = 0;
   for (const at::Tensor& p : params) trainable += p.numel();
-  const rank_figures figures{median(step_ms), static_cast<double>(state_bytes(job.module(), optimizer)),
-                             peak_rss_mb()};
+  const rank_figures figures{median(step_ms), static_cast<double>(state_bytes(job.module(), optimizer)), peak_rss_mb()};
   return {figures, final_loss, trainable, batch};
 }
 
@@ -243,7 +242,8 @@ void run_workload(const bench_options& options) {
   const auto gpt = loom::model<models::TinyGpt>(models::tiny_gpt_config{}) | loom::seeded(1234);
   const auto adapters = loom::lora(8, {"q_proj", "k_proj", "v_proj", "o_proj"});
   const std::string_view name = options.workload;
-  if (name == "mlp-ddp") return run<mlp_workload>(loom::model<models::Mlp>() | loom::seeded(1234) | loom::ddp(), options);
+  if (name == "mlp-ddp")
+    return run<mlp_workload>(loom::model<models::Mlp>() | loom::seeded(1234) | loom::ddp(), options);
   if (name == "gpt-local") return run<gpt_workload>(gpt | loom::local(), options);
   if (name == "gpt-ddp") return run<gpt_workload>(gpt | loom::ddp(), options);
   if (name == "gpt-lora-local") return run<gpt_workload>(gpt | adapters | loom::local(), options);

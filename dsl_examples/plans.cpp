@@ -30,10 +30,9 @@ constexpr auto seeded = loom::model<TinyGpt>(gpt_config{}) | loom::seeded(42);
 constexpr auto lora_defaults = loom::model<TinyGpt>(gpt_config{}) | loom::seeded(42) | loom::lora(8);
 
 // lora(rank, targets, options): names, a regex, a fractional alpha, dropout, exclusions.
-constexpr auto lora_tuned =
-    loom::model<TinyGpt>(gpt_config{}) | loom::seeded(42) |
-    loom::lora(16, {"q_proj", "v_proj", loom::pattern(R"(blocks\.\d+\.mlp\.fc1)")},
-               {.alpha = 8.5, .dropout = 0.05, .exclude = {"blocks.0.attn.q_proj"}});
+constexpr auto lora_tuned = loom::model<TinyGpt>(gpt_config{}) | loom::seeded(42) |
+                            loom::lora(16, {"q_proj", "v_proj", loom::pattern(R"(blocks\.\d+\.mlp\.fc1)")},
+                                       {.alpha = 8.5, .dropout = 0.05, .exclude = {"blocks.0.attn.q_proj"}});
 
 // trainable(patterns): train the norms and the head next to the adapters.
 constexpr auto lora_and_norms = loom::model<TinyGpt>(gpt_config{}) | loom::seeded(42) |
@@ -44,8 +43,8 @@ constexpr auto data_parallel = loom::model<TinyGpt>(gpt_config{}) | loom::seeded
                                loom::ddp({.bucket_cap_mb = 50, .static_graph = true});
 
 // fsdp(options): sharded parameters; LoRA adapters over the frozen base are replicated.
-constexpr auto sharded = loom::model<TinyGpt>(gpt_config{.layers = 24}) | loom::seeded(42) |
-                         loom::lora(16) | loom::fsdp({.reshard_after_forward = false});
+constexpr auto sharded = loom::model<TinyGpt>(gpt_config{.layers = 24}) | loom::seeded(42) | loom::lora(16) |
+                         loom::fsdp({.reshard_after_forward = false});
 
 // A partial pipeline is a value too: write the adapter setup once, pipe it into several models.
 constexpr auto adapters = loom::lora(8, {"q_proj", "v_proj"}) | loom::trainable({"norm"}) | loom::ddp();
@@ -66,8 +65,8 @@ struct every_nth_step {
 };
 static_assert(loom::Strategy<every_nth_step>);
 
-const auto custom = loom::model<TinyGpt>(gpt_config{}) | loom::seeded(42) | loom::lora(8) |
-                    loom::strategy(every_nth_step{.period = 8});
+const auto custom =
+    loom::model<TinyGpt>(gpt_config{}) | loom::seeded(42) | loom::lora(8) | loom::strategy(every_nth_step{.period = 8});
 
 }  // namespace recipes
 

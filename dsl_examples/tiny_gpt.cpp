@@ -127,8 +127,8 @@ corpus_files split_corpus(const fs::path& folder) {
   std::vector<fs::path> files = text_files(folder);
   if (files.size() < 2) {
     throw std::runtime_error("found " + std::to_string(files.size()) + " text file(s) in " + folder.string() +
-                             ": tiny-gpt needs two, one to pretrain on and one to adapt to (" +
-                             std::string(origin) + ")");
+                             ": tiny-gpt needs two, one to pretrain on and one to adapt to (" + std::string(origin) +
+                             ")");
   }
   auto held = std::ranges::find(files, preferred_held_apart, [](const fs::path& p) { return p.filename().string(); });
   if (held == files.end()) {
@@ -291,8 +291,8 @@ void pretrain(const loom::runtime& rt, const options& opts, const corpus_files& 
   auto job = loom::build(plan, rt);
   const auto tokens = load_tokens(corpus.pretrain);
   say(rt, "== phase 1: pretraining on {} in {} ({} characters), {}\n{}\n",
-      loom::counted(static_cast<std::int64_t>(corpus.pretrain.size()), "text"), licence_folder.string(),
-      tokens.numel(), loom::counted(rt.world_size(), "rank"), job.describe());
+      loom::counted(static_cast<std::int64_t>(corpus.pretrain.size()), "text"), licence_folder.string(), tokens.numel(),
+      loom::counted(rt.world_size(), "rank"), job.describe());
 
   train(job, {.name = "pretrain", .steps = opts.steps_pretrain, .learning_rate = 2e-3, .data_seed = 1000}, tokens);
   print_sample(job, "after pretraining");
@@ -308,8 +308,8 @@ void adapt(const loom::runtime& rt, const options& opts, const corpus_files& cor
                     loom::lora(8, {"q_proj", "v_proj"}) | loom::ddp();
   auto job = loom::build(plan, rt);
   const auto tokens = load_tokens({corpus.held_apart});
-  say(rt, "== phase 2: adapting to {} ({} characters), held apart from pretraining\n{}\n",
-      corpus.held_apart.string(), tokens.numel(), job.describe());
+  say(rt, "== phase 2: adapting to {} ({} characters), held apart from pretraining\n{}\n", corpus.held_apart.string(),
+      tokens.numel(), job.describe());
   print_sample(job, "before adapting (lora_B starts at zero: the pretrained model's sample)");
 
   train(job, {.name = "adapt", .steps = opts.steps_adapt, .learning_rate = 5e-3, .data_seed = 2000}, tokens);

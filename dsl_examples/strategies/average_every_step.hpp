@@ -19,7 +19,8 @@ struct average_every_step {
 
   void setup(loom::strategy_context& context) {
     for (const auto& p : context.trainable()) {
-      context.schedule().add({loom::collective_op::all_reduce, loom::step_phase::backward,
+      context.schedule().add({loom::collective_op::all_reduce,
+                              loom::step_phase::backward,
                               {{p.name, p.tensor.sizes().vec(), p.tensor.scalar_type()}}});
     }
   }

@@ -59,10 +59,11 @@ std::string job_core::describe() const {
   const runtime& rt = context_.rt();
   text += fmt::format("build: {} on {}, device {}\n", model_name_, counted(rt.world_size(), "rank"), rt.device().str());
   if (lora_) {
-    text += fmt::format("build: lora adapted {} ({} on the loom::nn::Linear fast path, {} on the torch::nn::Linear "
-                        "fallback)\n",
-                        counted(static_cast<std::int64_t>(lora_->adapted().size()), "layer"),
-                        lora_->fast_path_count(), lora_->fallback_count());
+    text += fmt::format(
+        "build: lora adapted {} ({} on the loom::nn::Linear fast path, {} on the torch::nn::Linear "
+        "fallback)\n",
+        counted(static_cast<std::int64_t>(lora_->adapted().size()), "layer"), lora_->fast_path_count(),
+        lora_->fallback_count());
   }
   text += fmt::format("build: {} of {} parameters trainable ({})\n", trainable, total,
                       counted(static_cast<std::int64_t>(context_.trainable().size()), "tensor"));

@@ -9,14 +9,14 @@ namespace loom::launcher {
 
 // How a rank ended: its exit code, or the signal that killed it.
 struct exit_status {
-    enum class kind { exited, killed };
-    kind how = kind::exited;
-    int value = 0;  // the exit code or the signal number
+  enum class kind { exited, killed };
+  kind how = kind::exited;
+  int value = 0;  // the exit code or the signal number
 
-    [[nodiscard]] static exit_status from(const siginfo_t& child_info);
-    [[nodiscard]] bool success() const { return how == kind::exited && value == 0; }
-    // "exited with code 3", "killed by signal 9 (SIGKILL)"
-    [[nodiscard]] std::string describe() const;
+  [[nodiscard]] static exit_status from(const siginfo_t& child_info);
+  [[nodiscard]] bool success() const { return how == kind::exited && value == 0; }
+  // "exited with code 3", "killed by signal 9 (SIGKILL)"
+  [[nodiscard]] std::string describe() const;
 };
 
 // "SIGTERM"; "signal 42" for one without a portable name.

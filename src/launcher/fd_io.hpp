@@ -7,8 +7,8 @@
 namespace loom::launcher {
 
 struct pipe_ends {
-    unique_fd read_end;
-    unique_fd write_end;
+  unique_fd read_end;
+  unique_fd write_end;
 };
 
 // Both ends close-on-exec, so no rank inherits another rank's pipe. Throws std::system_error.

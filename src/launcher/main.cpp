@@ -10,21 +10,21 @@
 #include <vector>
 
 int main(int argc, char** argv) {
-    using namespace loom::launcher;
-    const std::vector<std::string_view> args(argv + 1, argv + argc);
-    try {
-        const auto parsed = parse_command_line(args);
-        if (std::holds_alternative<help_requested>(parsed)) {
-            std::cout << usage_text();
-            return 0;
-        }
-        const auto& options = std::get<launch_options>(parsed);
-        return supervise(options, resolve_rendezvous(options));
-    } catch (const usage_error& error) {
-        std::cerr << error.what() << "\nrun 'loom-run --help' for usage\n";
-        return 2;
-    } catch (const std::exception& error) {
-        std::cerr << "loom-run: " << error.what() << '\n';
-        return 1;
+  using namespace loom::launcher;
+  const std::vector<std::string_view> args(argv + 1, argv + argc);
+  try {
+    const auto parsed = parse_command_line(args);
+    if (std::holds_alternative<help_requested>(parsed)) {
+      std::cout << usage_text();
+      return 0;
     }
+    const auto& options = std::get<launch_options>(parsed);
+    return supervise(options, resolve_rendezvous(options));
+  } catch (const usage_error& error) {
+    std::cerr << error.what() << "\nrun 'loom-run --help' for usage\n";
+    return 2;
+  } catch (const std::exception& error) {
+    std::cerr << "loom-run: " << error.what() << '\n';
+    return 1;
+  }
 }

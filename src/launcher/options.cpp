@@ -16,133 +16,131 @@ constexpr double max_grace_seconds = 86400;  // a day; also keeps the deadline a
 std::string text(std::string_view s) { return std::string{s}; }
 
 [[noreturn]] void reject(std::string_view flag, std::string_view form, std::string_view value) {
-    throw usage_error{"loom-run: " + text(flag) + " expects " + text(form) + ", got '" + text(value) +
-                      "'"};
+  throw usage_error{"loom-run: " + text(flag) + " expects " + text(form) + ", got '" + text(value) + "'"};
 }
 
 int parse_int(std::string_view flag, std::string_view form, std::string_view value, int min, int max) {
-    int parsed = 0;
-    const auto [end, error] = std::from_chars(value.data(), value.data() + value.size(), parsed);
-    if (error != std::errc{} || end != value.data() + value.size() || parsed < min || parsed > max)
-        reject(flag, form, value);
-    return parsed;
+  int parsed = 0;
+  const auto [end, error] = std::from_chars(value.data(), value.data() + value.size(), parsed);
+  if (error != std::errc{} || end != value.data() + value.size() || parsed < min || parsed > max)
+    reject(flag, form, value);
+  return parsed;
 }
 
 double parse_seconds(std::string_view flag, std::string_view form, std::string_view value) {
-    double parsed = 0;
-    const auto [end, error] = std::from_chars(value.data(), value.data() + value.size(), parsed);
-    const bool in_range = parsed >= 0 && parsed <= max_grace_seconds;  // false for NaN too
-    if (error != std::errc{} || end != value.data() + value.size() || !in_range) reject(flag, form, value);
-    return parsed;
+  double parsed = 0;
+  const auto [end, error] = std::from_chars(value.data(), value.data() + value.size(), parsed);
+  const bool in_range = parsed >= 0 && parsed <= max_grace_seconds;  // false for NaN too
+  if (error != std::errc{} || end != value.data() + value.size() || !in_range) reject(flag, form, value);
+  return parsed;
 }
 
 // A flag that takes a value, as `--flag VALUE` or `--flag=VALUE`.
 struct value_flag {
-    std::string_view name;  // canonical spelling, with dashes
-    std::string_view form;  // what the value must look like, for error messages
-    void (*apply)(launch_options&, std::string_view flag, std::string_view form, std::string_view value);
+  std::string_view name;  // canonical spelling, with dashes
+  std::string_view form;  // what the value must look like, for error messages
+  void (*apply)(launch_options&, std::string_view flag, std::string_view form, std::string_view value);
 };
 
 constexpr std::array value_flags{
     value_flag{"--nproc-per-node", "a positive integer N (ranks on this node, at most 1024)",
                [](launch_options& o, auto flag, auto form, auto value) {
-                   o.nproc_per_node = parse_int(flag, form, value, 1, max_ranks_per_node);
+                 o.nproc_per_node = parse_int(flag, form, value, 1, max_ranks_per_node);
                }},
     value_flag{"--nnodes", "a positive integer M (nodes in the job; elastic MIN:MAX is not supported)",
                [](launch_options& o, auto flag, auto form, auto value) {
-                   o.nnodes = parse_int(flag, form, value, 1, max_nodes);
+                 o.nnodes = parse_int(flag, form, value, 1, max_nodes);
                }},
     value_flag{"--node-rank", "an integer R with 0 <= R < --nnodes",
                [](launch_options& o, auto flag, auto form, auto value) {
-                   o.node_rank = parse_int(flag, form, value, 0, max_nodes - 1);
+                 o.node_rank = parse_int(flag, form, value, 0, max_nodes - 1);
                }},
     value_flag{"--master-addr", "a host name or IP address of node 0",
                [](launch_options& o, auto flag, auto form, auto value) {
-                   if (value.empty()) reject(flag, form, value);
-                   o.master_addr = text(value);
+                 if (value.empty()) reject(flag, form, value);
+                 o.master_addr = text(value);
                }},
     value_flag{"--master-port", "a port number in 1..65535",
                [](launch_options& o, auto flag, auto form, auto value) {
-                   o.master_port = parse_int(flag, form, value, 1, 65535);
+                 o.master_port = parse_int(flag, form, value, 1, 65535);
                }},
     value_flag{"--grace-s", "a number of seconds in 0..86400 (e.g. 10 or 0.5)",
                [](launch_options& o, auto flag, auto form, auto value) {
-                   o.grace_seconds = parse_seconds(flag, form, value);
+                 o.grace_seconds = parse_seconds(flag, form, value);
                }},
 };
 
 // torchrun accepts both spellings (--nproc-per-node, --nproc_per_node); so does loom-run.
 std::string canonical_flag(std::string_view written) {
-    std::string name{written};
-    std::replace(name.begin() + 2, name.end(), '_', '-');
-    return name;
+  std::string name{written};
+  std::replace(name.begin() + 2, name.end(), '_', '-');
+  return name;
 }
 
 void check_consistency(const launch_options& options, bool standalone) {
-    if (options.program.empty())
-        throw usage_error{"loom-run: no program given; usage: loom-run [flags] [--] PROGRAM [ARGS...]"};
-    if (options.node_rank >= options.nnodes)
-        throw usage_error{"loom-run: --node-rank expects an integer R with 0 <= R < --nnodes (" +
-                          std::to_string(options.nnodes) + "), got '" + std::to_string(options.node_rank) +
-                          "'"};
-    if (standalone && options.nnodes > 1)
-        throw usage_error{"loom-run: --standalone runs a single node; drop it or use --nnodes 1"};
-    if (options.nnodes > 1 && !options.master_addr)
-        throw usage_error{"loom-run: --nnodes " + std::to_string(options.nnodes) +
-                          " expects --master-addr HOST (node 0's address, reachable from every node)"};
+  if (options.program.empty())
+    throw usage_error{"loom-run: no program given; usage: loom-run [flags] [--] PROGRAM [ARGS...]"};
+  if (options.node_rank >= options.nnodes)
+    throw usage_error{"loom-run: --node-rank expects an integer R with 0 <= R < --nnodes (" +
+                      std::to_string(options.nnodes) + "), got '" + std::to_string(options.node_rank) + "'"};
+  if (standalone && options.nnodes > 1)
+    throw usage_error{"loom-run: --standalone runs a single node; drop it or use --nnodes 1"};
+  if (options.nnodes > 1 && !options.master_addr)
+    throw usage_error{"loom-run: --nnodes " + std::to_string(options.nnodes) +
+                      " expects --master-addr HOST (node 0's address, reachable from every node)"};
 }
 
 }  // namespace
 
 std::variant<launch_options, help_requested> parse_command_line(std::span<const std::string_view> args) {
-    launch_options options;
-    bool standalone = false;
-    std::size_t i = 0;
-    for (; i < args.size(); ++i) {
-        const std::string_view arg = args[i];
-        if (arg == "--") {
-            ++i;
-            break;
-        }
-        if (!arg.starts_with('-') || arg == "-") break;  // the program: everything from here is its own
-        if (arg == "-h" || arg == "--help") return help_requested{};
-
-        const std::size_t equals = arg.find('=');
-        const std::string_view written = arg.substr(0, equals);
-        const std::string flag = arg.starts_with("--") ? canonical_flag(written) : std::string{written};
-
-        if (flag == "--no-prefix" || flag == "--standalone") {
-            if (equals != std::string_view::npos)
-                throw usage_error{"loom-run: " + flag + " takes no value, got '" + text(arg) + "'"};
-            if (flag == "--no-prefix")
-                options.prefix_output = false;
-            else
-                standalone = true;
-            continue;
-        }
-        const auto known = std::ranges::find(value_flags, flag, &value_flag::name);
-        if (known == value_flags.end())
-            throw usage_error{"loom-run: unknown flag '" + text(written) +
-                              "'; accepted: --nproc-per-node N, --nnodes M, --node-rank R, --master-addr A, "
-                              "--master-port P, --grace-s S, --no-prefix, --standalone, --help"};
-        std::string_view value;
-        if (equals != std::string_view::npos) {
-            value = arg.substr(equals + 1);
-        } else if (i + 1 < args.size() && !args[i + 1].starts_with("--")) {
-            value = args[++i];
-        } else {
-            throw usage_error{"loom-run: " + flag + " needs a value: " + text(known->form)};
-        }
-        known->apply(options, flag, known->form, value);
+  launch_options options;
+  bool standalone = false;
+  std::size_t i = 0;
+  for (; i < args.size(); ++i) {
+    const std::string_view arg = args[i];
+    if (arg == "--") {
+      ++i;
+      break;
     }
-    options.program.assign(args.begin() + static_cast<std::ptrdiff_t>(i), args.end());
-    check_consistency(options, standalone);
-    if (options.nnodes > 1 && !options.master_port) options.master_port = torchrun_default_port;
-    return options;
+    if (!arg.starts_with('-') || arg == "-") break;  // the program: everything from here is its own
+    if (arg == "-h" || arg == "--help") return help_requested{};
+
+    const std::size_t equals = arg.find('=');
+    const std::string_view written = arg.substr(0, equals);
+    const std::string flag = arg.starts_with("--") ? canonical_flag(written) : std::string{written};
+
+    if (flag == "--no-prefix" || flag == "--standalone") {
+      if (equals != std::string_view::npos)
+        throw usage_error{"loom-run: " + flag + " takes no value, got '" + text(arg) + "'"};
+      if (flag == "--no-prefix")
+        options.prefix_output = false;
+      else
+        standalone = true;
+      continue;
+    }
+    const auto known = std::ranges::find(value_flags, flag, &value_flag::name);
+    if (known == value_flags.end())
+      throw usage_error{"loom-run: unknown flag '" + text(written) +
+                        "'; accepted: --nproc-per-node N, --nnodes M, --node-rank R, --master-addr A, "
+                        "--master-port P, --grace-s S, --no-prefix, --standalone, --help"};
+    std::string_view value;
+    if (equals != std::string_view::npos) {
+      value = arg.substr(equals + 1);
+    } else if (i + 1 < args.size() && !args[i + 1].starts_with("--")) {
+      value = args[++i];
+    } else {
+      throw usage_error{"loom-run: " + flag + " needs a value: " + text(known->form)};
+    }
+    known->apply(options, flag, known->form, value);
+  }
+  options.program.assign(args.begin() + static_cast<std::ptrdiff_t>(i), args.end());
+  check_consistency(options, standalone);
+  if (options.nnodes > 1 && !options.master_port) options.master_port = torchrun_default_port;
+  return options;
 }
 
 std::string_view usage_text() {
-    return R"(usage: loom-run [flags] [--] PROGRAM [ARGS...]
+  return R"(usage: loom-run [flags] [--] PROGRAM [ARGS...]
 
 Starts PROGRAM once per local rank with torchrun's environment (RANK, LOCAL_RANK, WORLD_SIZE,
 LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR, MASTER_PORT, ...), prefixes each output line with

@@ -12,27 +12,26 @@ namespace loom::launcher {
 
 // What the command line asks for; the defaults are torchrun's.
 struct launch_options {
-    int nproc_per_node = 1;
-    int nnodes = 1;
-    int node_rank = 0;
-    std::optional<std::string> master_addr;  // single node: 127.0.0.1
-    std::optional<int> master_port;          // single node: a free port; several nodes: 29500
-    bool prefix_output = true;
-    double grace_seconds = 10.0;       // from SIGTERM to SIGKILL when stopping the ranks
-    std::vector<std::string> program;  // the program, then its arguments
+  int nproc_per_node = 1;
+  int nnodes = 1;
+  int node_rank = 0;
+  std::optional<std::string> master_addr;  // single node: 127.0.0.1
+  std::optional<int> master_port;          // single node: a free port; several nodes: 29500
+  bool prefix_output = true;
+  double grace_seconds = 10.0;       // from SIGTERM to SIGKILL when stopping the ranks
+  std::vector<std::string> program;  // the program, then its arguments
 };
 
 struct help_requested {};
 
 // A malformed command line; what() is one sentence naming the flag and the accepted form.
 class usage_error : public std::runtime_error {
-public:
-    using std::runtime_error::runtime_error;
+ public:
+  using std::runtime_error::runtime_error;
 };
 
 // `args` excludes argv[0]. Throws usage_error.
-[[nodiscard]] std::variant<launch_options, help_requested> parse_command_line(
-    std::span<const std::string_view> args);
+[[nodiscard]] std::variant<launch_options, help_requested> parse_command_line(std::span<const std::string_view> args);
 
 [[nodiscard]] std::string_view usage_text();
 

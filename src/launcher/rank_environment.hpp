@@ -9,8 +9,8 @@ namespace loom::launcher {
 
 // Where rank 0 hosts the c10d TCPStore that every rank meets at.
 struct rendezvous_point {
-    std::string address;
-    int port = 0;
+  std::string address;
+  int port = 0;
 };
 
 // The options' master, or for a single node 127.0.0.1 and a port that was free a moment ago
@@ -26,8 +26,7 @@ struct rendezvous_point {
 // `inherited` with torchrun's per-rank variables set for `local_rank`; OMP_NUM_THREADS becomes
 // max(1, cores / local ranks) unless `inherited` already has it.
 [[nodiscard]] std::vector<std::string> rank_environment(std::vector<std::string> inherited,
-                                                        const launch_options& options,
-                                                        const rendezvous_point& master, int local_rank,
-                                                        int cores);
+                                                        const launch_options& options, const rendezvous_point& master,
+                                                        int local_rank, int cores);
 
 }  // namespace loom::launcher

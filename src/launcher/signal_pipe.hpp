@@ -13,42 +13,42 @@ namespace loom::launcher {
 // rank exits (SIGCHLD) and SIGINT/SIGTERM alike. One instance at a time; it also ignores
 // SIGPIPE, so that a closed stdout does not kill the launcher while ranks still run.
 class signal_pipe {
-public:
-    explicit signal_pipe(std::initializer_list<int> caught);
-    ~signal_pipe();
-    signal_pipe(const signal_pipe&) = delete;
-    signal_pipe& operator=(const signal_pipe&) = delete;
+ public:
+  explicit signal_pipe(std::initializer_list<int> caught);
+  ~signal_pipe();
+  signal_pipe(const signal_pipe&) = delete;
+  signal_pipe& operator=(const signal_pipe&) = delete;
 
-    [[nodiscard]] int fd() const { return pipe_.read_end.get(); }
-    [[nodiscard]] std::vector<int> take_received();  // in arrival order, once each
+  [[nodiscard]] int fd() const { return pipe_.read_end.get(); }
+  [[nodiscard]] std::vector<int> take_received();  // in arrival order, once each
 
-    // Puts back the dispositions found at start. Async-signal-safe: for a forked child before exec.
-    void restore_dispositions() const noexcept;
+  // Puts back the dispositions found at start. Async-signal-safe: for a forked child before exec.
+  void restore_dispositions() const noexcept;
 
-private:
-    struct saved_disposition {
-        int signal_number;
-        struct sigaction action;
-    };
+ private:
+  struct saved_disposition {
+    int signal_number;
+    struct sigaction action;
+  };
 
-    pipe_ends pipe_;
-    std::vector<saved_disposition> saved_;
+  pipe_ends pipe_;
+  std::vector<saved_disposition> saved_;
 };
 
 // Blocks every signal for its lifetime: a forked child must not run the launcher's handlers
 // between fork and exec, nor miss a signal sent to it in that window.
 class all_signals_blocked {
-public:
-    all_signals_blocked();
-    ~all_signals_blocked();
-    all_signals_blocked(const all_signals_blocked&) = delete;
-    all_signals_blocked& operator=(const all_signals_blocked&) = delete;
+ public:
+  all_signals_blocked();
+  ~all_signals_blocked();
+  all_signals_blocked(const all_signals_blocked&) = delete;
+  all_signals_blocked& operator=(const all_signals_blocked&) = delete;
 
-    // In the child: lets signals through again, as they were before the block.
-    void unblock_in_child() const noexcept;
+  // In the child: lets signals through again, as they were before the block.
+  void unblock_in_child() const noexcept;
 
-private:
-    sigset_t previous_;
+ private:
+  sigset_t previous_;
 };
 
 }  // namespace loom::launcher

@@ -23,16 +23,16 @@ namespace {
 using steady = std::chrono::steady_clock;
 
 struct output_stream {
-    unique_fd pipe;  // read end; reset once every writer closed it
-    line_relay relay;
+  unique_fd pipe;  // read end; reset once every writer closed it
+  line_relay relay;
 };
 
 struct rank_failed {
-    int rank;
-    exit_status status;
+  int rank;
+  exit_status status;
 };
 struct launcher_signalled {
-    int signal_number;
+  int signal_number;
 };
 // Why the run is being stopped; the first cause wins and is what the last line reports.
 using stop_cause = std::variant<std::monostate, rank_failed, launcher_signalled>;
@@ -40,166 +40,163 @@ using stop_cause = std::variant<std::monostate, rank_failed, launcher_signalled>
 void say(const std::string& line) { write_all(STDERR_FILENO, "loom-run: " + line + "\n"); }
 
 class supervisor {
-public:
-    supervisor(const launch_options& options, const rendezvous_point& master)
-        : options_{options}, master_{master} {}
+ public:
+  supervisor(const launch_options& options, const rendezvous_point& master) : options_{options}, master_{master} {}
 
-    int run() {
-        start_ranks();
-        while (std::ranges::any_of(ranks_, &rank_process::running)) {
-            wait_for_events();
-            check_exits();
-            kill_after_grace();
-        }
-        ranks_.clear();  // kills what the ranks left behind, which may hold their pipes open
-        for (output_stream& output : outputs_) {
-            while (read_some(output)) {
-            }
-            output.relay.finish();
-        }
-        return report();
+  int run() {
+    start_ranks();
+    while (std::ranges::any_of(ranks_, &rank_process::running)) {
+      wait_for_events();
+      check_exits();
+      kill_after_grace();
     }
-
-private:
-    void start_ranks() {
-        const std::vector<std::string> inherited = current_environment();
-        const int cores = available_cores();
-        for (int local_rank = 0; local_rank < options_.nproc_per_node; ++local_rank) {
-            const int rank = options_.node_rank * options_.nproc_per_node + local_rank;
-            pipe_ends out = make_pipe();
-            pipe_ends err = make_pipe();
-            ranks_.emplace_back(
-                rank_command{rank, options_.program,
-                             rank_environment(inherited, options_, master_, local_rank, cores),
-                             out.write_end.get(), err.write_end.get()},
-                signals_);
-            const std::string prefix = options_.prefix_output ? "[rank " + std::to_string(rank) + "] " : "";
-            add_output(std::move(out.read_end), prefix, STDOUT_FILENO);
-            add_output(std::move(err.read_end), prefix, STDERR_FILENO);
-            // The write ends close here: end of file then means the rank and its children are done.
-        }
+    ranks_.clear();  // kills what the ranks left behind, which may hold their pipes open
+    for (output_stream& output : outputs_) {
+      while (read_some(output)) {
+      }
+      output.relay.finish();
     }
+    return report();
+  }
 
-    void add_output(unique_fd read_end, const std::string& prefix, int destination) {
-        set_nonblocking(read_end.get());
-        outputs_.push_back({std::move(read_end), line_relay{prefix, destination}});
+ private:
+  void start_ranks() {
+    const std::vector<std::string> inherited = current_environment();
+    const int cores = available_cores();
+    for (int local_rank = 0; local_rank < options_.nproc_per_node; ++local_rank) {
+      const int rank = options_.node_rank * options_.nproc_per_node + local_rank;
+      pipe_ends out = make_pipe();
+      pipe_ends err = make_pipe();
+      ranks_.emplace_back(
+          rank_command{rank, options_.program, rank_environment(inherited, options_, master_, local_rank, cores),
+                       out.write_end.get(), err.write_end.get()},
+          signals_);
+      const std::string prefix = options_.prefix_output ? "[rank " + std::to_string(rank) + "] " : "";
+      add_output(std::move(out.read_end), prefix, STDOUT_FILENO);
+      add_output(std::move(err.read_end), prefix, STDERR_FILENO);
+      // The write ends close here: end of file then means the rank and its children are done.
     }
+  }
 
-    void wait_for_events() {
-        std::vector<pollfd> polled{{signals_.fd(), POLLIN, 0}};
-        std::vector<output_stream*> streams;
-        for (output_stream& output : outputs_) {
-            if (!output.pipe.valid()) continue;
-            polled.push_back({output.pipe.get(), POLLIN, 0});
-            streams.push_back(&output);
-        }
-        if (::poll(polled.data(), polled.size(), poll_timeout_ms()) < 0) {
-            if (errno == EINTR) return;
-            throw std::system_error{errno, std::generic_category(), "poll"};
-        }
-        if (polled[0].revents != 0)
-            for (const int signal_number : signals_.take_received())
-                if (signal_number != SIGCHLD) on_launcher_signal(signal_number);  // SIGCHLD only wakes us
-        for (std::size_t i = 1; i < polled.size(); ++i)
-            if (polled[i].revents != 0) read_some(*streams[i - 1]);
+  void add_output(unique_fd read_end, const std::string& prefix, int destination) {
+    set_nonblocking(read_end.get());
+    outputs_.push_back({std::move(read_end), line_relay{prefix, destination}});
+  }
+
+  void wait_for_events() {
+    std::vector<pollfd> polled{{signals_.fd(), POLLIN, 0}};
+    std::vector<output_stream*> streams;
+    for (output_stream& output : outputs_) {
+      if (!output.pipe.valid()) continue;
+      polled.push_back({output.pipe.get(), POLLIN, 0});
+      streams.push_back(&output);
     }
-
-    int poll_timeout_ms() const {
-        if (!kill_deadline_) return -1;
-        const auto left = std::chrono::ceil<std::chrono::milliseconds>(*kill_deadline_ - steady::now());
-        return static_cast<int>(std::max<std::chrono::milliseconds::rep>(0, left.count()));
+    if (::poll(polled.data(), polled.size(), poll_timeout_ms()) < 0) {
+      if (errno == EINTR) return;
+      throw std::system_error{errno, std::generic_category(), "poll"};
     }
+    if (polled[0].revents != 0)
+      for (const int signal_number : signals_.take_received())
+        if (signal_number != SIGCHLD) on_launcher_signal(signal_number);  // SIGCHLD only wakes us
+    for (std::size_t i = 1; i < polled.size(); ++i)
+      if (polled[i].revents != 0) read_some(*streams[i - 1]);
+  }
 
-    // Returns whether more may be ready right away: only after a full buffer, so that draining
-    // ends even if something that escaped the rank's session keeps writing.
-    static bool read_some(output_stream& output) {
-        if (!output.pipe.valid()) return false;
-        char buffer[65536];
-        const ssize_t count = ::read(output.pipe.get(), buffer, sizeof buffer);
-        if (count > 0) {
-            output.relay.feed({buffer, static_cast<std::size_t>(count)});
-            return static_cast<std::size_t>(count) == sizeof buffer;
-        }
-        if (count < 0 && (errno == EAGAIN || errno == EINTR)) return false;
-        output.pipe.reset();  // end of file, or an error that will not go away
-        return false;
+  int poll_timeout_ms() const {
+    if (!kill_deadline_) return -1;
+    const auto left = std::chrono::ceil<std::chrono::milliseconds>(*kill_deadline_ - steady::now());
+    return static_cast<int>(std::max<std::chrono::milliseconds::rep>(0, left.count()));
+  }
+
+  // Returns whether more may be ready right away: only after a full buffer, so that draining
+  // ends even if something that escaped the rank's session keeps writing.
+  static bool read_some(output_stream& output) {
+    if (!output.pipe.valid()) return false;
+    char buffer[65536];
+    const ssize_t count = ::read(output.pipe.get(), buffer, sizeof buffer);
+    if (count > 0) {
+      output.relay.feed({buffer, static_cast<std::size_t>(count)});
+      return static_cast<std::size_t>(count) == sizeof buffer;
     }
+    if (count < 0 && (errno == EAGAIN || errno == EINTR)) return false;
+    output.pipe.reset();  // end of file, or an error that will not go away
+    return false;
+  }
 
-    void check_exits() {
-        for (rank_process& rank : ranks_) {
-            if (!rank.running()) continue;
-            const std::optional<exit_status>& status = rank.check_exit();
-            if (!status || status->success() || !std::holds_alternative<std::monostate>(cause_)) continue;
-            cause_ = rank_failed{rank.rank(), *status};
-            say("rank " + std::to_string(rank.rank()) + " " + status->describe() +
-                "; stopping the other ranks (SIGTERM, then SIGKILL after " + grace_text() + ")");
-            stop_all(SIGTERM);
-        }
+  void check_exits() {
+    for (rank_process& rank : ranks_) {
+      if (!rank.running()) continue;
+      const std::optional<exit_status>& status = rank.check_exit();
+      if (!status || status->success() || !std::holds_alternative<std::monostate>(cause_)) continue;
+      cause_ = rank_failed{rank.rank(), *status};
+      say("rank " + std::to_string(rank.rank()) + " " + status->describe() +
+          "; stopping the other ranks (SIGTERM, then SIGKILL after " + grace_text() + ")");
+      stop_all(SIGTERM);
     }
+  }
 
-    void on_launcher_signal(int signal_number) {
-        if (std::holds_alternative<std::monostate>(cause_)) {
-            cause_ = launcher_signalled{signal_number};
-            say("received " + signal_name(signal_number) + "; forwarding it to every rank (SIGKILL after " +
-                grace_text() + ")");
-            stop_all(signal_number);
-            return;
-        }
-        // Asked again while already stopping: do not make the user wait out the grace period.
-        say("received " + signal_name(signal_number) + " while stopping; killing every rank now");
-        kill_deadline_ = steady::now();
+  void on_launcher_signal(int signal_number) {
+    if (std::holds_alternative<std::monostate>(cause_)) {
+      cause_ = launcher_signalled{signal_number};
+      say("received " + signal_name(signal_number) + "; forwarding it to every rank (SIGKILL after " + grace_text() +
+          ")");
+      stop_all(signal_number);
+      return;
     }
+    // Asked again while already stopping: do not make the user wait out the grace period.
+    say("received " + signal_name(signal_number) + " while stopping; killing every rank now");
+    kill_deadline_ = steady::now();
+  }
 
-    void stop_all(int signal_number) {
-        for (const rank_process& rank : ranks_)
-            if (rank.running()) rank.send(signal_number);
-        kill_deadline_ = steady::now() + std::chrono::duration_cast<steady::duration>(
-                                             std::chrono::duration<double>{options_.grace_seconds});
+  void stop_all(int signal_number) {
+    for (const rank_process& rank : ranks_)
+      if (rank.running()) rank.send(signal_number);
+    kill_deadline_ = steady::now() + std::chrono::duration_cast<steady::duration>(
+                                         std::chrono::duration<double>{options_.grace_seconds});
+  }
+
+  void kill_after_grace() {
+    if (!kill_deadline_ || steady::now() < *kill_deadline_) return;
+    kill_deadline_.reset();
+    for (const rank_process& rank : ranks_) {
+      if (!rank.running()) continue;
+      say("rank " + std::to_string(rank.rank()) + " still runs after the grace period; sending SIGKILL");
+      rank.send(SIGKILL);
     }
+  }
 
-    void kill_after_grace() {
-        if (!kill_deadline_ || steady::now() < *kill_deadline_) return;
-        kill_deadline_.reset();
-        for (const rank_process& rank : ranks_) {
-            if (!rank.running()) continue;
-            say("rank " + std::to_string(rank.rank()) +
-                " still runs after the grace period; sending SIGKILL");
-            rank.send(SIGKILL);
-        }
+  std::string grace_text() const {
+    std::string seconds = std::to_string(options_.grace_seconds);
+    seconds.erase(seconds.find_last_not_of('0') + 1);  // 10.000000 -> 10.
+    if (seconds.ends_with('.')) seconds.pop_back();
+    return seconds + " s";
+  }
+
+  int report() const {
+    if (const auto* failed = std::get_if<rank_failed>(&cause_)) {
+      say("rank " + std::to_string(failed->rank) + " failed first: " + failed->status.describe());
+      return 1;
     }
-
-    std::string grace_text() const {
-        std::string seconds = std::to_string(options_.grace_seconds);
-        seconds.erase(seconds.find_last_not_of('0') + 1);  // 10.000000 -> 10.
-        if (seconds.ends_with('.')) seconds.pop_back();
-        return seconds + " s";
+    if (const auto* signalled = std::get_if<launcher_signalled>(&cause_)) {
+      say("stopped by " + signal_name(signalled->signal_number) + ", which every rank received");
+      return 128 + signalled->signal_number;
     }
+    return 0;
+  }
 
-    int report() const {
-        if (const auto* failed = std::get_if<rank_failed>(&cause_)) {
-            say("rank " + std::to_string(failed->rank) + " failed first: " + failed->status.describe());
-            return 1;
-        }
-        if (const auto* signalled = std::get_if<launcher_signalled>(&cause_)) {
-            say("stopped by " + signal_name(signalled->signal_number) + ", which every rank received");
-            return 128 + signalled->signal_number;
-        }
-        return 0;
-    }
-
-    const launch_options& options_;
-    const rendezvous_point& master_;
-    signal_pipe signals_{SIGINT, SIGTERM, SIGHUP, SIGCHLD};
-    std::vector<output_stream> outputs_;
-    std::vector<rank_process> ranks_;  // destroyed first: no rank outlives the supervisor
-    stop_cause cause_;
-    std::optional<steady::time_point> kill_deadline_;
+  const launch_options& options_;
+  const rendezvous_point& master_;
+  signal_pipe signals_{SIGINT, SIGTERM, SIGHUP, SIGCHLD};
+  std::vector<output_stream> outputs_;
+  std::vector<rank_process> ranks_;  // destroyed first: no rank outlives the supervisor
+  stop_cause cause_;
+  std::optional<steady::time_point> kill_deadline_;
 };
 
 }  // namespace
 
 int supervise(const launch_options& options, const rendezvous_point& master) {
-    return supervisor{options, master}.run();
+  return supervisor{options, master}.run();
 }
 
 }  // namespace loom::launcher

@@ -4,9 +4,9 @@
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
+#include <torch/nn/init.h>
 #include <range/v3/view/take.hpp>
 #include <range/v3/view/transform.hpp>
-#include <torch/nn/init.h>
 
 #include <cmath>
 #include <regex>
@@ -85,10 +85,10 @@ lora_layers lora_layers::inject(torch::nn::Module& root, std::string_view model_
     layers.adapted_.push_back(name);
   }
   if (layers.adapted_.empty()) {
-    throw std::invalid_argument(fmt::format(
-        "loom: lora(targets={}) matched no layer of {}; its linear layers are: {}. Name one of them, the "
-        "end of its dotted name (e.g. 'q_proj'), or a loom::pattern(\"regex\")",
-        detail::to_text(spec.targets()), model_name, some_of(linear_layer_names(root))));
+    throw std::invalid_argument(
+        fmt::format("loom: lora(targets={}) matched no layer of {}; its linear layers are: {}. Name one of them, the "
+                    "end of its dotted name (e.g. 'q_proj'), or a loom::pattern(\"regex\")",
+                    detail::to_text(spec.targets()), model_name, some_of(linear_layer_names(root))));
   }
   return layers;
 }
@@ -139,9 +139,9 @@ void set_trainable(torch::nn::Module& root, std::string_view model_name, bool ha
     if (!selected) {
       std::vector<std::string> names;
       for (const auto& module : root.named_modules("", false)) names.push_back(module.key());
-      throw std::invalid_argument(fmt::format(
-          "loom: trainable pattern '{}' selects no module or parameter of {}; its modules are: {}",
-          pattern.text, model_name, some_of(names)));
+      throw std::invalid_argument(
+          fmt::format("loom: trainable pattern '{}' selects no module or parameter of {}; its modules are: {}",
+                      pattern.text, model_name, some_of(names)));
     }
   }
 }

@@ -33,8 +33,8 @@ void LinearImpl::reset_parameters() {
 }
 
 void LinearImpl::pretty_print(std::ostream& stream) const {
-  stream << "loom::nn::Linear(in_features=" << options.in_features()
-         << ", out_features=" << options.out_features() << ", bias=" << std::boolalpha << options.bias();
+  stream << "loom::nn::Linear(in_features=" << options.in_features() << ", out_features=" << options.out_features()
+         << ", bias=" << std::boolalpha << options.bias();
   if (adapter_) stream << ", lora_rank=" << adapter_->rank << ", lora_scaling=" << adapter_->scaling;
   stream << ")";
 }

@@ -57,7 +57,8 @@ void verify_identical_replicas(const runtime& rt, torch::nn::Module& module, std
 void broadcast_replicas(const runtime& rt, torch::nn::Module& module) {
   if (!rt.is_distributed()) return;
   auto tensors = module_state(module);
-  agree(rt, tensors, /*with_values=*/false, "every rank must build the same model before rank 0's weights are broadcast");
+  agree(rt, tensors, /*with_values=*/false,
+        "every rank must build the same model before rank 0's weights are broadcast");
   torch::NoGradGuard no_grad;
   std::vector<loom::pending_collective> pending;
   for (auto& t : tensors) pending.push_back(rt.comm().broadcast(t.tensor, 0));

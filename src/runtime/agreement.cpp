@@ -80,8 +80,7 @@ void require_agreement(const runtime& rt, std::string_view topic, std::span<cons
   const auto where = first_divergence(rt, hashes).value_or(divergence{hashes.size(), 0});
   const std::string mine = where.index < hashes.size() ? describe(where.index) : "(none)";
   const auto texts = share_text(rt, fmt::format("loom/{}/{}", topic, where.index), mine);
-  throw rank_mismatch(
-      explain({where.index, where.rank, texts.front(), texts[static_cast<std::size_t>(where.rank)]}));
+  throw rank_mismatch(explain({where.index, where.rank, texts.front(), texts[static_cast<std::size_t>(where.rank)]}));
 }
 
 }  // namespace loom

@@ -67,9 +67,9 @@ pending_collective collectives::all_gather(const at::Tensor& shard, at::Tensor& 
   const std::int64_t numel = flat.numel();
   const std::int64_t shard_size = shard_numel(numel);
   if (shard.numel() != shard_size) {
-    throw std::invalid_argument(fmt::format(
-        "loom: all_gather into {} elements over {} ranks takes shards of {} elements, got {}", numel,
-        world_size_, shard_size, shard.numel()));
+    throw std::invalid_argument(
+        fmt::format("loom: all_gather into {} elements over {} ranks takes shards of {} elements, got {}", numel,
+                    world_size_, shard_size, shard.numel()));
   }
   if (world_size_ == 1) {
     flat.copy_(shard.reshape(flat.sizes()));
@@ -80,18 +80,17 @@ pending_collective collectives::all_gather(const at::Tensor& shard, at::Tensor& 
   at::Tensor output = direct ? flat.view(-1) : at::empty({shard_size * world_size_}, flat.options());
   auto work = backend_->_allgather_base(output, input);
   if (direct) return pending_collective(std::move(work));
-  return pending_collective(std::move(work), [flat, output, numel]() mutable {
-    flat.copy_(output.narrow(0, 0, numel).view(flat.sizes()));
-  });
+  return pending_collective(
+      std::move(work), [flat, output, numel]() mutable { flat.copy_(output.narrow(0, 0, numel).view(flat.sizes())); });
 }
 
 pending_collective collectives::reduce_scatter(const at::Tensor& flat, at::Tensor& shard, reduce_op op) {
   const std::int64_t numel = flat.numel();
   const std::int64_t shard_size = shard_numel(numel);
   if (shard.numel() != shard_size) {
-    throw std::invalid_argument(fmt::format(
-        "loom: reduce_scatter of {} elements over {} ranks gives shards of {} elements, got {}",
-        numel, world_size_, shard_size, shard.numel()));
+    throw std::invalid_argument(
+        fmt::format("loom: reduce_scatter of {} elements over {} ranks gives shards of {} elements, got {}", numel,
+                    world_size_, shard_size, shard.numel()));
   }
   // The input is the caller's: pad or pre-divide a copy, never the original.
   at::Tensor input = flat_contiguous(flat);

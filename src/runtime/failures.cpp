@@ -1,6 +1,6 @@
-#include <loom/runtime/runtime.hpp>
 #include <loom/runtime/failures.hpp>
 #include <loom/runtime/heartbeat.hpp>
+#include <loom/runtime/runtime.hpp>
 
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
@@ -68,9 +68,10 @@ std::optional<std::string> read_published(c10d::Store& store) {
   }
   if (!store_reachable) {
     const std::string host = rt.env().agent_store ? "the launcher's agent, which hosts it," : "rank 0, which hosts it,";
-    throw job_failure(fmt::format("loom: rank {}'s {} failed, and the rendezvous store is unreachable: {} is gone {}. "
-                                  "The transport reported: {}",
-                                  rt.rank(), during, host, why, transport));
+    throw job_failure(
+        fmt::format("loom: rank {}'s {} failed, and the rendezvous store is unreachable: {} is gone {}. "
+                    "The transport reported: {}",
+                    rt.rank(), during, host, why, transport));
   }
   if (silent.empty()) {
     throw job_failure(fmt::format(
@@ -82,8 +83,8 @@ std::optional<std::string> read_published(c10d::Store& store) {
   throw job_failure(fmt::format(
       "loom: rank {}'s {} failed: {} {} fell silent (no heartbeat in the rendezvous store for {:g} s): {} died or "
       "{} stopped {}. The transport reported: {}",
-      rt.rank(), during, one ? "rank" : "ranks", fmt::join(silent, ", "),
-      std::chrono::duration<double>(window).count(), one ? "it" : "they", one ? "was" : "were", why, transport));
+      rt.rank(), during, one ? "rank" : "ranks", fmt::join(silent, ", "), std::chrono::duration<double>(window).count(),
+      one ? "it" : "they", one ? "was" : "were", why, transport));
 }
 
 void publish(const runtime& rt, const std::string& message) {

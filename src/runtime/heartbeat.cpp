@@ -50,7 +50,8 @@ std::vector<int> heartbeat::silent_ranks(std::chrono::milliseconds window) const
   auto store = store_->clone();
   const auto beats = [&] {
     std::vector<std::int64_t> counts(static_cast<std::size_t>(world_size_));
-    for (int rank = 0; rank < world_size_; ++rank) counts[static_cast<std::size_t>(rank)] = store->add(beat_key(rank), 0);
+    for (int rank = 0; rank < world_size_; ++rank)
+      counts[static_cast<std::size_t>(rank)] = store->add(beat_key(rank), 0);
     return counts;
   };
   const auto before = beats();

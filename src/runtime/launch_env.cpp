@@ -20,8 +20,7 @@ long long parse_integer(const char* name, std::string_view text, long long low, 
                         std::string_view expected) {
   long long value = 0;
   auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value);
-  if (text.empty() || error != std::errc{} || end != text.data() + text.size() || value < low ||
-      value > high) {
+  if (text.empty() || error != std::errc{} || end != text.data() + text.size() || value < low || value > high) {
     reject(name, text, expected);
   }
   return value;
@@ -37,14 +36,13 @@ class reader {
     auto value = lookup_(name);
     if (!value || value->empty()) {
       throw launch_error(fmt::format(
-          "loom: {} is not set, but {}: start the program with loom-run or torchrun, which set it",
-          name, why));
+          "loom: {} is not set, but {}: start the program with loom-run or torchrun, which set it", name, why));
     }
     return *value;
   }
 
-  int integer(const char* name, long long low, long long high, std::string_view expected,
-              std::optional<int> fallback, std::string_view why) const {
+  int integer(const char* name, long long low, long long high, std::string_view expected, std::optional<int> fallback,
+              std::string_view why) const {
     auto value = lookup_(name);
     if (!value && fallback) return *fallback;
     std::string text = value ? *value : require(name, why);
@@ -61,8 +59,8 @@ std::chrono::milliseconds parse_timeout(const reader& env) {
   const char* expected = "a positive number of seconds, e.g. LOOM_TIMEOUT_S=60 or 0.5";
   char* end = nullptr;
   double seconds = std::strtod(text->c_str(), &end);
-  if (text->empty() || end != text->c_str() + text->size() || !std::isfinite(seconds) ||
-      seconds <= 0 || seconds > 1e7) {
+  if (text->empty() || end != text->c_str() + text->size() || !std::isfinite(seconds) || seconds <= 0 ||
+      seconds > 1e7) {
     reject("LOOM_TIMEOUT_S", *text, expected);
   }
   return std::chrono::milliseconds(static_cast<long long>(std::ceil(seconds * 1000)));
@@ -85,9 +83,7 @@ bool parse_flag(const reader& env, const char* name) {
 
 }  // namespace
 
-std::string_view to_string(backend_kind kind) noexcept {
-  return kind == backend_kind::gloo ? "gloo" : "nccl";
-}
+std::string_view to_string(backend_kind kind) noexcept { return kind == backend_kind::gloo ? "gloo" : "nccl"; }
 
 std::optional<std::string> process_env(const char* name) {
   const char* value = std::getenv(name);
@@ -106,28 +102,25 @@ launch_env parse_launch_env(const env_lookup& lookup) {
 
   constexpr auto why = "another launcher variable is";
   constexpr long long max_world = 1 << 20;
-  result.world_size = env.integer("WORLD_SIZE", 1, max_world,
-                                  "a positive integer: the number of processes in the job",
+  result.world_size = env.integer("WORLD_SIZE", 1, max_world, "a positive integer: the number of processes in the job",
                                   std::nullopt, why);
-  result.rank = env.integer("RANK", 0, max_world, "a non-negative integer: this process's global rank",
-                            std::nullopt, why);
+  result.rank =
+      env.integer("RANK", 0, max_world, "a non-negative integer: this process's global rank", std::nullopt, why);
   if (result.rank >= result.world_size) {
-    throw launch_error(fmt::format(
-        "loom: RANK={} is not below WORLD_SIZE={}: ranks are numbered 0 to WORLD_SIZE-1",
-        result.rank, result.world_size));
+    throw launch_error(fmt::format("loom: RANK={} is not below WORLD_SIZE={}: ranks are numbered 0 to WORLD_SIZE-1",
+                                   result.rank, result.world_size));
   }
   result.local_world_size = env.integer("LOCAL_WORLD_SIZE", 1, result.world_size,
-                                        "a positive integer no larger than WORLD_SIZE",
-                                        result.world_size, why);
-  result.local_rank = env.integer("LOCAL_RANK", 0, result.local_world_size - 1,
-                                  "a non-negative integer below LOCAL_WORLD_SIZE", result.rank % result.local_world_size, why);
+                                        "a positive integer no larger than WORLD_SIZE", result.world_size, why);
+  result.local_rank =
+      env.integer("LOCAL_RANK", 0, result.local_world_size - 1, "a non-negative integer below LOCAL_WORLD_SIZE",
+                  result.rank % result.local_world_size, why);
   result.master_addr = env.require("MASTER_ADDR", "the rendezvous needs the master's host");
-  result.master_port = static_cast<std::uint16_t>(env.integer(
-      "MASTER_PORT", 1, 65535, "a TCP port, an integer from 1 to 65535", std::nullopt,
-      "the rendezvous needs the master's port"));
+  result.master_port =
+      static_cast<std::uint16_t>(env.integer("MASTER_PORT", 1, 65535, "a TCP port, an integer from 1 to 65535",
+                                             std::nullopt, "the rendezvous needs the master's port"));
   result.agent_store = parse_flag(env, "TORCHELASTIC_USE_AGENT_STORE");
-  result.restart_count = env.integer("TORCHELASTIC_RESTART_COUNT", 0, 1 << 30,
-                                     "a non-negative integer", 0, why);
+  result.restart_count = env.integer("TORCHELASTIC_RESTART_COUNT", 0, 1 << 30, "a non-negative integer", 0, why);
   return result;
 }
 

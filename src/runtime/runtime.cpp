@@ -1,5 +1,5 @@
-#include <loom/runtime/runtime.hpp>
 #include <loom/runtime/heartbeat.hpp>
+#include <loom/runtime/runtime.hpp>
 
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
@@ -13,8 +13,8 @@
 #include <ATen/Context.h>
 #include <fmt/format.h>
 
-#include <csignal>
 #include <cmath>
+#include <csignal>
 #include <utility>
 
 namespace loom {
@@ -64,15 +64,15 @@ c10::intrusive_ptr<c10d::Store> rendezvous(const launch_env& env) {
   try {
     store = c10::make_intrusive<c10d::TCPStore>(env.master_addr, options);
   } catch (const std::exception& error) {
-    throw launch_error(fmt::format(
-        "loom: rank {} could not rendezvous at MASTER_ADDR={} MASTER_PORT={} within {} (LOOM_TIMEOUT_S): "
-        "{}; check that rank 0 is running and that this address and port are reachable",
-        env.rank, env.master_addr, env.master_port, seconds(env.timeout), reason(error)));
+    throw launch_error(
+        fmt::format("loom: rank {} could not rendezvous at MASTER_ADDR={} MASTER_PORT={} within {} (LOOM_TIMEOUT_S): "
+                    "{}; check that rank 0 is running and that this address and port are reachable",
+                    env.rank, env.master_addr, env.master_port, seconds(env.timeout), reason(error)));
   }
   if (env.agent_store) {
     // torchrun's agent hosts the store; each restart of the workers gets a fresh key space.
-    store = c10::make_intrusive<c10d::PrefixStore>(fmt::format("/worker/attempt_{}", env.restart_count),
-                                                   std::move(store));
+    store =
+        c10::make_intrusive<c10d::PrefixStore>(fmt::format("/worker/attempt_{}", env.restart_count), std::move(store));
   }
   return store;
 }
@@ -97,22 +97,20 @@ std::shared_ptr<::gloo::transport::Device> gloo_device(const launch_env& env) {
   return c10d::ProcessGroupGloo::createDefaultDevice();
 }
 
-c10::intrusive_ptr<c10d::Backend> make_gloo(const c10::intrusive_ptr<c10d::Store>& store,
-                                            const launch_env& env) {
+c10::intrusive_ptr<c10d::Backend> make_gloo(const c10::intrusive_ptr<c10d::Store>& store, const launch_env& env) {
   auto options = c10d::ProcessGroupGloo::Options::create(env.timeout);
   options->devices.push_back(gloo_device(env));
-  return c10::make_intrusive<c10d::ProcessGroupGloo>(
-      c10::make_intrusive<c10d::PrefixStore>("gloo", store), env.rank, env.world_size, options);
+  return c10::make_intrusive<c10d::ProcessGroupGloo>(c10::make_intrusive<c10d::PrefixStore>("gloo", store), env.rank,
+                                                     env.world_size, options);
 }
 
 #ifdef LOOM_HAVE_NCCL
-c10::intrusive_ptr<c10d::Backend> make_nccl(const c10::intrusive_ptr<c10d::Store>& store,
-                                            const launch_env& env) {
+c10::intrusive_ptr<c10d::Backend> make_nccl(const c10::intrusive_ptr<c10d::Store>& store, const launch_env& env) {
   c10::cuda::set_device(static_cast<c10::DeviceIndex>(env.local_rank));
   auto options = c10d::ProcessGroupNCCL::Options::create();
   options->timeout = env.timeout;
-  return c10::make_intrusive<c10d::ProcessGroupNCCL>(
-      c10::make_intrusive<c10d::PrefixStore>("nccl", store), env.rank, env.world_size, options);
+  return c10::make_intrusive<c10d::ProcessGroupNCCL>(c10::make_intrusive<c10d::PrefixStore>("nccl", store), env.rank,
+                                                     env.world_size, options);
 }
 #endif
 
@@ -136,7 +134,8 @@ runtime::runtime(const launch_env& env) : state_(std::make_shared<state>()) {
   state& s = *state_;
   s.env = env;
   s.backend = choose_backend(env);
-  if (s.backend == backend_kind::nccl) s.device = c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(env.local_rank));
+  if (s.backend == backend_kind::nccl)
+    s.device = c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(env.local_rank));
   if (!env.is_distributed()) {
     s.comm = std::make_unique<collectives>(nullptr, 0, 1);
     return;

@@ -22,15 +22,14 @@ constexpr std::int64_t first_bucket_bytes = 1 * mib;
 
 // Reverse registration order, the order in which backward produces gradients; a new bucket when
 // the cap is reached or the dtype changes.
-std::vector<std::vector<std::size_t>> assign_buckets(const std::vector<named_tensor>& params,
-                                                     std::int64_t cap_bytes) {
+std::vector<std::vector<std::size_t>> assign_buckets(const std::vector<named_tensor>& params, std::int64_t cap_bytes) {
   std::vector<std::vector<std::size_t>> buckets;
   std::int64_t filled = 0;
   for (std::size_t i = params.size(); i-- > 0;) {
     const at::Tensor& p = params[i].tensor;
     const std::int64_t limit = buckets.size() <= 1 ? std::min(first_bucket_bytes, cap_bytes) : cap_bytes;
-    const bool fits = !buckets.empty() && filled < limit &&
-                      params[buckets.back().front()].tensor.scalar_type() == p.scalar_type();
+    const bool fits =
+        !buckets.empty() && filled < limit && params[buckets.back().front()].tensor.scalar_type() == p.scalar_type();
     if (!fits) {
       buckets.emplace_back();
       filled = 0;
@@ -61,9 +60,9 @@ std::shared_ptr<Reducer> make_reducer(reducer_arguments a) {
   using indices = std::vector<std::vector<std::size_t>>;
   using group = c10::intrusive_ptr<c10d::ProcessGroup>;
   using names = std::unordered_map<std::size_t, std::string>;
-  constexpr bool since_2_13 = std::is_constructible_v<Reducer, tensors, indices, group, std::vector<bool>, std::int64_t,
-                                                      bool, bool, names, std::int64_t, bool, bool,
-                                                      std::vector<std::int64_t>>;
+  constexpr bool since_2_13 =
+      std::is_constructible_v<Reducer, tensors, indices, group, std::vector<bool>, std::int64_t, bool, bool, names,
+                              std::int64_t, bool, bool, std::vector<std::int64_t>>;
   constexpr bool since_2_6 = std::is_constructible_v<Reducer, tensors, indices, group, std::vector<bool>, std::int64_t,
                                                      bool, bool, names, std::int64_t, bool, bool>;
   constexpr bool since_2_0 = std::is_constructible_v<Reducer, tensors, indices, group, std::vector<bool>, std::int64_t,
@@ -166,8 +165,10 @@ void ddp_engine::add_schedule_entries(strategy_context& context) const {
   }
   if (settings_.broadcast_buffers) {
     for (const auto& buffer : context.module().named_buffers()) {
-      context.schedule().add({collective_op::broadcast, step_phase::forward,
-                              {{buffer.key(), buffer.value().sizes().vec(), buffer.value().scalar_type()}}, "world"});
+      context.schedule().add({collective_op::broadcast,
+                              step_phase::forward,
+                              {{buffer.key(), buffer.value().sizes().vec(), buffer.value().scalar_type()}},
+                              "world"});
     }
   }
 }
@@ -246,7 +247,7 @@ void ddp_engine::before_backward(strategy_context& context, const at::Tensor& lo
   std::fill(produced.begin(), produced.end(), 0);
   if (!context.sync_gradients()) return;
   state_->reducer->prepare_for_backward(settings_.find_unused_parameters ? std::vector<at::Tensor>{loss}
-                                                                          : std::vector<at::Tensor>{});
+                                                                         : std::vector<at::Tensor>{});
 }
 
 void ddp_engine::after_backward(strategy_context& context) {

@@ -27,9 +27,8 @@ void load_module_state(torch::nn::Module& module, const tensor_state& state) {
     const tensor_spec want = target.spec();
     const tensor_spec have = found->second->spec();
     if (want.shape != have.shape || want.dtype != have.dtype) {
-      throw std::invalid_argument(fmt::format(
-          "loom: load_state_dict: '{}' is {} in the state but {} in the module", target.name, have.layout(),
-          want.layout()));
+      throw std::invalid_argument(fmt::format("loom: load_state_dict: '{}' is {} in the state but {} in the module",
+                                              target.name, have.layout(), want.layout()));
     }
     copies.emplace_back(target.tensor, found->second->tensor);
     given.erase(found);

@@ -10,7 +10,8 @@ namespace loom::testing {
 
 struct branchy : torch::nn::Module {
   branchy()
-      : trunk(register_module("trunk", loom::nn::Linear(8, 8))), extra(register_module("extra", loom::nn::Linear(8, 8))) {}
+      : trunk(register_module("trunk", loom::nn::Linear(8, 8))),
+        extra(register_module("extra", loom::nn::Linear(8, 8))) {}
 
   at::Tensor forward(const at::Tensor& x, bool use_extra) {
     auto h = trunk(x);

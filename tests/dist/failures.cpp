@@ -47,20 +47,22 @@ const std::map<std::string, scenario>& scenarios() {
       {"different-model",
        {[] {
           // The last rank builds one more layer, as if an environment variable chose the depth.
-          auto job = loom::build(loom::model<models::Mlp>(8, last_rank() ? 4 : 3) | loom::seeded(3) | loom::ddp(), world());
+          auto job =
+              loom::build(loom::model<models::Mlp>(8, last_rank() ? 4 : 3) | loom::seeded(3) | loom::ddp(), world());
         },
         "seeded\\(3\\) should build bit-identical replicas on every rank, but tensor #6 differs between rank 0 "
         "\\('\\(none\\)'\\) and rank \\d \\('layers.3.weight Float\\[8,8\\]'\\)"}},
       {"different-values",
        {[] {
-          auto job = loom::build(loom::model<models::Mlp>(8, 3) | loom::seeded(last_rank() ? 4 : 3) | loom::ddp(), world());
+          auto job =
+              loom::build(loom::model<models::Mlp>(8, 3) | loom::seeded(last_rank() ? 4 : 3) | loom::ddp(), world());
         },
         "tensor #0 differs between rank 0 \\('layers.0.weight Float\\[8,8\\]'\\) and rank \\d .* in its values"}},
       {"different-schedule",
        {[] {
           const std::size_t cap = last_rank() ? 1 : 25;
-          auto job = loom::build(
-              loom::model<models::Mlp>(512, 4) | loom::seeded(3) | loom::ddp({.bucket_cap_mb = cap}), world());
+          auto job = loom::build(loom::model<models::Mlp>(512, 4) | loom::seeded(3) | loom::ddp({.bucket_cap_mb = cap}),
+                                 world());
         },
         "the ranks' collective schedules differ.*first difference at entry #1: rank 0 has 'all_reduce backward "
         "world \\d+ B \\[layers.2.bias"}},
@@ -76,9 +78,9 @@ const std::map<std::string, scenario>& scenarios() {
       {"static-graph-starts-using",
        {[] {
           // The last rank leaves `extra` out of the recording step, then uses it.
-          auto job = loom::build(
-              loom::model<branchy>() | loom::seeded(3) | loom::ddp({.find_unused_parameters = true, .static_graph = true}),
-              world());
+          auto job = loom::build(loom::model<branchy>() | loom::seeded(3) |
+                                     loom::ddp({.find_unused_parameters = true, .static_graph = true}),
+                                 world());
           auto x = torch::randn({4, 8});
           for (int step = 0; step < 3; ++step) job.backward(job.forward(x, step != 0 || !last_rank()).square().mean());
         },

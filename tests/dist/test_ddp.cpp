@@ -132,7 +132,8 @@ TEST_CASE("without seeded, rank 0's replica is broadcast", "[replicas]") {
 }
 
 TEST_CASE("the ddp schedule is its buckets, in reverse registration order", "[ddp][schedule]") {
-  auto job = loom::build(loom::model<models::BasicMlp<loom::nn::Linear>>(512, 3) | loom::seeded(1) | loom::ddp(), world());
+  auto job =
+      loom::build(loom::model<models::BasicMlp<loom::nn::Linear>>(512, 3) | loom::seeded(1) | loom::ddp(), world());
   const auto entries = job.schedule().entries();
   REQUIRE(entries.size() == 2);  // a 1 MiB first bucket, then the rest under bucket_cap_mb = 25
   CHECK(entries[0].op == loom::collective_op::all_reduce);
@@ -172,7 +173,8 @@ TEST_CASE("find_unused_parameters: a parameter unused on one rank counts as zero
   distributed.backward(torch::mse_loss(distributed.forward(my_rows(x), use_extra), my_rows(y)));
   for (auto& [name, module] : {std::pair{"trunk", local.module().trunk}, std::pair{"extra", local.module().extra}}) {
     CAPTURE(name);
-    at::Tensor grad = module->weight.grad().defined() ? module->weight.grad().clone() : torch::zeros_like(module->weight);
+    at::Tensor grad =
+        module->weight.grad().defined() ? module->weight.grad().clone() : torch::zeros_like(module->weight);
     world().comm().all_reduce(grad, loom::reduce_op::mean).wait();
     auto& mine = std::string(name) == "trunk" ? distributed.module().trunk : distributed.module().extra;
     REQUIRE(mine->weight.grad().defined());
@@ -183,7 +185,8 @@ TEST_CASE("find_unused_parameters: a parameter unused on one rank counts as zero
 TEST_CASE("a user-written strategy runs: dsl_examples' average_every_step trains like ddp()", "[strategy]") {
   using M = models::BasicMlp<loom::nn::Linear>;
   auto reference = loom::build(loom::model<M>(16, 3) | loom::seeded(9) | loom::ddp(), world());
-  auto custom = loom::build(loom::model<M>(16, 3) | loom::seeded(9) | loom::strategy(examples::average_every_step{}), world());
+  auto custom =
+      loom::build(loom::model<M>(16, 3) | loom::seeded(9) | loom::strategy(examples::average_every_step{}), world());
   CHECK(custom.schedule().entries().size() == 6);
   train_side_by_side(reference, custom, [](auto& job, int step, bool) {
     auto [x, y] = regression_batch(step, 16);

@@ -32,110 +32,123 @@
 namespace {
 
 struct behaviour {
-    std::optional<std::filesystem::path> pid_dir;
-    bool spawn_child = false;
-    bool ignore_sigterm = false;
-    bool wait_for_all = false;
-    std::vector<std::string> printed_variables;
-    std::vector<std::string> lines;
-    std::optional<std::string> partial;
-    std::optional<int> fail_rank;
-    int exit_code = 1;
-    std::optional<int> kill_rank;
-    bool others_sleep = false;
-    int sleep_seconds = 30;
+  std::optional<std::filesystem::path> pid_dir;
+  bool spawn_child = false;
+  bool ignore_sigterm = false;
+  bool wait_for_all = false;
+  std::vector<std::string> printed_variables;
+  std::vector<std::string> lines;
+  std::optional<std::string> partial;
+  std::optional<int> fail_rank;
+  int exit_code = 1;
+  std::optional<int> kill_rank;
+  bool others_sleep = false;
+  int sleep_seconds = 30;
 };
 
 [[noreturn]] void usage(std::string_view problem) {
-    std::cerr << "rank_behaviour: " << problem << '\n';
-    std::exit(64);
+  std::cerr << "rank_behaviour: " << problem << '\n';
+  std::exit(64);
 }
 
 std::vector<std::string> split_commas(const std::string& list) {
-    std::vector<std::string> names;
-    std::istringstream stream{list};
-    for (std::string name; std::getline(stream, name, ',');) names.push_back(name);
-    return names;
+  std::vector<std::string> names;
+  std::istringstream stream{list};
+  for (std::string name; std::getline(stream, name, ',');) names.push_back(name);
+  return names;
 }
 
 behaviour parse(int argc, char** argv) {
-    behaviour b;
-    for (int i = 1; i < argc; ++i) {
-        const std::string_view flag = argv[i];
-        const auto value = [&]() -> std::string {
-            if (i + 1 >= argc) usage(std::string{flag} + " needs a value");
-            return argv[++i];
-        };
-        if (flag == "--pid-dir") b.pid_dir = value();
-        else if (flag == "--spawn-child") b.spawn_child = true;
-        else if (flag == "--ignore-sigterm") b.ignore_sigterm = true;
-        else if (flag == "--wait-for-all") b.wait_for_all = true;
-        else if (flag == "--print-env") b.printed_variables = split_commas(value());
-        else if (flag == "--print") b.lines.push_back(value());
-        else if (flag == "--partial") b.partial = value();
-        else if (flag == "--fail-rank") b.fail_rank = std::stoi(value());
-        else if (flag == "--exit-code") b.exit_code = std::stoi(value());
-        else if (flag == "--kill-rank") b.kill_rank = std::stoi(value());
-        else if (flag == "--others") b.others_sleep = value() == "sleep";
-        else if (flag == "--sleep-s") b.sleep_seconds = std::clamp(std::stoi(value()), 0, 60);
-        else usage("unknown flag " + std::string{flag});
-    }
-    return b;
+  behaviour b;
+  for (int i = 1; i < argc; ++i) {
+    const std::string_view flag = argv[i];
+    const auto value = [&]() -> std::string {
+      if (i + 1 >= argc) usage(std::string{flag} + " needs a value");
+      return argv[++i];
+    };
+    if (flag == "--pid-dir")
+      b.pid_dir = value();
+    else if (flag == "--spawn-child")
+      b.spawn_child = true;
+    else if (flag == "--ignore-sigterm")
+      b.ignore_sigterm = true;
+    else if (flag == "--wait-for-all")
+      b.wait_for_all = true;
+    else if (flag == "--print-env")
+      b.printed_variables = split_commas(value());
+    else if (flag == "--print")
+      b.lines.push_back(value());
+    else if (flag == "--partial")
+      b.partial = value();
+    else if (flag == "--fail-rank")
+      b.fail_rank = std::stoi(value());
+    else if (flag == "--exit-code")
+      b.exit_code = std::stoi(value());
+    else if (flag == "--kill-rank")
+      b.kill_rank = std::stoi(value());
+    else if (flag == "--others")
+      b.others_sleep = value() == "sleep";
+    else if (flag == "--sleep-s")
+      b.sleep_seconds = std::clamp(std::stoi(value()), 0, 60);
+    else
+      usage("unknown flag " + std::string{flag});
+  }
+  return b;
 }
 
 // Written under a temporary name, then renamed: a reader never sees a half-written pid.
 void write_pid(const std::filesystem::path& file, pid_t pid) {
-    const std::filesystem::path partial = file.string() + ".tmp";
-    std::ofstream{partial} << pid << '\n';
-    std::filesystem::rename(partial, file);
+  const std::filesystem::path partial = file.string() + ".tmp";
+  std::ofstream{partial} << pid << '\n';
+  std::filesystem::rename(partial, file);
 }
 
 void wait_for_every_pid_file(const std::filesystem::path& dir) {
-    const char* world_size = std::getenv("WORLD_SIZE");
-    const int ranks = world_size ? std::atoi(world_size) : 1;
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds{10};
-    for (int rank = 0; rank < ranks; ++rank)
-        while (!std::filesystem::exists(dir / ("rank-" + std::to_string(rank) + ".pid")) &&
-               std::chrono::steady_clock::now() < deadline)
-            std::this_thread::sleep_for(std::chrono::milliseconds{5});
+  const char* world_size = std::getenv("WORLD_SIZE");
+  const int ranks = world_size ? std::atoi(world_size) : 1;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds{10};
+  for (int rank = 0; rank < ranks; ++rank)
+    while (!std::filesystem::exists(dir / ("rank-" + std::to_string(rank) + ".pid")) &&
+           std::chrono::steady_clock::now() < deadline)
+      std::this_thread::sleep_for(std::chrono::milliseconds{5});
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-    const behaviour b = parse(argc, argv);
-    const char* rank_text = std::getenv("RANK");
-    const int rank = rank_text ? std::atoi(rank_text) : 0;
-    const std::string name = "rank-" + std::to_string(rank);
+  const behaviour b = parse(argc, argv);
+  const char* rank_text = std::getenv("RANK");
+  const int rank = rank_text ? std::atoi(rank_text) : 0;
+  const std::string name = "rank-" + std::to_string(rank);
 
-    if (b.ignore_sigterm) ::signal(SIGTERM, SIG_IGN);
-    if (b.spawn_child) {
-        const pid_t child = ::fork();
-        if (child == 0) {
-            std::this_thread::sleep_for(std::chrono::seconds{b.sleep_seconds});
-            std::_Exit(0);
-        }
-        if (b.pid_dir) write_pid(*b.pid_dir / (name + "-child.pid"), child);
+  if (b.ignore_sigterm) ::signal(SIGTERM, SIG_IGN);
+  if (b.spawn_child) {
+    const pid_t child = ::fork();
+    if (child == 0) {
+      std::this_thread::sleep_for(std::chrono::seconds{b.sleep_seconds});
+      std::_Exit(0);
     }
-    if (b.pid_dir) write_pid(*b.pid_dir / (name + ".pid"), ::getpid());
-    if (b.wait_for_all) {
-        if (!b.pid_dir) usage("--wait-for-all needs --pid-dir");
-        wait_for_every_pid_file(*b.pid_dir);
-    }
+    if (b.pid_dir) write_pid(*b.pid_dir / (name + "-child.pid"), child);
+  }
+  if (b.pid_dir) write_pid(*b.pid_dir / (name + ".pid"), ::getpid());
+  if (b.wait_for_all) {
+    if (!b.pid_dir) usage("--wait-for-all needs --pid-dir");
+    wait_for_every_pid_file(*b.pid_dir);
+  }
 
-    for (const std::string& variable : b.printed_variables) {
-        const char* value = std::getenv(variable.c_str());
-        std::cout << variable << '=' << (value ? value : "<unset>") << '\n';
-    }
-    for (const std::string& line : b.lines) {
-        std::cout << line << '\n';
-        std::cerr << line << " (stderr)\n";
-    }
-    if (b.partial) std::cout << *b.partial;
-    std::cout.flush();
+  for (const std::string& variable : b.printed_variables) {
+    const char* value = std::getenv(variable.c_str());
+    std::cout << variable << '=' << (value ? value : "<unset>") << '\n';
+  }
+  for (const std::string& line : b.lines) {
+    std::cout << line << '\n';
+    std::cerr << line << " (stderr)\n";
+  }
+  if (b.partial) std::cout << *b.partial;
+  std::cout.flush();
 
-    if (b.fail_rank == rank) return b.exit_code;
-    if (b.kill_rank == rank) ::raise(SIGKILL);
-    if (b.others_sleep) std::this_thread::sleep_for(std::chrono::seconds{b.sleep_seconds});
-    return 0;
+  if (b.fail_rank == rank) return b.exit_code;
+  if (b.kill_rank == rank) ::raise(SIGKILL);
+  if (b.others_sleep) std::this_thread::sleep_for(std::chrono::seconds{b.sleep_seconds});
+  return 0;
 }

@@ -33,68 +33,68 @@ using namespace std::chrono_literals;
 using steady = std::chrono::steady_clock;
 
 std::string required_env(const char* name) {
-    const char* value = std::getenv(name);
-    if (value == nullptr || *value == '\0')
-        throw std::runtime_error{std::string{name} + " must name the built program (meson test sets it)"};
-    return value;
+  const char* value = std::getenv(name);
+  if (value == nullptr || *value == '\0')
+    throw std::runtime_error{std::string{name} + " must name the built program (meson test sets it)"};
+  return value;
 }
 
 const std::string& loom_run() {
-    static const std::string path = required_env("LOOM_RUN");
-    return path;
+  static const std::string path = required_env("LOOM_RUN");
+  return path;
 }
 
 const std::string& rank_behaviour() {
-    static const std::string path = required_env("RANK_BEHAVIOUR");
-    return path;
+  static const std::string path = required_env("RANK_BEHAVIOUR");
+  return path;
 }
 
 class temp_dir {
-public:
-    temp_dir() {
-        std::string pattern = (fs::temp_directory_path() / "loom-launcher-XXXXXX").string();
-        if (::mkdtemp(pattern.data()) == nullptr) throw std::runtime_error{"mkdtemp failed"};
-        path_ = pattern;
-    }
-    ~temp_dir() {
-        std::error_code ignored;
-        fs::remove_all(path_, ignored);
-    }
-    temp_dir(const temp_dir&) = delete;
-    temp_dir& operator=(const temp_dir&) = delete;
+ public:
+  temp_dir() {
+    std::string pattern = (fs::temp_directory_path() / "loom-launcher-XXXXXX").string();
+    if (::mkdtemp(pattern.data()) == nullptr) throw std::runtime_error{"mkdtemp failed"};
+    path_ = pattern;
+  }
+  ~temp_dir() {
+    std::error_code ignored;
+    fs::remove_all(path_, ignored);
+  }
+  temp_dir(const temp_dir&) = delete;
+  temp_dir& operator=(const temp_dir&) = delete;
 
-    [[nodiscard]] const fs::path& path() const { return path_; }
+  [[nodiscard]] const fs::path& path() const { return path_; }
 
-private:
-    fs::path path_;
+ private:
+  fs::path path_;
 };
 
 std::string read_file(const fs::path& file) {
-    std::ifstream in{file};
-    return {std::istreambuf_iterator<char>{in}, std::istreambuf_iterator<char>{}};
+  std::ifstream in{file};
+  return {std::istreambuf_iterator<char>{in}, std::istreambuf_iterator<char>{}};
 }
 
 std::vector<std::string> lines_of(const std::string& text) {
-    std::vector<std::string> lines;
-    std::istringstream stream{text};
-    for (std::string line; std::getline(stream, line);) lines.push_back(line);
-    return lines;
+  std::vector<std::string> lines;
+  std::istringstream stream{text};
+  for (std::string line; std::getline(stream, line);) lines.push_back(line);
+  return lines;
 }
 
 bool contains(const std::vector<std::string>& lines, const std::string& line) {
-    return std::ranges::find(lines, line) != lines.end();
+  return std::ranges::find(lines, line) != lines.end();
 }
 
 struct finished_run {
-    std::optional<int> exit_code;  // unset when loom-run itself died by a signal
-    std::string out;
-    std::string err;
-    steady::duration took;
+  std::optional<int> exit_code;  // unset when loom-run itself died by a signal
+  std::string out;
+  std::string err;
+  steady::duration took;
 
-    [[nodiscard]] std::string last_err_line() const {
-        const auto lines = lines_of(err);
-        return lines.empty() ? "" : lines.back();
-    }
+  [[nodiscard]] std::string last_err_line() const {
+    const auto lines = lines_of(err);
+    return lines.empty() ? "" : lines.back();
+  }
 };
 
 // Environment changes for loom-run: a value sets the variable, std::nullopt removes it.
@@ -102,328 +102,320 @@ using env_changes = std::map<std::string, std::optional<std::string>>;
 
 // One loom-run process, its stdout and stderr going to files. Killed if a test leaves early.
 class launcher_run {
-public:
-    explicit launcher_run(const std::vector<std::string>& args, const env_changes& changes = {})
-        : started_{steady::now()} {
-        std::vector<std::string> argv{loom_run()};
-        argv.insert(argv.end(), args.begin(), args.end());
-        const std::vector<std::string> environment = environment_with(changes);
-        std::vector<char*> argv_pointers = pointers(argv);
-        std::vector<char*> env_pointers = pointers(environment);
-        const std::string out = (output_.path() / "out").string();
-        const std::string err = (output_.path() / "err").string();
+ public:
+  explicit launcher_run(const std::vector<std::string>& args, const env_changes& changes = {})
+      : started_{steady::now()} {
+    std::vector<std::string> argv{loom_run()};
+    argv.insert(argv.end(), args.begin(), args.end());
+    const std::vector<std::string> environment = environment_with(changes);
+    std::vector<char*> argv_pointers = pointers(argv);
+    std::vector<char*> env_pointers = pointers(environment);
+    const std::string out = (output_.path() / "out").string();
+    const std::string err = (output_.path() / "err").string();
 
-        pid_ = ::fork();
-        if (pid_ < 0) throw std::runtime_error{"fork failed"};
-        if (pid_ == 0) {
-            // Descriptors, not stdio: the child must not flush the test's buffered output.
-            if (!redirect(STDOUT_FILENO, out) || !redirect(STDERR_FILENO, err)) std::_Exit(120);
-            ::execve(argv_pointers[0], argv_pointers.data(), env_pointers.data());
-            std::_Exit(121);
-        }
+    pid_ = ::fork();
+    if (pid_ < 0) throw std::runtime_error{"fork failed"};
+    if (pid_ == 0) {
+      // Descriptors, not stdio: the child must not flush the test's buffered output.
+      if (!redirect(STDOUT_FILENO, out) || !redirect(STDERR_FILENO, err)) std::_Exit(120);
+      ::execve(argv_pointers[0], argv_pointers.data(), env_pointers.data());
+      std::_Exit(121);
     }
-    ~launcher_run() {
-        if (pid_ > 0) {
-            ::kill(pid_, SIGKILL);
-            ::waitpid(pid_, nullptr, 0);
-        }
+  }
+  ~launcher_run() {
+    if (pid_ > 0) {
+      ::kill(pid_, SIGKILL);
+      ::waitpid(pid_, nullptr, 0);
     }
-    launcher_run(const launcher_run&) = delete;
-    launcher_run& operator=(const launcher_run&) = delete;
+  }
+  launcher_run(const launcher_run&) = delete;
+  launcher_run& operator=(const launcher_run&) = delete;
 
-    void send(int signal_number) const { ::kill(pid_, signal_number); }
+  void send(int signal_number) const { ::kill(pid_, signal_number); }
 
-    // Waits at most `limit`; a launcher still running then is a failed test, not a hang.
-    finished_run wait(steady::duration limit = 20s) {
-        int status = 0;
-        while (::waitpid(pid_, &status, WNOHANG) == 0) {
-            if (steady::now() - started_ > limit) FAIL("loom-run did not finish in time");
-            std::this_thread::sleep_for(5ms);
-        }
-        pid_ = -1;
-        finished_run run{std::nullopt, read_file(output_.path() / "out"), read_file(output_.path() / "err"),
-                         steady::now() - started_};
-        if (WIFEXITED(status)) run.exit_code = WEXITSTATUS(status);
-        return run;
+  // Waits at most `limit`; a launcher still running then is a failed test, not a hang.
+  finished_run wait(steady::duration limit = 20s) {
+    int status = 0;
+    while (::waitpid(pid_, &status, WNOHANG) == 0) {
+      if (steady::now() - started_ > limit) FAIL("loom-run did not finish in time");
+      std::this_thread::sleep_for(5ms);
     }
+    pid_ = -1;
+    finished_run run{std::nullopt, read_file(output_.path() / "out"), read_file(output_.path() / "err"),
+                     steady::now() - started_};
+    if (WIFEXITED(status)) run.exit_code = WEXITSTATUS(status);
+    return run;
+  }
 
-private:
-    static std::vector<std::string> environment_with(const env_changes& changes) {
-        std::vector<std::string> environment;
-        for (char** entry = environ; *entry != nullptr; ++entry) {
-            const std::string text = *entry;
-            if (!changes.contains(text.substr(0, text.find('=')))) environment.push_back(text);
-        }
-        for (const auto& [name, value] : changes)
-            if (value) environment.push_back(name + "=" + *value);
-        return environment;
+ private:
+  static std::vector<std::string> environment_with(const env_changes& changes) {
+    std::vector<std::string> environment;
+    for (char** entry = environ; *entry != nullptr; ++entry) {
+      const std::string text = *entry;
+      if (!changes.contains(text.substr(0, text.find('=')))) environment.push_back(text);
     }
+    for (const auto& [name, value] : changes)
+      if (value) environment.push_back(name + "=" + *value);
+    return environment;
+  }
 
-    static bool redirect(int target, const std::string& file) {
-        const int fd = ::open(file.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-        return fd >= 0 && ::dup2(fd, target) == target;
-    }
+  static bool redirect(int target, const std::string& file) {
+    const int fd = ::open(file.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    return fd >= 0 && ::dup2(fd, target) == target;
+  }
 
-    static std::vector<char*> pointers(const std::vector<std::string>& strings) {
-        std::vector<char*> result;
-        for (const std::string& s : strings) result.push_back(const_cast<char*>(s.c_str()));
-        result.push_back(nullptr);
-        return result;
-    }
+  static std::vector<char*> pointers(const std::vector<std::string>& strings) {
+    std::vector<char*> result;
+    for (const std::string& s : strings) result.push_back(const_cast<char*>(s.c_str()));
+    result.push_back(nullptr);
+    return result;
+  }
 
-    temp_dir output_;
-    steady::time_point started_;
-    pid_t pid_ = -1;
+  temp_dir output_;
+  steady::time_point started_;
+  pid_t pid_ = -1;
 };
 
 finished_run run_launcher(const std::vector<std::string>& args, const env_changes& changes = {}) {
-    return launcher_run{args, changes}.wait();
+  return launcher_run{args, changes}.wait();
 }
 
 std::vector<std::string> with_helper(std::vector<std::string> launcher_args,
                                      const std::vector<std::string>& helper_args) {
-    launcher_args.push_back("--");
-    launcher_args.push_back(rank_behaviour());
-    launcher_args.insert(launcher_args.end(), helper_args.begin(), helper_args.end());
-    return launcher_args;
+  launcher_args.push_back("--");
+  launcher_args.push_back(rank_behaviour());
+  launcher_args.insert(launcher_args.end(), helper_args.begin(), helper_args.end());
+  return launcher_args;
 }
 
 // Dead: no such process, or a zombie that nobody reaps (a container's init may not).
 bool process_gone(pid_t pid) {
-    if (::kill(pid, 0) != 0 && errno == ESRCH) return true;
-    const std::string stat = read_file("/proc/" + std::to_string(pid) + "/stat");
-    const auto after_name = stat.rfind(')');
-    return after_name != std::string::npos && stat.size() > after_name + 2 && stat[after_name + 2] == 'Z';
+  if (::kill(pid, 0) != 0 && errno == ESRCH) return true;
+  const std::string stat = read_file("/proc/" + std::to_string(pid) + "/stat");
+  const auto after_name = stat.rfind(')');
+  return after_name != std::string::npos && stat.size() > after_name + 2 && stat[after_name + 2] == 'Z';
 }
 
 // SIGKILL acts asynchronously on processes the launcher does not wait for, so allow a moment.
 bool becomes_gone(pid_t pid) {
-    const auto deadline = steady::now() + 3s;
-    while (!process_gone(pid)) {
-        if (steady::now() > deadline) return false;
-        std::this_thread::sleep_for(10ms);
-    }
-    return true;
+  const auto deadline = steady::now() + 3s;
+  while (!process_gone(pid)) {
+    if (steady::now() > deadline) return false;
+    std::this_thread::sleep_for(10ms);
+  }
+  return true;
 }
 
 std::vector<pid_t> wait_for_pids(const fs::path& dir, const std::vector<std::string>& names) {
-    const auto deadline = steady::now() + 10s;
-    std::vector<pid_t> pids;
-    for (const std::string& name : names) {
-        const fs::path file = dir / name;
-        while (!fs::exists(file)) {
-            if (steady::now() > deadline) FAIL("no pid file " << file);
-            std::this_thread::sleep_for(5ms);
-        }
-        pids.push_back(std::stoi(read_file(file)));
+  const auto deadline = steady::now() + 10s;
+  std::vector<pid_t> pids;
+  for (const std::string& name : names) {
+    const fs::path file = dir / name;
+    while (!fs::exists(file)) {
+      if (steady::now() > deadline) FAIL("no pid file " << file);
+      std::this_thread::sleep_for(5ms);
     }
-    return pids;
+    pids.push_back(std::stoi(read_file(file)));
+  }
+  return pids;
 }
 
 int usable_cores() {
-    cpu_set_t mask;
-    REQUIRE(::sched_getaffinity(0, sizeof mask, &mask) == 0);
-    return CPU_COUNT(&mask);
+  cpu_set_t mask;
+  REQUIRE(::sched_getaffinity(0, sizeof mask, &mask) == 0);
+  return CPU_COUNT(&mask);
 }
 
 }  // namespace
 
 TEST_CASE("a rank that exits with code 3 stops the others well within the grace period", "[launcher]") {
-    const auto run = run_launcher(with_helper({"--nproc-per-node", "3", "--grace-s", "20"},
-                                              {"--fail-rank", "1", "--exit-code", "3", "--others", "sleep"}));
-    CHECK(run.exit_code == 1);
-    CHECK(run.took < 5s);
-    CHECK(run.last_err_line() == "loom-run: rank 1 failed first: exited with code 3");
+  const auto run = run_launcher(with_helper({"--nproc-per-node", "3", "--grace-s", "20"},
+                                            {"--fail-rank", "1", "--exit-code", "3", "--others", "sleep"}));
+  CHECK(run.exit_code == 1);
+  CHECK(run.took < 5s);
+  CHECK(run.last_err_line() == "loom-run: rank 1 failed first: exited with code 3");
 }
 
 TEST_CASE("a rank killed by SIGKILL is named with its signal", "[launcher]") {
-    const auto run = run_launcher(
-        with_helper({"--nproc-per-node", "2", "--grace-s", "20"}, {"--kill-rank", "0", "--others", "sleep"}));
-    CHECK(run.exit_code == 1);
-    CHECK(run.took < 5s);
-    CHECK(run.last_err_line() == "loom-run: rank 0 failed first: killed by signal 9 (SIGKILL)");
+  const auto run = run_launcher(
+      with_helper({"--nproc-per-node", "2", "--grace-s", "20"}, {"--kill-rank", "0", "--others", "sleep"}));
+  CHECK(run.exit_code == 1);
+  CHECK(run.took < 5s);
+  CHECK(run.last_err_line() == "loom-run: rank 0 failed first: killed by signal 9 (SIGKILL)");
 }
 
 TEST_CASE("SIGTERM or SIGINT to loom-run reaches every rank and leaves no process behind", "[launcher]") {
-    const auto [signal_number, name] = GENERATE(std::pair{SIGTERM, "SIGTERM"}, std::pair{SIGINT, "SIGINT"});
-    CAPTURE(name);
-    const temp_dir pids;
-    launcher_run launcher{
-        with_helper({"--nproc-per-node", "3", "--grace-s", "20"},
-                    {"--pid-dir", pids.path().string(), "--spawn-child", "--others", "sleep"})};
-    const auto rank_pids = wait_for_pids(pids.path(), {"rank-0.pid", "rank-1.pid", "rank-2.pid"});
-    const auto child_pids =
-        wait_for_pids(pids.path(), {"rank-0-child.pid", "rank-1-child.pid", "rank-2-child.pid"});
-    launcher.send(signal_number);
-    const auto run = launcher.wait();
+  const auto [signal_number, name] = GENERATE(std::pair{SIGTERM, "SIGTERM"}, std::pair{SIGINT, "SIGINT"});
+  CAPTURE(name);
+  const temp_dir pids;
+  launcher_run launcher{with_helper({"--nproc-per-node", "3", "--grace-s", "20"},
+                                    {"--pid-dir", pids.path().string(), "--spawn-child", "--others", "sleep"})};
+  const auto rank_pids = wait_for_pids(pids.path(), {"rank-0.pid", "rank-1.pid", "rank-2.pid"});
+  const auto child_pids = wait_for_pids(pids.path(), {"rank-0-child.pid", "rank-1-child.pid", "rank-2-child.pid"});
+  launcher.send(signal_number);
+  const auto run = launcher.wait();
 
-    CHECK(run.exit_code == 128 + signal_number);
-    CHECK(run.took < 10s);
-    CHECK(run.last_err_line() == std::string{"loom-run: stopped by "} + name + ", which every rank received");
-    for (const pid_t pid : rank_pids) CHECK(process_gone(pid));
-    for (const pid_t pid : child_pids) CHECK(becomes_gone(pid));
+  CHECK(run.exit_code == 128 + signal_number);
+  CHECK(run.took < 10s);
+  CHECK(run.last_err_line() == std::string{"loom-run: stopped by "} + name + ", which every rank received");
+  for (const pid_t pid : rank_pids) CHECK(process_gone(pid));
+  for (const pid_t pid : child_pids) CHECK(becomes_gone(pid));
 }
 
 TEST_CASE("a rank that ignores SIGTERM is killed once --grace-s has passed", "[launcher]") {
-    const temp_dir pids;
-    const auto run = run_launcher(with_helper(
-        {"--nproc-per-node", "2", "--grace-s", "1"},
-        {"--pid-dir", pids.path().string(), "--ignore-sigterm", "--wait-for-all", "--fail-rank", "0",
-         "--exit-code", "3", "--others", "sleep"}));
-    CHECK(run.exit_code == 1);
-    CHECK(run.took >= 1s);
-    CHECK(run.took < 6s);
-    CHECK(run.err.find("rank 1 still runs after the grace period; sending SIGKILL") != std::string::npos);
-    CHECK(run.last_err_line() == "loom-run: rank 0 failed first: exited with code 3");
-    CHECK(process_gone(wait_for_pids(pids.path(), {"rank-1.pid"}).front()));
+  const temp_dir pids;
+  const auto run = run_launcher(with_helper({"--nproc-per-node", "2", "--grace-s", "1"},
+                                            {"--pid-dir", pids.path().string(), "--ignore-sigterm", "--wait-for-all",
+                                             "--fail-rank", "0", "--exit-code", "3", "--others", "sleep"}));
+  CHECK(run.exit_code == 1);
+  CHECK(run.took >= 1s);
+  CHECK(run.took < 6s);
+  CHECK(run.err.find("rank 1 still runs after the grace period; sending SIGKILL") != std::string::npos);
+  CHECK(run.last_err_line() == "loom-run: rank 0 failed first: exited with code 3");
+  CHECK(process_gone(wait_for_pids(pids.path(), {"rank-1.pid"}).front()));
 }
 
 TEST_CASE("what a rank started does not outlive loom-run", "[launcher]") {
-    const temp_dir pids;
-    // The child sleeps 30 s holding the rank's stdout open; loom-run must not wait for it.
-    const auto run = run_launcher(
-        with_helper({"--nproc-per-node", "2"}, {"--pid-dir", pids.path().string(), "--spawn-child"}));
-    CHECK(run.exit_code == 0);
-    CHECK(run.took < 5s);
-    for (const pid_t pid : wait_for_pids(pids.path(), {"rank-0-child.pid", "rank-1-child.pid"}))
-        CHECK(becomes_gone(pid));
+  const temp_dir pids;
+  // The child sleeps 30 s holding the rank's stdout open; loom-run must not wait for it.
+  const auto run =
+      run_launcher(with_helper({"--nproc-per-node", "2"}, {"--pid-dir", pids.path().string(), "--spawn-child"}));
+  CHECK(run.exit_code == 0);
+  CHECK(run.took < 5s);
+  for (const pid_t pid : wait_for_pids(pids.path(), {"rank-0-child.pid", "rank-1-child.pid"})) CHECK(becomes_gone(pid));
 }
 
 TEST_CASE("ranks that all exit 0 make loom-run exit 0 without a failure line", "[launcher]") {
-    const auto run = run_launcher(with_helper({"--nproc-per-node", "2"}, {}));
-    CHECK(run.exit_code == 0);
-    CHECK(run.err.empty());
+  const auto run = run_launcher(with_helper({"--nproc-per-node", "2"}, {}));
+  CHECK(run.exit_code == 0);
+  CHECK(run.err.empty());
 }
 
 TEST_CASE("output lines carry a [rank k] prefix unless --no-prefix", "[launcher]") {
-    const std::vector<std::string> helper{"--print", "hello", "--partial", "no newline"};
-    SECTION("prefixed, stdout and stderr kept apart, a partial last line completed") {
-        const auto run = run_launcher(with_helper({"--nproc-per-node", "2"}, helper));
-        REQUIRE(run.exit_code == 0);
-        const auto out = lines_of(run.out);
-        const auto err = lines_of(run.err);
-        for (const std::string rank : {"0", "1"}) {
-            CHECK(contains(out, "[rank " + rank + "] hello"));
-            CHECK(contains(out, "[rank " + rank + "] no newline"));
-            CHECK(contains(err, "[rank " + rank + "] hello (stderr)"));
-        }
-        CHECK(out.size() == 4);
+  const std::vector<std::string> helper{"--print", "hello", "--partial", "no newline"};
+  SECTION("prefixed, stdout and stderr kept apart, a partial last line completed") {
+    const auto run = run_launcher(with_helper({"--nproc-per-node", "2"}, helper));
+    REQUIRE(run.exit_code == 0);
+    const auto out = lines_of(run.out);
+    const auto err = lines_of(run.err);
+    for (const std::string rank : {"0", "1"}) {
+      CHECK(contains(out, "[rank " + rank + "] hello"));
+      CHECK(contains(out, "[rank " + rank + "] no newline"));
+      CHECK(contains(err, "[rank " + rank + "] hello (stderr)"));
     }
-    SECTION("--no-prefix passes lines through as they are") {
-        const auto run = run_launcher(with_helper({"--nproc-per-node", "2", "--no-prefix"}, helper));
-        REQUIRE(run.exit_code == 0);
-        CHECK(lines_of(run.out) == std::vector<std::string>{"hello", "hello", "no newline", "no newline"});
-        CHECK(run.out.find("[rank") == std::string::npos);
-    }
+    CHECK(out.size() == 4);
+  }
+  SECTION("--no-prefix passes lines through as they are") {
+    const auto run = run_launcher(with_helper({"--nproc-per-node", "2", "--no-prefix"}, helper));
+    REQUIRE(run.exit_code == 0);
+    CHECK(lines_of(run.out) == std::vector<std::string>{"hello", "hello", "no newline", "no newline"});
+    CHECK(run.out.find("[rank") == std::string::npos);
+  }
 }
 
 TEST_CASE("every rank gets torchrun's variables", "[launcher]") {
-    const std::vector<std::string> printed{
-        "--print-env",
-        "RANK,LOCAL_RANK,WORLD_SIZE,LOCAL_WORLD_SIZE,GROUP_RANK,GROUP_WORLD_SIZE,ROLE_RANK,MASTER_ADDR,"
-        "MASTER_PORT,OMP_NUM_THREADS,TORCHELASTIC_USE_AGENT_STORE"};
-    const auto variables_of_rank = [](const finished_run& run, int rank) {
-        std::map<std::string, std::string> variables;
-        const std::string prefix = "[rank " + std::to_string(rank) + "] ";
-        for (const std::string& line : lines_of(run.out))
-            if (line.starts_with(prefix)) {
-                const std::string entry = line.substr(prefix.size());
-                variables[entry.substr(0, entry.find('='))] = entry.substr(entry.find('=') + 1);
-            }
-        return variables;
-    };
+  const std::vector<std::string> printed{
+      "--print-env",
+      "RANK,LOCAL_RANK,WORLD_SIZE,LOCAL_WORLD_SIZE,GROUP_RANK,GROUP_WORLD_SIZE,ROLE_RANK,MASTER_ADDR,"
+      "MASTER_PORT,OMP_NUM_THREADS,TORCHELASTIC_USE_AGENT_STORE"};
+  const auto variables_of_rank = [](const finished_run& run, int rank) {
+    std::map<std::string, std::string> variables;
+    const std::string prefix = "[rank " + std::to_string(rank) + "] ";
+    for (const std::string& line : lines_of(run.out))
+      if (line.starts_with(prefix)) {
+        const std::string entry = line.substr(prefix.size());
+        variables[entry.substr(0, entry.find('='))] = entry.substr(entry.find('=') + 1);
+      }
+    return variables;
+  };
 
-    SECTION("one node: 127.0.0.1, one free port for all, OMP_NUM_THREADS from the cores") {
-        const auto run =
-            run_launcher(with_helper({"--nproc-per-node", "2"}, printed),
-                         {{"OMP_NUM_THREADS", std::nullopt}, {"TORCHELASTIC_USE_AGENT_STORE", "True"}});
-        REQUIRE(run.exit_code == 0);
-        const auto rank0 = variables_of_rank(run, 0);
-        const auto rank1 = variables_of_rank(run, 1);
-        for (const auto& [rank, variables] : {std::pair{0, rank0}, std::pair{1, rank1}}) {
-            CAPTURE(rank);
-            CHECK(variables.at("RANK") == std::to_string(rank));
-            CHECK(variables.at("LOCAL_RANK") == std::to_string(rank));
-            CHECK(variables.at("ROLE_RANK") == std::to_string(rank));
-            CHECK(variables.at("WORLD_SIZE") == "2");
-            CHECK(variables.at("LOCAL_WORLD_SIZE") == "2");
-            CHECK(variables.at("GROUP_RANK") == "0");
-            CHECK(variables.at("GROUP_WORLD_SIZE") == "1");
-            CHECK(variables.at("MASTER_ADDR") == "127.0.0.1");
-            CHECK(variables.at("OMP_NUM_THREADS") == std::to_string(std::max(1, usable_cores() / 2)));
-            CHECK(variables.at("TORCHELASTIC_USE_AGENT_STORE") == "False");
-        }
-        const int port = std::stoi(rank0.at("MASTER_PORT"));
-        CHECK(port > 0);
-        CHECK(port < 65536);
-        CHECK(rank1.at("MASTER_PORT") == rank0.at("MASTER_PORT"));
+  SECTION("one node: 127.0.0.1, one free port for all, OMP_NUM_THREADS from the cores") {
+    const auto run = run_launcher(with_helper({"--nproc-per-node", "2"}, printed),
+                                  {{"OMP_NUM_THREADS", std::nullopt}, {"TORCHELASTIC_USE_AGENT_STORE", "True"}});
+    REQUIRE(run.exit_code == 0);
+    const auto rank0 = variables_of_rank(run, 0);
+    const auto rank1 = variables_of_rank(run, 1);
+    for (const auto& [rank, variables] : {std::pair{0, rank0}, std::pair{1, rank1}}) {
+      CAPTURE(rank);
+      CHECK(variables.at("RANK") == std::to_string(rank));
+      CHECK(variables.at("LOCAL_RANK") == std::to_string(rank));
+      CHECK(variables.at("ROLE_RANK") == std::to_string(rank));
+      CHECK(variables.at("WORLD_SIZE") == "2");
+      CHECK(variables.at("LOCAL_WORLD_SIZE") == "2");
+      CHECK(variables.at("GROUP_RANK") == "0");
+      CHECK(variables.at("GROUP_WORLD_SIZE") == "1");
+      CHECK(variables.at("MASTER_ADDR") == "127.0.0.1");
+      CHECK(variables.at("OMP_NUM_THREADS") == std::to_string(std::max(1, usable_cores() / 2)));
+      CHECK(variables.at("TORCHELASTIC_USE_AGENT_STORE") == "False");
     }
-    SECTION("a user's OMP_NUM_THREADS and master are kept; torchrun's underscore spellings work") {
-        const auto run = run_launcher(
-            with_helper({"--nproc_per_node=2", "--master_addr", "localhost", "--master_port=29555"}, printed),
-            {{"OMP_NUM_THREADS", "7"}});
-        REQUIRE(run.exit_code == 0);
-        for (const int rank : {0, 1}) {
-            const auto variables = variables_of_rank(run, rank);
-            CHECK(variables.at("OMP_NUM_THREADS") == "7");
-            CHECK(variables.at("MASTER_ADDR") == "localhost");
-            CHECK(variables.at("MASTER_PORT") == "29555");
-        }
+    const int port = std::stoi(rank0.at("MASTER_PORT"));
+    CHECK(port > 0);
+    CHECK(port < 65536);
+    CHECK(rank1.at("MASTER_PORT") == rank0.at("MASTER_PORT"));
+  }
+  SECTION("a user's OMP_NUM_THREADS and master are kept; torchrun's underscore spellings work") {
+    const auto run =
+        run_launcher(with_helper({"--nproc_per_node=2", "--master_addr", "localhost", "--master_port=29555"}, printed),
+                     {{"OMP_NUM_THREADS", "7"}});
+    REQUIRE(run.exit_code == 0);
+    for (const int rank : {0, 1}) {
+      const auto variables = variables_of_rank(run, rank);
+      CHECK(variables.at("OMP_NUM_THREADS") == "7");
+      CHECK(variables.at("MASTER_ADDR") == "localhost");
+      CHECK(variables.at("MASTER_PORT") == "29555");
     }
-    SECTION("node 1 of 2 runs global ranks 2 and 3") {
-        const auto run = run_launcher(
-            with_helper({"--nnodes", "2", "--node-rank", "1", "--nproc-per-node", "2", "--master-addr",
-                         "10.0.0.1"},
-                        printed));
-        REQUIRE(run.exit_code == 0);
-        for (const int local_rank : {0, 1}) {
-            const auto variables = variables_of_rank(run, 2 + local_rank);
-            CHECK(variables.at("RANK") == std::to_string(2 + local_rank));
-            CHECK(variables.at("LOCAL_RANK") == std::to_string(local_rank));
-            CHECK(variables.at("WORLD_SIZE") == "4");
-            CHECK(variables.at("GROUP_RANK") == "1");
-            CHECK(variables.at("GROUP_WORLD_SIZE") == "2");
-            CHECK(variables.at("MASTER_ADDR") == "10.0.0.1");
-            CHECK(variables.at("MASTER_PORT") == "29500");  // torchrun's default with several nodes
-        }
+  }
+  SECTION("node 1 of 2 runs global ranks 2 and 3") {
+    const auto run = run_launcher(with_helper(
+        {"--nnodes", "2", "--node-rank", "1", "--nproc-per-node", "2", "--master-addr", "10.0.0.1"}, printed));
+    REQUIRE(run.exit_code == 0);
+    for (const int local_rank : {0, 1}) {
+      const auto variables = variables_of_rank(run, 2 + local_rank);
+      CHECK(variables.at("RANK") == std::to_string(2 + local_rank));
+      CHECK(variables.at("LOCAL_RANK") == std::to_string(local_rank));
+      CHECK(variables.at("WORLD_SIZE") == "4");
+      CHECK(variables.at("GROUP_RANK") == "1");
+      CHECK(variables.at("GROUP_WORLD_SIZE") == "2");
+      CHECK(variables.at("MASTER_ADDR") == "10.0.0.1");
+      CHECK(variables.at("MASTER_PORT") == "29500");  // torchrun's default with several nodes
     }
+  }
 }
 
 TEST_CASE("bad flags are rejected naming the flag and its accepted form", "[launcher]") {
-    const std::vector<std::pair<std::vector<std::string>, std::string>> cases{
-        {{"--nproc-per-node", "abc", "true"}, "--nproc-per-node expects a positive integer"},
-        {{"--nproc-per-node", "0", "true"}, "--nproc-per-node expects a positive integer"},
-        {{"--nnodes", "1:2", "true"}, "--nnodes expects a positive integer"},
-        {{"--master-port", "70000", "true"}, "--master-port expects a port number in 1..65535, got '70000'"},
-        {{"--grace-s", "-1", "true"}, "--grace-s expects a number of seconds in 0..86400"},
-        {{"--nproc-per-node"}, "--nproc-per-node needs a value"},
-        {{"--frobnicate", "true"}, "unknown flag '--frobnicate'"},
-        {{"--no-prefix=yes", "true"}, "--no-prefix takes no value"},
-        {{"--nproc-per-node", "2"}, "no program given"},
-        {{"--nnodes", "2", "--node-rank", "2", "--master-addr", "h", "true"},
-         "--node-rank expects an integer R"},
-        {{"--nnodes", "2", "true"}, "--nnodes 2 expects --master-addr HOST"},
-    };
-    for (const auto& [args, message] : cases) {
-        CAPTURE(args, message);
-        const auto run = run_launcher(args);
-        CHECK(run.exit_code == 2);
-        CHECK(run.err.find("loom-run: " + message) != std::string::npos);
-        CHECK(run.out.empty());
-    }
+  const std::vector<std::pair<std::vector<std::string>, std::string>> cases{
+      {{"--nproc-per-node", "abc", "true"}, "--nproc-per-node expects a positive integer"},
+      {{"--nproc-per-node", "0", "true"}, "--nproc-per-node expects a positive integer"},
+      {{"--nnodes", "1:2", "true"}, "--nnodes expects a positive integer"},
+      {{"--master-port", "70000", "true"}, "--master-port expects a port number in 1..65535, got '70000'"},
+      {{"--grace-s", "-1", "true"}, "--grace-s expects a number of seconds in 0..86400"},
+      {{"--nproc-per-node"}, "--nproc-per-node needs a value"},
+      {{"--frobnicate", "true"}, "unknown flag '--frobnicate'"},
+      {{"--no-prefix=yes", "true"}, "--no-prefix takes no value"},
+      {{"--nproc-per-node", "2"}, "no program given"},
+      {{"--nnodes", "2", "--node-rank", "2", "--master-addr", "h", "true"}, "--node-rank expects an integer R"},
+      {{"--nnodes", "2", "true"}, "--nnodes 2 expects --master-addr HOST"},
+  };
+  for (const auto& [args, message] : cases) {
+    CAPTURE(args, message);
+    const auto run = run_launcher(args);
+    CHECK(run.exit_code == 2);
+    CHECK(run.err.find("loom-run: " + message) != std::string::npos);
+    CHECK(run.out.empty());
+  }
 }
 
 TEST_CASE("a program that cannot be run fails its rank with code 127, saying why", "[launcher]") {
-    const auto run = run_launcher({"--nproc-per-node", "1", "/nonexistent/program"});
-    CHECK(run.exit_code == 1);
-    CHECK(run.err.find("[rank 0] loom-run: cannot run '/nonexistent/program'") != std::string::npos);
-    CHECK(run.last_err_line() == "loom-run: rank 0 failed first: exited with code 127");
+  const auto run = run_launcher({"--nproc-per-node", "1", "/nonexistent/program"});
+  CHECK(run.exit_code == 1);
+  CHECK(run.err.find("[rank 0] loom-run: cannot run '/nonexistent/program'") != std::string::npos);
+  CHECK(run.last_err_line() == "loom-run: rank 0 failed first: exited with code 127");
 }
 
 TEST_CASE("--help lists the flags and exits 0", "[launcher]") {
-    const auto run = run_launcher({"--help"});
-    CHECK(run.exit_code == 0);
-    for (const char* flag : {"--nproc-per-node", "--nnodes", "--node-rank", "--master-addr", "--master-port",
-                             "--no-prefix", "--grace-s"})
-        CHECK(run.out.find(flag) != std::string::npos);
+  const auto run = run_launcher({"--help"});
+  CHECK(run.exit_code == 0);
+  for (const char* flag :
+       {"--nproc-per-node", "--nnodes", "--node-rank", "--master-addr", "--master-port", "--no-prefix", "--grace-s"})
+    CHECK(run.out.find(flag) != std::string::npos);
 }

@@ -22,7 +22,8 @@ struct batch {
 
 batch tokens(std::uint64_t seed, std::int64_t rows = 4) {
   auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
-  return {torch::randint(0, small.vocab, {rows, small.ctx}, gen), torch::randint(0, small.vocab, {rows, small.ctx}, gen)};
+  return {torch::randint(0, small.vocab, {rows, small.ctx}, gen),
+          torch::randint(0, small.vocab, {rows, small.ctx}, gen)};
 }
 
 loom::runtime one() { return loom::runtime::single_process(); }
@@ -113,9 +114,8 @@ TEST_CASE("the fast path and the fallback give the same outputs and gradients", 
 }
 
 TEST_CASE("adapters start as PEFT's: A kaiming-uniform, B zero, scaling alpha / rank", "[lora]") {
-  auto job = loom::build(loom::model<Gpt<loom::nn::Linear>>(small) | loom::seeded(1) |
-                             loom::lora(4, {"q_proj"}, {.alpha = 2.0}),
-                         one());
+  auto job = loom::build(
+      loom::model<Gpt<loom::nn::Linear>>(small) | loom::seeded(1) | loom::lora(4, {"q_proj"}, {.alpha = 2.0}), one());
   auto& q = *job.module().blocks[0]->as<models::BlockImpl<loom::nn::Linear>>()->attn->q_proj;
   REQUIRE(q.adapter().has_value());
   CHECK(q.adapter()->scaling == 0.5);
@@ -143,12 +143,15 @@ TEST_CASE("LoRA freezes all but the adapters, and trainable(...) keeps more", "[
 }
 
 TEST_CASE("targets match a name, its dotted ending, or a whole regex; exclude matches the same way", "[lora]") {
-  auto count = [](auto plan) { return loom::build(plan, loom::runtime::single_process()).trainable_parameters().size() / 2; };
+  auto count = [](auto plan) {
+    return loom::build(plan, loom::runtime::single_process()).trainable_parameters().size() / 2;
+  };
   using M = Gpt<loom::nn::Linear>;
   CHECK(count(loom::model<M>(small) | loom::lora(2, {"attn.q_proj"})) == 2);
   CHECK(count(loom::model<M>(small) | loom::lora(2, {"blocks.1.attn.q_proj"})) == 1);
   CHECK(count(loom::model<M>(small) | loom::lora(2, {loom::pattern("blocks\\.1\\.attn\\..*_proj")})) == 4);
-  CHECK(count(loom::model<M>(small) | loom::lora(2, loom::default_targets, {.exclude = {"blocks.0.attn.k_proj"}})) == 7);
+  CHECK(count(loom::model<M>(small) | loom::lora(2, loom::default_targets, {.exclude = {"blocks.0.attn.k_proj"}})) ==
+        7);
 }
 
 TEST_CASE("merge folds the adapters in, unmerge takes them out", "[lora]") {
@@ -194,18 +197,17 @@ TEST_CASE("a target that matches nothing lists the linear layers that exist", "[
 }
 
 TEST_CASE("a target that selects a module that is not linear is named with its type", "[lora][errors]") {
-  CHECK_THROWS_WITH(loom::build(loom::model<Gpt<loom::nn::Linear>>(small) | loom::lora(4, {"blocks.0.attn"}), one()),
-                    ContainsSubstring("selects 'blocks.0.attn', a models::AttentionImpl") &&
-                        ContainsSubstring("not a linear layer"));
+  CHECK_THROWS_WITH(
+      loom::build(loom::model<Gpt<loom::nn::Linear>>(small) | loom::lora(4, {"blocks.0.attn"}), one()),
+      ContainsSubstring("selects 'blocks.0.attn', a models::AttentionImpl") && ContainsSubstring("not a linear layer"));
   CHECK_THROWS_WITH(loom::build(loom::model<Gpt<loom::nn::Linear>>(small) | loom::lora(4, {"ln1"}), one()),
                     ContainsSubstring("'blocks.0.ln1', a torch::nn::LayerNormImpl"));
 }
 
 TEST_CASE("dropout on the torch::nn::Linear fallback is refused with the fix", "[lora][errors]") {
-  CHECK_THROWS_WITH(loom::build(loom::model<Gpt<torch::nn::Linear>>(small) |
-                                    loom::lora(4, {"q_proj"}, {.dropout = 0.1}),
-                                one()),
-                    ContainsSubstring("needs loom::nn::Linear") && ContainsSubstring("set dropout to 0"));
+  CHECK_THROWS_WITH(
+      loom::build(loom::model<Gpt<torch::nn::Linear>>(small) | loom::lora(4, {"q_proj"}, {.dropout = 0.1}), one()),
+      ContainsSubstring("needs loom::nn::Linear") && ContainsSubstring("set dropout to 0"));
 }
 
 TEST_CASE("ddp() with no trainable parameter says so and names the fix", "[ddp][errors]") {

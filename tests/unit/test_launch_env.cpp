@@ -23,7 +23,7 @@ loom::env_lookup lookup(const variables& vars) {
 }
 
 variables torchrun(int rank, int world) {
-  return {{"RANK", std::to_string(rank)},       {"LOCAL_RANK", std::to_string(rank)},
+  return {{"RANK", std::to_string(rank)},        {"LOCAL_RANK", std::to_string(rank)},
           {"WORLD_SIZE", std::to_string(world)}, {"LOCAL_WORLD_SIZE", std::to_string(world)},
           {"MASTER_ADDR", "127.0.0.1"},          {"MASTER_PORT", "29500"}};
 }
@@ -73,8 +73,7 @@ TEST_CASE("torchrun's variables are read", "[launch_env]") {
 }
 
 TEST_CASE("the agent store and its attempt are read", "[launch_env]") {
-  auto vars = with(with(torchrun(1, 2), "TORCHELASTIC_USE_AGENT_STORE", "True"),
-                   "TORCHELASTIC_RESTART_COUNT", "3");
+  auto vars = with(with(torchrun(1, 2), "TORCHELASTIC_USE_AGENT_STORE", "True"), "TORCHELASTIC_RESTART_COUNT", "3");
   launch_env env = parse_launch_env(lookup(vars));
   CHECK(env.agent_store);
   CHECK(env.restart_count == 3);
@@ -101,23 +100,22 @@ TEST_CASE("a malformed variable is named with its accepted form", "[launch_env]"
   struct bad_case {
     std::string name, value, expected;
   };
-  auto [name, value, expected] = GENERATE(
-      bad_case{"RANK", "abc", "non-negative integer"}, bad_case{"RANK", "-1", "non-negative integer"},
-      bad_case{"RANK", "1x", "non-negative integer"}, bad_case{"WORLD_SIZE", "0", "positive integer"},
-      bad_case{"WORLD_SIZE", "", "positive integer"}, bad_case{"MASTER_PORT", "70000", "1 to 65535"},
-      bad_case{"MASTER_PORT", "0", "1 to 65535"}, bad_case{"MASTER_PORT", "http", "1 to 65535"},
-      bad_case{"LOCAL_RANK", "2", "below LOCAL_WORLD_SIZE"},
-      bad_case{"LOOM_TIMEOUT_S", "0", "positive number of seconds"},
-      bad_case{"LOOM_TIMEOUT_S", "soon", "positive number of seconds"},
-      bad_case{"LOOM_BACKEND", "mpi", "gloo (CPU tensors) or nccl (CUDA tensors)"});
+  auto [name, value, expected] =
+      GENERATE(bad_case{"RANK", "abc", "non-negative integer"}, bad_case{"RANK", "-1", "non-negative integer"},
+               bad_case{"RANK", "1x", "non-negative integer"}, bad_case{"WORLD_SIZE", "0", "positive integer"},
+               bad_case{"WORLD_SIZE", "", "positive integer"}, bad_case{"MASTER_PORT", "70000", "1 to 65535"},
+               bad_case{"MASTER_PORT", "0", "1 to 65535"}, bad_case{"MASTER_PORT", "http", "1 to 65535"},
+               bad_case{"LOCAL_RANK", "2", "below LOCAL_WORLD_SIZE"},
+               bad_case{"LOOM_TIMEOUT_S", "0", "positive number of seconds"},
+               bad_case{"LOOM_TIMEOUT_S", "soon", "positive number of seconds"},
+               bad_case{"LOOM_BACKEND", "mpi", "gloo (CPU tensors) or nccl (CUDA tensors)"});
   CAPTURE(name, value);
   CHECK_THAT(error_for(with(good, name, value)),
              ContainsSubstring(name + "=\"" + value + "\"") && ContainsSubstring(expected));
 }
 
 TEST_CASE("RANK must be below WORLD_SIZE", "[launch_env]") {
-  CHECK_THAT(error_for(with(torchrun(0, 2), "RANK", "2")),
-             ContainsSubstring("RANK=2 is not below WORLD_SIZE=2"));
+  CHECK_THAT(error_for(with(torchrun(0, 2), "RANK", "2")), ContainsSubstring("RANK=2 is not below WORLD_SIZE=2"));
 }
 
 TEST_CASE("a missing variable is named, with the launcher that sets it", "[launch_env]") {

@@ -1,7 +1,7 @@
 // The runtime's failures that need LibTorch: an unreachable master, a missing backend, a step's
 // error in a single process.
-#include <loom/runtime/runtime.hpp>
 #include <loom/runtime/failures.hpp>
+#include <loom/runtime/runtime.hpp>
 
 #include <ATen/ATen.h>
 
@@ -71,8 +71,8 @@ TEST_CASE("an unreachable master fails within the timeout, naming it", "[runtime
 TEST_CASE("asking for a backend this LibTorch lacks names it and the alternative", "[runtime]") {
   loom::launch_env env;
   env.backend = loom::backend_kind::nccl;
-  CHECK_THROWS_WITH(loom::runtime(env), ContainsSubstring("LOOM_BACKEND=nccl") &&
-                                            ContainsSubstring("use LOOM_BACKEND=gloo"));
+  CHECK_THROWS_WITH(loom::runtime(env),
+                    ContainsSubstring("LOOM_BACKEND=nccl") && ContainsSubstring("use LOOM_BACKEND=gloo"));
 }
 #endif
 

@@ -33,10 +33,7 @@ inline std::string to_text(double value) {
 }
 
 template <class Integer>
-  requires std::is_integral_v<Integer>
-std::string to_text(Integer value) {
-  return std::to_string(value);
-}
+requires std::is_integral_v<Integer> std::string to_text(Integer value) { return std::to_string(value); }
 
 // [q_proj, pattern("blocks\.\d+\.attn")]
 inline std::string to_text(const target_list& list) {

@@ -25,7 +25,8 @@ constexpr violation lora_violation(int rank, const target_list& targets, const l
   if (options.alpha && !(*options.alpha > 0)) return violation::r5_alpha_not_positive;
   if (!(options.dropout >= 0 && options.dropout < 1)) return violation::r5_dropout_out_of_range;  // NaN too
   if (targets.empty()) return violation::r5_no_targets;
-  if (const violation v = detail::entries_violation(targets, violation::r5_empty_target, violation::r5_duplicate_target);
+  if (const violation v =
+          detail::entries_violation(targets, violation::r5_empty_target, violation::r5_duplicate_target);
       v != violation::none)
     return v;
   return detail::entries_violation(options.exclude, violation::r5_empty_exclude, violation::r5_duplicate_exclude);

@@ -37,8 +37,8 @@ struct model_stage : detail::pipeable {
 template <class M, class... Args>
 constexpr plan<model_stage<M, std::decay_t<Args>...>> model(Args&&... args) {
   LOOM_STATIC_CHECK(std::is_class_v<M> ? violation::none : violation::r7_model_not_class);
-  return plan<model_stage<M, std::decay_t<Args>...>>(
-      std::tuple(model_stage<M, std::decay_t<Args>...>(std::tuple<std::decay_t<Args>...>(std::forward<Args>(args)...))));
+  return plan<model_stage<M, std::decay_t<Args>...>>(std::tuple(
+      model_stage<M, std::decay_t<Args>...>(std::tuple<std::decay_t<Args>...>(std::forward<Args>(args)...))));
 }
 
 }  // namespace loom

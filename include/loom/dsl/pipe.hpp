@@ -40,10 +40,7 @@ constexpr std::tuple<S> stages_of(const S& s) {
 }
 
 template <pipeline_part P>
-  requires(!stage<P>)
-constexpr const auto& stages_of(const P& p) {
-  return p.stages();
-}
+requires(!stage<P>) constexpr const auto& stages_of(const P& p) { return p.stages(); }
 
 template <class... Stages>
 inline constexpr std::array<stage_kind, sizeof...(Stages)> kinds_of{Stages::kind...};
@@ -58,8 +55,8 @@ inline constexpr violation violation_in<std::tuple<First, Rest...>> =
 
 // The stages of `Lhs | Rhs`, in order.
 template <class Lhs, class Rhs>
-using joined_stages = decltype(std::tuple_cat(stages_of(std::declval<const Lhs&>()),
-                                              stages_of(std::declval<const Rhs&>())));
+using joined_stages =
+    decltype(std::tuple_cat(stages_of(std::declval<const Lhs&>()), stages_of(std::declval<const Rhs&>())));
 
 template <class First, class... Rest>
 constexpr auto make_pipeline(std::tuple<First, Rest...>&& stages) {
@@ -94,8 +91,7 @@ struct pipeable {
 
   // The commonest slip, `| loom::ddp` for `| loom::ddp()`: one sentence instead of a candidate list.
   template <pipeline_part Lhs, class Rhs>
-    requires(!pipeline_part<Rhs>)
-  friend constexpr Lhs operator|(const Lhs& lhs, const Rhs&) {
+  requires(!pipeline_part<Rhs>) friend constexpr Lhs operator|(const Lhs& lhs, const Rhs&) {
     LOOM_STATIC_CHECK(dependent_false<Rhs> ? violation::none : violation::r13_not_a_stage);
     return lhs;
   }
@@ -106,8 +102,9 @@ struct pipeable {
 // Whether `lhs | rhs` compiles: both sides are stages, closures or plans, and together they break no
 // rule. (operator| itself accepts any two and static_asserts, to print the rule's sentence.)
 template <class Lhs, class Rhs>
-concept composable = detail::pipeline_part<Lhs> && detail::pipeline_part<Rhs> &&
-                     detail::violation_in<detail::joined_stages<Lhs, Rhs>> == violation::none;
+concept composable =
+    detail::pipeline_part<Lhs> && detail::pipeline_part<Rhs> && detail::violation_in<detail::joined_stages<Lhs, Rhs>>
+== violation::none;
 
 // A partial pipeline, such as `lora(8) | ddp()`: a value to pipe into a model later.
 template <class... Stages>

@@ -19,9 +19,9 @@
 // for any other strategy.
 #define LOOM_R3_SENTENCE(stage, strategy, why) \
   "loom R3: " stage "(...) comes after " strategy ": put " stage " before the strategy (" why ")"
-#define LOOM_R3_STRATEGIES(X, ...)                                                                       \
+#define LOOM_R3_STRATEGIES(X, ...)                                                                         \
   X(ddp, "DDP builds its gradient reducer from the parameters that are trainable when it wraps the model", \
-    __VA_ARGS__)                                                                                         \
+    __VA_ARGS__)                                                                                           \
   X(fsdp, "FSDP decides what to shard and what to replicate when it wraps the model", __VA_ARGS__)
 
 #define LOOM_DETAIL_R3_NAMED(strategy, why, X, stage) \
@@ -34,24 +34,24 @@
 // The sentences that a static_assert outside the table's checks names, so their rows name them too:
 // strategy() checks R8 requirement by requirement, and loom::build checks R7 where the plan meets
 // LibTorch.
-#define LOOM_R7_NOT_A_MODULE                                                                          \
+#define LOOM_R7_NOT_A_MODULE                                                                      \
   "loom R7: model<M>(...) needs a LibTorch module: M must derive from torch::nn::Module or be a " \
   "ModuleHolder made by TORCH_MODULE(...)"
 #define LOOM_R7_NOT_CONSTRUCTIBLE \
   "loom R7: M cannot be constructed from the arguments given to model<M>(...): pass what M's constructor takes"
-#define LOOM_R8_NO_NAME                                                                          \
+#define LOOM_R8_NO_NAME                                                                       \
   "loom R8: the strategy has no static constexpr std::string_view name: add one (describe() " \
   "and the collective schedule name the strategy by it)"
-#define LOOM_R8_NO_OPTIONS                                                                   \
+#define LOOM_R8_NO_OPTIONS                                                                \
   "loom R8: the strategy has no options() const returning a string: add one (describe() " \
   "prints it; return an empty string when there are none)"
 #define LOOM_R8_NO_SETUP                                                               \
   "loom R8: the strategy has no setup(loom::strategy_context&): add it (it wraps the " \
   "built module for the process group)"
-#define LOOM_R8_NO_BEFORE_FORWARD                                                             \
+#define LOOM_R8_NO_BEFORE_FORWARD                                                              \
   "loom R8: the strategy has no before_forward(loom::strategy_context&): add it (job.forward " \
   "calls it before the module's forward)"
-#define LOOM_R8_NO_AFTER_BACKWARD                                                       \
+#define LOOM_R8_NO_AFTER_BACKWARD                                                 \
   "loom R8: the strategy has no after_backward(loom::strategy_context&): add it " \
   "(job.backward calls it to finish the gradient synchronisation)"
 #define LOOM_R8_NOT_COPYABLE \
@@ -60,43 +60,55 @@
 // X(id, sentence) for every rule, in the order of docs/rules.md.
 #define LOOM_RULES(X)                                                                                   \
   /* R1: a plan starts with exactly one model<M>(). */                                                  \
-  X(r1_no_model, "loom R1: the plan has no model: start it with loom::model<M>(args...) "               \
-                 "(there is nothing to build without one)")                                             \
-  X(r1_model_not_first, "loom R1: model<M>(...) is not the first stage: start the plan with the model " \
-                        "and pipe the other stages into it")                                            \
-  X(r1_two_models, "loom R1: the plan has two models: keep one model<M>(...) (a plan builds exactly "   \
-                   "one model)")                                                                        \
+  X(r1_no_model,                                                                                        \
+    "loom R1: the plan has no model: start it with loom::model<M>(args...) "                            \
+    "(there is nothing to build without one)")                                                          \
+  X(r1_model_not_first,                                                                                 \
+    "loom R1: model<M>(...) is not the first stage: start the plan with the model "                     \
+    "and pipe the other stages into it")                                                                \
+  X(r1_two_models,                                                                                      \
+    "loom R1: the plan has two models: keep one model<M>(...) (a plan builds exactly "                  \
+    "one model)")                                                                                       \
   /* R2: at most one strategy, and it is the last stage. */                                             \
-  X(r2_two_strategies, "loom R2: the plan has two strategies: keep one of local(), ddp(), fsdp() or "   \
-                       "strategy(...) (one strategy wraps the whole model)")                            \
-  X(r2_seeded_after_strategy, "loom R2: seeded(...) comes after the strategy: the strategy is the "     \
-                              "last stage, so move seeded directly after model<M>(...)")                \
+  X(r2_two_strategies,                                                                                  \
+    "loom R2: the plan has two strategies: keep one of local(), ddp(), fsdp() or "                      \
+    "strategy(...) (one strategy wraps the whole model)")                                               \
+  X(r2_seeded_after_strategy,                                                                           \
+    "loom R2: seeded(...) comes after the strategy: the strategy is the "                               \
+    "last stage, so move seeded directly after model<M>(...)")                                          \
   /* R3: lora / trainable come before the strategy. */                                                  \
   LOOM_DETAIL_R3_ROWS(X, lora)                                                                          \
   LOOM_DETAIL_R3_ROWS(X, trainable)                                                                     \
   /* R4: seeded at most once, directly after model. */                                                  \
-  X(r4_seeded_twice, "loom R4: seeded(...) appears twice: keep one seed (it governs the model's "       \
-                     "construction, which happens once)")                                               \
-  X(r4_seeded_not_after_model, "loom R4: seeded(...) is not directly after model<M>(...): move it "     \
-                               "there (the seed governs the model's construction, which comes first)")  \
+  X(r4_seeded_twice,                                                                                    \
+    "loom R4: seeded(...) appears twice: keep one seed (it governs the model's "                        \
+    "construction, which happens once)")                                                                \
+  X(r4_seeded_not_after_model,                                                                          \
+    "loom R4: seeded(...) is not directly after model<M>(...): move it "                                \
+    "there (the seed governs the model's construction, which comes first)")                             \
   /* R5: the values of lora(...). */                                                                    \
   X(r5_rank_not_positive, "loom R5: lora rank must be > 0: pass a positive rank, e.g. lora(8)")         \
-  X(r5_alpha_not_positive, "loom R5: lora alpha must be > 0: pass .alpha > 0, or leave it out to use "  \
-                           "the rank")                                                                  \
-  X(r5_dropout_out_of_range, "loom R5: lora dropout must be in [0, 1): pass .dropout >= 0 and < 1 "     \
-                             "(dropout 1 zeroes the adapter's input)")                                  \
-  X(r5_no_targets, "loom R5: lora targets are empty: name at least one module, or leave targets out "   \
-                   "to use loom::default_targets")                                                      \
+  X(r5_alpha_not_positive,                                                                              \
+    "loom R5: lora alpha must be > 0: pass .alpha > 0, or leave it out to use "                         \
+    "the rank")                                                                                         \
+  X(r5_dropout_out_of_range,                                                                            \
+    "loom R5: lora dropout must be in [0, 1): pass .dropout >= 0 and < 1 "                              \
+    "(dropout 1 zeroes the adapter's input)")                                                           \
+  X(r5_no_targets,                                                                                      \
+    "loom R5: lora targets are empty: name at least one module, or leave targets out "                  \
+    "to use loom::default_targets")                                                                     \
   X(r5_empty_target, "loom R5: a lora target is empty: remove it or name a module")                     \
   X(r5_duplicate_target, "loom R5: a lora target is listed twice: remove the duplicate")                \
   X(r5_empty_exclude, "loom R5: a lora exclude entry is empty: remove it or name a module")             \
   X(r5_duplicate_exclude, "loom R5: a lora exclude entry is listed twice: remove the duplicate")        \
   /* R6: at most one lora. */                                                                           \
-  X(r6_two_loras, "loom R6: the plan has two lora(...) stages: keep one and list every target in it "   \
-                  "(a plan carries one adapter set)")                                                   \
+  X(r6_two_loras,                                                                                       \
+    "loom R6: the plan has two lora(...) stages: keep one and list every target in it "                 \
+    "(a plan carries one adapter set)")                                                                 \
   /* R7: M is a LibTorch module constructible from the arguments; the DSL checks that it is a class. */ \
-  X(r7_model_not_class, "loom R7: model<M>(...) needs a class type M: pass the module type, e.g. "      \
-                        "model<TinyGpt>(config)")                                                       \
+  X(r7_model_not_class,                                                                                 \
+    "loom R7: model<M>(...) needs a class type M: pass the module type, e.g. "                          \
+    "model<TinyGpt>(config)")                                                                           \
   X(r7_not_a_module, LOOM_R7_NOT_A_MODULE)                                                              \
   X(r7_not_constructible, LOOM_R7_NOT_CONSTRUCTIBLE)                                                    \
   /* R8: a user-written strategy models loom::Strategy; one sentence per requirement. */                \
@@ -107,23 +119,28 @@
   X(r8_no_after_backward, LOOM_R8_NO_AFTER_BACKWARD)                                                    \
   X(r8_not_copyable, LOOM_R8_NOT_COPYABLE)                                                              \
   /* R9: trainable needs a lora before it. */                                                           \
-  X(r9_trainable_without_lora, "loom R9: trainable(...) has no lora(...) before it: put lora first "    \
-                               "(lora freezes the base model and trainable keeps more of it "           \
-                               "trainable; without lora every parameter is trainable already)")         \
+  X(r9_trainable_without_lora,                                                                          \
+    "loom R9: trainable(...) has no lora(...) before it: put lora first "                               \
+    "(lora freezes the base model and trainable keeps more of it "                                      \
+    "trainable; without lora every parameter is trainable already)")                                    \
   /* R10: at most one trainable. */                                                                     \
-  X(r10_trainable_twice, "loom R10: trainable(...) appears twice: list every pattern in one "           \
-                         "trainable(...)")                                                              \
+  X(r10_trainable_twice,                                                                                \
+    "loom R10: trainable(...) appears twice: list every pattern in one "                                \
+    "trainable(...)")                                                                                   \
   /* R11: the values of trainable(...). */                                                              \
-  X(r11_no_patterns, "loom R11: trainable() has no patterns: name at least one module or parameter, "   \
-                     "or remove the stage")                                                             \
+  X(r11_no_patterns,                                                                                    \
+    "loom R11: trainable() has no patterns: name at least one module or parameter, "                    \
+    "or remove the stage")                                                                              \
   X(r11_empty_pattern, "loom R11: a trainable pattern is empty: remove it or name a module")            \
   X(r11_duplicate_pattern, "loom R11: a trainable pattern is listed twice: remove the duplicate")       \
   /* R12: a target list is stored inline, so it has a fixed capacity. */                                \
-  X(r12_too_many_targets, "loom R12: a target list holds at most 16 entries: match several modules "    \
-                          "with one loom::pattern(regex)")                                              \
+  X(r12_too_many_targets,                                                                               \
+    "loom R12: a target list holds at most 16 entries: match several modules "                          \
+    "with one loom::pattern(regex)")                                                                    \
   /* R13: the right side of | is a stage. */                                                            \
-  X(r13_not_a_stage, "loom R13: the right side of | is not a loom stage: call the stage function, "     \
-                     "e.g. loom::ddp() rather than loom::ddp")
+  X(r13_not_a_stage,                                                                                    \
+    "loom R13: the right side of | is not a loom stage: call the stage function, "                      \
+    "e.g. loom::ddp() rather than loom::ddp")
 
 // Stops compilation, with the sentence of its argument (a constant loom::violation) on the first
 // error line, unless that is violation::none: a static_assert per row, each with its sentence.
@@ -132,10 +149,8 @@
     constexpr ::loom::violation loom_broken_rule = (__VA_ARGS__); \
     LOOM_RULES(LOOM_DETAIL_ASSERT_NOT_BROKEN)                     \
   } while (false)
-#define LOOM_DETAIL_ASSERT_NOT_BROKEN(id, sentence) \
-  static_assert(loom_broken_rule != ::loom::violation::id, sentence);
+#define LOOM_DETAIL_ASSERT_NOT_BROKEN(id, sentence) static_assert(loom_broken_rule != ::loom::violation::id, sentence);
 
 // The cases of detail::enforce: each row's violation calls report_error<its sentence>.
 #define LOOM_DETAIL_REPORT_CASE(id, sentence) \
-  case ::loom::violation::id:                 \
-    ::loom::detail::report_error<sentence>(::loom::violation::id);
+  case ::loom::violation::id: ::loom::detail::report_error<sentence>(::loom::violation::id);

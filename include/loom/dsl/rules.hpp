@@ -92,8 +92,6 @@ constexpr violation first_violation_in_fragment(std::span<const stage_kind> frag
 }
 
 // Throws plan_error with the rule's sentence when the plan breaks a rule.
-constexpr void check_stages(std::span<const stage_kind> plan) {
-  detail::enforce(first_violation(plan));
-}
+constexpr void check_stages(std::span<const stage_kind> plan) { detail::enforce(first_violation(plan)); }
 
 }  // namespace loom

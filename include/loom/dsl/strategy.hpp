@@ -35,13 +35,19 @@ concept has_options = requires(const S& s) {
 };
 
 template <class S>
-concept has_setup = requires(S& s, strategy_context& context) { s.setup(context); };
+concept has_setup = requires(S& s, strategy_context& context) {
+  s.setup(context);
+};
 
 template <class S>
-concept has_before_forward = requires(S& s, strategy_context& context) { s.before_forward(context); };
+concept has_before_forward = requires(S& s, strategy_context& context) {
+  s.before_forward(context);
+};
 
 template <class S>
-concept has_after_backward = requires(S& s, strategy_context& context) { s.after_backward(context); };
+concept has_after_backward = requires(S& s, strategy_context& context) {
+  s.after_backward(context);
+};
 
 }  // namespace strategy_requirements
 
@@ -49,9 +55,8 @@ concept has_after_backward = requires(S& s, strategy_context& context) { s.after
 // and backward (before_forward, after_backward). It is copyable because a plan is a value.
 template <class S>
 concept Strategy = std::copy_constructible<S> && strategy_requirements::has_name<S> &&
-                   strategy_requirements::has_options<S> && strategy_requirements::has_setup<S> &&
-                   strategy_requirements::has_before_forward<S> &&
-                   strategy_requirements::has_after_backward<S>;
+    strategy_requirements::has_options<S> && strategy_requirements::has_setup<S> &&
+    strategy_requirements::has_before_forward<S> && strategy_requirements::has_after_backward<S>;
 
 template <class S>
 class strategy_stage : public detail::pipeable {
@@ -64,9 +69,7 @@ class strategy_stage : public detail::pipeable {
   [[nodiscard]] constexpr S& get() noexcept { return strategy_; }
   [[nodiscard]] constexpr const S& get() const noexcept { return strategy_; }
 
-  [[nodiscard]] std::string describe() const {
-    return detail::call_text(S::name, std::string(strategy_.options()));
-  }
+  [[nodiscard]] std::string describe() const { return detail::call_text(S::name, std::string(strategy_.options())); }
 
  private:
   S strategy_;
@@ -80,13 +83,20 @@ enum class strategy_gap : unsigned char { none, name, options, setup, before_for
 template <class S>
 consteval strategy_gap first_gap() {
   namespace req = strategy_requirements;
-  if constexpr (!req::has_name<S>) return strategy_gap::name;
-  else if constexpr (!req::has_options<S>) return strategy_gap::options;
-  else if constexpr (!req::has_setup<S>) return strategy_gap::setup;
-  else if constexpr (!req::has_before_forward<S>) return strategy_gap::before_forward;
-  else if constexpr (!req::has_after_backward<S>) return strategy_gap::after_backward;
-  else if constexpr (!std::copy_constructible<S>) return strategy_gap::copy;
-  else return strategy_gap::none;
+  if constexpr (!req::has_name<S>)
+    return strategy_gap::name;
+  else if constexpr (!req::has_options<S>)
+    return strategy_gap::options;
+  else if constexpr (!req::has_setup<S>)
+    return strategy_gap::setup;
+  else if constexpr (!req::has_before_forward<S>)
+    return strategy_gap::before_forward;
+  else if constexpr (!req::has_after_backward<S>)
+    return strategy_gap::after_backward;
+  else if constexpr (!std::copy_constructible<S>)
+    return strategy_gap::copy;
+  else
+    return strategy_gap::none;
 }
 
 }  // namespace detail

@@ -26,7 +26,7 @@ struct target {
   target_kind kind = target_kind::name;
 
   constexpr target() noexcept = default;
-  constexpr target(const char* name) noexcept : text(name) {}  // NOLINT: {"q_proj", ...}
+  constexpr target(const char* name) noexcept : text(name) {}                             // NOLINT: {"q_proj", ...}
   constexpr target(std::string_view text, target_kind kind = target_kind::name) noexcept  // NOLINT
       : text(text), kind(kind) {}
   target(const std::string& name) noexcept : text(name) {}  // NOLINT: target_list copies the text

@@ -20,8 +20,9 @@ enum class violation : unsigned char {
 constexpr std::string_view sentence(violation v) noexcept {
   switch (v) {
     case violation::none: return {};
-#define LOOM_DETAIL_SENTENCE(id, text) case violation::id: return text;
-    LOOM_RULES(LOOM_DETAIL_SENTENCE)
+#define LOOM_DETAIL_SENTENCE(id, text) \
+  case violation::id: return text;
+      LOOM_RULES(LOOM_DETAIL_SENTENCE)
 #undef LOOM_DETAIL_SENTENCE
   }
   return {};

@@ -48,8 +48,7 @@ auto build_checked(const Plan& plan, runtime rt) {
   } else {
     broadcast_replicas(rt, *base);
   }
-  return job<M, decltype(engine)>(std::move(model), std::move(rt), std::move(lora), plan.describe(),
-                                  std::move(engine));
+  return job<M, decltype(engine)>(std::move(model), std::move(rt), std::move(lora), plan.describe(), std::move(engine));
 }
 
 }  // namespace detail
@@ -57,12 +56,11 @@ auto build_checked(const Plan& plan, runtime rt) {
 // R7 is checked here, where the plan meets LibTorch; a failed check stops before the body, so the
 // sentence is the whole diagnostic.
 template <class Plan>
-  requires is_plan<Plan>
+requires is_plan<Plan>
 [[nodiscard]] auto build(const Plan& plan, runtime rt) {
   using M = typename Plan::model_type;
   constexpr bool is_module = TorchModule<M>;
-  constexpr bool constructible =
-      detail::constructible_from_tuple<M, std::remove_cvref_t<decltype(plan.model_args())>>;
+  constexpr bool constructible = detail::constructible_from_tuple<M, std::remove_cvref_t<decltype(plan.model_args())>>;
   constexpr bool has_engine = detail::has_engine<typename Plan::strategy_type>;
   static_assert(is_module, LOOM_R7_NOT_A_MODULE);
   static_assert(!is_module || constructible, LOOM_R7_NOT_CONSTRUCTIBLE);
@@ -75,9 +73,6 @@ template <class Plan>
 // READ THIS: build() takes a whole plan. A partial pipeline such as `lora(8) | ddp()` has no model
 // yet: pipe it into one, `build(model<M>(args...) | adapters, rt)`.
 template <class NotAPlan>
-  requires(!is_plan<NotAPlan>)
-void build(const NotAPlan&, const runtime&) {
-  require_plan<NotAPlan>();
-}
+requires(!is_plan<NotAPlan>) void build(const NotAPlan&, const runtime&) { require_plan<NotAPlan>(); }
 
 }  // namespace loom

@@ -21,16 +21,20 @@ namespace loom {
 namespace detail {
 
 template <class M>
-concept module_holder = requires { typename M::ContainedType; } &&
-                        std::derived_from<M, torch::nn::ModuleHolder<typename M::ContainedType>> &&
-                        std::derived_from<typename M::ContainedType, torch::nn::Module>;
+concept module_holder = requires {
+  typename M::ContainedType;
+}
+&&std::derived_from<M, torch::nn::ModuleHolder<typename M::ContainedType>>&&
+    std::derived_from<typename M::ContainedType, torch::nn::Module>;
 
 // How a job holds M: a ModuleHolder (TORCH_MODULE) by value, a Module subclass by shared_ptr.
 template <class M>
 struct module_storage {
   std::shared_ptr<M> held;
   template <class... Args>
-  static module_storage make(const Args&... args) { return {std::make_shared<M>(args...)}; }
+  static module_storage make(const Args&... args) {
+    return {std::make_shared<M>(args...)};
+  }
   M& get() noexcept { return *held; }
   M* operator->() noexcept { return held.get(); }
   std::shared_ptr<torch::nn::Module> base() const { return held; }
@@ -40,7 +44,9 @@ template <module_holder M>
 struct module_storage<M> {
   M held;
   template <class... Args>
-  static module_storage make(const Args&... args) { return {M(args...)}; }
+  static module_storage make(const Args&... args) {
+    return {M(args...)};
+  }
   M& get() noexcept { return held; }
   auto* operator->() noexcept { return held.get(); }
   std::shared_ptr<torch::nn::Module> base() const { return held.ptr(); }
@@ -84,8 +90,7 @@ class job {
  public:
   job(detail::module_storage<M> model, runtime rt, std::optional<lora_layers> lora, std::string plan_text, E engine)
       : model_(std::move(model)),
-        core_(std::move(rt), model_.base(), std::string(detail::type_name<M>()), std::move(lora),
-              std::move(plan_text)),
+        core_(std::move(rt), model_.base(), std::string(detail::type_name<M>()), std::move(lora), std::move(plan_text)),
         engine_(std::move(engine)) {
     engine_.setup(core_.context());
     core_.verify_schedule();

@@ -57,8 +57,7 @@ class collectives {
 
   // `flat` reduced across ranks, this rank's slice of it written into `shard`; `flat` is padded
   // to world × shard elements as needed.
-  pending_collective reduce_scatter(const at::Tensor& flat, at::Tensor& shard,
-                                    reduce_op op = reduce_op::sum);
+  pending_collective reduce_scatter(const at::Tensor& flat, at::Tensor& shard, reduce_op op = reduce_op::sum);
 
   pending_collective barrier();
 

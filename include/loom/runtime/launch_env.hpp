@@ -29,12 +29,12 @@ struct launch_env {
   int local_rank = 0;
   int world_size = 1;
   int local_world_size = 1;
-  std::string master_addr;            // empty for a single process
+  std::string master_addr;  // empty for a single process
   std::uint16_t master_port = 0;
-  bool agent_store = false;           // TORCHELASTIC_USE_AGENT_STORE: every rank is a store client
-  int restart_count = 0;              // TORCHELASTIC_RESTART_COUNT: names the agent store's prefix
+  bool agent_store = false;                             // TORCHELASTIC_USE_AGENT_STORE: every rank is a store client
+  int restart_count = 0;                                // TORCHELASTIC_RESTART_COUNT: names the agent store's prefix
   std::chrono::milliseconds timeout = default_timeout;  // LOOM_TIMEOUT_S: rendezvous and collectives
-  std::optional<backend_kind> backend;                   // LOOM_BACKEND; unset: chosen by device
+  std::optional<backend_kind> backend;                  // LOOM_BACKEND; unset: chosen by device
 
   [[nodiscard]] bool is_distributed() const noexcept { return world_size > 1; }
 };

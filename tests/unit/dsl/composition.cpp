@@ -34,14 +34,14 @@ TEST_CASE("stages that may follow a model", "[dsl][composition]") {
 TEST_CASE("order rules at the |", "[dsl][composition]") {
   STATIC_REQUIRE(loom::composable<with_seed, lora_t>);
   STATIC_REQUIRE(loom::composable<with_lora, trainable_t>);
-  STATIC_REQUIRE_FALSE(loom::composable<with_seed, seeded_t>);        // R4
-  STATIC_REQUIRE_FALSE(loom::composable<with_lora, seeded_t>);        // R4
-  STATIC_REQUIRE_FALSE(loom::composable<with_lora, lora_t>);          // R6
-  STATIC_REQUIRE_FALSE(loom::composable<with_ddp, lora_t>);           // R3
-  STATIC_REQUIRE_FALSE(loom::composable<with_ddp, trainable_t>);      // R3
-  STATIC_REQUIRE_FALSE(loom::composable<with_ddp, loom::fsdp_stage>); // R2
-  STATIC_REQUIRE_FALSE(loom::composable<with_ddp, seeded_t>);         // R2
-  STATIC_REQUIRE_FALSE(loom::composable<with_lora, adapters>);        // R6, through a closure
+  STATIC_REQUIRE_FALSE(loom::composable<with_seed, seeded_t>);         // R4
+  STATIC_REQUIRE_FALSE(loom::composable<with_lora, seeded_t>);         // R4
+  STATIC_REQUIRE_FALSE(loom::composable<with_lora, lora_t>);           // R6
+  STATIC_REQUIRE_FALSE(loom::composable<with_ddp, lora_t>);            // R3
+  STATIC_REQUIRE_FALSE(loom::composable<with_ddp, trainable_t>);       // R3
+  STATIC_REQUIRE_FALSE(loom::composable<with_ddp, loom::fsdp_stage>);  // R2
+  STATIC_REQUIRE_FALSE(loom::composable<with_ddp, seeded_t>);          // R2
+  STATIC_REQUIRE_FALSE(loom::composable<with_lora, adapters>);         // R6, through a closure
 }
 
 TEST_CASE("stage | stage is a closure, checked as the tail of a plan", "[dsl][composition]") {
@@ -51,8 +51,8 @@ TEST_CASE("stage | stage is a closure, checked as the tail of a plan", "[dsl][co
   STATIC_REQUIRE_FALSE(loom::composable<lora_t, seeded_t>);        // seeded must open the tail
   STATIC_REQUIRE_FALSE(loom::composable<trainable_t, lora_t>);     // R9
   STATIC_REQUIRE_FALSE(loom::composable<loom::local_stage, lora_t>);
-  STATIC_REQUIRE_FALSE(loom::composable<lora_t, model_only>);      // R1
-  STATIC_REQUIRE_FALSE(loom::composable<model_only, int>);         // not a stage (R13)
+  STATIC_REQUIRE_FALSE(loom::composable<lora_t, model_only>);  // R1
+  STATIC_REQUIRE_FALSE(loom::composable<model_only, int>);     // not a stage (R13)
 }
 
 TEST_CASE("what | produces", "[dsl][composition]") {
@@ -63,9 +63,9 @@ TEST_CASE("what | produces", "[dsl][composition]") {
 
   constexpr auto plan = loom::model<Model>() | tail;
   STATIC_REQUIRE(loom::Plan<decltype(plan)>);
-  STATIC_REQUIRE(std::is_same_v<std::remove_cvref_t<decltype(plan)>,
-                                loom::plan<loom::model_stage<Model>, loom::seeded_stage, loom::lora_stage,
-                                           loom::fsdp_stage>>);
+  STATIC_REQUIRE(
+      std::is_same_v<std::remove_cvref_t<decltype(plan)>,
+                     loom::plan<loom::model_stage<Model>, loom::seeded_stage, loom::lora_stage, loom::fsdp_stage>>);
   // Grouping does not matter.
   constexpr auto left = (loom::model<Model>() | loom::seeded(7)) | (loom::lora(4) | loom::fsdp());
   STATIC_REQUIRE(std::is_same_v<decltype(left), decltype(plan)>);

@@ -12,8 +12,8 @@ struct TinyGpt {};
 }  // namespace demo
 
 TEST_CASE("describe a full plan", "[dsl][describe]") {
-  const auto plan = loom::model<demo::TinyGpt>(64) | loom::seeded(42) | loom::lora(16, {"q_proj", "v_proj"}) |
-                    loom::ddp();
+  const auto plan =
+      loom::model<demo::TinyGpt>(64) | loom::seeded(42) | loom::lora(16, {"q_proj", "v_proj"}) | loom::ddp();
   CHECK(plan.describe() ==
         "model<demo::TinyGpt>(1 arg)\n"
         "seeded(42)\n"
@@ -23,10 +23,11 @@ TEST_CASE("describe a full plan", "[dsl][describe]") {
 }
 
 TEST_CASE("describe fills in defaults, the strategy included", "[dsl][describe]") {
-  const auto plan = loom::model<demo::TinyGpt>() |
-                    loom::lora(8, loom::default_targets,
-                               {.alpha = 0.5, .dropout = 0.05, .exclude = {"lm_head", loom::pattern("blocks\\.0\\..*")}}) |
-                    loom::trainable({"norm", loom::pattern(".*\\.bias")});
+  const auto plan =
+      loom::model<demo::TinyGpt>() |
+      loom::lora(8, loom::default_targets,
+                 {.alpha = 0.5, .dropout = 0.05, .exclude = {"lm_head", loom::pattern("blocks\\.0\\..*")}}) |
+      loom::trainable({"norm", loom::pattern(".*\\.bias")});
   CHECK(plan.describe() ==
         "model<demo::TinyGpt>(0 args)\n"
         "lora(rank=8, alpha=0.5, dropout=0.05, targets=[q_proj, k_proj, v_proj, o_proj, to_q, to_k, to_v, "

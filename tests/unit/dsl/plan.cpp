@@ -55,8 +55,8 @@ TEST_CASE("what a plan of one model reports", "[dsl][plan]") {
 TEST_CASE("model<M>(args...) stores decayed copies of its arguments", "[dsl][plan]") {
   std::string name = "tiny";
   const auto plan = loom::model<TinyGpt>(name, 3, "literal");
-  STATIC_REQUIRE(std::is_same_v<std::remove_cvref_t<decltype(plan.model_args())>,
-                                std::tuple<std::string, int, const char*>>);
+  STATIC_REQUIRE(
+      std::is_same_v<std::remove_cvref_t<decltype(plan.model_args())>, std::tuple<std::string, int, const char*>>);
   name.clear();
   CHECK(std::get<0>(plan.model_args()) == "tiny");
 }

@@ -73,15 +73,33 @@ TEST_CASE("every sentence names its rule and reads 'loom R<n>: what: fix'", "[ds
   STATIC_REQUIRE(loom::rule_of(v::none) == 0);
   STATIC_REQUIRE(loom::sentence(v::none).empty());
   const std::vector<std::pair<violation, int>> rules{
-      {v::r1_no_model, 1},           {v::r1_model_not_first, 1},        {v::r1_two_models, 1},
-      {v::r2_two_strategies, 2},     {v::r2_seeded_after_strategy, 2},  {v::r3_lora_after_ddp, 3},
-      {v::r3_lora_after_fsdp, 3},    {v::r3_lora_after_strategy, 3},    {v::r3_trainable_after_ddp, 3},
-      {v::r3_trainable_after_fsdp, 3}, {v::r3_trainable_after_strategy, 3}, {v::r4_seeded_twice, 4},
-      {v::r4_seeded_not_after_model, 4}, {v::r5_rank_not_positive, 5},  {v::r5_alpha_not_positive, 5},
-      {v::r5_dropout_out_of_range, 5}, {v::r5_no_targets, 5},           {v::r5_empty_target, 5},
-      {v::r5_duplicate_target, 5},   {v::r5_empty_exclude, 5},          {v::r5_duplicate_exclude, 5},
-      {v::r6_two_loras, 6},          {v::r9_trainable_without_lora, 9}, {v::r10_trainable_twice, 10},
-      {v::r11_no_patterns, 11},      {v::r11_empty_pattern, 11},        {v::r11_duplicate_pattern, 11},
+      {v::r1_no_model, 1},
+      {v::r1_model_not_first, 1},
+      {v::r1_two_models, 1},
+      {v::r2_two_strategies, 2},
+      {v::r2_seeded_after_strategy, 2},
+      {v::r3_lora_after_ddp, 3},
+      {v::r3_lora_after_fsdp, 3},
+      {v::r3_lora_after_strategy, 3},
+      {v::r3_trainable_after_ddp, 3},
+      {v::r3_trainable_after_fsdp, 3},
+      {v::r3_trainable_after_strategy, 3},
+      {v::r4_seeded_twice, 4},
+      {v::r4_seeded_not_after_model, 4},
+      {v::r5_rank_not_positive, 5},
+      {v::r5_alpha_not_positive, 5},
+      {v::r5_dropout_out_of_range, 5},
+      {v::r5_no_targets, 5},
+      {v::r5_empty_target, 5},
+      {v::r5_duplicate_target, 5},
+      {v::r5_empty_exclude, 5},
+      {v::r5_duplicate_exclude, 5},
+      {v::r6_two_loras, 6},
+      {v::r9_trainable_without_lora, 9},
+      {v::r10_trainable_twice, 10},
+      {v::r11_no_patterns, 11},
+      {v::r11_empty_pattern, 11},
+      {v::r11_duplicate_pattern, 11},
       {v::r12_too_many_targets, 12},
   };
   for (const auto& [code, id] : rules) {
@@ -90,7 +108,8 @@ TEST_CASE("every sentence names its rule and reads 'loom R<n>: what: fix'", "[ds
     CHECK(loom::rule_of(code) == id);
     CHECK(text.starts_with("loom R" + std::to_string(id) + ": "));
     CHECK(text.find(": ", text.find(": ") + 2) != std::string_view::npos);  // what is wrong: the fix
-    CHECK(std::ranges::all_of(text, [](char c) { return static_cast<unsigned char>(c) < 0x80; }));  // g++ prints it as is
+    CHECK(
+        std::ranges::all_of(text, [](char c) { return static_cast<unsigned char>(c) < 0x80; }));  // g++ prints it as is
   }
 }
 

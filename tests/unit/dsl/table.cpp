@@ -56,7 +56,7 @@ TEST_CASE("every row of the rule table is well formed", "[dsl][table]") {
     CHECK(id > 0);
     CHECK(r.id.starts_with(with_rule("r", id, "_")));
     CHECK(r.sentence.starts_with(with_rule("loom R", id, ": ")));
-    CHECK(r.sentence.find(": ", r.sentence.find(": ") + 2) != std::string_view::npos);  // what is wrong: the fix
+    CHECK(r.sentence.find(": ", r.sentence.find(": ") + 2) != std::string_view::npos);    // what is wrong: the fix
     CHECK(std::ranges::all_of(r.sentence, [](char c) { return c >= ' ' && c <= '~'; }));  // printable ASCII
   }
 }
