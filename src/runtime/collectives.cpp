@@ -63,14 +63,18 @@ pending_collective collectives::broadcast(at::Tensor& tensor, int root) {
   return pending_collective(backend_->broadcast(tensors, options));
 }
 
-pending_collective collectives::all_gather(const at::Tensor& shard, at::Tensor& flat) {
-  const std::int64_t numel = flat.numel();
+std::int64_t collectives::checked_shard_size(std::string_view what, std::int64_t numel, const at::Tensor& shard) const {
   const std::int64_t shard_size = shard_numel(numel);
   if (shard.numel() != shard_size) {
-    throw std::invalid_argument(
-        fmt::format("loom: all_gather into {} elements over {} ranks takes shards of {} elements, got {}", numel,
-                    world_size_, shard_size, shard.numel()));
+    throw std::invalid_argument(fmt::format("loom: {} {} elements over {} ranks needs shards of {} elements, got {}",
+                                            what, numel, world_size_, shard_size, shard.numel()));
   }
+  return shard_size;
+}
+
+pending_collective collectives::all_gather(const at::Tensor& shard, at::Tensor& flat) {
+  const std::int64_t numel = flat.numel();
+  const std::int64_t shard_size = checked_shard_size("all_gather into", numel, shard);
   if (world_size_ == 1) {
     flat.copy_(shard.reshape(flat.sizes()));
     return {};
@@ -86,12 +90,7 @@ pending_collective collectives::all_gather(const at::Tensor& shard, at::Tensor& 
 
 pending_collective collectives::reduce_scatter(const at::Tensor& flat, at::Tensor& shard, reduce_op op) {
   const std::int64_t numel = flat.numel();
-  const std::int64_t shard_size = shard_numel(numel);
-  if (shard.numel() != shard_size) {
-    throw std::invalid_argument(
-        fmt::format("loom: reduce_scatter of {} elements over {} ranks gives shards of {} elements, got {}", numel,
-                    world_size_, shard_size, shard.numel()));
-  }
+  const std::int64_t shard_size = checked_shard_size("reduce_scatter of", numel, shard);
   // The input is the caller's: pad or pre-divide a copy, never the original.
   at::Tensor input = flat_contiguous(flat);
   if (shard_size * world_size_ != numel) {

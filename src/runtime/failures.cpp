@@ -20,12 +20,6 @@ constexpr std::string_view failure_key = "loom/failure";
 // Five heartbeats: a live rank, however busy, beats in that time.
 constexpr std::chrono::milliseconds silence_window = 5 * heartbeat::interval;
 
-// c10::Error's what() carries a C++ backtrace; the other ranks and the user need the sentence.
-std::string reason(const std::exception& error) {
-  if (const auto* c10_error = dynamic_cast<const c10::Error*>(&error)) return c10_error->what_without_backtrace();
-  return error.what();
-}
-
 std::string without_prefix(std::string text) {
   constexpr std::string_view prefix = "loom: ";
   if (std::string_view(text).starts_with(prefix)) text.erase(0, prefix.size());
@@ -51,7 +45,7 @@ std::optional<std::string> read_published(c10d::Store& store) {
 
 [[noreturn]] void throw_lost_peer(const runtime& rt, const std::exception& error, std::string_view during,
                                   bool store_reachable) {
-  const std::string transport = reason(error);
+  const std::string transport = error_text(error);
   const std::string why = "(its own output, or the launcher's report, says why)";
   const auto window = std::min(silence_window, rt.timeout());
   std::vector<int> silent;
@@ -100,6 +94,11 @@ void publish(const runtime& rt, const std::string& message) {
 
 }  // namespace
 
+std::string error_text(const std::exception& error) {
+  if (const auto* c10_error = dynamic_cast<const c10::Error*>(&error)) return c10_error->what_without_backtrace();
+  return error.what();
+}
+
 void fail_job(const runtime& rt, const std::string& message) {
   publish(rt, message);
   throw job_failure("loom: " + without_prefix(message));
@@ -131,7 +130,7 @@ void rethrow_as_job_failure(const runtime& rt, std::exception_ptr error, std::st
       store_reachable = false;
     }
     if (is_transport_failure(failure)) throw_lost_peer(rt, failure, during, store_reachable);
-    if (store_reachable) publish(rt, reason(failure));
+    if (store_reachable) publish(rt, error_text(failure));
     throw;
   }
 }

@@ -1,3 +1,4 @@
+#include <loom/runtime/failures.hpp>
 #include <loom/runtime/heartbeat.hpp>
 #include <loom/runtime/runtime.hpp>
 
@@ -22,12 +23,6 @@ namespace {
 
 std::string seconds(std::chrono::milliseconds timeout) {
   return fmt::format("{:g} s", static_cast<double>(timeout.count()) / 1000.0);
-}
-
-// c10::Error's what() carries a C++ backtrace; users need the sentence.
-std::string reason(const std::exception& error) {
-  if (auto* c10_error = dynamic_cast<const c10::Error*>(&error)) return c10_error->what_without_backtrace();
-  return error.what();
 }
 
 constexpr bool compiled_with_nccl() {
@@ -67,7 +62,7 @@ c10::intrusive_ptr<c10d::Store> rendezvous(const launch_env& env) {
     throw launch_error(
         fmt::format("loom: rank {} could not rendezvous at MASTER_ADDR={} MASTER_PORT={} within {} (LOOM_TIMEOUT_S): "
                     "{}; check that rank 0 is running and that this address and port are reachable",
-                    env.rank, env.master_addr, env.master_port, seconds(env.timeout), reason(error)));
+                    env.rank, env.master_addr, env.master_port, seconds(env.timeout), error_text(error)));
   }
   if (env.agent_store) {
     // torchrun's agent hosts the store; each restart of the workers gets a fresh key space.
@@ -158,7 +153,7 @@ runtime::runtime(const launch_env& env) : state_(std::make_shared<state>()) {
   } catch (const std::exception& error) {
     throw launch_error(fmt::format("loom: rank {} could not create the {} process group of {} ranks within {}: {}",
                                    env.rank, to_string(s.backend), env.world_size, seconds(env.timeout),
-                                   reason(error)));
+                                   error_text(error)));
   }
   s.group->setDefaultBackend(s.backend == backend_kind::nccl ? c10d::ProcessGroup::BackendType::NCCL
                                                              : c10d::ProcessGroup::BackendType::GLOO);

@@ -46,7 +46,10 @@ template <fixed_string Sentence>
 // v's own sentence.
 constexpr void enforce(violation v) {
   switch (v) {
-    case violation::none: return; LOOM_RULES(LOOM_DETAIL_REPORT_CASE)
+    case violation::none:
+      return;
+      // One `case id: report_error<sentence>(v);` per row.
+      LOOM_RULES(LOOM_DETAIL_REPORT_CASE)
   }
 }
 

@@ -32,27 +32,33 @@ struct ddp_options {
   bool static_graph = false;
 };
 
-class ddp_stage : public detail::pipeable {
+// The options as describe() prints them, every field spelled out.
+inline std::string options_text(const ddp_options& o) {
+  return "bucket_cap_mb=" + detail::to_text(o.bucket_cap_mb) +
+         ", broadcast_buffers=" + detail::to_text(o.broadcast_buffers) +
+         ", find_unused_parameters=" + detail::to_text(o.find_unused_parameters) +
+         ", gradient_as_bucket_view=" + detail::to_text(o.gradient_as_bucket_view) +
+         ", static_graph=" + detail::to_text(o.static_graph);
+}
+
+// A built-in strategy with options: ddp(), fsdp().
+template <stage_kind Kind, class Options>
+class configured_strategy_stage : public detail::pipeable {
  public:
-  static constexpr stage_kind kind = stage_kind::ddp;
-  static constexpr std::string_view name = "ddp";
+  static constexpr stage_kind kind = Kind;
+  static constexpr std::string_view name = name_of(Kind);
 
-  constexpr explicit ddp_stage(const ddp_options& settings) noexcept : settings_(settings) {}
+  constexpr explicit configured_strategy_stage(const Options& settings) noexcept : settings_(settings) {}
 
-  [[nodiscard]] constexpr const ddp_options& settings() const noexcept { return settings_; }
-
-  [[nodiscard]] std::string options() const {
-    return "bucket_cap_mb=" + detail::to_text(settings_.bucket_cap_mb) +
-           ", broadcast_buffers=" + detail::to_text(settings_.broadcast_buffers) +
-           ", find_unused_parameters=" + detail::to_text(settings_.find_unused_parameters) +
-           ", gradient_as_bucket_view=" + detail::to_text(settings_.gradient_as_bucket_view) +
-           ", static_graph=" + detail::to_text(settings_.static_graph);
-  }
+  [[nodiscard]] constexpr const Options& settings() const noexcept { return settings_; }
+  [[nodiscard]] std::string options() const { return options_text(settings_); }
   [[nodiscard]] std::string describe() const { return detail::call_text(name, options()); }
 
  private:
-  ddp_options settings_;
+  Options settings_;
 };
+
+using ddp_stage = configured_strategy_stage<stage_kind::ddp, ddp_options>;
 
 // ddp() or ddp({.bucket_cap_mb = 50, .static_graph = true})
 constexpr ddp_stage ddp(const ddp_options& settings = {}) noexcept { return ddp_stage(settings); }
@@ -61,23 +67,11 @@ struct fsdp_options {
   bool reshard_after_forward = true;  // free the gathered parameters after forward, gather again for backward
 };
 
-class fsdp_stage : public detail::pipeable {
- public:
-  static constexpr stage_kind kind = stage_kind::fsdp;
-  static constexpr std::string_view name = "fsdp";
+inline std::string options_text(const fsdp_options& o) {
+  return "reshard_after_forward=" + detail::to_text(o.reshard_after_forward);
+}
 
-  constexpr explicit fsdp_stage(const fsdp_options& settings) noexcept : settings_(settings) {}
-
-  [[nodiscard]] constexpr const fsdp_options& settings() const noexcept { return settings_; }
-
-  [[nodiscard]] std::string options() const {
-    return "reshard_after_forward=" + detail::to_text(settings_.reshard_after_forward);
-  }
-  [[nodiscard]] std::string describe() const { return detail::call_text(name, options()); }
-
- private:
-  fsdp_options settings_;
-};
+using fsdp_stage = configured_strategy_stage<stage_kind::fsdp, fsdp_options>;
 
 // fsdp() or fsdp({.reshard_after_forward = false})
 constexpr fsdp_stage fsdp(const fsdp_options& settings = {}) noexcept { return fsdp_stage(settings); }

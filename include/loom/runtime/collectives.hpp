@@ -8,6 +8,7 @@
 
 #include <chrono>
 #include <functional>
+#include <string_view>
 
 namespace c10d {
 class Backend;
@@ -67,6 +68,8 @@ class collectives {
 
  private:
   pending_collective emulated_reduce_scatter(const at::Tensor& padded, at::Tensor& shard);
+  // shard_numel(numel), or std::invalid_argument when `shard` does not have that many elements.
+  std::int64_t checked_shard_size(std::string_view what, std::int64_t numel, const at::Tensor& shard) const;
 
   c10::intrusive_ptr<c10d::Backend> backend_;
   int rank_;

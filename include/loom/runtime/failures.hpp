@@ -21,6 +21,9 @@ class job_failure : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// An exception's message without the C++ backtrace that c10::Error's what() carries.
+[[nodiscard]] std::string error_text(const std::exception& error);
+
 // Publishes `message` for the other ranks (the first failure published is the one they report),
 // then throws job_failure("loom: " + message).
 [[noreturn]] void fail_job(const runtime& rt, const std::string& message);
