@@ -103,17 +103,22 @@ struct gradient_record {
 }  // namespace
 
 // Everything PyTorch's DistributedDataParallel gives its Reducer that a code path may use, read off
-// reducer.cpp for 2.13 (and 2.4-2.14, where the same holds):
-// - a Logger (set_logger): the Reducer keeps a weak reference and calls it without a check in
-//   search_unused_parameters when the set of unused parameters changes between steps (a null
-//   dereference without one); its REDUCER_CHECKs log to it when it is set;
+// reducer.cpp (the stored sources span 2.4 to recent releases and agree on these points; the 2.13
+// header declares the same members, plus use_python_reducer and skip_all_reduce_unused_params,
+// which make_reducer passes as PyTorch's defaults, false):
+// - a Logger (set_logger): the Reducer keeps a weak reference and, in search_unused_parameters,
+//   calls logger_.lock()->log_if_graph_static(false) without a check when the set of unused
+//   parameters changes between steps (a null dereference without one); its REDUCER_CHECKs log to
+//   it when it is set. DDP holds the Logger beside the Reducer, as state does here;
 // - static_graph told to the Logger as well as the Reducer (DDP's _set_static_graph);
 // - the comm hook, mixed-precision dtype, sparse metadata and forward-pass work handle are optional
 //   and checked before use; loom sets none of them;
-// - local_used_map_ exists only with find_unused_parameters or static_graph, and the code paths
-//   that read it are those two modes';
+// - local_used_map_ exists only with find_unused_parameters or static_graph, and the code paths that
+//   read it are those two modes';
 // - delay_all_reduce after the recording step of static_graph (DDP queues it from _DDPSink).
-// loom never calls rebuild_buckets(): the bucket layout is part of the checked schedule.
+// loom never calls rebuild_buckets(): the bucket layout is part of the checked schedule. DDP's
+// rebuild_buckets also checks that the previous step's reduction finished; loom checks the same
+// thing earlier, from its own gradient hooks (check_every_gradient_produced, check_static_graph).
 struct ddp_engine::state {
   std::shared_ptr<c10d::Reducer> reducer;
   std::shared_ptr<c10d::Logger> logger;  // holds the Reducer; declared after it, so destroyed first
