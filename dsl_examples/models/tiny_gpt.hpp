@@ -4,6 +4,7 @@
 // `Linear` is loom::nn::Linear (LoRA's fast path) or torch::nn::Linear (its fallback).
 
 #include <loom/nn/linear.hpp>
+#include <loom/nn/unit.hpp>
 
 #include <torch/torch.h>
 
@@ -82,7 +83,7 @@ class BasicTinyGpt : public torch::nn::Module {
 
   at::Tensor logits(const at::Tensor& idx) {
     auto x = tok(idx) + pos(torch::arange(idx.size(1), idx.options()));
-    for (auto& block : *blocks) x = block->as<BlockImpl<Linear>>()->forward(x);
+    for (auto& block : *blocks) x = block->as<Block>()->forward(x);
     return head(ln_f(x));
   }
 
@@ -91,6 +92,9 @@ class BasicTinyGpt : public torch::nn::Module {
     auto out = logits(idx);
     return torch::nn::functional::cross_entropy(out.view({-1, out.size(-1)}), targets.view(-1));
   }
+
+  // Each block is a unit of sharding under fsdp(), and a plain BlockImpl under local() and ddp().
+  using Block = loom::nn::Unit<BlockImpl<Linear>>;
 
   tiny_gpt_config config;
   torch::nn::Embedding tok, pos;
@@ -102,7 +106,7 @@ class BasicTinyGpt : public torch::nn::Module {
   static torch::nn::ModuleList make_blocks(const tiny_gpt_config& config) {
     torch::nn::ModuleList list;
     for (std::int64_t i = 0; i < config.layers; ++i) {
-      list->push_back(std::make_shared<BlockImpl<Linear>>(config.d, config.heads));
+      list->push_back(std::make_shared<Block>(config.d, config.heads));
     }
     return list;
   }

@@ -5,7 +5,9 @@
 #include <loom/dsl.hpp>
 #include <loom/job/build.hpp>
 #include <loom/nn/linear.hpp>
+#include <loom/nn/unit.hpp>
 #include <loom/runtime/failures.hpp>
 #include <loom/runtime/runtime.hpp>
 #include <loom/strategies/ddp.hpp>
+#include <loom/strategies/fsdp.hpp>
 #include <loom/strategies/local.hpp>

@@ -4,7 +4,6 @@
 #include <loom/runtime/text.hpp>
 
 #include <fmt/format.h>
-#include <torch/nn/utils/clip_grad.h>
 
 #include <stdexcept>
 
@@ -25,15 +24,9 @@ void job_core::fail_step(std::string_view during) const {
   rethrow_as_job_failure(context_.rt(), std::current_exception(), during);
 }
 
-std::vector<at::Tensor> job_core::trainable_parameters() const {
-  std::vector<at::Tensor> tensors;
-  for (const named_tensor& p : context_.trainable()) tensors.push_back(p.tensor);
-  return tensors;
-}
-
-void job_core::zero_grad(bool set_to_none) {
-  for (const named_tensor& p : context_.trainable()) {
-    at::Tensor& grad = p.tensor.mutable_grad();
+void job_core::zero_grad(const std::vector<at::Tensor>& parameters, bool set_to_none) {
+  for (const at::Tensor& p : parameters) {
+    at::Tensor& grad = p.mutable_grad();
     if (!grad.defined()) continue;
     if (set_to_none) {
       grad.reset();
@@ -41,11 +34,6 @@ void job_core::zero_grad(bool set_to_none) {
       grad.zero_();
     }
   }
-}
-
-double job_core::clip_grad_norm(double max_norm, double norm_type) const {
-  // After ddp's all-reduce every rank holds the same gradients, so the local norm is the global one.
-  return torch::nn::utils::clip_grad_norm_(trainable_parameters(), max_norm, norm_type);
 }
 
 std::string job_core::describe() const {

@@ -1,6 +1,7 @@
 #include <loom/strategies/engine.hpp>
 
 #include <torch/nn/module.h>
+#include <torch/nn/utils/clip_grad.h>
 #include <torch/types.h>
 
 #include <fmt/format.h>
@@ -41,6 +42,16 @@ void load_module_state(torch::nn::Module& module, const tensor_state& state) {
   }
   torch::NoGradGuard no_grad;
   for (auto& [destination, source] : copies) destination.copy_(source);
+}
+
+std::vector<at::Tensor> trainable_tensors(const strategy_context& context) {
+  std::vector<at::Tensor> tensors;
+  for (const named_tensor& p : context.trainable()) tensors.push_back(p.tensor);
+  return tensors;
+}
+
+double clip_local_grad_norm(const std::vector<at::Tensor>& parameters, double max_norm, double norm_type) {
+  return torch::nn::utils::clip_grad_norm_(parameters, max_norm, norm_type);
 }
 
 void require_no_strategy_state(std::string_view engine_name, const tensor_state& state) {

@@ -65,10 +65,12 @@ constexpr ddp_stage ddp(const ddp_options& settings = {}) noexcept { return ddp_
 
 struct fsdp_options {
   bool reshard_after_forward = true;  // free the gathered parameters after forward, gather again for backward
+  std::size_t bucket_cap_mb = 25;     // the replicated adapters' gradient all-reduce, as ddp()'s buckets
 };
 
 inline std::string options_text(const fsdp_options& o) {
-  return "reshard_after_forward=" + detail::to_text(o.reshard_after_forward);
+  return "reshard_after_forward=" + detail::to_text(o.reshard_after_forward) +
+         ", bucket_cap_mb=" + detail::to_text(o.bucket_cap_mb);
 }
 
 using fsdp_stage = configured_strategy_stage<stage_kind::fsdp, fsdp_options>;

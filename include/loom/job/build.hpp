@@ -66,7 +66,7 @@ requires is_plan<Plan>
   static_assert(!is_module || constructible, LOOM_R7_NOT_CONSTRUCTIBLE);
   static_assert(has_engine,
                 "loom: this strategy stage has no engine: include its header, loom/strategies/<name>.hpp (or "
-                "loom/loom.hpp); fsdp() has none yet: use local() or ddp()");
+                "loom/loom.hpp)");
   if constexpr (is_module && constructible && has_engine) return detail::build_checked(plan, std::move(rt));
 }
 

@@ -68,9 +68,8 @@ class job_core {
   // (a peer's published failure, the ranks that are gone, or this rank's own, published).
   [[noreturn]] void fail_step(std::string_view during) const;
 
-  [[nodiscard]] std::vector<at::Tensor> trainable_parameters() const;
-  void zero_grad(bool set_to_none);
-  [[nodiscard]] double clip_grad_norm(double max_norm, double norm_type) const;
+  // Clears the gradients of `parameters`, in place or to undefined.
+  static void zero_grad(const std::vector<at::Tensor>& parameters, bool set_to_none);
   [[nodiscard]] std::string describe() const;
 
  private:
@@ -126,7 +125,11 @@ class job {
     }
   }
 
-  [[nodiscard]] std::vector<at::Tensor> trainable_parameters() const { return core_.trainable_parameters(); }
+  // What the optimizer steps: the trainable parameters, or this rank's shards of them (and the
+  // replicated adapters) under fsdp().
+  [[nodiscard]] std::vector<at::Tensor> trainable_parameters() const {
+    return hooks::optimizer_parameters(engine_, core_.context());
+  }
 
   // Every parameter and buffer, whole, under any strategy (a sharding one gathers them); and back.
   [[nodiscard]] tensor_state state_dict() { return hooks::full_state(engine_, core_.context()); }
@@ -135,10 +138,12 @@ class job {
   // Clears the trainable gradients. Use it rather than torch::optim::Optimizer::zero_grad under
   // ddp({.gradient_as_bucket_view = true}): LibTorch's detaches each gradient in place, which a
   // view of a bucket refuses.
-  void zero_grad(bool set_to_none = true) { core_.zero_grad(set_to_none); }
+  void zero_grad(bool set_to_none = true) { detail::job_core::zero_grad(trainable_parameters(), set_to_none); }
 
   // The global gradient norm (before clipping), as torch::nn::utils::clip_grad_norm_ returns it.
-  double clip_grad_norm(double max_norm, double norm_type = 2.0) { return core_.clip_grad_norm(max_norm, norm_type); }
+  double clip_grad_norm(double max_norm, double norm_type = 2.0) {
+    return hooks::clip_grad_norm(engine_, core_.context(), max_norm, norm_type);
+  }
 
   // Gradient accumulation: backward inside the guard's lifetime communicates nothing; the next
   // backward outside it reduces the accumulated gradients.
@@ -161,8 +166,14 @@ class job {
   [[nodiscard]] std::string describe() const { return core_.describe(); }
 
   // LoRA: fold the adapters into the base weights, and take them out again.
-  void merge() { require_lora("merge").merge(); }
-  void unmerge() { require_lora("unmerge").unmerge(); }
+  void merge() {
+    lora_layers& lora = require_lora("merge");
+    hooks::with_full_parameters(engine_, core_.context(), [&] { lora.merge(); });
+  }
+  void unmerge() {
+    lora_layers& lora = require_lora("unmerge");
+    hooks::with_full_parameters(engine_, core_.context(), [&] { lora.unmerge(); });
+  }
 
  private:
   lora_layers& require_lora(const char* what) {

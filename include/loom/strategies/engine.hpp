@@ -12,6 +12,11 @@
 //     void after_backward(strategy_context&)   after loss.backward(): finish the gradient sync
 //   optional, with what the job does when the engine has none:
 //     void before_backward(strategy_context&, const at::Tensor& loss)        nothing
+//     std::vector<at::Tensor> optimizer_parameters(const strategy_context&)  the trainable parameters
+//     double clip_grad_norm(strategy_context&, double max, double p)  the local norm: replicas agree
+//     void with_full_parameters(strategy_context&, const std::function<void()>& change)
+//         runs `change` on the module's whole parameters (merge, unmerge); a sharding engine gathers
+//         them first and keeps its rows of the result
 //     tensor_state full_state(strategy_context&)     the module's parameters and buffers, whole
 //     tensor_state local_state(strategy_context&)    full_state: a replica holds all of it
 //     void load_full_state(strategy_context&, const tensor_state&)           copied into the module
@@ -25,6 +30,7 @@
 #include <loom/strategies/strategy_context.hpp>
 
 #include <concepts>
+#include <functional>
 #include <string_view>
 #include <vector>
 
@@ -57,6 +63,40 @@ void load_module_state(torch::nn::Module& module, const tensor_state& state);
 template <Engine E>
 void before_backward(E& engine, strategy_context& context, const at::Tensor& loss) {
   if constexpr (requires { engine.before_backward(context, loss); }) engine.before_backward(context, loss);
+}
+
+// What the optimizer steps: the trainable parameters, or their shards under a sharding strategy.
+[[nodiscard]] std::vector<at::Tensor> trainable_tensors(const strategy_context& context);
+
+template <Engine E>
+std::vector<at::Tensor> optimizer_parameters(const E& engine, const strategy_context& context) {
+  if constexpr (requires { engine.optimizer_parameters(context); }) {
+    return engine.optimizer_parameters(context);
+  } else {
+    return trainable_tensors(context);
+  }
+}
+
+// torch::nn::utils::clip_grad_norm_ over `parameters`: the global norm where every rank holds the
+// same gradients.
+double clip_local_grad_norm(const std::vector<at::Tensor>& parameters, double max_norm, double norm_type);
+
+template <Engine E>
+double clip_grad_norm(E& engine, strategy_context& context, double max_norm, double norm_type) {
+  if constexpr (requires { engine.clip_grad_norm(context, max_norm, norm_type); }) {
+    return engine.clip_grad_norm(context, max_norm, norm_type);
+  } else {
+    return clip_local_grad_norm(optimizer_parameters(engine, context), max_norm, norm_type);
+  }
+}
+
+template <Engine E>
+void with_full_parameters(E& engine, strategy_context& context, const std::function<void()>& change) {
+  if constexpr (requires { engine.with_full_parameters(context, change); }) {
+    engine.with_full_parameters(context, change);
+  } else {
+    change();
+  }
 }
 
 template <Engine E>

@@ -38,10 +38,10 @@ TEST_CASE("describe fills in defaults, the strategy included", "[dsl][describe]"
 
 TEST_CASE("describe the other strategies and a closure", "[dsl][describe]") {
   CHECK((loom::model<demo::TinyGpt>(1, 2) | loom::fsdp()).describe() ==
-        "model<demo::TinyGpt>(2 args)\nfsdp(reshard_after_forward=true)\n");
+        "model<demo::TinyGpt>(2 args)\nfsdp(reshard_after_forward=true, bucket_cap_mb=25)\n");
   CHECK((loom::model<demo::TinyGpt>() | loom::local()).describe() == "model<demo::TinyGpt>(0 args)\nlocal()\n");
   CHECK((loom::seeded(7) | loom::fsdp({.reshard_after_forward = false})).describe() ==
-        "seeded(7)\nfsdp(reshard_after_forward=false)\n");
+        "seeded(7)\nfsdp(reshard_after_forward=false, bucket_cap_mb=25)\n");
 }
 
 TEST_CASE("a type's name, read at compile time", "[dsl][describe]") {

@@ -1,0 +1,55 @@
+#pragma once
+// fsdp(options): parameters sharded on dim 0 across ranks at rest, gathered per unit for its forward
+// and backward, gradients reduce-scattered, so that parameters, gradients and optimizer state take
+// about 1/N per rank (PyTorch's FSDP2 layout, driven from C++ over c10d). LoRA adapters are not
+// sharded but replicated: identical at creation, their gradients averaged after backward in one
+// stable order (sorted by name), zero-filled where a rank produced none.
+//
+// A unit is a block held as loom::nn::Unit<B> (loom/nn/unit.hpp); everything outside any unit is the
+// root, gathered for the whole step.
+
+#include <loom/dsl/strategies.hpp>
+#include <loom/nn/unit.hpp>
+#include <loom/strategies/engine.hpp>
+#include <loom/strategies/strategy_context.hpp>
+
+#include <functional>
+#include <memory>
+#include <string_view>
+#include <vector>
+
+namespace loom {
+
+class fsdp_engine {
+ public:
+  static constexpr std::string_view name = "fsdp";
+
+  explicit fsdp_engine(const fsdp_options& settings);
+  fsdp_engine(const fsdp_engine&) = delete;
+  fsdp_engine(fsdp_engine&&) noexcept;
+  fsdp_engine& operator=(fsdp_engine&&) noexcept;
+  ~fsdp_engine();
+
+  void setup(strategy_context& context);
+  void before_forward(strategy_context& context);
+  void after_backward(strategy_context& context);
+
+  // This rank's shards of the trainable sharded parameters, then the replicated adapters.
+  [[nodiscard]] std::vector<at::Tensor> optimizer_parameters(const strategy_context& context) const;
+  // The global norm: shards summed across ranks, replicated adapters counted once; p = 2 or infinity.
+  double clip_grad_norm(strategy_context& context, double max_norm, double norm_type);
+  // Gathers every parameter, runs `change`, and keeps this rank's rows of the result.
+  void with_full_parameters(strategy_context& context, const std::function<void()>& change);
+  // Every parameter and buffer, whole (gathered); and back, resharded.
+  [[nodiscard]] tensor_state full_state(strategy_context& context);
+  void load_full_state(strategy_context& context, const tensor_state& state);
+
+ private:
+  struct state;
+  fsdp_options settings_;
+  std::unique_ptr<state> state_;
+};
+
+inline fsdp_engine make_engine(const fsdp_stage& stage) { return fsdp_engine(stage.settings()); }
+
+}  // namespace loom

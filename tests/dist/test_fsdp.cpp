@@ -1,0 +1,210 @@
+// fsdp() across real processes: parity with one process (local()) and with ddp() on a model whose
+// sizes do not divide by the world size; replicated LoRA adapters over the sharded base, with a
+// rank that skips an adapted layer; clipping; state; merge; memory at rest.
+#include "odd_units.hpp"
+#include "world.hpp"
+
+#include <loom/loom.hpp>
+
+#include <torch/optim/adamw.h>
+#include <torch/optim/sgd.h>
+
+#include <catch2/catch_test_macros.hpp>
+#include <catch2/generators/catch_generators.hpp>
+#include <catch2/matchers/catch_matchers_string.hpp>
+
+#include <cmath>
+#include <limits>
+#include <memory>
+
+using loom::testing::odd_units;
+using loom::testing::world;
+
+namespace {
+
+constexpr std::int64_t rows_per_rank = 3;
+
+std::int64_t all_rows() { return rows_per_rank * world().world_size(); }
+at::Tensor my_rows(const at::Tensor& full) { return full.narrow(0, world().rank() * rows_per_rank, rows_per_rank); }
+
+struct batch {
+  at::Tensor x, y;
+};
+
+batch data(int step) {
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(300 + step);
+  return {torch::randn({all_rows(), 5}, gen), torch::randn({all_rows(), 3}, gen)};
+}
+
+// The mean loss over this rank's rows, scaled so that the ranks' average is the whole batch's loss.
+template <class Job>
+at::Tensor loss_on(Job& job, const batch& b, bool whole) {
+  return whole ? torch::mse_loss(job.forward(b.x), b.y) : torch::mse_loss(job.forward(my_rows(b.x)), my_rows(b.y));
+}
+
+template <class Reference, class Sharded>
+void check_same_state(Reference& reference, Sharded& sharded, double tolerance) {
+  const loom::tensor_state expected = reference.state_dict();
+  const loom::tensor_state actual = sharded.state_dict();
+  REQUIRE(actual.size() == expected.size());
+  for (std::size_t i = 0; i < actual.size(); ++i) {
+    CAPTURE(actual[i].name);
+    REQUIRE(actual[i].name == expected[i].name);
+    CHECK(torch::allclose(actual[i].tensor, expected[i].tensor, 0, tolerance));
+  }
+}
+
+enum class optimizer_kind { adamw, sgd };
+
+std::unique_ptr<torch::optim::Optimizer> make_optimizer(optimizer_kind kind, std::vector<at::Tensor> parameters) {
+  if (kind == optimizer_kind::sgd) return std::make_unique<torch::optim::SGD>(std::move(parameters), 0.1);
+  return std::make_unique<torch::optim::AdamW>(std::move(parameters), torch::optim::AdamWOptions(1e-2));
+}
+
+// Five steps of each, from the same seeded start: `reference` on the whole batch (local()) or its
+// rows (ddp()), `sharded` on this rank's rows. SGD shows a gradient off by a factor, which AdamW,
+// invariant to the gradient's scale, would hide.
+template <class Reference, class Sharded>
+void train_side_by_side(Reference& reference, Sharded& sharded, bool reference_whole,
+                        optimizer_kind kind = optimizer_kind::adamw) {
+  auto reference_optimizer_ptr = make_optimizer(kind, reference.trainable_parameters());
+  auto sharded_optimizer_ptr = make_optimizer(kind, sharded.trainable_parameters());
+  torch::optim::Optimizer& reference_optimizer = *reference_optimizer_ptr;
+  torch::optim::Optimizer& sharded_optimizer = *sharded_optimizer_ptr;
+  for (int step = 0; step < 5; ++step) {
+    const batch b = data(step);
+    reference.backward(loss_on(reference, b, reference_whole));
+    reference_optimizer.step();
+    reference.zero_grad();
+    sharded.backward(loss_on(sharded, b, false));
+    sharded_optimizer.step();
+    sharded.zero_grad();
+  }
+}
+
+// Bytes of parameter storage this rank holds: the module's parameters (released at rest under
+// fsdp) and, when they are other tensors, the optimizer's.
+template <class Job>
+std::int64_t parameter_bytes(Job& job) {
+  std::int64_t bytes = 0;
+  for (const auto& p : job.module().parameters()) bytes += static_cast<std::int64_t>(p.storage().nbytes());
+  for (const auto& p : job.trainable_parameters()) {
+    bool is_module_parameter = false;
+    for (const auto& q : job.module().parameters()) is_module_parameter |= p.is_same(q);
+    if (!is_module_parameter) bytes += static_cast<std::int64_t>(p.storage().nbytes());
+  }
+  return bytes;
+}
+
+}  // namespace
+
+TEST_CASE("fsdp: N ranks with 1/N of the batch each equal one process on the whole batch", "[fsdp][parity]") {
+  const bool reshard = GENERATE(true, false);
+  const auto kind = GENERATE(optimizer_kind::adamw, optimizer_kind::sgd);
+  CAPTURE(reshard, kind == optimizer_kind::sgd);
+  auto reference = loom::build(loom::model<odd_units>() | loom::seeded(5) | loom::local(), world());
+  auto sharded =
+      loom::build(loom::model<odd_units>() | loom::seeded(5) | loom::fsdp({.reshard_after_forward = reshard}), world());
+  train_side_by_side(reference, sharded, /*reference_whole=*/true, kind);
+  check_same_state(reference, sharded, 1e-5);
+}
+
+TEST_CASE("fsdp equals ddp on the same rows", "[fsdp][parity]") {
+  auto replicated = loom::build(loom::model<odd_units>() | loom::seeded(6) | loom::ddp(), world());
+  auto sharded = loom::build(loom::model<odd_units>() | loom::seeded(6) | loom::fsdp(), world());
+  train_side_by_side(replicated, sharded, /*reference_whole=*/false);
+  check_same_state(replicated, sharded, 1e-5);
+}
+
+TEST_CASE("lora | fsdp equals lora | local: adapters replicated over the sharded base", "[fsdp][lora]") {
+  constexpr auto adapters = loom::seeded(7) | loom::lora(2, {"up", "out"});
+  auto reference = loom::build(loom::model<odd_units>() | adapters | loom::local(), world());
+  auto sharded = loom::build(loom::model<odd_units>() | adapters | loom::fsdp(), world());
+  CHECK(sharded.trainable_parameters().size() == 8);  // lora_A and lora_B of 3 blocks' up and of out
+  train_side_by_side(reference, sharded, /*reference_whole=*/true, optimizer_kind::sgd);
+  check_same_state(reference, sharded, 1e-5);
+}
+
+TEST_CASE("a rank that skips an adapted layer: no hang, adapters equal ddp with find_unused_parameters",
+          "[fsdp][lora][unused]") {
+  // A model whose last block's adapted layer the last rank leaves out in step 2.
+  struct skipping : odd_units {
+    at::Tensor forward(const at::Tensor& x, bool skip) {
+      at::Tensor h = in(x);
+      for (std::size_t i = 0; i < blocks->size(); ++i) {
+        h = blocks[i]->as<Block>()->forward(h, !(skip && i + 1 == blocks->size()));
+      }
+      return out(h);
+    }
+  };
+  constexpr auto adapters = loom::seeded(8) | loom::lora(2, {"up"});
+  auto replicated =
+      loom::build(loom::model<skipping>() | adapters | loom::ddp({.find_unused_parameters = true}), world());
+  auto sharded = loom::build(loom::model<skipping>() | adapters | loom::fsdp(), world());
+  torch::optim::SGD replicated_optimizer(replicated.trainable_parameters(), 0.1);
+  torch::optim::SGD sharded_optimizer(sharded.trainable_parameters(), 0.1);
+  const bool last = world().rank() == world().world_size() - 1;
+  // SGD: a zero-filled share must count as zero in the average, not shrink it by another factor.
+  for (int step = 0; step < 4; ++step) {
+    const batch b = data(step);
+    const bool skip = last && step == 2;
+    replicated.backward(torch::mse_loss(replicated.forward(my_rows(b.x), skip), my_rows(b.y)));
+    replicated_optimizer.step();
+    replicated.zero_grad();
+    sharded.backward(torch::mse_loss(sharded.forward(my_rows(b.x), skip), my_rows(b.y)));
+    sharded_optimizer.step();
+    sharded.zero_grad();
+  }
+  check_same_state(replicated, sharded, 1e-5);
+}
+
+TEST_CASE("fsdp clip_grad_norm is the global norm, as local()'s", "[fsdp][clip]") {
+  const double p = GENERATE(2.0, std::numeric_limits<double>::infinity());
+  CAPTURE(p);
+  auto reference = loom::build(loom::model<odd_units>() | loom::seeded(9) | loom::local(), world());
+  auto sharded = loom::build(loom::model<odd_units>() | loom::seeded(9) | loom::fsdp(), world());
+  const batch b = data(0);
+  reference.backward(loss_on(reference, b, true));
+  sharded.backward(loss_on(sharded, b, false));
+  const double expected = reference.clip_grad_norm(0.01, p);
+  const double actual = sharded.clip_grad_norm(0.01, p);
+  CHECK(std::abs(actual - expected) <= 1e-6 * expected);
+  CHECK_THROWS_WITH(sharded.clip_grad_norm(1.0, 1.0), Catch::Matchers::ContainsSubstring("norm_type 2 and infinity"));
+}
+
+TEST_CASE("fsdp state_dict is whole and the same on every rank; load_state_dict reshards it", "[fsdp][state]") {
+  auto source = loom::build(loom::model<odd_units>() | loom::seeded(10) | loom::local(), world());
+  auto sharded = loom::build(loom::model<odd_units>() | loom::seeded(11) | loom::fsdp(), world());
+  sharded.load_state_dict(source.state_dict());
+  check_same_state(source, sharded, 0);
+  const batch b = data(1);
+  CHECK(torch::allclose(sharded.forward(b.x), source.forward(b.x), 0, 1e-6));
+}
+
+TEST_CASE("merge and unmerge under fsdp fold the adapters into every rank's rows", "[fsdp][lora]") {
+  constexpr auto adapters = loom::seeded(12) | loom::lora(2, {"up"});
+  auto reference = loom::build(loom::model<odd_units>() | adapters | loom::local(), world());
+  auto sharded = loom::build(loom::model<odd_units>() | adapters | loom::fsdp(), world());
+  train_side_by_side(reference, sharded, /*reference_whole=*/true);  // B moves away from zero
+  const batch b = data(2);
+  const at::Tensor before = sharded.forward(b.x).detach();
+  sharded.merge();
+  reference.merge();
+  check_same_state(reference, sharded, 1e-5);
+  CHECK(torch::allclose(sharded.forward(b.x), before, 1e-5, 1e-6));
+  sharded.unmerge();
+  CHECK(torch::allclose(sharded.forward(b.x), before, 1e-5, 1e-6));
+}
+
+TEST_CASE("fsdp holds about 1/N of the parameters at rest", "[fsdp][memory]") {
+  auto reference = loom::build(loom::model<odd_units>() | loom::seeded(13) | loom::local(), world());
+  auto sharded = loom::build(loom::model<odd_units>() | loom::seeded(13) | loom::fsdp(), world());
+  sharded.backward(loss_on(sharded, data(0), false));
+  const std::int64_t whole = parameter_bytes(reference);
+  const std::int64_t mine = parameter_bytes(sharded);
+  // Padding: at most one row per parameter (at most 7 floats) beyond an even split.
+  const std::int64_t padding = 4 * 7 * static_cast<std::int64_t>(reference.module().parameters().size());
+  CAPTURE(whole, mine);
+  CHECK(mine <= whole / world().world_size() + padding);
+  CHECK(sharded.describe().find("fsdp: 3 units and the root over") != std::string::npos);
+}
