@@ -117,7 +117,8 @@ struct fsdp_engine::state : nn::unit_hooks {
   param_group root;
   std::vector<param_group> units;
   std::vector<nn::unit_base*> unit_modules;
-  std::vector<named_tensor> adapters;  // replicated, sorted by name
+  std::vector<named_tensor> adapters;       // replicated, sorted by name
+  std::vector<at::Tensor> optimizer_order;  // shards and adapters, in the module's registration order
   std::vector<std::vector<std::size_t>> buckets;
   std::size_t next_unit = 0;  // the unit whose forward comes next in this step
 
@@ -316,6 +317,7 @@ void fsdp_engine::setup(strategy_context& context) {
     }
     if (parameter.requires_grad() && lora_adapter::is_adapter_parameter(name)) {
       s.adapters.push_back({name, parameter});
+      s.optimizer_order.push_back(parameter);
       continue;
     }
     if (!parameter.is_contiguous() || parameter.storage_offset() != 0 ||
@@ -326,6 +328,7 @@ void fsdp_engine::setup(strategy_context& context) {
           name));
     }
     group.params.push_back(make_sharded(name, parameter, rt.rank(), rt.world_size()));
+    if (group.params.back().trainable) s.optimizer_order.push_back(group.params.back().shard);
   }
   s.for_each_group([&](param_group& group) {
     group.gathered = true;
@@ -417,14 +420,7 @@ void fsdp_engine::after_backward(strategy_context& context) {
 }
 
 std::vector<at::Tensor> fsdp_engine::optimizer_parameters(const strategy_context&) const {
-  std::vector<at::Tensor> tensors;
-  state_->for_each_group([&](const param_group& group) {
-    for (const sharded_param& p : group.params) {
-      if (p.trainable) tensors.push_back(p.shard);
-    }
-  });
-  for (const named_tensor& a : state_->adapters) tensors.push_back(a.tensor);
-  return tensors;
+  return state_->optimizer_order;
 }
 
 double fsdp_engine::clip_grad_norm(strategy_context& context, double max_norm, double norm_type) {
@@ -477,6 +473,25 @@ tensor_state fsdp_engine::full_state(strategy_context& context) {
   for (const named_tensor& t : module_state(context.module())) full.push_back({t.name, t.tensor.detach().clone()});
   s.for_each_group([&](param_group& group) { s.reshard(group); });
   return full;
+}
+
+void fsdp_engine::explain_forward_failure(strategy_context& context, std::exception_ptr error) {
+  try {
+    std::rethrow_exception(error);
+  } catch (const c10::Error& failure) {
+    // What LibTorch says when an operation reads a tensor whose storage fsdp released at rest.
+    const std::string_view text = failure.what_without_backtrace();
+    const state& s = *state_;
+    const bool read_at_rest = text.find("out of bounds for storage of size 0") != std::string_view::npos ||
+                              text.find("its data is not allocated yet") != std::string_view::npos;
+    if (!read_at_rest || s.next_unit >= s.units.size()) return;
+    context.fail(fmt::format(
+        "fsdp(): unit '{}' was used without being entered through loom::nn::Unit: its parameters are sharded "
+        "at rest and gathered only when its forward is called through the Unit type "
+        "(blocks[i]->as<loom::nn::Unit<Block>>()->forward(x)), not the inner block's",
+        s.units[s.next_unit].name));
+  } catch (...) {
+  }
 }
 
 void fsdp_engine::with_full_parameters(strategy_context& context, const std::function<void()>& change) {

@@ -2,6 +2,7 @@
 // hang. Usage (under loom-run): dist-failures MODE. Every rank expects its error; it prints it and
 // exits 0 when the message and the time are as they should be, 1 otherwise.
 #include "branchy.hpp"
+#include "odd_units.hpp"
 #include "world.hpp"
 
 #include <loom/loom.hpp>
@@ -17,6 +18,7 @@
 #include <string>
 
 using loom::testing::branchy;
+using loom::testing::odd_units;
 using loom::testing::world;
 
 namespace {
@@ -35,6 +37,30 @@ void killed_in_backward(int victim) {
   }
   auto x = torch::randn({4, 512});
   for (int step = 0; step < 3; ++step) job.backward(job.forward(x).square().mean());
+}
+
+// odd_units whose forward leaves out unit `skipped` on the last rank, or calls it through its inner
+// type (bypassing loom::nn::Unit) on every rank.
+struct unit_misuse : odd_units {
+  at::Tensor forward(const at::Tensor& x, std::size_t skipped, bool bypass) {
+    at::Tensor h = in(x);
+    for (std::size_t i = 0; i < blocks->size(); ++i) {
+      if (i != skipped) {
+        h = blocks[i]->as<Block>()->forward(h);
+      } else if (bypass) {
+        h = blocks[i]->as<loom::testing::odd_block>()->forward(h);
+      } else if (!last_rank()) {
+        h = blocks[i]->as<Block>()->forward(h);
+      }
+    }
+    return out(h);
+  }
+};
+
+void misuse_units(bool bypass) {
+  auto job = loom::build(loom::model<unit_misuse>() | loom::seeded(3) | loom::fsdp(), world());
+  auto x = torch::randn({4, 5});
+  for (int step = 0; step < 3; ++step) job.backward(job.forward(x, step == 1 ? 1 : 99, bypass).square().mean());
 }
 
 struct scenario {
@@ -95,6 +121,13 @@ const std::map<std::string, scenario>& scenarios() {
       {"rank0-killed-in-backward",
        {[] { killed_in_backward(0); },
         "rank \\d's backward pass failed, and the rendezvous store is unreachable: rank 0, which hosts it, is gone"}},
+      {"fsdp-unit-skipped",
+       {[] { misuse_units(/*bypass=*/false); },
+        "fsdp\\(\\): unit 'blocks.2' ran its forward where the schedule has unit 'blocks.1': every rank must run "
+        "every unit"}},
+      {"fsdp-unit-bypassed",
+       {[] { misuse_units(/*bypass=*/true); },
+        "fsdp\\(\\): unit 'blocks.1' was used without being entered through loom::nn::Unit"}},
       {"unused-without-option",
        {[] {
           auto job = loom::build(loom::model<branchy>() | loom::seeded(3) | loom::ddp(), world());

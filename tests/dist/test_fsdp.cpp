@@ -16,6 +16,7 @@
 #include <cmath>
 #include <limits>
 #include <memory>
+#include <set>
 
 using loom::testing::odd_units;
 using loom::testing::world;
@@ -82,16 +83,29 @@ void train_side_by_side(Reference& reference, Sharded& sharded, bool reference_w
   }
 }
 
-// Bytes of parameter storage this rank holds: the module's parameters (released at rest under
-// fsdp) and, when they are other tensors, the optimizer's.
+// The bytes this rank holds in parameters, gradients and optimizer state: every distinct live
+// storage among the module's parameters, the optimizer's tensors, their gradients and its state.
 template <class Job>
-std::int64_t parameter_bytes(Job& job) {
+std::int64_t training_state_bytes(Job& job, torch::optim::Optimizer& optimizer) {
+  std::set<const c10::StorageImpl*> seen;
   std::int64_t bytes = 0;
-  for (const auto& p : job.module().parameters()) bytes += static_cast<std::int64_t>(p.storage().nbytes());
+  const auto count = [&](const at::Tensor& t) {
+    if (t.defined() && seen.insert(t.storage().unsafeGetStorageImpl()).second) {
+      bytes += static_cast<std::int64_t>(t.storage().nbytes());
+    }
+  };
+  for (const auto& p : job.module().parameters()) {
+    count(p);
+    count(p.grad());
+  }
   for (const auto& p : job.trainable_parameters()) {
-    bool is_module_parameter = false;
-    for (const auto& q : job.module().parameters()) is_module_parameter |= p.is_same(q);
-    if (!is_module_parameter) bytes += static_cast<std::int64_t>(p.storage().nbytes());
+    count(p);
+    count(p.grad());
+  }
+  for (const auto& [key, state] : optimizer.state()) {
+    const auto& adamw = static_cast<const torch::optim::AdamWParamState&>(*state);
+    count(adamw.exp_avg());
+    count(adamw.exp_avg_sq());
   }
   return bytes;
 }
@@ -196,15 +210,23 @@ TEST_CASE("merge and unmerge under fsdp fold the adapters into every rank's rows
   CHECK(torch::allclose(sharded.forward(b.x), before, 1e-5, 1e-6));
 }
 
-TEST_CASE("fsdp holds about 1/N of the parameters at rest", "[fsdp][memory]") {
+TEST_CASE("fsdp holds about 1/N of the parameters, gradients and optimizer state", "[fsdp][memory]") {
   auto reference = loom::build(loom::model<odd_units>() | loom::seeded(13) | loom::local(), world());
   auto sharded = loom::build(loom::model<odd_units>() | loom::seeded(13) | loom::fsdp(), world());
-  sharded.backward(loss_on(sharded, data(0), false));
-  const std::int64_t whole = parameter_bytes(reference);
-  const std::int64_t mine = parameter_bytes(sharded);
-  // Padding: at most one row per parameter (at most 7 floats) beyond an even split.
-  const std::int64_t padding = 4 * 7 * static_cast<std::int64_t>(reference.module().parameters().size());
+  torch::optim::AdamW reference_optimizer(reference.trainable_parameters(), torch::optim::AdamWOptions(1e-2));
+  torch::optim::AdamW sharded_optimizer(sharded.trainable_parameters(), torch::optim::AdamWOptions(1e-2));
+  const batch b = data(0);
+  reference.backward(loss_on(reference, b, true));
+  reference_optimizer.step();
+  sharded.backward(loss_on(sharded, b, false));
+  sharded_optimizer.step();
+  const std::int64_t whole = training_state_bytes(reference, reference_optimizer);
+  const std::int64_t mine = training_state_bytes(sharded, sharded_optimizer);
+  // Padding: at most one row (at most 7 floats) per parameter beyond an even split, in each of the
+  // parameter, its gradient and AdamW's two moments.
+  const auto parameters = static_cast<std::int64_t>(reference.module().parameters().size());
   CAPTURE(whole, mine);
-  CHECK(mine <= whole / world().world_size() + padding);
+  CHECK(mine <= whole / world().world_size() + 4 * 4 * 7 * parameters);
+  CHECK(mine < whole);
   CHECK(sharded.describe().find("fsdp: 3 units and the root over") != std::string::npos);
 }

@@ -278,3 +278,58 @@ TEST_CASE("state_dict() holds every parameter and buffer; load_state_dict() rest
   extra.push_back({"extra.weight", at::zeros({1})});
   CHECK_THROWS_WITH(b.load_state_dict(extra), ContainsSubstring("a tensor 'extra.weight' that the module lacks"));
 }
+
+namespace {
+
+// Two units that share one parameter: the second registers the first's weight under a name of its own.
+struct tied_units : torch::nn::Module {
+  using Block = loom::nn::Unit<models::BasicMlp<loom::nn::Linear>>;
+  tied_units() : blocks(register_module("blocks", torch::nn::ModuleList())) {
+    auto first = std::make_shared<Block>(4, 1);
+    auto second = std::make_shared<Block>(4, 1);
+    second->register_parameter("tied", first->layers[0]->as<loom::nn::LinearImpl>()->weight);
+    blocks->push_back(first);
+    blocks->push_back(second);
+  }
+  at::Tensor forward(at::Tensor x) {
+    for (auto& block : *blocks) x = block->as<Block>()->forward(x);
+    return x;
+  }
+  torch::nn::ModuleList blocks;
+};
+
+}  // namespace
+
+TEST_CASE("fsdp on one rank: a model without units is all root, and describe() names the candidates", "[fsdp]") {
+  auto job = loom::build(loom::model<models::Mlp>(8, 3) | loom::seeded(1) | loom::fsdp(), one());
+  CHECK_THAT(job.describe(), ContainsSubstring("fsdp: no unit: the whole model is the root") &&
+                                 ContainsSubstring("the children of layers could be units"));
+  auto x = torch::randn({2, 8});
+  auto reference = loom::build(loom::model<models::Mlp>(8, 3) | loom::seeded(1), one());
+  CHECK(torch::allclose(job.forward(x), reference.forward(x)));
+}
+
+TEST_CASE("fsdp refuses a parameter shared by two units, naming it and both owners", "[fsdp][errors]") {
+  CHECK_THROWS_WITH(loom::build(loom::model<tied_units>() | loom::fsdp(), one()),
+                    ContainsSubstring("parameter 'blocks.1.tied' is shared by blocks.0 and blocks.1"));
+}
+
+TEST_CASE("fsdp no_sync: accumulated micro-batches reduce to one big batch's gradient", "[fsdp][no_sync]") {
+  auto reference = loom::build(loom::model<Gpt<loom::nn::Linear>>(small) | loom::seeded(3), one());
+  auto sharded = loom::build(loom::model<Gpt<loom::nn::Linear>>(small) | loom::seeded(3) | loom::fsdp(), one());
+  auto [x0, y0] = tokens(10);
+  auto [x1, y1] = tokens(11);
+  reference.backward(reference.forward(x0, y0));
+  reference.backward(reference.forward(x1, y1));
+  {
+    auto accumulate = sharded.no_sync();
+    sharded.backward(sharded.forward(x0, y0));
+  }
+  sharded.backward(sharded.forward(x1, y1));
+  const auto expected = reference.trainable_parameters();
+  const auto actual = sharded.trainable_parameters();
+  REQUIRE(actual.size() == expected.size());
+  for (std::size_t i = 0; i < actual.size(); ++i) {
+    CHECK(torch::allclose(actual[i].grad().view(-1), expected[i].grad().view(-1), 1e-5, 1e-6));
+  }
+}

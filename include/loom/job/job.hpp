@@ -109,6 +109,7 @@ class job {
       if (lora_layers* lora = core_.lora()) adapters.emplace(*lora);
       return model_->forward(std::forward<Args>(args)...);
     } catch (...) {
+      hooks::explain_forward_failure(engine_, core_.context(), std::current_exception());
       core_.fail_step("forward pass");
     }
   }

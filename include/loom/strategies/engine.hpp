@@ -14,6 +14,8 @@
 //     void before_backward(strategy_context&, const at::Tensor& loss)        nothing
 //     std::vector<at::Tensor> optimizer_parameters(const strategy_context&)  the trainable parameters
 //     double clip_grad_norm(strategy_context&, double max, double p)  the local norm: replicas agree
+//     void explain_forward_failure(strategy_context&, std::exception_ptr error)               nothing
+//         may throw a clearer error for what ended a forward (a unit used while sharded)
 //     void with_full_parameters(strategy_context&, const std::function<void()>& change)
 //         runs `change` on the module's whole parameters (merge, unmerge); a sharding engine gathers
 //         them first and keeps its rows of the result
@@ -30,6 +32,7 @@
 #include <loom/strategies/strategy_context.hpp>
 
 #include <concepts>
+#include <exception>
 #include <functional>
 #include <string_view>
 #include <vector>
@@ -88,6 +91,12 @@ double clip_grad_norm(E& engine, strategy_context& context, double max_norm, dou
   } else {
     return clip_local_grad_norm(optimizer_parameters(engine, context), max_norm, norm_type);
   }
+}
+
+template <Engine E>
+void explain_forward_failure(E& engine, strategy_context& context, std::exception_ptr error) {
+  if constexpr (requires { engine.explain_forward_failure(context, error); })
+    engine.explain_forward_failure(context, error);
 }
 
 template <Engine E>

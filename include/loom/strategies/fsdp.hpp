@@ -13,6 +13,7 @@
 #include <loom/strategies/engine.hpp>
 #include <loom/strategies/strategy_context.hpp>
 
+#include <exception>
 #include <functional>
 #include <memory>
 #include <string_view>
@@ -34,10 +35,13 @@ class fsdp_engine {
   void before_forward(strategy_context& context);
   void after_backward(strategy_context& context);
 
-  // This rank's shards of the trainable sharded parameters, then the replicated adapters.
+  // This rank's shards of the trainable sharded parameters and the replicated adapters, in the
+  // module's registration order.
   [[nodiscard]] std::vector<at::Tensor> optimizer_parameters(const strategy_context& context) const;
   // The global norm: shards summed across ranks, replicated adapters counted once; p = 2 or infinity.
   double clip_grad_norm(strategy_context& context, double max_norm, double norm_type);
+  // A forward that read a parameter at rest went around loom::nn::Unit: says which unit.
+  void explain_forward_failure(strategy_context& context, std::exception_ptr error);
   // Gathers every parameter, runs `change`, and keeps this rank's rows of the result.
   void with_full_parameters(strategy_context& context, const std::function<void()>& change);
   // Every parameter and buffer, whole (gathered); and back, resharded.
