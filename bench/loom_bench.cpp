@@ -19,6 +19,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
+#include <set>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -34,7 +35,7 @@ struct bench_options {
 };
 
 constexpr std::string_view usage =
-    "usage: loom-bench --workload {mlp-ddp,gpt-local,gpt-ddp,gpt-lora-local,gpt-lora-ddp} "
+    "usage: loom-bench --workload {mlp-ddp,gpt-local,gpt-ddp,gpt-lora-local,gpt-lora-ddp,gpt-fsdp,gpt-lora-fsdp} "
     "[--steps N] [--warmup N] [--batch N]";
 
 [[noreturn]] void usage_error(const std::string& message) {
@@ -93,13 +94,24 @@ std::int64_t optimizer_state_bytes(const torch::optim::AdamW& optimizer) {
   return total;
 }
 
-// Parameters (frozen ones too), their gradients and the optimizer's state: what the anchor counts.
-// (The anchor also counts PyTorch's per-parameter 0-d `step` tensor, 4 bytes each, which LibTorch
-// keeps as an integer.)
+// Parameters (frozen ones too), their gradients and the optimizer's state: what the anchor counts,
+// this rank's shards only (job.local_state_dict(), buffers included). Each live storage counts once. (The anchor also
+// counts PyTorch's per-parameter 0-d `step` tensor, 4 bytes each, which LibTorch keeps as an integer.)
 template <class Optimizer>
-std::int64_t state_bytes(const torch::nn::Module& module, const Optimizer& optimizer) {
+std::int64_t state_bytes(const loom::tensor_state& local, const std::vector<at::Tensor>& trainable,
+                         const Optimizer& optimizer) {
   std::int64_t total = optimizer_state_bytes(optimizer);
-  for (const at::Tensor& p : module.parameters()) total += tensor_bytes(p) + tensor_bytes(p.grad());
+  std::set<const c10::StorageImpl*> seen;
+  const auto count = [&](const at::Tensor& t) {
+    if (t.defined() && seen.insert(t.storage().unsafeGetStorageImpl()).second) {
+      total += static_cast<std::int64_t>(t.storage().nbytes());
+    }
+  };
+  for (const loom::named_tensor& t : local) count(t.tensor);
+  for (const at::Tensor& p : trainable) {
+    count(p);
+    count(p.grad());
+  }
   return total;
 }
 
@@ -225,7 +237,8 @@ run_result train(Job& job, const bench_options& options) {
 
   std::int64_t trainable = 0;
   for (const at::Tensor& p : params) trainable += p.numel();
-  const rank_figures figures{median(step_ms), static_cast<double>(state_bytes(job.module(), optimizer)), peak_rss_mb()};
+  const rank_figures figures{
+      median(step_ms), static_cast<double>(state_bytes(job.local_state_dict(), params, optimizer)), peak_rss_mb()};
   return {figures, final_loss, trainable, batch};
 }
 
@@ -248,6 +261,8 @@ void run_workload(const bench_options& options) {
   if (name == "gpt-ddp") return run<gpt_workload>(gpt | loom::ddp(), options);
   if (name == "gpt-lora-local") return run<gpt_workload>(gpt | adapters | loom::local(), options);
   if (name == "gpt-lora-ddp") return run<gpt_workload>(gpt | adapters | loom::ddp(), options);
+  if (name == "gpt-fsdp") return run<gpt_workload>(gpt | loom::fsdp(), options);
+  if (name == "gpt-lora-fsdp") return run<gpt_workload>(gpt | adapters | loom::fsdp(), options);
   usage_error(fmt::format("unknown workload '{}'", name));
 }
 

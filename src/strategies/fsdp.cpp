@@ -466,6 +466,16 @@ double fsdp_engine::clip_grad_norm(strategy_context& context, double max_norm, d
   return norm;
 }
 
+tensor_state fsdp_engine::local_state(strategy_context& context) const {
+  tensor_state local;
+  state_->for_each_group([&](const param_group& group) {
+    for (const sharded_param& p : group.params) local.push_back({p.name, p.shard});
+  });
+  for (const named_tensor& a : state_->adapters) local.push_back(a);
+  for (const auto& item : context.module().named_buffers()) local.push_back({item.key(), item.value()});
+  return local;
+}
+
 tensor_state fsdp_engine::full_state(strategy_context& context) {
   state& s = *state_;
   s.for_each_group([&](param_group& group) { s.gather(group); });

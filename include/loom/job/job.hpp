@@ -134,6 +134,9 @@ class job {
 
   // Every parameter and buffer, whole, under any strategy (a sharding one gathers them); and back.
   [[nodiscard]] tensor_state state_dict() { return hooks::full_state(engine_, core_.context()); }
+  // This rank's share of the parameters and buffers, not copied: everything under local() and
+  // ddp(), this rank's flat shards (and the replicated adapters) under fsdp().
+  [[nodiscard]] tensor_state local_state_dict() { return hooks::local_state(engine_, core_.context()); }
   void load_state_dict(const tensor_state& state) { hooks::load_full_state(engine_, core_.context(), state); }
 
   // Clears the trainable gradients. Use it rather than torch::optim::Optimizer::zero_grad under

@@ -44,6 +44,8 @@ class fsdp_engine {
   void explain_forward_failure(strategy_context& context, std::exception_ptr error);
   // Gathers every parameter, runs `change`, and keeps this rank's rows of the result.
   void with_full_parameters(strategy_context& context, const std::function<void()>& change);
+  // This rank's flat shards, the replicated adapters and the buffers, by name.
+  [[nodiscard]] tensor_state local_state(strategy_context& context) const;
   // Every parameter and buffer, whole (gathered); and back, resharded.
   [[nodiscard]] tensor_state full_state(strategy_context& context);
   void load_full_state(strategy_context& context, const tensor_state& state);
