@@ -6,8 +6,9 @@
 //
 // Phase 1: model<TinyGpt> | seeded | ddp. Each rank samples its own batches; the DDP reducer
 //          averages the gradients. Rank 0 saves the weights.
-// Phase 2: model<PretrainedTinyGpt> | seeded | lora | ddp. The pretrained weights are loaded as the
-//          model is constructed, so LoRA adapts them; only the adapters train.
+// Phase 2: model<PretrainedTinyGpt> | seeded | lora | fsdp. The pretrained weights are loaded as the
+//          model is constructed, so LoRA adapts them; only the adapters train. The frozen base is
+//          sharded across the ranks (each block a loom::nn::Unit), the adapters are replicated.
 #include "models/tiny_gpt.hpp"
 
 #include <loom/loom.hpp>
@@ -279,10 +280,20 @@ void train(Job& job, const phase& spec, const at::Tensor& tokens) {
   }
 }
 
+// `job`'s weights, whole, in a plain TinyGpt (adapters left out: zero, or merged into the weights):
+// what the samples and the saved files are made from, under any strategy. Every rank calls it, since
+// under fsdp() the whole weights are gathered.
 template <class Job>
-void print_sample(Job& job, std::string_view when) {
-  if (!is_leader(job.rt())) return;
-  say(job.rt(), "{}, from \"{}\":\n  {}\n", when, sample_prompt, sample(job.module()));
+std::shared_ptr<models::TinyGpt> plain_copy(Job& job) {
+  loom::tensor_state state = job.state_dict();
+  std::erase_if(state, [](const loom::named_tensor& t) { return loom::lora_adapter::is_adapter_parameter(t.name); });
+  auto plain = std::make_shared<models::TinyGpt>(model_config);
+  loom::load_module_state(*plain, state);
+  return plain;
+}
+
+void print_sample(const loom::runtime& rt, models::TinyGpt& model, std::string_view when) {
+  say(rt, "{}, from \"{}\":\n  {}\n", when, sample_prompt, is_leader(rt) ? sample(model) : std::string());
 }
 
 // Phase 1: every parameter trains; rank 0 saves the pretrained weights to `weights`.
@@ -295,9 +306,10 @@ void pretrain(const loom::runtime& rt, const options& opts, const corpus_files& 
       loom::counted(rt.world_size(), "rank"), job.describe());
 
   train(job, {.name = "pretrain", .steps = opts.steps_pretrain, .learning_rate = 2e-3, .data_seed = 1000}, tokens);
-  print_sample(job, "after pretraining");
+  const auto pretrained = plain_copy(job);
+  print_sample(rt, *pretrained, "after pretraining");
 
-  if (is_leader(rt)) save_atomically(job.module(), weights);
+  if (is_leader(rt)) save_atomically(*pretrained, weights);
   say(rt, "saved {}\n\n", weights.string());
   rt.comm().barrier().wait();  // phase 2 loads the file on every rank
 }
@@ -305,20 +317,21 @@ void pretrain(const loom::runtime& rt, const options& opts, const corpus_files& 
 // Phase 2: LoRA adapters on the attention's q and v projections; the pretrained weights stay frozen.
 void adapt(const loom::runtime& rt, const options& opts, const corpus_files& corpus, const fs::path& weights) {
   const auto plan = loom::model<PretrainedTinyGpt>(model_config, weights) | loom::seeded(model_seed) |
-                    loom::lora(8, {"q_proj", "v_proj"}) | loom::ddp();
+                    loom::lora(8, {"q_proj", "v_proj"}) | loom::fsdp();
   auto job = loom::build(plan, rt);
   const auto tokens = load_tokens({corpus.held_apart});
   say(rt, "== phase 2: adapting to {} ({} characters), held apart from pretraining\n{}\n", corpus.held_apart.string(),
       tokens.numel(), job.describe());
-  print_sample(job, "before adapting (lora_B starts at zero: the pretrained model's sample)");
+  print_sample(rt, *plain_copy(job), "before adapting (lora_B starts at zero: the pretrained model's sample)");
 
   train(job, {.name = "adapt", .steps = opts.steps_adapt, .learning_rate = 5e-3, .data_seed = 2000}, tokens);
-  print_sample(job, "after adapting");
 
-  // Merged, the adapted weights load into a plain TinyGpt (Module::load skips lora_A and lora_B).
+  // Merged, the adapted weights are a plain TinyGpt's.
   job.merge();
+  const auto adapted_model = plain_copy(job);
+  print_sample(rt, *adapted_model, "after adapting");
   const fs::path adapted = opts.out / "adapted.pt";
-  if (is_leader(rt)) save_atomically(job.module(), adapted);
+  if (is_leader(rt)) save_atomically(*adapted_model, adapted);
   say(rt, "saved {} (adapters merged)\n", adapted.string());
 }
 

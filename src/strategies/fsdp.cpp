@@ -517,7 +517,7 @@ void fsdp_engine::with_full_parameters(strategy_context& context, const std::fun
 }
 
 void fsdp_engine::load_full_state(strategy_context& context, const tensor_state& full) {
-  with_full_parameters(context, [&] { hooks::load_module_state(context.module(), full); });
+  with_full_parameters(context, [&] { load_module_state(context.module(), full); });
 }
 
 }  // namespace loom

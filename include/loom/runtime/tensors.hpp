@@ -38,4 +38,8 @@ struct named_tensor {
 // A module's state in the order a state dict lists it: parameters, then buffers, registration order.
 [[nodiscard]] std::vector<named_tensor> module_state(const torch::nn::Module& module);
 
+// Copies `state` into the module's parameters and buffers of the same names; throws
+// std::invalid_argument naming a tensor that is missing, unexpected, or of another shape or dtype.
+void load_module_state(torch::nn::Module& module, const std::vector<named_tensor>& state);
+
 }  // namespace loom

@@ -59,10 +59,6 @@ S make_engine(const strategy_stage<S>& stage) {
 // Calls an optional hook, or does what the job does without one.
 namespace hooks {
 
-// Copies `state` into the module's parameters and buffers of the same names; throws
-// std::invalid_argument naming a tensor that is missing, unexpected, or of another shape or dtype.
-void load_module_state(torch::nn::Module& module, const tensor_state& state);
-
 template <Engine E>
 void before_backward(E& engine, strategy_context& context, const at::Tensor& loss) {
   if constexpr (requires { engine.before_backward(context, loss); }) engine.before_backward(context, loss);
@@ -131,7 +127,7 @@ void load_full_state(E& engine, strategy_context& context, const tensor_state& s
   if constexpr (requires { engine.load_full_state(context, state); }) {
     engine.load_full_state(context, state);
   } else {
-    load_module_state(context.module(), state);
+    loom::load_module_state(context.module(), state);
   }
 }
 
