@@ -327,6 +327,12 @@ void fsdp_engine::setup(strategy_context& context) {
           "cannot be sharded: register it as a tensor of its own",
           name));
     }
+    if (!parameter.storage().resizable()) {
+      // Loaded from an archive, say: give it bytes of its own (the tensor, and so every handle to it,
+      // stays the same), which fsdp can release at rest.
+      torch::NoGradGuard no_grad;
+      at::Tensor(parameter).set_data(parameter.detach().clone());
+    }
     group.params.push_back(make_sharded(name, parameter, rt.rank(), rt.world_size()));
     if (group.params.back().trainable) s.optimizer_order.push_back(group.params.back().shard);
   }

@@ -5,7 +5,9 @@
 #include <models/tiny_gpt.hpp>
 
 #include <catch2/catch_test_macros.hpp>
+
 #include <catch2/matchers/catch_matchers_string.hpp>
+#include <filesystem>
 
 using Catch::Matchers::ContainsSubstring;
 
@@ -332,4 +334,32 @@ TEST_CASE("fsdp no_sync: accumulated micro-batches reduce to one big batch's gra
   for (std::size_t i = 0; i < actual.size(); ++i) {
     CHECK(torch::allclose(actual[i].grad().view(-1), expected[i].grad().view(-1), 1e-5, 1e-6));
   }
+}
+
+namespace {
+
+// An Mlp whose constructor loads its weights from an archive: LibTorch gives such parameters a
+// storage it cannot resize.
+struct loaded_mlp : models::Mlp {
+  explicit loaded_mlp(const std::string& file) : models::Mlp(8, 2) {
+    torch::serialize::InputArchive archive;
+    archive.load_from(file);
+    load(archive);
+  }
+};
+
+}  // namespace
+
+TEST_CASE("fsdp shards parameters loaded from an archive", "[fsdp]") {
+  const std::string file = (std::filesystem::temp_directory_path() / "loom-test-loaded-mlp.pt").string();
+  auto saved = loom::build(loom::model<models::Mlp>(8, 2) | loom::seeded(4), one());
+  {
+    torch::serialize::OutputArchive archive;
+    saved.module().save(archive);
+    archive.save_to(file);
+  }
+  auto job = loom::build(loom::model<loaded_mlp>(file) | loom::fsdp(), one());
+  auto x = torch::randn({3, 8});
+  CHECK(torch::equal(job.forward(x), saved.forward(x)));
+  std::filesystem::remove(file);
 }
