@@ -1,6 +1,7 @@
 #include <loom/strategies/ddp.hpp>
 
 #include <loom/runtime/text.hpp>
+#include <loom/strategies/buckets.hpp>
 
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #include <torch/csrc/distributed/c10d/logger.hpp>
@@ -8,6 +9,8 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <numeric>
 #include <stdexcept>
 #include <string_view>
 #include <type_traits>
@@ -19,26 +22,6 @@ namespace {
 constexpr std::int64_t mib = 1024 * 1024;
 // PyTorch DDP's first_bucket_bytes_cap: a small first bucket starts communication early.
 constexpr std::int64_t first_bucket_bytes = 1 * mib;
-
-// Reverse registration order, the order in which backward produces gradients; a new bucket when
-// the cap is reached or the dtype changes.
-std::vector<std::vector<std::size_t>> assign_buckets(const std::vector<named_tensor>& params, std::int64_t cap_bytes) {
-  std::vector<std::vector<std::size_t>> buckets;
-  std::int64_t filled = 0;
-  for (std::size_t i = params.size(); i-- > 0;) {
-    const at::Tensor& p = params[i].tensor;
-    const std::int64_t limit = buckets.size() <= 1 ? std::min(first_bucket_bytes, cap_bytes) : cap_bytes;
-    const bool fits =
-        !buckets.empty() && filled < limit && params[buckets.back().front()].tensor.scalar_type() == p.scalar_type();
-    if (!fits) {
-      buckets.emplace_back();
-      filled = 0;
-    }
-    buckets.back().push_back(i);
-    filled += static_cast<std::int64_t>(p.nbytes());
-  }
-  return buckets;
-}
 
 struct reducer_arguments {
   std::vector<at::Tensor> params;
@@ -142,15 +125,14 @@ void ddp_engine::setup(strategy_context& context) {
     context.note("ddp: a single rank, nothing to synchronise");
     return;
   }
-  if (!rt.process_group()) {
-    throw std::invalid_argument(fmt::format(
-        "loom: ddp(): world size {} needs a process group: create the runtime with loom::runtime::from_env() "
-        "in a program started by loom-run or torchrun",
-        rt.world_size()));
-  }
+  context.require_process_group(name);
 
   const auto cap = static_cast<std::int64_t>(settings_.bucket_cap_mb) * mib;
-  buckets_ = assign_buckets(params, cap);
+  // Reverse registration order, the order in which backward produces gradients.
+  std::vector<std::size_t> order(params.size());
+  std::iota(order.rbegin(), order.rend(), std::size_t{0});
+  buckets_ = assign_buckets(
+      params, order, [cap](std::size_t bucket) { return bucket == 0 ? std::min(first_bucket_bytes, cap) : cap; });
   add_schedule_entries(context);
   state_ = std::make_unique<state>();
   start_reducer(context, cap);

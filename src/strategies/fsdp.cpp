@@ -2,6 +2,7 @@
 
 #include <loom/lora/adapter.hpp>
 #include <loom/runtime/text.hpp>
+#include <loom/strategies/buckets.hpp>
 
 #include <ATen/ATen.h>
 #include <ATen/native/Resize.h>
@@ -13,6 +14,7 @@
 #include <algorithm>
 #include <cmath>
 #include <map>
+#include <numeric>
 #include <stdexcept>
 #include <unordered_map>
 
@@ -89,24 +91,6 @@ std::vector<tensor_spec> shard_specs(const param_group& group, const std::vector
     specs.push_back({p.name, {p.shard_numel()}, p.full.scalar_type()});
   }
   return specs;
-}
-
-// Adapters' gradients, averaged in buckets of at most `cap` bytes, in name order.
-std::vector<std::vector<std::size_t>> adapter_buckets(const std::vector<named_tensor>& adapters, std::int64_t cap) {
-  std::vector<std::vector<std::size_t>> buckets;
-  std::int64_t filled = 0;
-  for (std::size_t i = 0; i < adapters.size(); ++i) {
-    const at::Tensor& t = adapters[i].tensor;
-    const bool fits = !buckets.empty() && filled + static_cast<std::int64_t>(t.nbytes()) <= cap &&
-                      adapters[buckets.back().front()].tensor.scalar_type() == t.scalar_type();
-    if (!fits) {
-      buckets.emplace_back();
-      filled = 0;
-    }
-    buckets.back().push_back(i);
-    filled += static_cast<std::int64_t>(t.nbytes());
-  }
-  return buckets;
 }
 
 }  // namespace
@@ -270,12 +254,7 @@ fsdp_engine::~fsdp_engine() = default;
 
 void fsdp_engine::setup(strategy_context& context) {
   const runtime& rt = context.rt();
-  if (rt.is_distributed() && !rt.process_group()) {
-    throw std::invalid_argument(fmt::format(
-        "loom: fsdp(): world size {} needs a process group: create the runtime with loom::runtime::from_env() "
-        "in a program started by loom-run or torchrun",
-        rt.world_size()));
-  }
+  context.require_process_group(name);
   if (rt.device().type() != c10::kCPU) {
     throw std::invalid_argument("loom: fsdp(): this build shards CPU parameters only; use ddp() on " +
                                 rt.device().str());
@@ -342,7 +321,10 @@ void fsdp_engine::setup(strategy_context& context) {
   });
   std::sort(s.adapters.begin(), s.adapters.end(),
             [](const named_tensor& a, const named_tensor& b) { return a.name < b.name; });
-  s.buckets = adapter_buckets(s.adapters, static_cast<std::int64_t>(settings_.bucket_cap_mb) * mib);
+  std::vector<std::size_t> by_name(s.adapters.size());
+  std::iota(by_name.begin(), by_name.end(), std::size_t{0});
+  const auto cap = static_cast<std::int64_t>(settings_.bucket_cap_mb) * mib;
+  s.buckets = assign_buckets(s.adapters, by_name, [cap](std::size_t) { return cap; });
 
   // The schedule: the root's gather, each unit's in forward order; in backward each unit's gather
   // again (when it was resharded after forward) and reduce-scatter in reverse order, the root's

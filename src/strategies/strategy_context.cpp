@@ -2,6 +2,10 @@
 
 #include <loom/runtime/failures.hpp>
 
+#include <fmt/format.h>
+
+#include <stdexcept>
+
 namespace loom {
 
 strategy_context::strategy_context(runtime rt, std::shared_ptr<torch::nn::Module> module)
@@ -9,6 +13,14 @@ strategy_context::strategy_context(runtime rt, std::shared_ptr<torch::nn::Module
   for (const auto& item : module_->named_parameters()) {
     if (item.value().requires_grad()) trainable_.push_back({item.key(), item.value()});
   }
+}
+
+void strategy_context::require_process_group(std::string_view strategy) const {
+  if (!runtime_.is_distributed() || runtime_.process_group()) return;
+  throw std::invalid_argument(fmt::format(
+      "loom: {}(): world size {} needs a process group: create the runtime with loom::runtime::from_env() in a "
+      "program started by loom-run or torchrun",
+      strategy, runtime_.world_size()));
 }
 
 void strategy_context::fail(const std::string& message) const { fail_job(runtime_, message); }

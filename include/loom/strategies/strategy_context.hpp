@@ -11,6 +11,7 @@
 
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace loom {
@@ -30,6 +31,9 @@ class strategy_context {
   // False inside job.no_sync(): gradients accumulate locally, nothing is communicated.
   [[nodiscard]] bool sync_gradients() const noexcept { return sync_gradients_; }
   void set_sync_gradients(bool sync) noexcept { sync_gradients_ = sync; }
+
+  // Throws std::invalid_argument naming `strategy` when the job spans ranks without a process group.
+  void require_process_group(std::string_view strategy) const;
 
   // Lines for job.describe(): what the strategy decided (buckets, shards).
   void note(std::string line) { notes_.push_back(std::move(line)); }
