@@ -49,11 +49,19 @@ struct sharded_param {
   [[nodiscard]] at::Tensor full_rows() const { return full.variable_data().view({rows, row_numel}); }
 };
 
+// One dtype's all-gather of a group, issued and not yet unpacked.
+struct gather_in_flight {
+  std::vector<std::size_t> indices;
+  at::Tensor gathered;  // every rank's packed shards, rank after rank
+  pending_collective work;
+};
+
 // A unit, or the root: gathered and resharded together.
 struct param_group {
   std::string name;
   std::vector<sharded_param> params;
   bool gathered = false;
+  std::vector<gather_in_flight> in_flight;  // a prefetch: issued, not yet waited for
 
   // Indices of params by dtype, in registration order: one collective per dtype.
   [[nodiscard]] std::map<c10::ScalarType, std::vector<std::size_t>> by_dtype(bool trainable_only) const {
@@ -125,17 +133,30 @@ struct fsdp_engine::state : nn::unit_hooks {
   }
   int world() const { return context->rt().world_size(); }
 
-  void gather(param_group& group) {
-    if (group.gathered) return;
+  // Issues the group's all-gathers (one per dtype, the shards packed) without waiting for them, so
+  // that the next unit's gather overlaps this one's compute.
+  void start_gather(param_group& group) {
+    if (group.gathered || !group.in_flight.empty()) return;
     for (const auto& [dtype, indices] : group.by_dtype(false)) {
       std::vector<at::Tensor> shards;
       for (std::size_t i : indices) shards.push_back(group.params[i].shard.detach());
       at::Tensor packed = at::cat(shards);
       at::Tensor all = at::empty({world() * packed.numel()}, packed.options());
-      comm().all_gather(packed, all).wait();
-      at::Tensor by_rank = all.view({world(), packed.numel()});
+      pending_collective work = comm().all_gather(packed, all);
+      group.in_flight.push_back({indices, all, std::move(work)});
+    }
+  }
+
+  // Waits for the group's all-gathers and writes every rank's rows into the full parameters.
+  void finish_gather(param_group& group) {
+    if (group.gathered) return;
+    start_gather(group);
+    for (gather_in_flight& flight : group.in_flight) {
+      flight.work.wait();
+      const std::int64_t per_rank = flight.gathered.numel() / world();
+      at::Tensor by_rank = flight.gathered.view({world(), per_rank});
       std::int64_t offset = 0;
-      for (std::size_t i : indices) {
+      for (std::size_t i : flight.indices) {
         sharded_param& p = group.params[i];
         restore_storage(p.full);
         at::Tensor rows = by_rank.narrow(1, offset, p.shard_numel()).reshape({world() * p.shard_rows, p.row_numel});
@@ -143,8 +164,11 @@ struct fsdp_engine::state : nn::unit_hooks {
         offset += p.shard_numel();
       }
     }
+    group.in_flight.clear();
     group.gathered = true;
   }
+
+  void gather(param_group& group) { finish_gather(group); }
 
   void reshard(param_group& group) {
     if (!group.gathered) return;
@@ -227,7 +251,8 @@ struct fsdp_engine::state : nn::unit_hooks {
           units[unit].name, next_unit < units.size() ? "unit '" + units[next_unit].name + "'" : "no more units"));
     }
     ++next_unit;
-    gather(units[unit]);
+    finish_gather(units[unit]);
+    if (unit + 1 < units.size()) start_gather(units[unit + 1]);
   }
 
   void after_forward(std::size_t unit, const std::vector<at::Tensor>& outputs) override {
@@ -240,7 +265,10 @@ struct fsdp_engine::state : nn::unit_hooks {
       for (const at::Tensor& output : outputs) {
         if (!output.defined() || !output.requires_grad()) continue;
         at::Tensor hooked = output;
-        hooked.register_hook([this, unit](const at::Tensor&) { gather(units[unit]); });
+        hooked.register_hook([this, unit](const at::Tensor&) {
+          finish_gather(units[unit]);
+          if (unit > 0) start_gather(units[unit - 1]);
+        });
       }
     }
     reshard(units[unit]);
@@ -273,7 +301,7 @@ void fsdp_engine::setup(strategy_context& context) {
       unit_modules.emplace_back(item.key(), item.value());
       unit->attach(&s, s.units.size());
       s.unit_modules.push_back(unit);
-      s.units.push_back({item.key(), {}, false});
+      s.units.emplace_back().name = item.key();
     }
   }
   const auto unit_of = [&](const std::string& parameter) -> param_group& {
