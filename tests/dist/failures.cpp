@@ -57,6 +57,25 @@ struct unit_misuse : odd_units {
   }
 };
 
+// The last rank holds its blocks as plain odd_blocks, the others as units: the same parameters and
+// draws, so the replica check passes and the schedule check must catch it.
+struct units_on_some_ranks : torch::nn::Module {
+  units_on_some_ranks() : blocks(register_module("blocks", torch::nn::ModuleList())) {
+    for (int i = 0; i < 2; ++i) {
+      if (last_rank()) {
+        blocks->push_back(std::make_shared<loom::testing::odd_block>());
+      } else {
+        blocks->push_back(std::make_shared<odd_units::Block>());
+      }
+    }
+  }
+  at::Tensor forward(at::Tensor x) {
+    for (auto& block : *blocks) x = block->as<loom::testing::odd_block>()->forward(x);
+    return x;
+  }
+  torch::nn::ModuleList blocks;
+};
+
 void misuse_units(bool bypass) {
   auto job = loom::build(loom::model<unit_misuse>() | loom::seeded(3) | loom::fsdp(), world());
   auto x = torch::randn({4, 5});
@@ -128,6 +147,9 @@ const std::map<std::string, scenario>& scenarios() {
       {"fsdp-unit-bypassed",
        {[] { misuse_units(/*bypass=*/true); },
         "fsdp\\(\\): unit 'blocks.1' was used without being entered through loom::nn::Unit"}},
+      {"fsdp-units-differ",
+       {[] { auto job = loom::build(loom::model<units_on_some_ranks>() | loom::seeded(3) | loom::fsdp(), world()); },
+        "the ranks' collective schedules differ.*first difference at entry #0: rank 0 has 'all_gather forward world"}},
       {"unused-without-option",
        {[] {
           auto job = loom::build(loom::model<branchy>() | loom::seeded(3) | loom::ddp(), world());
