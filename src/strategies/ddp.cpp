@@ -109,9 +109,6 @@ struct ddp_engine::state {
 };
 
 ddp_engine::ddp_engine(const ddp_options& settings) : settings_(settings) {}
-ddp_engine::ddp_engine(ddp_engine&&) noexcept = default;
-ddp_engine& ddp_engine::operator=(ddp_engine&&) noexcept = default;
-ddp_engine::~ddp_engine() = default;
 
 void ddp_engine::setup(strategy_context& context) {
   const runtime& rt = context.rt();
@@ -134,7 +131,7 @@ void ddp_engine::setup(strategy_context& context) {
   buckets_ = assign_buckets(
       params, order, [cap](std::size_t bucket) { return bucket == 0 ? std::min(first_bucket_bytes, cap) : cap; });
   add_schedule_entries(context);
-  state_ = std::make_unique<state>();
+  state_ = std::make_shared<state>();
   start_reducer(context, cap);
   watch_gradients(context);
   note_buckets(context);

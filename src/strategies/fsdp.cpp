@@ -276,9 +276,6 @@ struct fsdp_engine::state : nn::unit_hooks {
 };
 
 fsdp_engine::fsdp_engine(const fsdp_options& settings) : settings_(settings) {}
-fsdp_engine::fsdp_engine(fsdp_engine&&) noexcept = default;
-fsdp_engine& fsdp_engine::operator=(fsdp_engine&&) noexcept = default;
-fsdp_engine::~fsdp_engine() = default;
 
 void fsdp_engine::setup(strategy_context& context) {
   const runtime& rt = context.rt();
@@ -287,7 +284,7 @@ void fsdp_engine::setup(strategy_context& context) {
     throw std::invalid_argument("loom: fsdp(): this build shards CPU parameters only; use ddp() on " +
                                 rt.device().str());
   }
-  state_ = std::make_unique<state>();
+  state_ = std::make_shared<state>();
   state& s = *state_;
   s.context = &context;
   s.settings = settings_;

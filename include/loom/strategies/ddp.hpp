@@ -22,10 +22,9 @@ class ddp_engine {
   static constexpr std::string_view name = "ddp";
 
   explicit ddp_engine(const ddp_options& settings);
-  ddp_engine(const ddp_engine&) = delete;
-  ddp_engine(ddp_engine&&) noexcept;
-  ddp_engine& operator=(ddp_engine&&) noexcept;
-  ~ddp_engine();
+  // Moved, never copied: the gradient hooks point at its state.
+  ddp_engine(ddp_engine&&) noexcept = default;
+  ddp_engine& operator=(ddp_engine&&) noexcept = default;
 
   void setup(strategy_context& context);
   void before_forward(strategy_context& context);
@@ -48,7 +47,7 @@ class ddp_engine {
   struct state;
   ddp_options settings_;
   std::vector<std::vector<std::size_t>> buckets_;
-  std::unique_ptr<state> state_;
+  std::shared_ptr<state> state_;  // shared_ptr: its deleter is made where state is complete
 };
 
 inline ddp_engine make_engine(const ddp_stage& stage) { return ddp_engine(stage.settings()); }

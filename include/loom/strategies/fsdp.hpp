@@ -26,10 +26,9 @@ class fsdp_engine {
   static constexpr std::string_view name = "fsdp";
 
   explicit fsdp_engine(const fsdp_options& settings);
-  fsdp_engine(const fsdp_engine&) = delete;
-  fsdp_engine(fsdp_engine&&) noexcept;
-  fsdp_engine& operator=(fsdp_engine&&) noexcept;
-  ~fsdp_engine();
+  // Moved, never copied: the units and the pre-backward hooks point at its state.
+  fsdp_engine(fsdp_engine&&) noexcept = default;
+  fsdp_engine& operator=(fsdp_engine&&) noexcept = default;
 
   void setup(strategy_context& context);
   void before_forward(strategy_context& context);
@@ -53,7 +52,7 @@ class fsdp_engine {
  private:
   struct state;
   fsdp_options settings_;
-  std::unique_ptr<state> state_;
+  std::shared_ptr<state> state_;  // shared_ptr: its deleter is made where state is complete
 };
 
 inline fsdp_engine make_engine(const fsdp_stage& stage) { return fsdp_engine(stage.settings()); }
