@@ -56,12 +56,23 @@ struct gather_in_flight {
   pending_collective work;
 };
 
+struct param_group;
+
+// One dtype's reduce-scatter of a group's gradients, issued and not yet accumulated.
+struct reduction_in_flight {
+  param_group* group;
+  std::vector<std::size_t> indices;
+  at::Tensor output;  // this rank's averaged shard gradients, then a used-flag per parameter
+  pending_collective work;
+};
+
 // A unit, or the root: gathered and resharded together.
 struct param_group {
   std::string name;
   std::vector<sharded_param> params;
   bool gathered = false;
   std::vector<gather_in_flight> in_flight;  // a prefetch: issued, not yet waited for
+  bool reduced = false;                     // its reduce-scatter was issued in this step
 
   // Indices of params by dtype, in registration order: one collective per dtype.
   [[nodiscard]] std::map<c10::ScalarType, std::vector<std::size_t>> by_dtype(bool trainable_only) const {
@@ -113,6 +124,7 @@ struct fsdp_engine::state : nn::unit_hooks {
   std::vector<at::Tensor> optimizer_order;  // shards and adapters, in the module's registration order
   std::vector<std::vector<std::size_t>> buckets;
   std::size_t next_unit = 0;  // the unit whose forward comes next in this step
+  std::vector<reduction_in_flight> reductions;
 
   ~state() override {
     for (nn::unit_base* unit : unit_modules) unit->detach();
@@ -176,12 +188,16 @@ struct fsdp_engine::state : nn::unit_hooks {
     group.gathered = false;
   }
 
-  // Averages the full gradients of the group's trainable parameters into their shards' gradients
-  // (accumulating, as under no_sync), and frees the full gradients. A parameter that no rank used
-  // keeps no gradient, as under local().
-  void reduce_scatter(param_group& group) {
+  // Issues the reduce-scatter of the group's trainable gradients (SUM, divided by N), one per dtype,
+  // and frees the full gradients; finish_reductions() waits and writes the shards' gradients. A
+  // rank that produced no gradient for a parameter sends zeros and a used-flag of 0, so that a
+  // parameter no rank used keeps no gradient, as under local().
+  void start_reduce_scatter(param_group& group) {
+    if (group.reduced) return;
+    group.reduced = true;
     for (const auto& [dtype, indices] : group.by_dtype(true)) {
-      std::int64_t per_rank = static_cast<std::int64_t>(indices.size());  // a used-flag per parameter
+      const auto flags = static_cast<std::int64_t>(indices.size());
+      std::int64_t per_rank = flags;
       for (std::size_t i : indices) per_rank += group.params[i].shard_numel();
       at::Tensor input = at::zeros({world(), per_rank}, group.params[indices.front()].shard.options());
       std::int64_t offset = 0;
@@ -192,26 +208,45 @@ struct fsdp_engine::state : nn::unit_hooks {
           at::Tensor padded = at::zeros({world() * p.shard_rows, p.row_numel}, grad.options());
           padded.narrow(0, 0, p.rows).copy_(grad.reshape({p.rows, p.row_numel}));
           input.narrow(1, offset, p.shard_numel()).copy_(padded.view({world(), p.shard_numel()}));
-          input.select(1, per_rank - static_cast<std::int64_t>(indices.size() - k)).fill_(1);
+          input.select(1, per_rank - flags + static_cast<std::int64_t>(k)).fill_(1);
           p.full.mutable_grad().reset();
         }
         offset += p.shard_numel();
       }
       at::Tensor output = at::empty({per_rank}, input.options());
-      comm().reduce_scatter(input.view(-1), output, reduce_op::mean).wait();
-      const auto n = static_cast<std::int64_t>(indices.size());
-      const at::Tensor used_by = output.narrow(0, per_rank - n, n).to(at::kDouble);
-      offset = 0;
-      for (std::size_t k = 0; k < indices.size(); ++k) {
-        sharded_param& p = group.params[indices[k]];
+      pending_collective work = comm().reduce_scatter(input.view(-1), output, reduce_op::mean);
+      reductions.push_back({&group, indices, output, std::move(work)});
+    }
+  }
+
+  // Waits for the reduce-scatters in the order they were issued and accumulates each into the
+  // shards' gradients (accumulating, as after no_sync).
+  void finish_reductions() {
+    for (reduction_in_flight& r : reductions) {
+      r.work.wait();
+      const auto flags = static_cast<std::int64_t>(r.indices.size());
+      const at::Tensor used_by = r.output.narrow(0, r.output.numel() - flags, flags).to(at::kDouble);
+      std::int64_t offset = 0;
+      for (std::size_t k = 0; k < r.indices.size(); ++k) {
+        sharded_param& p = r.group->params[r.indices[k]];
         if (used_by[static_cast<std::int64_t>(k)].item<double>() > 0) {
-          at::Tensor slice = output.narrow(0, offset, p.shard_numel());
+          at::Tensor slice = r.output.narrow(0, offset, p.shard_numel());
           at::Tensor& shard_grad = p.shard.mutable_grad();
           shard_grad = shard_grad.defined() ? shard_grad.add_(slice) : slice.clone();
         }
         offset += p.shard_numel();
       }
     }
+    reductions.clear();
+    for_each_group([](param_group& group) {
+      if (!group.reduced) return;
+      group.reduced = false;
+      for (const sharded_param& p : group.params) {
+        // A gradient after the group's reduce-scatter began would be lost: never silently.
+        TORCH_CHECK(!p.full.grad().defined(), "loom: fsdp(): '", p.name,
+                    "' received a gradient after its unit's reduce-scatter began; please report this model");
+      }
+    });
   }
 
   // Averages the replicated adapters' gradients across ranks, bucket by bucket in name order; a
@@ -256,21 +291,24 @@ struct fsdp_engine::state : nn::unit_hooks {
   }
 
   void after_forward(std::size_t unit, const std::vector<at::Tensor>& outputs) override {
-    if (!settings.reshard_after_forward) return;
     const bool backward_follows =
         at::GradMode::is_enabled() && std::any_of(outputs.begin(), outputs.end(),
                                                   [](const at::Tensor& t) { return t.defined() && t.requires_grad(); });
-    if (outputs.empty() && at::GradMode::is_enabled()) return;  // nothing to hang a pre-backward gather on
-    if (backward_follows) {
-      for (const at::Tensor& output : outputs) {
-        if (!output.defined() || !output.requires_grad()) continue;
-        at::Tensor hooked = output;
-        hooked.register_hook([this, unit](const at::Tensor&) {
-          finish_gather(units[unit]);
-          if (unit > 0) start_gather(units[unit - 1]);
-        });
-      }
+    // The gradient of this unit's output is complete once the next unit's backward is done: then
+    // its reduce-scatter starts, and this unit is gathered for its own backward while the previous
+    // one's gather is issued.
+    for (const at::Tensor& output : outputs) {
+      if (!backward_follows || !output.defined() || !output.requires_grad()) continue;
+      at::Tensor hooked = output;
+      hooked.register_hook([this, unit](const at::Tensor&) {
+        if (context->sync_gradients() && unit + 1 < units.size()) start_reduce_scatter(units[unit + 1]);
+        if (!settings.reshard_after_forward) return;
+        finish_gather(units[unit]);
+        if (unit > 0) start_gather(units[unit - 1]);
+      });
     }
+    if (!settings.reshard_after_forward) return;
+    if (outputs.empty() && at::GradMode::is_enabled()) return;  // nothing to hang a pre-backward gather on
     reshard(units[unit]);
   }
 };
@@ -424,8 +462,9 @@ void fsdp_engine::after_backward(strategy_context& context) {
     s.gather(s.units[u]);  // gathered already unless the unit had no backward (its outputs needed none)
   }
   if (context.sync_gradients()) {
-    for (std::size_t u = s.units.size(); u-- > 0;) s.reduce_scatter(s.units[u]);
-    s.reduce_scatter(s.root);
+    for (std::size_t u = s.units.size(); u-- > 0;) s.start_reduce_scatter(s.units[u]);  // those not yet begun
+    s.start_reduce_scatter(s.root);
+    s.finish_reductions();
     s.all_reduce_adapters();
   }
   for (param_group& unit : s.units) s.reshard(unit);
