@@ -235,8 +235,8 @@ run_result train(Job& job, const bench_options& options) {
     if (step >= options.warmup) step_ms.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
   }
 
-  std::int64_t trainable = 0;
-  for (const at::Tensor& p : params) trainable += p.numel();
+  std::int64_t trainable = 0;  // the model's, as the anchor counts them (not this rank's shards)
+  for (const at::Tensor& p : job.module().parameters()) trainable += p.requires_grad() ? p.numel() : 0;
   const rank_figures figures{
       median(step_ms), static_cast<double>(state_bytes(job.local_state_dict(), params, optimizer)), peak_rss_mb()};
   return {figures, final_loss, trainable, batch};
