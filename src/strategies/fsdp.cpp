@@ -309,6 +309,8 @@ struct fsdp_engine::state : nn::unit_hooks {
     }
     if (!settings.reshard_after_forward) return;
     if (outputs.empty() && at::GradMode::is_enabled()) return;  // nothing to hang a pre-backward gather on
+    // The last unit's backward comes first: FSDP2 keeps it gathered rather than gather it again.
+    if (backward_follows && unit + 1 == units.size()) return;
     reshard(units[unit]);
   }
 };
@@ -401,7 +403,10 @@ void fsdp_engine::setup(strategy_context& context) {
   add(collective_op::all_gather, step_phase::forward, s.root, false);
   for (const param_group& unit : s.units) add(collective_op::all_gather, step_phase::forward, unit, false);
   for (std::size_t u = s.units.size(); u-- > 0;) {
-    if (settings_.reshard_after_forward) add(collective_op::all_gather, step_phase::backward, s.units[u], false);
+    // The last unit stays gathered from its forward to its backward.
+    if (settings_.reshard_after_forward && u + 1 < s.units.size()) {
+      add(collective_op::all_gather, step_phase::backward, s.units[u], false);
+    }
   }
   for (std::size_t u = s.units.size(); u-- > 0;)
     add(collective_op::reduce_scatter, step_phase::backward, s.units[u], true);

@@ -107,7 +107,11 @@ def reference(arguments: dict[str, str]) -> None:
     folder.mkdir(parents=True, exist_ok=True)
     for name, p in model.named_parameters():
         p.detach().numpy().tofile(folder / f"{name}.f32")
-    dist.destroy_process_group()
+    # Every rank has written its files; skip PyTorch's teardown, which once ended a rank in
+    # std::terminate ("terminate called without an active exception") after all the work was done.
+    dist.barrier()
+    sys.stdout.flush()
+    os._exit(0)
 
 
 # ------------------------------------------------------------------ driver
