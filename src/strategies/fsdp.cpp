@@ -180,8 +180,6 @@ struct fsdp_engine::state : nn::unit_hooks {
     group.gathered = true;
   }
 
-  void gather(param_group& group) { finish_gather(group); }
-
   void reshard(param_group& group) {
     if (!group.gathered) return;
     for (sharded_param& p : group.params) release_storage(p.full);
@@ -452,7 +450,7 @@ void fsdp_engine::setup(strategy_context& context) {
 
 void fsdp_engine::before_forward(strategy_context&) {
   state_->next_unit = 0;
-  state_->gather(state_->root);
+  state_->finish_gather(state_->root);
 }
 
 void fsdp_engine::after_backward(strategy_context& context) {
@@ -464,7 +462,7 @@ void fsdp_engine::after_backward(strategy_context& context) {
         s.units[s.next_unit].name));
   }
   for (std::size_t u = s.units.size(); u-- > 0;) {
-    s.gather(s.units[u]);  // gathered already unless the unit had no backward (its outputs needed none)
+    s.finish_gather(s.units[u]);  // gathered already unless the unit had no backward (its outputs needed none)
   }
   if (context.sync_gradients()) {
     for (std::size_t u = s.units.size(); u-- > 0;) s.start_reduce_scatter(s.units[u]);  // those not yet begun
@@ -535,7 +533,7 @@ tensor_state fsdp_engine::local_state(strategy_context& context) const {
 
 tensor_state fsdp_engine::full_state(strategy_context& context) {
   state& s = *state_;
-  s.for_each_group([&](param_group& group) { s.gather(group); });
+  s.for_each_group([&](param_group& group) { s.finish_gather(group); });
   tensor_state full;
   for (const named_tensor& t : module_state(context.module())) full.push_back({t.name, t.tensor.detach().clone()});
   s.for_each_group([&](param_group& group) { s.reshard(group); });
@@ -563,7 +561,7 @@ void fsdp_engine::explain_forward_failure(strategy_context& context, std::except
 
 void fsdp_engine::with_full_parameters(strategy_context& context, const std::function<void()>& change) {
   state& s = *state_;
-  s.for_each_group([&](param_group& group) { s.gather(group); });
+  s.for_each_group([&](param_group& group) { s.finish_gather(group); });
   change();
   const runtime& rt = context.rt();
   s.for_each_group([&](param_group& group) {
