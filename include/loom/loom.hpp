@@ -8,6 +8,7 @@
 #include <loom/nn/unit.hpp>
 #include <loom/runtime/failures.hpp>
 #include <loom/runtime/runtime.hpp>
+#include <loom/schedule/cursor.hpp>
 #include <loom/strategies/ddp.hpp>
 #include <loom/strategies/fsdp.hpp>
 #include <loom/strategies/local.hpp>

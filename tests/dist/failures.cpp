@@ -142,8 +142,10 @@ const std::map<std::string, scenario>& scenarios() {
         "rank \\d's backward pass failed, and the rendezvous store is unreachable: rank 0, which hosts it, is gone"}},
       {"fsdp-unit-skipped",
        {[] { misuse_units(/*bypass=*/false); },
-        "fsdp\\(\\): unit 'blocks.2' ran its forward where the schedule has unit 'blocks.1': every rank must run "
-        "every unit"}},
+        "fsdp\\(\\): unit 'blocks.2' ran its forward where the schedule has unit 'blocks.1' next, entry #2 "
+        "\\(all_gather forward, \\d+ B: blocks.1.scale ... blocks.1.down.bias\\); this rank would have waited on "
+        "entry #3 \\(all_gather forward, \\d+ B: blocks.2.scale ... blocks.2.down.bias\\) instead. Every rank must "
+        "run every unit"}},
       {"fsdp-unit-bypassed",
        {[] { misuse_units(/*bypass=*/true); },
         "fsdp\\(\\): unit 'blocks.1' was used without being entered through loom::nn::Unit"}},

@@ -1,6 +1,6 @@
 // fsdp() across real processes: parity with one process (local()) and with ddp() on a model whose
 // sizes do not divide by the world size; replicated LoRA adapters over the sharded base, with a
-// rank that skips an adapted layer; clipping; state; merge; memory at rest.
+// rank that skips an adapted layer or a unit's output; no_sync; clipping; state; merge; memory at rest.
 #include "odd_units.hpp"
 #include "world.hpp"
 
@@ -170,6 +170,73 @@ TEST_CASE("a rank that skips an adapted layer: no hang, adapters equal ddp with 
     sharded.zero_grad();
   }
   check_same_state(replicated, sharded, 1e-5);
+}
+
+TEST_CASE("a rank whose loss leaves out the last unit's output: the ranks' collectives keep their order",
+          "[fsdp][unused]") {
+  // The last rank's loss in step 1 reads the second unit's output, not the third's: that rank's
+  // backward never reaches the third unit, so the hook that would issue its collectives does not fire
+  // there, and the schedule's order must hold all the same.
+  struct early_exit : odd_units {
+    at::Tensor forward(const at::Tensor& x, bool exit_early) {
+      at::Tensor h = in(x);
+      at::Tensor before_last;
+      for (std::size_t i = 0; i < blocks->size(); ++i) {
+        if (i + 1 == blocks->size()) before_last = h;
+        h = blocks[i]->as<Block>()->forward(h);
+      }
+      return out(exit_early ? before_last : h);
+    }
+  };
+  const bool reshard = GENERATE(true, false);
+  CAPTURE(reshard);
+  auto replicated =
+      loom::build(loom::model<early_exit>() | loom::seeded(14) | loom::ddp({.find_unused_parameters = true}), world());
+  auto sharded = loom::build(
+      loom::model<early_exit>() | loom::seeded(14) | loom::fsdp({.reshard_after_forward = reshard}), world());
+  torch::optim::SGD replicated_optimizer(replicated.trainable_parameters(), 0.1);
+  torch::optim::SGD sharded_optimizer(sharded.trainable_parameters(), 0.1);
+  const bool last = world().rank() == world().world_size() - 1;
+  for (int step = 0; step < 3; ++step) {
+    const batch b = data(step);
+    const bool exit_early = last && step == 1;
+    replicated.backward(torch::mse_loss(replicated.forward(my_rows(b.x), exit_early), my_rows(b.y)));
+    replicated_optimizer.step();
+    replicated.zero_grad();
+    sharded.backward(torch::mse_loss(sharded.forward(my_rows(b.x), exit_early), my_rows(b.y)));
+    sharded_optimizer.step();
+    sharded.zero_grad();
+  }
+  check_same_state(replicated, sharded, 1e-5);
+}
+
+TEST_CASE("fsdp no_sync: micro-batches accumulated on N ranks equal one process on the whole batches",
+          "[fsdp][no_sync]") {
+  const bool reshard = GENERATE(true, false);
+  CAPTURE(reshard);
+  auto reference = loom::build(loom::model<odd_units>() | loom::seeded(15) | loom::local(), world());
+  auto sharded = loom::build(
+      loom::model<odd_units>() | loom::seeded(15) | loom::fsdp({.reshard_after_forward = reshard}), world());
+  torch::optim::SGD reference_optimizer(reference.trainable_parameters(), 0.1);
+  torch::optim::SGD sharded_optimizer(sharded.trainable_parameters(), 0.1);
+  for (int step = 0; step < 2; ++step) {
+    // Three micro-batches a step, the first two without synchronisation.
+    for (int micro = 0; micro < 3; ++micro) {
+      const batch b = data(10 * step + micro);
+      reference.backward(loss_on(reference, b, true));
+      if (micro < 2) {
+        auto accumulate = sharded.no_sync();
+        sharded.backward(loss_on(sharded, b, false));
+      } else {
+        sharded.backward(loss_on(sharded, b, false));
+      }
+    }
+    reference_optimizer.step();
+    reference.zero_grad();
+    sharded_optimizer.step();
+    sharded.zero_grad();
+  }
+  check_same_state(reference, sharded, 1e-5);
 }
 
 TEST_CASE("fsdp clip_grad_norm is the global norm, as local()'s", "[fsdp][clip]") {

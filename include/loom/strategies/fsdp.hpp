@@ -51,6 +51,9 @@ class fsdp_engine {
 
  private:
   struct state;
+  // Notes for job.describe(): the units, their gathered sizes, the bytes at rest on this rank.
+  void describe_layout(strategy_context& context) const;
+
   fsdp_options settings_;
   std::shared_ptr<state> state_;  // shared_ptr: its deleter is made where state is complete
 };

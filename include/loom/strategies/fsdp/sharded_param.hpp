@@ -1,0 +1,59 @@
+#pragma once
+// One parameter under fsdp(): sharded on dim 0 across the ranks at rest, whole around its unit's
+// forward and backward (FSDP2's per-parameter part). Rank r owns rows [r·s, min(rows, (r+1)·s)),
+// s = ceil(rows / N), kept as s rows, zero-padded past the end, flat; a 0-d parameter counts as one
+// row. Collectives carry a parameter rank-major: N blocks of s rows, one per rank.
+
+#include <loom/runtime/tensors.hpp>
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <string>
+
+namespace loom::sharding {
+
+class sharded_param {
+ public:
+  // Takes rank `rank`'s rows of `parameter` (of `world` ranks) into a shard of its own; `parameter`
+  // must own its storage, all of it.
+  sharded_param(std::string name, at::Tensor parameter, int rank, int world);
+
+  [[nodiscard]] const std::string& name() const noexcept { return name_; }
+  // The module's parameter: its identity, full shape and autograd metadata stay; its bytes do not.
+  [[nodiscard]] const at::Tensor& full() const noexcept { return full_; }
+  // This rank's rows, flat: what the optimizer steps.
+  [[nodiscard]] const at::Tensor& shard() const noexcept { return shard_; }
+  [[nodiscard]] bool trainable() const noexcept { return trainable_; }
+  [[nodiscard]] std::int64_t shard_numel() const noexcept { return shard_rows_ * row_numel_; }
+  [[nodiscard]] tensor_spec shard_spec() const;
+
+  // Frees the full parameter's bytes (at rest), and gives them back.
+  void release() const;
+  void restore() const;
+
+  // Writes every rank's rows into the full parameter: `by_rank` is N × shard_numel(), rank-major.
+  void unshard_from(const at::Tensor& by_rank) const;
+  // Writes the full parameter's gradient, rank-major, into `by_rank` (N × shard_numel(), zeroed by
+  // the caller) and drops it; false, writing nothing, when there is none.
+  [[nodiscard]] bool move_grad_into(const at::Tensor& by_rank) const;
+  // Adds this rank's reduced gradient (shard_numel() elements) to the shard's.
+  void accumulate_grad(const at::Tensor& reduced) const;
+  // Takes this rank's rows of the full parameter's current values (after a change made to it whole).
+  void reshard_values(int rank) const;
+
+ private:
+  // The full parameter as rows × row_numel, sharing its storage but not its version counter, so that
+  // writing a gather into it does not invalidate what autograd saved for backward.
+  [[nodiscard]] at::Tensor full_rows() const;
+
+  std::string name_;
+  at::Tensor full_;
+  at::Tensor shard_;
+  std::int64_t rows_ = 1;
+  std::int64_t row_numel_ = 1;
+  std::int64_t shard_rows_ = 1;
+  bool trainable_ = false;
+};
+
+}  // namespace loom::sharding

@@ -1,0 +1,37 @@
+#include <loom/schedule/cursor.hpp>
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <utility>
+
+namespace loom {
+
+std::size_t schedule_cursor::declare(collective_schedule& schedule, std::vector<schedule_entry> entries,
+                                     issue_fn issue, bool gradient_sync) {
+  std::string text = "no collective";
+  if (!entries.empty() && !entries.front().tensors.empty()) {
+    const schedule_entry& first = entries.front();
+    const std::string& last_name = first.tensors.back().name;
+    text = fmt::format("entry #{} ({} {}, {} B: {}{})", schedule.entries().size(), to_string(first.op),
+                       to_string(first.phase), first.bytes(), first.tensors.front().name,
+                       first.tensors.size() > 1 ? " ... " + last_name : std::string());
+  }
+  for (schedule_entry& entry : entries) schedule.add(std::move(entry));
+  declared_.push_back({std::move(issue), gradient_sync, std::move(text)});
+  return declared_.size() - 1;
+}
+
+void schedule_cursor::issue_through(std::size_t index, bool sync_gradients) {
+  const std::size_t end = std::min(index + 1, declared_.size());
+  for (; next_ < end; ++next_) {
+    const declared_collective& collective = declared_[next_];
+    if (sync_gradients || !collective.gradient_sync) collective.issue();
+  }
+}
+
+void schedule_cursor::issue_rest(bool sync_gradients) {
+  if (!declared_.empty()) issue_through(declared_.size() - 1, sync_gradients);
+}
+
+}  // namespace loom

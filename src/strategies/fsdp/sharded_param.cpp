@@ -1,0 +1,83 @@
+#include <loom/strategies/fsdp/sharded_param.hpp>
+
+#include <ATen/ATen.h>
+#include <ATen/native/Resize.h>
+
+#include <algorithm>
+#include <utility>
+#include <vector>
+
+namespace loom::sharding {
+namespace {
+
+// The pieces of a parameter's rows ([rows, row_numel]) and of its rank-major padded layout
+// (by_rank: [N, s, row_numel]) that hold the same rows: the ranks whose s rows all exist, then the
+// one rank whose rows stop early. Copying one side into the other is then at most two copies.
+std::vector<std::pair<at::Tensor, at::Tensor>> matching_rows(const at::Tensor& rows, const at::Tensor& by_rank) {
+  std::vector<std::pair<at::Tensor, at::Tensor>> pieces;
+  const std::int64_t count = rows.size(0);
+  const std::int64_t per_rank = by_rank.size(1);
+  if (count == 0 || per_rank == 0) return pieces;
+  const std::int64_t whole_ranks = count / per_rank;
+  if (whole_ranks > 0) {
+    pieces.emplace_back(rows.narrow(0, 0, whole_ranks * per_rank).view({whole_ranks, per_rank, rows.size(1)}),
+                        by_rank.narrow(0, 0, whole_ranks));
+  }
+  const std::int64_t rest = count - whole_ranks * per_rank;
+  if (rest > 0) pieces.emplace_back(rows.narrow(0, whole_ranks * per_rank, rest), by_rank[whole_ranks].narrow(0, 0, rest));
+  return pieces;
+}
+
+}  // namespace
+
+sharded_param::sharded_param(std::string name, at::Tensor parameter, int rank, int world)
+    : name_(std::move(name)), full_(std::move(parameter)) {
+  rows_ = full_.dim() == 0 ? 1 : full_.size(0);
+  row_numel_ = rows_ == 0 ? 0 : full_.numel() / rows_;
+  shard_rows_ = (rows_ + world - 1) / world;
+  trainable_ = full_.requires_grad();
+  shard_ = at::zeros({shard_numel()}, full_.options().requires_grad(false));
+  reshard_values(rank);
+  shard_.requires_grad_(trainable_);
+}
+
+tensor_spec sharded_param::shard_spec() const { return {name_, {shard_numel()}, full_.scalar_type()}; }
+
+at::Tensor sharded_param::full_rows() const { return full_.variable_data().view({rows_, row_numel_}); }
+
+void sharded_param::release() const {
+  at::native::resize_bytes_cpu(full_.storage().unsafeGetStorageImpl(), 0);
+}
+
+void sharded_param::restore() const {
+  at::native::resize_bytes_cpu(full_.storage().unsafeGetStorageImpl(), full_.nbytes());
+}
+
+void sharded_param::unshard_from(const at::Tensor& by_rank) const {
+  restore();
+  const at::Tensor blocks = by_rank.view({by_rank.size(0), shard_rows_, row_numel_});
+  for (const auto& [rows, padded] : matching_rows(full_rows(), blocks)) rows.copy_(padded);
+}
+
+bool sharded_param::move_grad_into(const at::Tensor& by_rank) const {
+  const at::Tensor& grad = full_.grad();
+  if (!grad.defined()) return false;
+  const at::Tensor blocks = by_rank.view({by_rank.size(0), shard_rows_, row_numel_});
+  for (const auto& [rows, padded] : matching_rows(grad.reshape({rows_, row_numel_}), blocks)) padded.copy_(rows);
+  full_.mutable_grad().reset();
+  return true;
+}
+
+void sharded_param::accumulate_grad(const at::Tensor& reduced) const {
+  at::Tensor& grad = shard_.mutable_grad();
+  grad = grad.defined() ? grad.add_(reduced) : reduced.clone();
+}
+
+void sharded_param::reshard_values(int rank) const {
+  const at::Tensor mine = shard_.detach().view({shard_rows_, row_numel_});
+  const std::int64_t first = std::min(rows_, rank * shard_rows_);
+  const std::int64_t count = std::min(rows_, first + shard_rows_) - first;
+  if (count > 0) mine.narrow(0, 0, count).copy_(full_rows().narrow(0, first, count));
+}
+
+}  // namespace loom::sharding
