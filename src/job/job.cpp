@@ -1,10 +1,16 @@
 #include <loom/job/job.hpp>
 
+#include <loom/io/peft.hpp>
 #include <loom/runtime/failures.hpp>
 #include <loom/runtime/text.hpp>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <torch/types.h>
 
+#include <algorithm>
+#include <map>
+#include <set>
 #include <stdexcept>
 
 namespace loom {
@@ -22,6 +28,93 @@ void job_core::verify_schedule() const { verify_schedule_across_ranks(context_.s
 
 void job_core::fail_step(std::string_view during) const {
   rethrow_as_job_failure(context_.rt(), std::current_exception(), during);
+}
+
+lora_layers& job_core::require_lora(std::string_view what) {
+  if (lora_) return *lora_;
+  throw std::logic_error(fmt::format("loom: job.{}() needs a plan with lora(...)", what));
+}
+
+void job_core::save_adapter(const std::filesystem::path& folder) {
+  const lora_layers& lora = require_lora("save_adapter");
+  if (lora.merged()) {
+    throw std::logic_error(
+        "loom: job.save_adapter(): the adapters are merged into the base weights, so a model that loads this "
+        "adapter would apply it twice; call job.unmerge() first, or save the merged model with job.save_weights()");
+  }
+  std::vector<std::string> not_adapters;
+  peft_lora_adapter adapter{lora.rank(), lora.alpha(), lora.dropout(), lora.adapted(), {}};
+  for (const auto& item : context_.module().named_parameters()) {
+    if (lora_adapter::is_adapter_parameter(item.key())) {
+      adapter.tensors.push_back({item.key(), item.value()});
+    } else if (item.value().requires_grad()) {
+      not_adapters.push_back(item.key());
+    }
+  }
+  if (!not_adapters.empty()) {
+    throw std::logic_error(fmt::format(
+        "loom: job.save_adapter(): trainable(...) also trains {} ({}), which a PEFT LoRA adapter cannot carry: a "
+        "model loading it would keep its own values for them. Save the whole model with job.save_weights() as well",
+        counted(static_cast<std::int64_t>(not_adapters.size()), "parameter"), fmt::join(not_adapters, ", ")));
+  }
+  std::sort(adapter.target_modules.begin(), adapter.target_modules.end());
+  run_on_rank_zero(context_.rt(), "saving the adapter", [&] { save_peft_adapter(folder, adapter); });
+}
+
+void job_core::load_adapter(const std::filesystem::path& folder) {
+  lora_layers& lora = require_lora("load_adapter");
+  if (lora.merged()) {
+    throw std::logic_error(
+        "loom: job.load_adapter(): the adapters are merged into the base weights; call "
+        "job.unmerge() first");
+  }
+  const peft_lora_adapter adapter = load_peft_adapter(folder);
+  const auto refuse = [&](const std::string& reason) {
+    throw std::invalid_argument(fmt::format("loom: job.load_adapter('{}'): {}", folder.string(), reason));
+  };
+  if (adapter.r != lora.rank()) {
+    refuse(fmt::format("the adapter has rank r = {}, the plan lora({}, ...)", adapter.r, lora.rank()));
+  }
+  if (adapter.lora_alpha != lora.alpha()) {
+    refuse(
+        fmt::format("the adapter has lora_alpha = {}, the plan alpha = {}: its update would be scaled otherwise; "
+                    "give lora(...) {{.alpha = {}}}",
+                    adapter.lora_alpha, lora.alpha(), adapter.lora_alpha));
+  }
+  std::map<std::string, at::Tensor> mine;
+  for (const auto& item : context_.module().named_parameters()) {
+    if (lora_adapter::is_adapter_parameter(item.key())) mine.emplace(item.key(), item.value());
+  }
+  std::set<std::string> missing;
+  for (const auto& [name, tensor] : mine) missing.insert(name);
+  std::vector<std::string> unexpected;
+  for (const named_tensor& t : adapter.tensors) {
+    const auto found = mine.find(t.name);
+    if (found == mine.end()) {
+      unexpected.push_back(t.name);
+      continue;
+    }
+    missing.erase(t.name);
+    if (found->second.sizes() != t.tensor.sizes()) {
+      refuse(fmt::format("'{}' is [{}] in the adapter but [{}] in the model", t.name, fmt::join(t.tensor.sizes(), ", "),
+                         fmt::join(found->second.sizes(), ", ")));
+    }
+  }
+  if (!missing.empty() || !unexpected.empty()) {
+    refuse(fmt::format("its layers differ from those the plan adapts: missing [{}], unexpected [{}]",
+                       fmt::join(missing, ", "), fmt::join(unexpected, ", ")));
+  }
+  torch::NoGradGuard no_grad;
+  for (const named_tensor& t : adapter.tensors) mine.at(t.name).copy_(t.tensor);
+}
+
+void job_core::save_weights(const std::filesystem::path& folder, const tensor_state& whole,
+                            std::int64_t max_shard_bytes) {
+  std::vector<named_tensor> base;
+  for (const named_tensor& t : whole) {
+    if (!lora_adapter::is_adapter_parameter(t.name)) base.push_back(t);
+  }
+  run_on_rank_zero(context_.rt(), "saving the weights", [&] { loom::save_weights(folder, base, max_shard_bytes); });
 }
 
 void job_core::zero_grad(const std::vector<at::Tensor>& parameters, bool set_to_none) {

@@ -59,6 +59,9 @@ bool matches_any(const target_list& targets, std::string_view name) {
 lora_layers lora_layers::inject(torch::nn::Module& root, std::string_view model_name, const lora_stage& spec) {
   const lora_adapter_options adapter{spec.rank(), spec.scaling(), spec.dropout()};
   lora_layers layers;
+  layers.rank_ = spec.rank();
+  layers.alpha_ = spec.alpha();
+  layers.dropout_ = spec.dropout();
   for (const auto& item : root.named_modules("", /*include_self=*/false)) {
     const std::string& name = item.key();
     if (!matches_any(spec.targets(), name) || matches_any(spec.exclude(), name)) continue;

@@ -1,9 +1,11 @@
+#include <loom/runtime/collectives.hpp>
 #include <loom/runtime/failures.hpp>
 #include <loom/runtime/heartbeat.hpp>
 #include <loom/runtime/runtime.hpp>
 
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
+#include <ATen/ATen.h>
 #include <c10/util/Exception.h>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -132,6 +134,25 @@ void rethrow_as_job_failure(const runtime& rt, std::exception_ptr error, std::st
     if (is_transport_failure(failure)) throw_lost_peer(rt, failure, during, store_reachable);
     if (store_reachable) publish(rt, error_text(failure));
     throw;
+  }
+}
+
+void run_on_rank_zero(const runtime& rt, std::string_view what, const std::function<void()>& work) {
+  std::exception_ptr error;
+  if (rt.rank() == 0) {
+    try {
+      work();
+    } catch (const std::exception& failure) {
+      error = std::current_exception();
+      publish(rt, error_text(failure));
+    }
+  }
+  at::Tensor failed = at::full({1}, error ? 1 : 0, at::TensorOptions().dtype(at::kInt).device(rt.device()));
+  rt.comm().all_reduce(failed).wait();
+  if (error) std::rethrow_exception(error);
+  if (failed.item<int>() != 0) {
+    throw job_failure(fmt::format("loom: {}; so {} failed on rank {} too",
+                                  published_failure(rt).value_or("rank 0 failed"), what, rt.rank()));
   }
 }
 

@@ -7,8 +7,8 @@
 
 namespace loom {
 
-std::size_t schedule_cursor::declare(collective_schedule& schedule, std::vector<schedule_entry> entries,
-                                     issue_fn issue, bool gradient_sync) {
+std::size_t schedule_cursor::declare(collective_schedule& schedule, std::vector<schedule_entry> entries, issue_fn issue,
+                                     bool gradient_sync) {
   std::string text = "no collective";
   if (!entries.empty() && !entries.front().tensors.empty()) {
     const schedule_entry& first = entries.front();

@@ -2,6 +2,7 @@
 // job<M, Engine>: a built plan. The user's module, typed, with its strategy's engine around forward
 // and backward (docs/strategies.md), its state, and its LoRA adapters.
 
+#include <loom/io/weights.hpp>
 #include <loom/lora/lora.hpp>
 #include <loom/strategies/engine.hpp>
 #include <loom/strategies/strategy_context.hpp>
@@ -10,6 +11,7 @@
 #include <torch/nn/pimpl.h>
 
 #include <concepts>
+#include <filesystem>
 #include <memory>
 #include <optional>
 #include <string>
@@ -67,6 +69,15 @@ class job_core {
   // Inside a catch block: the exception that ended this rank's `during` becomes the job's error
   // (a peer's published failure, the ranks that are gone, or this rank's own, published).
   [[noreturn]] void fail_step(std::string_view during) const;
+
+  [[nodiscard]] lora_layers& require_lora(std::string_view what);
+
+  // The adapters in PEFT's format; rank 0 writes, every rank returns once it has.
+  void save_adapter(const std::filesystem::path& folder);
+  // Every rank reads the adapters from a PEFT folder, checked against the plan's lora(...).
+  void load_adapter(const std::filesystem::path& folder);
+  // `whole` (the state_dict) without the adapters; rank 0 writes, every rank returns once it has.
+  void save_weights(const std::filesystem::path& folder, const tensor_state& whole, std::int64_t max_shard_bytes);
 
   // Clears the gradients of `parameters`, in place or to undefined.
   static void zero_grad(const std::vector<at::Tensor>& parameters, bool set_to_none);
@@ -171,20 +182,36 @@ class job {
 
   // LoRA: fold the adapters into the base weights, and take them out again.
   void merge() {
-    lora_layers& lora = require_lora("merge");
+    lora_layers& lora = core_.require_lora("merge");
     hooks::with_full_parameters(engine_, core_.context(), [&] { lora.merge(); });
   }
   void unmerge() {
-    lora_layers& lora = require_lora("unmerge");
+    lora_layers& lora = core_.require_lora("unmerge");
     hooks::with_full_parameters(engine_, core_.context(), [&] { lora.unmerge(); });
   }
 
- private:
-  lora_layers& require_lora(const char* what) {
-    if (lora_layers* lora = core_.lora()) return *lora;
-    throw std::logic_error(std::string("loom: job.") + what + "() needs a plan with lora(...)");
+  // The adapters as a PEFT LoRA folder (adapter_config.json, adapter_model.safetensors) that
+  // PeftModel.from_pretrained loads, and back (docs/checkpoints.md). Every rank calls them.
+  void save_adapter(const std::filesystem::path& folder) { core_.save_adapter(folder); }
+  void load_adapter(const std::filesystem::path& folder) { core_.load_adapter(folder); }
+
+  // The base weights, whole, without the adapters (after merge(), a plain model with them folded
+  // in), as safetensors in Hugging Face's layout (loom/io/weights.hpp); every rank calls it.
+  void save_weights(const std::filesystem::path& folder, std::int64_t max_shard_bytes = default_max_shard_bytes) {
+    core_.save_weights(folder, state_dict(), max_shard_bytes);
+  }
+  // Loads base weights by name (the adapters are left as they are): strict, every other parameter
+  // and buffer must be there and nothing else; or not, reporting what it left alone.
+  weights_report load_weights(const std::filesystem::path& path, bool strict = true) {
+    const std::vector<named_tensor> weights = loom::load_weights(path);
+    weights_report report;
+    hooks::with_full_parameters(engine_, core_.context(), [&] {
+      report = copy_weights(core_.context().module(), weights, strict, &lora_adapter::is_adapter_parameter);
+    });
+    return report;
   }
 
+ private:
   detail::module_storage<M> model_;
   detail::job_core core_;
   E engine_;

@@ -37,6 +37,12 @@ class lora_layers {
   [[nodiscard]] std::size_t fallback_count() const noexcept { return fallback_.size(); }
   [[nodiscard]] const std::vector<std::string>& adapted() const noexcept { return adapted_; }
   [[nodiscard]] bool empty() const noexcept { return adapted_.empty(); }
+  // The plan's lora(rank, ..., {.alpha, .dropout}), as given.
+  [[nodiscard]] std::int64_t rank() const noexcept { return rank_; }
+  [[nodiscard]] double alpha() const noexcept { return alpha_; }
+  [[nodiscard]] double dropout() const noexcept { return dropout_; }
+  // Whether merge() folded the adapters into the base weights (and unmerge() has not taken them out).
+  [[nodiscard]] bool merged() const noexcept { return merged_; }
 
   // The fallback path: each adapted torch::nn::Linear computes with W + scaling · B·A for the
   // duration of one forward; the guard puts W back.
@@ -61,6 +67,9 @@ class lora_layers {
     lora_adapter adapter;
   };
 
+  std::int64_t rank_ = 0;
+  double alpha_ = 0;
+  double dropout_ = 0;
   std::vector<std::string> adapted_;
   std::vector<std::shared_ptr<nn::LinearImpl>> fast_;
   std::vector<fallback_layer> fallback_;

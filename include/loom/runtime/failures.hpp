@@ -6,6 +6,7 @@
 // take a roll call in the store and name the ranks that did not.
 
 #include <exception>
+#include <functional>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -39,5 +40,9 @@ class job_failure : public std::runtime_error {
 //   names the ranks that did not answer the roll call, or rank 0 when the store it hosts is gone;
 // - anything else is this rank's own failure: published for the others, then rethrown unchanged.
 [[noreturn]] void rethrow_as_job_failure(const runtime& rt, std::exception_ptr error, std::string_view during);
+
+// Runs `work` (writing a file, say) on rank 0 alone, and returns on every rank once it is done. When
+// it throws, every rank throws: rank 0 its own error, published, the others a job_failure naming it.
+void run_on_rank_zero(const runtime& rt, std::string_view what, const std::function<void()>& work);
 
 }  // namespace loom

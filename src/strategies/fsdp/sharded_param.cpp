@@ -24,7 +24,8 @@ std::vector<std::pair<at::Tensor, at::Tensor>> matching_rows(const at::Tensor& r
                         by_rank.narrow(0, 0, whole_ranks));
   }
   const std::int64_t rest = count - whole_ranks * per_rank;
-  if (rest > 0) pieces.emplace_back(rows.narrow(0, whole_ranks * per_rank, rest), by_rank[whole_ranks].narrow(0, 0, rest));
+  if (rest > 0)
+    pieces.emplace_back(rows.narrow(0, whole_ranks * per_rank, rest), by_rank[whole_ranks].narrow(0, 0, rest));
   return pieces;
 }
 
@@ -45,9 +46,7 @@ tensor_spec sharded_param::shard_spec() const { return {name_, {shard_numel()}, 
 
 at::Tensor sharded_param::full_rows() const { return full_.variable_data().view({rows_, row_numel_}); }
 
-void sharded_param::release() const {
-  at::native::resize_bytes_cpu(full_.storage().unsafeGetStorageImpl(), 0);
-}
+void sharded_param::release() const { at::native::resize_bytes_cpu(full_.storage().unsafeGetStorageImpl(), 0); }
 
 void sharded_param::restore() const {
   at::native::resize_bytes_cpu(full_.storage().unsafeGetStorageImpl(), full_.nbytes());

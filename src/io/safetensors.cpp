@@ -1,0 +1,252 @@
+#include <loom/io/safetensors.hpp>
+
+#include <loom/io/files.hpp>
+
+#include <ATen/ATen.h>
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <array>
+#include <bit>
+#include <cstdint>
+#include <fstream>
+#include <limits>
+#include <optional>
+#include <set>
+#include <tuple>
+#include <utility>
+
+namespace loom {
+namespace {
+
+static_assert(std::endian::native == std::endian::little, "safetensors stores little-endian bytes");
+
+using json = nlohmann::json;
+
+// The header may be large (a name and a few numbers per tensor), but not unboundedly: the reference
+// implementation caps it at 100 MB too.
+constexpr std::uint64_t max_header_bytes = 100'000'000;
+
+struct dtype_name {
+  const char* name;
+  c10::ScalarType type;
+};
+
+constexpr std::array<dtype_name, 15> dtypes{{
+    {"BOOL", c10::ScalarType::Bool},
+    {"U8", c10::ScalarType::Byte},
+    {"I8", c10::ScalarType::Char},
+    {"I16", c10::ScalarType::Short},
+    {"U16", c10::ScalarType::UInt16},
+    {"I32", c10::ScalarType::Int},
+    {"U32", c10::ScalarType::UInt32},
+    {"I64", c10::ScalarType::Long},
+    {"U64", c10::ScalarType::UInt64},
+    {"F16", c10::ScalarType::Half},
+    {"BF16", c10::ScalarType::BFloat16},
+    {"F32", c10::ScalarType::Float},
+    {"F64", c10::ScalarType::Double},
+    {"F8_E4M3", c10::ScalarType::Float8_e4m3fn},
+    {"F8_E5M2", c10::ScalarType::Float8_e5m2},
+}};
+
+std::optional<c10::ScalarType> dtype_named(const std::string& name) {
+  for (const dtype_name& d : dtypes) {
+    if (name == d.name) return d.type;
+  }
+  return std::nullopt;
+}
+
+// One tensor's entry in the header, checked.
+struct entry {
+  std::string name;
+  c10::ScalarType dtype;
+  std::vector<std::int64_t> shape;
+  std::uint64_t begin;
+  std::uint64_t end;
+};
+
+class reader {
+ public:
+  explicit reader(std::filesystem::path path) : path_(std::move(path)) {}
+
+  safetensors_content read() {
+    std::ifstream in(path_, std::ios::binary);
+    if (!in) throw file_error_from_errno("open", path_);
+    std::error_code size_error;
+    const std::uint64_t file_size = std::filesystem::file_size(path_, size_error);
+    if (size_error) fail("its size cannot be read: " + size_error.message());
+    if (file_size < 8) fail(fmt::format("it is {} bytes long, shorter than the 8-byte header length", file_size));
+    std::array<unsigned char, 8> length_bytes{};
+    in.read(reinterpret_cast<char*>(length_bytes.data()), 8);
+    std::uint64_t header_bytes = 0;
+    for (std::size_t i = 8; i-- > 0;) header_bytes = (header_bytes << 8) | length_bytes[i];
+    if (header_bytes > file_size - 8) {
+      fail(fmt::format("its header length is {} bytes, but only {} bytes follow it", header_bytes, file_size - 8));
+    }
+    if (header_bytes > max_header_bytes) fail(fmt::format("its header length, {} bytes, exceeds 100 MB", header_bytes));
+    std::string text(header_bytes, '\0');
+    in.read(text.data(), static_cast<std::streamsize>(header_bytes));
+    if (!in) fail("its header cannot be read");
+
+    safetensors_content content;
+    std::vector<entry> entries = parse_header(text, content.metadata);
+    check_byte_ranges(entries, file_size - 8 - header_bytes);
+    const std::uint64_t data_start = 8 + header_bytes;
+    for (const entry& e : entries) {
+      at::Tensor tensor = at::empty(e.shape, at::TensorOptions().dtype(e.dtype));
+      in.seekg(static_cast<std::streamoff>(data_start + e.begin));
+      in.read(static_cast<char*>(tensor.data_ptr()), static_cast<std::streamsize>(e.end - e.begin));
+      if (!in) fail(fmt::format("the bytes of '{}' cannot be read", e.name));
+      content.tensors.push_back({e.name, std::move(tensor)});
+    }
+    return content;
+  }
+
+ private:
+  [[noreturn]] void fail(const std::string& problem) const {
+    throw safetensors_error(fmt::format("loom: '{}' is not a valid safetensors file: {}", path_.string(), problem));
+  }
+
+  std::vector<entry> parse_header(const std::string& text, std::map<std::string, std::string>& metadata) const {
+    // nlohmann's parser keeps the last of two equal keys: a callback sees every key as it is read.
+    std::set<std::string> names;
+    std::optional<std::string> twice;
+    const auto note_keys = [&](int depth, json::parse_event_t event, json& parsed) {
+      if (event == json::parse_event_t::key && depth == 1 && !names.insert(parsed.get<std::string>()).second) {
+        twice = twice.value_or(parsed.get<std::string>());
+      }
+      return true;
+    };
+    json header;
+    try {
+      header = json::parse(text, note_keys);
+    } catch (const json::exception& error) {
+      fail(fmt::format("its header is not JSON ({})", error.what()));
+    }
+    if (twice) fail(fmt::format("its header names '{}' twice", *twice));
+    if (!header.is_object()) fail("its header is not a JSON object");
+
+    std::vector<entry> entries;
+    for (const auto& [name, value] : header.items()) {
+      if (name == "__metadata__") {
+        if (!value.is_object()) fail("its __metadata__ is not an object");
+        for (const auto& [key, text_value] : value.items()) {
+          if (!text_value.is_string()) fail(fmt::format("its __metadata__ value for '{}' is not a string", key));
+          metadata.emplace(key, text_value.get<std::string>());
+        }
+        continue;
+      }
+      entries.push_back(parse_entry(name, value));
+    }
+    return entries;
+  }
+
+  entry parse_entry(const std::string& name, const json& value) const {
+    const auto bad = [&](const std::string& problem) { fail(fmt::format("tensor '{}': {}", name, problem)); };
+    if (!value.is_object()) bad("its entry is not an object");
+    if (!value.contains("dtype") || !value["dtype"].is_string()) bad("it has no dtype");
+    if (!value.contains("shape") || !value["shape"].is_array()) bad("it has no shape");
+    if (!value.contains("data_offsets") || !value["data_offsets"].is_array() || value["data_offsets"].size() != 2) {
+      bad("its data_offsets are not two numbers");
+    }
+    const std::string dtype_text = value["dtype"].get<std::string>();
+    const std::optional<c10::ScalarType> dtype = dtype_named(dtype_text);
+    if (!dtype) bad(fmt::format("its dtype '{}' is not one loom knows", dtype_text));
+    entry e{name, *dtype, {}, 0, 0};
+    std::uint64_t bytes = c10::elementSize(*dtype);
+    for (const json& dim : value["shape"]) {
+      if (!dim.is_number_unsigned()) bad("its shape holds something other than a non-negative integer");
+      const auto size = dim.get<std::uint64_t>();
+      if (size > static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max()) ||
+          __builtin_mul_overflow(bytes, size, &bytes)) {
+        bad("its shape is too large");
+      }
+      e.shape.push_back(static_cast<std::int64_t>(size));
+    }
+    for (std::size_t i = 0; i < 2; ++i) {
+      if (!value["data_offsets"][i].is_number_unsigned()) bad("its data_offsets are not two non-negative integers");
+    }
+    e.begin = value["data_offsets"][0].get<std::uint64_t>();
+    e.end = value["data_offsets"][1].get<std::uint64_t>();
+    if (e.end < e.begin) bad(fmt::format("its data_offsets [{}, {}] end before they begin", e.begin, e.end));
+    if (e.end - e.begin != bytes) {
+      bad(fmt::format("its data_offsets [{}, {}] hold {} bytes, but {}{} needs {}", e.begin, e.end, e.end - e.begin,
+                      dtype_text, value["shape"].dump(), bytes));
+    }
+    return e;
+  }
+
+  // The byte ranges, in file order, must tile the data section exactly: no gap, no overlap, nothing
+  // past its end.
+  void check_byte_ranges(std::vector<entry>& entries, std::uint64_t data_bytes) const {
+    std::sort(entries.begin(), entries.end(), [](const entry& a, const entry& b) {
+      return std::tie(a.begin, a.end) < std::tie(b.begin, b.end);
+    });
+    std::uint64_t expected = 0;
+    for (const entry& e : entries) {
+      if (e.begin < expected) {
+        fail(fmt::format("tensor '{}' (bytes [{}, {}]) overlaps the tensor before it, which ends at byte {}", e.name,
+                         e.begin, e.end, expected));
+      }
+      if (e.begin > expected) {
+        fail(fmt::format("{} bytes that no tensor holds lie before tensor '{}' (bytes [{}, {}])", e.begin - expected,
+                         e.name, e.begin, e.end));
+      }
+      if (e.end > data_bytes) {
+        fail(fmt::format("tensor '{}' ends at byte {}, past the end of the data ({} bytes)", e.name, e.end, data_bytes));
+      }
+      expected = e.end;
+    }
+    if (expected != data_bytes) {
+      fail(fmt::format("its tensors hold {} bytes, but {} bytes of data follow the header", expected, data_bytes));
+    }
+  }
+
+  std::filesystem::path path_;
+};
+
+}  // namespace
+
+std::string safetensors_dtype(c10::ScalarType dtype) {
+  for (const dtype_name& d : dtypes) {
+    if (d.type == dtype) return d.name;
+  }
+  throw safetensors_error(fmt::format("loom: safetensors has no dtype for {}", c10::toString(dtype)));
+}
+
+void save_safetensors(const std::filesystem::path& path, const std::vector<named_tensor>& tensors,
+                      const std::map<std::string, std::string>& metadata) {
+  json header = json::object();
+  if (!metadata.empty()) header["__metadata__"] = metadata;
+  std::vector<at::Tensor> contiguous;
+  std::uint64_t offset = 0;
+  for (const named_tensor& t : tensors) {
+    if (header.contains(t.name)) {
+      throw safetensors_error(fmt::format("loom: cannot save '{}': the tensor name '{}' is given twice", path.string(),
+                                          t.name));
+    }
+    at::Tensor bytes = t.tensor.detach().to(at::kCPU).contiguous();
+    const std::uint64_t size = bytes.nbytes();
+    header[t.name] = {{"dtype", safetensors_dtype(bytes.scalar_type())},
+                      {"shape", bytes.sizes().vec()},
+                      {"data_offsets", {offset, offset + size}}};
+    offset += size;
+    contiguous.push_back(std::move(bytes));
+  }
+  std::string text = header.dump();
+  text.resize((text.size() + 7) / 8 * 8, ' ');  // the data starts 8-byte aligned, as the reference writes it
+  std::array<unsigned char, 8> length{};
+  for (std::size_t i = 0; i < 8; ++i) length[i] = static_cast<unsigned char>(text.size() >> (8 * i));
+
+  atomic_file out(path);
+  out.write(length.data(), length.size());
+  out.write(text.data(), text.size());
+  for (const at::Tensor& bytes : contiguous) out.write(bytes.const_data_ptr(), bytes.nbytes());
+  out.commit();
+}
+
+safetensors_content load_safetensors(const std::filesystem::path& path) { return reader(path).read(); }
+
+}  // namespace loom
