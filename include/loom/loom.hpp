@@ -2,7 +2,10 @@
 // Everything a recipe needs: the plan DSL, the runtime, build() and the job, the built-in
 // strategies' engines, loom::nn::Linear.
 
+#include <loom/checkpoint/checkpoint.hpp>
 #include <loom/dsl.hpp>
+#include <loom/io/peft.hpp>
+#include <loom/io/safetensors.hpp>
 #include <loom/job/build.hpp>
 #include <loom/nn/linear.hpp>
 #include <loom/nn/unit.hpp>

@@ -115,7 +115,8 @@ peft_lora_adapter load_peft_adapter(const std::filesystem::path& folder) {
   for (named_tensor& t : load_safetensors(folder / weights_file).tensors) {
     const std::string_view key = t.name;
     if (!key.starts_with(key_prefix) || !key.ends_with(key_suffix)) {
-      refuse(folder, fmt::format("holds '{}', not a key of the form {}<layer>.lora_A{}", t.name, key_prefix, key_suffix));
+      refuse(folder,
+             fmt::format("holds '{}', not a key of the form {}<layer>.lora_A{}", t.name, key_prefix, key_suffix));
     }
     std::string name(key.substr(key_prefix.size(), key.size() - key_prefix.size() - key_suffix.size()));
     if (!name.ends_with(".lora_A") && !name.ends_with(".lora_B")) {

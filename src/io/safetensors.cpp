@@ -181,9 +181,8 @@ class reader {
   // The byte ranges, in file order, must tile the data section exactly: no gap, no overlap, nothing
   // past its end.
   void check_byte_ranges(std::vector<entry>& entries, std::uint64_t data_bytes) const {
-    std::sort(entries.begin(), entries.end(), [](const entry& a, const entry& b) {
-      return std::tie(a.begin, a.end) < std::tie(b.begin, b.end);
-    });
+    std::sort(entries.begin(), entries.end(),
+              [](const entry& a, const entry& b) { return std::tie(a.begin, a.end) < std::tie(b.begin, b.end); });
     std::uint64_t expected = 0;
     for (const entry& e : entries) {
       if (e.begin < expected) {
@@ -195,7 +194,8 @@ class reader {
                          e.name, e.begin, e.end));
       }
       if (e.end > data_bytes) {
-        fail(fmt::format("tensor '{}' ends at byte {}, past the end of the data ({} bytes)", e.name, e.end, data_bytes));
+        fail(
+            fmt::format("tensor '{}' ends at byte {}, past the end of the data ({} bytes)", e.name, e.end, data_bytes));
       }
       expected = e.end;
     }
@@ -224,8 +224,8 @@ void save_safetensors(const std::filesystem::path& path, const std::vector<named
   std::uint64_t offset = 0;
   for (const named_tensor& t : tensors) {
     if (header.contains(t.name)) {
-      throw safetensors_error(fmt::format("loom: cannot save '{}': the tensor name '{}' is given twice", path.string(),
-                                          t.name));
+      throw safetensors_error(
+          fmt::format("loom: cannot save '{}': the tensor name '{}' is given twice", path.string(), t.name));
     }
     at::Tensor bytes = t.tensor.detach().to(at::kCPU).contiguous();
     const std::uint64_t size = bytes.nbytes();

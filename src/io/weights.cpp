@@ -5,9 +5,9 @@
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
-#include <nlohmann/json.hpp>
 #include <torch/nn/module.h>
 #include <torch/types.h>
+#include <nlohmann/json.hpp>
 
 #include <fstream>
 #include <map>
@@ -37,8 +37,8 @@ std::vector<named_tensor> load_index(const std::filesystem::path& index_path) {
   std::map<std::string, std::set<std::string>> names_by_file;
   for (const auto& [name, file] : index["weight_map"].items()) {
     if (!file.is_string()) {
-      throw std::invalid_argument(fmt::format("loom: '{}' maps '{}' to something other than a file name",
-                                              index_path.string(), name));
+      throw std::invalid_argument(
+          fmt::format("loom: '{}' maps '{}' to something other than a file name", index_path.string(), name));
     }
     names_by_file[file.get<std::string>()].insert(name);
   }
@@ -117,9 +117,8 @@ weights_report copy_weights(torch::nn::Module& module, const std::vector<named_t
     const tensor_spec want = target.spec();
     const tensor_spec have{target.name, found->second->sizes().vec(), found->second->scalar_type()};
     if (want.shape != have.shape || want.dtype != have.dtype) {
-      throw std::invalid_argument(
-          fmt::format("loom: load_weights: '{}' is {} in the weights but {} in the model", target.name, have.layout(),
-                      want.layout()));
+      throw std::invalid_argument(fmt::format("loom: load_weights: '{}' is {} in the weights but {} in the model",
+                                              target.name, have.layout(), want.layout()));
     }
     copies.emplace_back(target.tensor, found->second);
     given.erase(found);

@@ -137,9 +137,12 @@ void rethrow_as_job_failure(const runtime& rt, std::exception_ptr error, std::st
   }
 }
 
-void run_on_rank_zero(const runtime& rt, std::string_view what, const std::function<void()>& work) {
+namespace {
+
+// Runs `work` where `mine`, then tells every rank whether it failed anywhere.
+void run_and_agree(const runtime& rt, std::string_view what, bool mine, const std::function<void()>& work) {
   std::exception_ptr error;
-  if (rt.rank() == 0) {
+  if (mine) {
     try {
       work();
     } catch (const std::exception& failure) {
@@ -152,8 +155,18 @@ void run_on_rank_zero(const runtime& rt, std::string_view what, const std::funct
   if (error) std::rethrow_exception(error);
   if (failed.item<int>() != 0) {
     throw job_failure(fmt::format("loom: {}; so {} failed on rank {} too",
-                                  published_failure(rt).value_or("rank 0 failed"), what, rt.rank()));
+                                  published_failure(rt).value_or("another rank failed"), what, rt.rank()));
   }
+}
+
+}  // namespace
+
+void run_on_rank_zero(const runtime& rt, std::string_view what, const std::function<void()>& work) {
+  run_and_agree(rt, what, rt.rank() == 0, work);
+}
+
+void run_on_every_rank(const runtime& rt, std::string_view what, const std::function<void()>& work) {
+  run_and_agree(rt, what, true, work);
 }
 
 }  // namespace loom

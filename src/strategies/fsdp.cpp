@@ -411,6 +411,27 @@ tensor_state fsdp_engine::local_state(strategy_context& context) const {
   return local;
 }
 
+void fsdp_engine::load_local_state(strategy_context& context, const tensor_state& state) {
+  const tensor_state mine = local_state(context);
+  std::unordered_map<std::string, const at::Tensor*> given;
+  for (const named_tensor& t : state) given.emplace(t.name, &t.tensor);
+  for (const named_tensor& target : mine) {
+    const auto found = given.find(target.name);
+    if (found == given.end() || !found->second->sizes().equals(target.tensor.sizes()) ||
+        found->second->scalar_type() != target.tensor.scalar_type()) {
+      throw std::invalid_argument(fmt::format(
+          "loom: fsdp(): this rank's state has no {} '{}' of the layout it holds ({}); it was saved from another "
+          "model or over another number of ranks",
+          found == given.end() ? "tensor" : "matching", target.name, target.spec().layout()));
+    }
+  }
+  if (given.size() != mine.size()) {
+    throw std::invalid_argument("loom: fsdp(): this rank's state holds tensors the model does not");
+  }
+  torch::NoGradGuard no_grad;
+  for (const named_tensor& target : mine) at::Tensor(target.tensor).detach().copy_(*given.at(target.name));
+}
+
 tensor_state fsdp_engine::full_state(strategy_context& context) {
   state& s = *state_;
   s.for_each_group([&](param_group& group) { group.gather_now(s.comm()); });

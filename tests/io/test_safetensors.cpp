@@ -81,8 +81,10 @@ TEST_CASE("saving refuses a name given twice and a dtype safetensors lacks", "[s
 
 TEST_CASE("a malformed safetensors file is refused, naming the file and its first problem", "[safetensors]") {
   const std::string one = R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})";
-  check_refused(crafted("short-data.safetensors", one, 4), "tensor 'a' ends at byte 8, past the end of the data (4 bytes)");
-  check_refused(crafted("long-data.safetensors", one, 12), "its tensors hold 8 bytes, but 12 bytes of data follow the header");
+  check_refused(crafted("short-data.safetensors", one, 4),
+                "tensor 'a' ends at byte 8, past the end of the data (4 bytes)");
+  check_refused(crafted("long-data.safetensors", one, 12),
+                "its tensors hold 8 bytes, but 12 bytes of data follow the header");
   {
     const auto path = scratch("tiny.safetensors");
     std::ofstream(path, std::ios::binary) << "abc";
@@ -102,9 +104,9 @@ TEST_CASE("a malformed safetensors file is refused, naming the file and its firs
                 "tensor 'a': its data_offsets [0, 8] hold 8 bytes, but F32[3] needs 12");
   check_refused(crafted("negative.safetensors", R"({"a":{"dtype":"F32","shape":[-1],"data_offsets":[0,4]}})", 4),
                 "tensor 'a': its shape holds something other than a non-negative integer");
-  check_refused(crafted("huge.safetensors",
-                        R"({"a":{"dtype":"F64","shape":[4294967296,4294967296],"data_offsets":[0,8]}})", 8),
-                "tensor 'a': its shape is too large");
+  check_refused(
+      crafted("huge.safetensors", R"({"a":{"dtype":"F64","shape":[4294967296,4294967296],"data_offsets":[0,8]}})", 8),
+      "tensor 'a': its shape is too large");
   check_refused(crafted("backwards.safetensors", R"({"a":{"dtype":"U8","shape":[0],"data_offsets":[4,0]}})", 4),
                 "end before they begin");
   check_refused(crafted("overlap.safetensors",

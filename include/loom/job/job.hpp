@@ -149,6 +149,10 @@ class job {
   // ddp(), this rank's flat shards (and the replicated adapters) under fsdp().
   [[nodiscard]] tensor_state local_state_dict() { return hooks::local_state(engine_, core_.context()); }
   void load_state_dict(const tensor_state& state) { hooks::load_full_state(engine_, core_.context(), state); }
+  // Takes back a local_state_dict() of this rank, saved from the same plan over as many ranks.
+  void load_local_state_dict(const tensor_state& state) { hooks::load_local_state(engine_, core_.context(), state); }
+  // Whether each rank holds its own part of the state (fsdp) rather than a replica of the whole.
+  [[nodiscard]] static constexpr bool shards_state() noexcept { return hooks::shards_parameters<E>(); }
 
   // Clears the trainable gradients. Use it rather than torch::optim::Optimizer::zero_grad under
   // ddp({.gradient_as_bucket_view = true}): LibTorch's detaches each gradient in place, which a

@@ -44,5 +44,7 @@ class job_failure : public std::runtime_error {
 // Runs `work` (writing a file, say) on rank 0 alone, and returns on every rank once it is done. When
 // it throws, every rank throws: rank 0 its own error, published, the others a job_failure naming it.
 void run_on_rank_zero(const runtime& rt, std::string_view what, const std::function<void()>& work);
+// The same with every rank doing its part (writing its own file, say).
+void run_on_every_rank(const runtime& rt, std::string_view what, const std::function<void()>& work);
 
 }  // namespace loom

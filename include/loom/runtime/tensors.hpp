@@ -35,6 +35,9 @@ struct named_tensor {
   [[nodiscard]] tensor_spec spec() const;
 };
 
+// A module's or a strategy's state: named tensors, in a stable order.
+using tensor_state = std::vector<named_tensor>;
+
 // A module's state in the order a state dict lists it: parameters, then buffers, registration order.
 [[nodiscard]] std::vector<named_tensor> module_state(const torch::nn::Module& module);
 

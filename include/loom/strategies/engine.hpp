@@ -22,6 +22,8 @@
 //     tensor_state full_state(strategy_context&)     the module's parameters and buffers, whole
 //     tensor_state local_state(strategy_context&)    full_state: a replica holds all of it
 //     void load_full_state(strategy_context&, const tensor_state&)           copied into the module
+//     void load_local_state(strategy_context&, const tensor_state&)  load_full_state: it is the whole
+//     static constexpr bool shards_parameters                         false: ranks hold replicas
 //     tensor_state strategy_state(strategy_context&)                          none
 //     void load_strategy_state(strategy_context&, const tensor_state&)       only an empty state
 // A sharding strategy overrides the state hooks: full_state gathers, local_state is this rank's
@@ -38,9 +40,6 @@
 #include <vector>
 
 namespace loom {
-
-// A module's or a strategy's state: named tensors, in a stable order.
-using tensor_state = std::vector<named_tensor>;
 
 template <class E>
 concept Engine = std::move_constructible<E> && requires(E& engine, strategy_context& context) {
@@ -128,6 +127,26 @@ void load_full_state(E& engine, strategy_context& context, const tensor_state& s
     engine.load_full_state(context, state);
   } else {
     loom::load_module_state(context.module(), state);
+  }
+}
+
+// Takes back what local_state gave on this rank (a checkpoint of the same world size).
+template <Engine E>
+void load_local_state(E& engine, strategy_context& context, const tensor_state& state) {
+  if constexpr (requires { engine.load_local_state(context, state); }) {
+    engine.load_local_state(context, state);
+  } else {
+    load_full_state(engine, context, state);
+  }
+}
+
+// Whether each rank holds its own part of the parameters (so each saves its own), or a replica.
+template <Engine E>
+constexpr bool shards_parameters() {
+  if constexpr (requires { E::shards_parameters; }) {
+    return E::shards_parameters;
+  } else {
+    return false;
   }
 }
 

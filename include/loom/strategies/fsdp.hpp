@@ -24,6 +24,7 @@ namespace loom {
 class fsdp_engine {
  public:
   static constexpr std::string_view name = "fsdp";
+  static constexpr bool shards_parameters = true;
 
   explicit fsdp_engine(const fsdp_options& settings);
   // Moved, never copied: the units and the pre-backward hooks point at its state.
@@ -43,8 +44,10 @@ class fsdp_engine {
   void explain_forward_failure(strategy_context& context, std::exception_ptr error);
   // Gathers every parameter, runs `change`, and keeps this rank's rows of the result.
   void with_full_parameters(strategy_context& context, const std::function<void()>& change);
-  // This rank's flat shards, the replicated adapters and the buffers, by name.
+  // This rank's flat shards, the replicated adapters and the buffers, by name; and back, from a
+  // local_state of the same layout (the same model over as many ranks).
   [[nodiscard]] tensor_state local_state(strategy_context& context) const;
+  void load_local_state(strategy_context& context, const tensor_state& state);
   // Every parameter and buffer, whole (gathered); and back, resharded.
   [[nodiscard]] tensor_state full_state(strategy_context& context);
   void load_full_state(strategy_context& context, const tensor_state& state);

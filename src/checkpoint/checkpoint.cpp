@@ -1,0 +1,257 @@
+#include <loom/checkpoint/checkpoint.hpp>
+
+#include <loom/io/files.hpp>
+#include <loom/io/safetensors.hpp>
+#include <loom/runtime/collectives.hpp>
+#include <loom/runtime/failures.hpp>
+
+#include <ATen/ATen.h>
+#include <ATen/core/Generator.h>
+#include <ATen/CPUGeneratorImpl.h>
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <nlohmann/json.hpp>
+#include <torch/optim/optimizer.h>
+#include <torch/serialize/archive.h>
+#include <torch/version.h>
+
+#include <algorithm>
+#include <cstring>
+#include <fstream>
+#include <mutex>
+#include <regex>
+#include <sstream>
+
+namespace loom {
+namespace {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+constexpr const char* format_name = "loom checkpoint v1";
+constexpr const char* manifest_file = "manifest.json";
+constexpr std::string_view model_prefix = "model/";
+constexpr const char* optimizer_key = "optimizer";
+constexpr const char* rng_key = "rng/cpu";
+
+fs::path rank_file(int rank) { return fmt::format("rank-{:05}.safetensors", rank); }
+
+// step-00000012 (complete) or step-00000012.tmp (a save in progress, or interrupted)
+std::optional<std::int64_t> step_of(const fs::path& folder, bool temporary) {
+  static const std::regex complete(R"(step-(\d{8,}))");
+  static const std::regex partial(R"(step-(\d{8,})\.tmp)");
+  std::smatch match;
+  const std::string name = folder.filename().string();
+  if (!std::regex_match(name, match, temporary ? partial : complete)) return std::nullopt;
+  return std::stoll(match[1].str());
+}
+
+at::Tensor bytes_tensor(const std::string& bytes) {
+  at::Tensor t = at::empty({static_cast<std::int64_t>(bytes.size())}, at::kByte);
+  std::memcpy(t.data_ptr(), bytes.data(), bytes.size());
+  return t;
+}
+
+std::string optimizer_bytes(torch::optim::Optimizer& optimizer) {
+  torch::serialize::OutputArchive archive;
+  optimizer.save(archive);
+  std::ostringstream out;
+  archive.save_to(out);
+  return out.str();
+}
+
+void load_optimizer(torch::optim::Optimizer& optimizer, const at::Tensor& bytes) {
+  torch::serialize::InputArchive archive;
+  archive.load_from(static_cast<const char*>(bytes.const_data_ptr()), static_cast<std::size_t>(bytes.numel()));
+  optimizer.load(archive);
+}
+
+// The first line where two describe() texts differ, for the message.
+std::string first_difference(const std::string& saved, const std::string& now) {
+  std::istringstream a(saved), b(now);
+  std::string left, right;
+  while (true) {
+    const bool more_a = static_cast<bool>(std::getline(a, left));
+    const bool more_b = static_cast<bool>(std::getline(b, right));
+    if (!more_a && !more_b) return "(none)";
+    if (!more_a) left = "(nothing)";
+    if (!more_b) right = "(nothing)";
+    if (left != right) return fmt::format("saved '{}', now '{}'", left, right);
+  }
+}
+
+}  // namespace
+
+checkpointer::checkpointer(const runtime& rt, checkpoint_options options) : rt_(rt), options_(std::move(options)) {
+  if (options_.keep < 1) {
+    throw std::invalid_argument(fmt::format("loom: checkpoint_options.keep is {}; keep at least 1", options_.keep));
+  }
+  run_on_rank_zero(rt_, "preparing the checkpoint folder", [&] {
+    std::error_code error;
+    fs::create_directories(options_.folder, error);
+    if (error || !fs::is_directory(options_.folder)) {
+      throw file_error(fmt::format("loom: the checkpoint folder '{}' cannot be created: {}", options_.folder.string(),
+                                   error ? error.message() : "it is not a folder"));
+    }
+    for (const auto& entry : fs::directory_iterator(options_.folder)) {
+      if (step_of(entry.path(), /*temporary=*/true)) fs::remove_all(entry.path());  // an interrupted save
+    }
+  });
+}
+
+std::optional<fs::path> checkpointer::latest() const {
+  std::optional<std::pair<std::int64_t, fs::path>> newest;
+  if (!fs::is_directory(options_.folder)) return std::nullopt;
+  for (const auto& entry : fs::directory_iterator(options_.folder)) {
+    const auto step = step_of(entry.path(), /*temporary=*/false);
+    if (!step || !fs::exists(entry.path() / manifest_file)) continue;
+    if (!newest || *step > newest->first) newest = {*step, entry.path()};
+  }
+  if (!newest) return std::nullopt;
+  return newest->second;
+}
+
+void checkpointer::save(const checkpoint_target& target, torch::optim::Optimizer& optimizer, std::int64_t step,
+                        const std::string& user_state) {
+  json user;
+  try {
+    user = json::parse(user_state);
+  } catch (const json::exception& error) {
+    throw std::invalid_argument(fmt::format("loom: checkpoint user_state is not JSON ({})", error.what()));
+  }
+  const fs::path final_path = options_.folder / fmt::format("step-{:08}", step);
+  const fs::path partial = fs::path(final_path.string() + ".tmp");
+  run_on_rank_zero(rt_, "starting the checkpoint", [&] {
+    fs::remove_all(partial);
+    fs::create_directories(partial);
+    sync_directory(options_.folder);
+  });
+
+  // Every rank's own file: its share of the model and optimizer, and its generator.
+  const bool writes_model = target.sharded || rt_.rank() == 0;
+  std::vector<named_tensor> tensors;
+  if (writes_model) {
+    for (const named_tensor& t : target.state()) tensors.push_back({std::string(model_prefix) + t.name, t.tensor});
+    tensors.push_back({optimizer_key, bytes_tensor(optimizer_bytes(optimizer))});
+  }
+  {
+    at::Generator generator = at::detail::getDefaultCPUGenerator();
+    const std::lock_guard<std::mutex> lock(generator.mutex());
+    tensors.push_back({rng_key, generator.get_state()});
+  }
+  run_on_every_rank(rt_, "writing the checkpoint", [&] {
+    save_safetensors(partial / rank_file(rt_.rank()), tensors, {{"step", std::to_string(step)}});
+  });
+
+  run_on_rank_zero(rt_, "finishing the checkpoint", [&] {
+    json files = json::object();
+    for (int rank = 0; rank < rt_.world_size(); ++rank) {
+      files[rank_file(rank).string()] = fs::file_size(partial / rank_file(rank));
+    }
+    const json manifest = {{"format", format_name},
+                           {"step", step},
+                           {"world_size", rt_.world_size()},
+                           {"sharded", target.sharded},
+                           {"plan", target.plan},
+                           {"schedule_fingerprint", fmt::format("{:016x}", target.schedule_fingerprint)},
+                           {"libtorch", TORCH_VERSION},
+                           {"loom", LOOM_VERSION},
+                           {"user_state", user},
+                           {"files", files}};
+    const std::string text = manifest.dump(2) + "\n";
+    atomic_file out(partial / manifest_file);
+    out.write(text.data(), text.size());
+    out.commit();
+    fs::remove_all(final_path);  // a checkpoint of the same step, from a run that is being redone
+    fs::rename(partial, final_path);
+    sync_directory(options_.folder);
+
+    std::vector<std::pair<std::int64_t, fs::path>> complete;
+    for (const auto& entry : fs::directory_iterator(options_.folder)) {
+      if (const auto s = step_of(entry.path(), false)) complete.emplace_back(*s, entry.path());
+    }
+    std::sort(complete.begin(), complete.end());
+    for (std::size_t i = 0; i + static_cast<std::size_t>(options_.keep) < complete.size(); ++i) {
+      fs::remove_all(complete[i].second);
+    }
+  });
+}
+
+std::optional<resume_point> checkpointer::resume(const checkpoint_target& target, torch::optim::Optimizer& optimizer) {
+  const std::optional<fs::path> found = latest();
+  std::optional<resume_point> resumed;
+  run_on_every_rank(rt_, "loading the checkpoint", [&] {
+    if (!found) return;
+    const fs::path& path = *found;
+    const auto bad = [&](const std::string& problem) {
+      throw checkpoint_error(fmt::format("loom: the checkpoint '{}' cannot be resumed: {}", path.string(), problem));
+    };
+    json manifest;
+    try {
+      std::ifstream in(path / manifest_file);
+      manifest = json::parse(in);
+    } catch (const json::exception& error) {
+      bad(fmt::format("its {} is not JSON ({})", manifest_file, error.what()));
+    }
+    if (manifest.value("format", std::string()) != format_name) bad("its manifest is not a loom checkpoint's");
+    const int saved_world = manifest.value("world_size", 0);
+    if (target.sharded && saved_world != rt_.world_size()) {
+      bad(fmt::format("it holds shards of {} ranks and this run has {}; resharding a checkpoint on load is not "
+                      "supported yet: resume with {} ranks",
+                      saved_world, rt_.world_size(), saved_world));
+    }
+    if (manifest.value("plan", std::string()) != target.plan) {
+      bad(fmt::format("it was saved by another plan: {}", first_difference(manifest.value("plan", ""), target.plan)));
+    }
+    const std::string fingerprint = fmt::format("{:016x}", target.schedule_fingerprint);
+    if (manifest.value("schedule_fingerprint", std::string()) != fingerprint) {
+      bad(fmt::format("its schedule's fingerprint is {}, this job's {}", manifest.value("schedule_fingerprint", ""),
+                      fingerprint));
+    }
+    for (const auto& [file, size] : manifest["files"].items()) {
+      std::error_code error;
+      const auto actual = fs::file_size(path / file, error);
+      if (error) bad(fmt::format("its file '{}' is missing", file));
+      if (actual != size.get<std::uintmax_t>()) {
+        bad(fmt::format("its file '{}' is {} bytes, the manifest says {}: truncated or overwritten", file, actual,
+                        size.get<std::uintmax_t>()));
+      }
+    }
+    const int model_rank = target.sharded ? rt_.rank() : 0;
+    const safetensors_content model_file = load_safetensors(path / rank_file(model_rank));
+    tensor_state model;
+    const at::Tensor* optimizer_state = nullptr;
+    for (const named_tensor& t : model_file.tensors) {
+      if (t.name.starts_with(model_prefix)) model.push_back({t.name.substr(model_prefix.size()), t.tensor});
+      if (t.name == optimizer_key) optimizer_state = &t.tensor;
+    }
+    if (!optimizer_state) bad(fmt::format("its file '{}' holds no optimizer state", rank_file(model_rank).string()));
+    target.load(model);
+    load_optimizer(optimizer, *optimizer_state);
+    const safetensors_content own = saved_world == rt_.world_size() && model_rank == rt_.rank()
+                                        ? model_file
+                                        : load_safetensors(path / rank_file(rt_.rank() % saved_world));
+    for (const named_tensor& t : own.tensors) {
+      if (t.name != rng_key) continue;
+      at::Generator generator = at::detail::getDefaultCPUGenerator();
+      const std::lock_guard<std::mutex> lock(generator.mutex());
+      generator.set_state(t.tensor);
+    }
+    resumed = resume_point{manifest.value("step", std::int64_t{0}), manifest["user_state"].dump(), path};
+  });
+  // Every rank must continue from the same step (they read one folder, unless it changed under them).
+  const at::Tensor mine = at::full({1}, resumed ? resumed->step : -1, at::TensorOptions().dtype(at::kLong));
+  at::Tensor all = at::empty({rt_.world_size()}, at::kLong);
+  rt_.comm().all_gather(mine.to(rt_.device()), all).wait();
+  if (!all.eq(all[0]).all().item<bool>()) {
+    throw checkpoint_error(fmt::format("loom: the ranks resumed from different checkpoints (steps {}; -1: none) in "
+                                       "'{}': every rank must see the same folder",
+                                       fmt::join(std::vector<std::int64_t>(all.data_ptr<std::int64_t>(),
+                                                                           all.data_ptr<std::int64_t>() + all.numel()),
+                                                 ", "),
+                                       options_.folder.string()));
+  }
+  return resumed;
+}
+
+}  // namespace loom

@@ -1,0 +1,140 @@
+// The job's files, on a single process: base weights in Hugging Face's layout (one file or a sharded
+// set with its index) and PEFT adapters, with every refusal a user can meet.
+#include <loom/io/peft.hpp>
+#include <loom/loom.hpp>
+#include <models/tiny_gpt.hpp>
+
+#include <catch2/catch_test_macros.hpp>
+#include <catch2/matchers/catch_matchers_string.hpp>
+
+#include <filesystem>
+
+using Catch::Matchers::ContainsSubstring;
+
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr models::tiny_gpt_config small{.vocab = 32, .d = 16, .layers = 2, .heads = 2, .ctx = 8};
+
+loom::runtime one() { return loom::runtime::single_process(); }
+
+fs::path scratch(const std::string& name) {
+  const fs::path folder = fs::temp_directory_path() / "loom-test-job-files" / name;
+  fs::remove_all(folder);
+  return folder;
+}
+
+void randomise_adapters(torch::nn::Module& module, std::uint64_t seed) {
+  torch::NoGradGuard no_grad;
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
+  for (auto& p : module.named_parameters()) {
+    if (p.key().ends_with("lora_B")) p.value().copy_(torch::randn(p.value().sizes(), gen) * 0.1);
+  }
+}
+
+template <class Job>
+bool same_state(Job& a, Job& b) {
+  const auto x = a.state_dict(), y = b.state_dict();
+  if (x.size() != y.size()) return false;
+  for (std::size_t i = 0; i < x.size(); ++i) {
+    if (x[i].name != y[i].name || !torch::equal(x[i].tensor, y[i].tensor)) return false;
+  }
+  return true;
+}
+
+constexpr auto adapted = loom::lora(4, {"q_proj", "v_proj"}, {.alpha = 6.5});
+
+}  // namespace
+
+TEST_CASE("weights round trip in one file and as a sharded set with its index", "[weights]") {
+  auto source = loom::build(loom::model<models::TinyGpt>(small) | loom::seeded(1), one());
+  auto target = loom::build(loom::model<models::TinyGpt>(small) | loom::seeded(2), one());
+  REQUIRE_FALSE(same_state(source, target));
+
+  const fs::path single = scratch("single");
+  source.save_weights(single);
+  CHECK(fs::exists(single / "model.safetensors"));
+  (void)target.load_weights(single);
+  CHECK(same_state(source, target));
+
+  const fs::path sharded = scratch("sharded");
+  source.save_weights(sharded, /*max_shard_bytes=*/8 * 1024);
+  CHECK(fs::exists(sharded / "model.safetensors.index.json"));
+  CHECK(fs::exists(sharded / "model-00002-of-00005.safetensors"));
+  auto again = loom::build(loom::model<models::TinyGpt>(small) | loom::seeded(3), one());
+  (void)again.load_weights(sharded / "model.safetensors.index.json");
+  CHECK(same_state(source, again));
+}
+
+TEST_CASE("load_weights is strict by name, and says what it left alone when not", "[weights]") {
+  auto source = loom::build(loom::model<models::TinyGpt>(small) | loom::seeded(1), one());
+  const fs::path folder = scratch("partial");
+  auto state = source.state_dict();
+  std::erase_if(state, [](const loom::named_tensor& t) { return t.name.starts_with("head."); });
+  state.push_back({"lm_head.weight", at::zeros({2})});
+  loom::save_weights(folder, state);
+
+  auto target = loom::build(loom::model<models::TinyGpt>(small) | loom::seeded(2), one());
+  CHECK_THROWS_WITH(target.load_weights(folder),
+                    ContainsSubstring("missing [head.weight, head.bias], unexpected [lm_head.weight]") &&
+                        ContainsSubstring("strict = false"));
+  const loom::weights_report report = target.load_weights(folder, /*strict=*/false);
+  CHECK(report.missing == std::vector<std::string>{"head.weight", "head.bias"});
+  CHECK(report.unexpected == std::vector<std::string>{"lm_head.weight"});
+  CHECK(torch::equal(target.module().tok->weight, source.module().tok->weight));
+
+  auto other = loom::build(loom::model<models::TinyGpt>(models::tiny_gpt_config{.vocab = 40, .d = 16, .layers = 2,
+                                                                                  .heads = 2, .ctx = 8}),
+                           one());
+  CHECK_THROWS_WITH(other.load_weights(folder, false),
+                    ContainsSubstring("'tok.weight' is Float[32,16] in the weights but Float[40,16] in the model"));
+}
+
+TEST_CASE("an adapter saved in PEFT's format loads back; the base weights leave the adapters out", "[peft]") {
+  auto source = loom::build(loom::model<models::TinyGpt>(small) | loom::seeded(1) | adapted, one());
+  randomise_adapters(source.module(), 7);
+  const fs::path folder = scratch("adapter");
+  source.save_adapter(folder / "adapter");
+  source.save_weights(folder / "base");
+  CHECK(fs::exists(folder / "adapter" / "adapter_config.json"));
+  for (const auto& t : loom::load_weights(folder / "base")) CHECK_FALSE(t.name.ends_with("lora_A"));
+
+  auto target = loom::build(loom::model<models::TinyGpt>(small) | loom::seeded(2) | adapted, one());
+  (void)target.load_weights(folder / "base");
+  target.load_adapter(folder / "adapter");
+  CHECK(same_state(source, target));
+}
+
+TEST_CASE("save_adapter refuses merged adapters and parameters a LoRA file cannot carry", "[peft][errors]") {
+  auto merged = loom::build(loom::model<models::TinyGpt>(small) | loom::seeded(1) | adapted, one());
+  merged.merge();
+  CHECK_THROWS_WITH(merged.save_adapter(scratch("merged")), ContainsSubstring("apply it twice") &&
+                                                                 ContainsSubstring("job.unmerge() first"));
+  auto extra = loom::build(
+      loom::model<models::TinyGpt>(small) | loom::seeded(1) | adapted | loom::trainable({"head"}), one());
+  CHECK_THROWS_WITH(extra.save_adapter(scratch("extra")),
+                    ContainsSubstring("trainable(...) also trains 2 parameters (head.weight, head.bias)"));
+  auto plain = loom::build(loom::model<models::TinyGpt>(small) | loom::seeded(1), one());
+  CHECK_THROWS_WITH(plain.save_adapter(scratch("plain")), ContainsSubstring("needs a plan with lora(...)"));
+}
+
+TEST_CASE("load_adapter checks rank, alpha and layers against the plan", "[peft][errors]") {
+  auto source = loom::build(loom::model<models::TinyGpt>(small) | loom::seeded(1) | adapted, one());
+  const fs::path folder = scratch("checked");
+  source.save_adapter(folder);
+
+  auto other_rank = loom::build(
+      loom::model<models::TinyGpt>(small) | loom::lora(8, {"q_proj", "v_proj"}, {.alpha = 6.5}), one());
+  CHECK_THROWS_WITH(other_rank.load_adapter(folder), ContainsSubstring("the adapter has rank r = 4, the plan lora(8"));
+  auto other_alpha = loom::build(loom::model<models::TinyGpt>(small) | loom::lora(4, {"q_proj", "v_proj"}), one());
+  CHECK_THROWS_WITH(other_alpha.load_adapter(folder),
+                    ContainsSubstring("lora_alpha = 6.5, the plan alpha = 4") &&
+                        ContainsSubstring("{.alpha = 6.5}"));
+  auto other_layers =
+      loom::build(loom::model<models::TinyGpt>(small) | loom::lora(4, {"q_proj"}, {.alpha = 6.5}), one());
+  CHECK_THROWS_WITH(other_layers.load_adapter(folder),
+                    ContainsSubstring("its layers differ from those the plan adapts: missing [], unexpected "
+                                      "[blocks.0.attn.v_proj.lora_A"));
+  CHECK_THROWS_AS(other_layers.load_adapter(scratch("nothing-here")), loom::peft_error);
+}
