@@ -226,8 +226,18 @@ std::optional<resume_point> checkpointer::resume(const checkpoint_target& target
       if (t.name == optimizer_key) optimizer_state = &t.tensor;
     }
     if (!optimizer_state) bad(fmt::format("its file '{}' holds no optimizer state", rank_file(model_rank).string()));
-    target.load(model);
-    load_optimizer(optimizer, *optimizer_state);
+    const std::string file = rank_file(model_rank).string();
+    try {
+      target.load(model);
+    } catch (const std::exception& error) {
+      bad(fmt::format("its file '{}' does not fit this model: {}", file, error_text(error)));
+    }
+    try {
+      load_optimizer(optimizer, *optimizer_state);
+    } catch (const std::exception& error) {
+      bad(fmt::format("its file '{}' holds an optimizer state that does not fit this optimizer: {}", file,
+                      error_text(error)));
+    }
     const safetensors_content own = saved_world == rt_.world_size() && model_rank == rt_.rank()
                                         ? model_file
                                         : load_safetensors(path / rank_file(rt_.rank() % saved_world));

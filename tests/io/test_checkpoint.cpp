@@ -1,0 +1,149 @@
+// Checkpoints on a single process: what is kept, what is cleaned, and every checkpoint that cannot
+// be resumed refused with its path, its file and the difference. (Resuming bit for bit across
+// processes and ranks: tests/dist/resume_check.py.)
+#include <loom/loom.hpp>
+#include <models/tiny_gpt.hpp>
+
+#include <torch/optim/adamw.h>
+#include <torch/optim/sgd.h>
+
+#include <catch2/catch_test_macros.hpp>
+#include <catch2/matchers/catch_matchers_string.hpp>
+
+#include <filesystem>
+#include <fstream>
+
+using Catch::Matchers::ContainsSubstring;
+
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr models::tiny_gpt_config small{.vocab = 32, .d = 16, .layers = 2, .heads = 2, .ctx = 8};
+
+loom::runtime one() { return loom::runtime::single_process(); }
+
+fs::path scratch(const std::string& name) {
+  const fs::path folder = fs::temp_directory_path() / "loom-test-checkpoint" / name;
+  fs::remove_all(folder);
+  return folder;
+}
+
+template <class Job>
+void train_step(Job& job, torch::optim::Optimizer& optimizer, std::uint64_t seed) {
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
+  const at::Tensor x = torch::randint(0, small.vocab, {2, small.ctx}, gen);
+  job.backward(job.forward(x, x.roll(-1, 1)));
+  optimizer.step();
+  job.zero_grad();
+}
+
+std::vector<std::string> entries(const fs::path& folder) {
+  std::vector<std::string> names;
+  for (const auto& entry : fs::directory_iterator(folder)) names.push_back(entry.path().filename().string());
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+constexpr auto plan = loom::model<models::TinyGpt>(small) | loom::seeded(1) | loom::lora(4, {"q_proj"});
+
+}  // namespace
+
+TEST_CASE("a checkpoint keeps the newest k, resumes the newest, and cleans an interrupted save", "[checkpoint]") {
+  const fs::path folder = scratch("keep");
+  auto job = loom::build(plan, one());
+  torch::optim::AdamW optimizer(job.trainable_parameters());
+  {
+    loom::checkpointer checkpoints(one(), {.folder = folder});
+    CHECK_FALSE(checkpoints.resume(job, optimizer).has_value());
+    for (std::int64_t step = 1; step <= 3; ++step) {
+      train_step(job, optimizer, step);
+      checkpoints.save(job, optimizer, 4 * step, R"({"cursor": )" + std::to_string(step) + "}");
+    }
+    CHECK(entries(folder) == std::vector<std::string>{"step-00000008", "step-00000012"});
+    CHECK_THROWS_WITH(checkpoints.save(job, optimizer, 16, "{cursor"), ContainsSubstring("user_state is not JSON"));
+  }
+  fs::create_directories(folder / "step-00000016.tmp");
+  std::ofstream(folder / "step-00000016.tmp" / "rank-00000.safetensors") << "half a file";
+
+  loom::checkpointer again(one(), {.folder = folder});
+  CHECK(entries(folder) == std::vector<std::string>{"step-00000008", "step-00000012"});
+  auto resumed_job = loom::build(plan, one());
+  torch::optim::AdamW resumed_optimizer(resumed_job.trainable_parameters());
+  const auto resumed = again.resume(resumed_job, resumed_optimizer);
+  REQUIRE(resumed.has_value());
+  CHECK(resumed->step == 12);
+  CHECK(resumed->user_state == R"({"cursor":3})");
+  const auto expected = job.state_dict(), actual = resumed_job.state_dict();
+  for (std::size_t i = 0; i < expected.size(); ++i) CHECK(torch::equal(expected[i].tensor, actual[i].tensor));
+}
+
+TEST_CASE("a checkpoint that cannot be resumed is refused with its path, its file and the difference",
+          "[checkpoint][errors]") {
+  const fs::path folder = scratch("refused");
+  {
+    auto job = loom::build(plan, one());
+    torch::optim::AdamW optimizer(job.trainable_parameters());
+    loom::checkpointer checkpoints(one(), {.folder = folder});
+    train_step(job, optimizer, 1);
+    checkpoints.save(job, optimizer, 4);
+  }
+  const fs::path saved = folder / "step-00000004";
+  const auto resume_with = [&](auto another_plan) {
+    auto job = loom::build(another_plan, one());
+    torch::optim::AdamW optimizer(job.trainable_parameters());
+    loom::checkpointer checkpoints(one(), {.folder = folder});
+    (void)checkpoints.resume(job, optimizer);
+  };
+  CHECK_THROWS_WITH(resume_with(loom::model<models::TinyGpt>(small) | loom::seeded(1) | loom::lora(8, {"q_proj"})),
+                    ContainsSubstring("the checkpoint '" + saved.string() + "' cannot be resumed: it was saved by "
+                                      "another plan: saved '") &&
+                        ContainsSubstring("rank=4") && ContainsSubstring("rank=8"));
+
+  const fs::path file = saved / "rank-00000.safetensors";
+  const auto size = fs::file_size(file);
+  fs::resize_file(file, size - 3);
+  CHECK_THROWS_WITH(resume_with(plan), ContainsSubstring("its file 'rank-00000.safetensors' is " +
+                                                         std::to_string(size - 3) + " bytes, the manifest says " +
+                                                         std::to_string(size) + ": truncated or overwritten"));
+  fs::remove(file);
+  CHECK_THROWS_WITH(resume_with(plan), ContainsSubstring("its file 'rank-00000.safetensors' is missing"));
+
+  CHECK_THROWS_WITH(loom::checkpointer(one(), {.folder = "/proc/loom-cannot-be-here"}),
+                    ContainsSubstring("the checkpoint folder '/proc/loom-cannot-be-here' cannot be created"));
+  CHECK_THROWS_WITH(loom::checkpointer(one(), {.folder = folder, .keep = 0}), ContainsSubstring("keep at least 1"));
+}
+
+TEST_CASE("a checkpoint whose tensors do not fit the model names the file and the tensor", "[checkpoint][errors]") {
+  const fs::path folder = scratch("misfit");
+  auto job = loom::build(plan, one());
+  torch::optim::AdamW optimizer(job.trainable_parameters());
+  loom::checkpointer checkpoints(one(), {.folder = folder});
+  checkpoints.save(job, optimizer, 4);
+  // The same file with one tensor of another shape, and the manifest's size of it.
+  const fs::path file = folder / "step-00000004" / "rank-00000.safetensors";
+  auto content = loom::load_safetensors(file);
+  for (auto& t : content.tensors) {
+    if (t.name == "model/head.bias") t.tensor = at::zeros({5});
+  }
+  loom::save_safetensors(file, content.tensors, content.metadata);
+  std::ifstream in(folder / "step-00000004" / "manifest.json");
+  std::string manifest((std::istreambuf_iterator<char>(in)), {});
+  const auto at = manifest.find("\"rank-00000.safetensors\": ");
+  REQUIRE(at != std::string::npos);
+  const auto end = manifest.find_first_of(",\n}", at + 26);
+  manifest.replace(at + 26, end - at - 26, std::to_string(fs::file_size(file)));
+  std::ofstream(folder / "step-00000004" / "manifest.json") << manifest;
+
+  auto other = loom::build(plan, one());
+  torch::optim::AdamW other_optimizer(other.trainable_parameters());
+  CHECK_THROWS_WITH(checkpoints.resume(other, other_optimizer),
+                    ContainsSubstring("its file 'rank-00000.safetensors' does not fit this model") &&
+                        ContainsSubstring("'head.bias' is Float[5] in the state but Float[32] in the module"));
+
+  torch::optim::SGD sgd(job.trainable_parameters(), 0.1);
+  fs::remove_all(folder);
+  loom::checkpointer fresh(one(), {.folder = folder});
+  fresh.save(job, optimizer, 4);
+  CHECK_THROWS_WITH(fresh.resume(job, sgd), ContainsSubstring("holds an optimizer state that does not fit"));
+}
