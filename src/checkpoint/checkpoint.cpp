@@ -3,17 +3,18 @@
 #include <loom/io/files.hpp>
 #include <loom/io/safetensors.hpp>
 #include <loom/runtime/collectives.hpp>
+#include <loom/runtime/failpoints.hpp>
 #include <loom/runtime/failures.hpp>
 
 #include <ATen/ATen.h>
-#include <ATen/core/Generator.h>
 #include <ATen/CPUGeneratorImpl.h>
+#include <ATen/core/Generator.h>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
-#include <nlohmann/json.hpp>
 #include <torch/optim/optimizer.h>
 #include <torch/serialize/archive.h>
 #include <torch/version.h>
+#include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <cstring>
@@ -140,7 +141,9 @@ void checkpointer::save(const checkpoint_target& target, torch::optim::Optimizer
     tensors.push_back({rng_key, generator.get_state()});
   }
   run_on_every_rank(rt_, "writing the checkpoint", [&] {
+    failpoint("checkpoint.before-shard");
     save_safetensors(partial / rank_file(rt_.rank()), tensors, {{"step", std::to_string(step)}});
+    failpoint("checkpoint.after-shard");
   });
 
   run_on_rank_zero(rt_, "finishing the checkpoint", [&] {
@@ -159,12 +162,15 @@ void checkpointer::save(const checkpoint_target& target, torch::optim::Optimizer
                            {"user_state", user},
                            {"files", files}};
     const std::string text = manifest.dump(2) + "\n";
+    failpoint("checkpoint.before-manifest");
     atomic_file out(partial / manifest_file);
     out.write(text.data(), text.size());
     out.commit();
+    failpoint("checkpoint.after-manifest");
     fs::remove_all(final_path);  // a checkpoint of the same step, from a run that is being redone
     fs::rename(partial, final_path);
     sync_directory(options_.folder);
+    failpoint("checkpoint.after-rename");
 
     std::vector<std::pair<std::int64_t, fs::path>> complete;
     for (const auto& entry : fs::directory_iterator(options_.folder)) {
@@ -196,7 +202,8 @@ std::optional<resume_point> checkpointer::resume(const checkpoint_target& target
     if (manifest.value("format", std::string()) != format_name) bad("its manifest is not a loom checkpoint's");
     const int saved_world = manifest.value("world_size", 0);
     if (target.sharded && saved_world != rt_.world_size()) {
-      bad(fmt::format("it holds shards of {} ranks and this run has {}; resharding a checkpoint on load is not "
+      bad(
+          fmt::format("it holds shards of {} ranks and this run has {}; resharding a checkpoint on load is not "
                       "supported yet: resume with {} ranks",
                       saved_world, rt_.world_size(), saved_world));
     }
@@ -254,12 +261,12 @@ std::optional<resume_point> checkpointer::resume(const checkpoint_target& target
   at::Tensor all = at::empty({rt_.world_size()}, at::kLong);
   rt_.comm().all_gather(mine.to(rt_.device()), all).wait();
   if (!all.eq(all[0]).all().item<bool>()) {
-    throw checkpoint_error(fmt::format("loom: the ranks resumed from different checkpoints (steps {}; -1: none) in "
-                                       "'{}': every rank must see the same folder",
-                                       fmt::join(std::vector<std::int64_t>(all.data_ptr<std::int64_t>(),
-                                                                           all.data_ptr<std::int64_t>() + all.numel()),
-                                                 ", "),
-                                       options_.folder.string()));
+    throw checkpoint_error(fmt::format(
+        "loom: the ranks resumed from different checkpoints (steps {}; -1: none) in "
+        "'{}': every rank must see the same folder",
+        fmt::join(std::vector<std::int64_t>(all.data_ptr<std::int64_t>(), all.data_ptr<std::int64_t>() + all.numel()),
+                  ", "),
+        options_.folder.string()));
   }
   return resumed;
 }

@@ -1,6 +1,7 @@
 #include <loom/io/safetensors.hpp>
 
 #include <loom/io/files.hpp>
+#include <loom/runtime/failpoints.hpp>
 
 #include <ATen/ATen.h>
 #include <fmt/format.h>
@@ -243,6 +244,7 @@ void save_safetensors(const std::filesystem::path& path, const std::vector<named
   atomic_file out(path);
   out.write(length.data(), length.size());
   out.write(text.data(), text.size());
+  failpoint("safetensors.after-header");
   for (const at::Tensor& bytes : contiguous) out.write(bytes.const_data_ptr(), bytes.nbytes());
   out.commit();
 }

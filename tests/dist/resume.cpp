@@ -27,7 +27,7 @@ constexpr std::int64_t every = 4;
 // The batch of (step, rank): a resumed run sees the batches a straight one would.
 std::pair<at::Tensor, at::Tensor> batch(std::int64_t step) {
   auto gen = at::make_generator<at::CPUGeneratorImpl>(1000 * static_cast<std::uint64_t>(step) +
-                                                       static_cast<std::uint64_t>(world().rank()));
+                                                      static_cast<std::uint64_t>(world().rank()));
   return {torch::randint(0, small.vocab, {2, small.ctx}, gen), torch::randint(0, small.vocab, {2, small.ctx}, gen)};
 }
 
@@ -41,7 +41,10 @@ int run(const Plan& plan, const fs::path& dir, std::int64_t steps, std::int64_t 
   torch::optim::AdamW optimizer(job.trainable_parameters(), torch::optim::AdamWOptions(1e-2));
   loom::checkpointer checkpoints(world(), {.folder = dir / "checkpoints"});
   std::int64_t first = 1;
-  if (const auto resumed = checkpoints.resume(job, optimizer)) first = resumed->step + 1;
+  if (const auto resumed = checkpoints.resume(job, optimizer)) {
+    first = resumed->step + 1;
+    if (world().rank() == 0) std::cout << "resumed from step " << resumed->step << std::endl;
+  }
   for (std::int64_t step = first; step <= steps; ++step) {
     const auto [x, y] = batch(step);
     job.backward(job.forward(x, y));
@@ -53,8 +56,8 @@ int run(const Plan& plan, const fs::path& dir, std::int64_t steps, std::int64_t 
   loom::tensor_state final_state = job.state_dict();
   std::size_t index = 0;
   for (const at::Tensor& p : job.trainable_parameters()) {
-    const auto& adamw = static_cast<const torch::optim::AdamWParamState&>(
-        *optimizer.state().at(p.unsafeGetTensorImpl()));
+    const auto& adamw =
+        static_cast<const torch::optim::AdamWParamState&>(*optimizer.state().at(p.unsafeGetTensorImpl()));
     final_state.push_back({fmt::format("optimizer/{}/exp_avg", index), adamw.exp_avg()});
     final_state.push_back({fmt::format("optimizer/{}/exp_avg_sq", index), adamw.exp_avg_sq()});
     final_state.push_back({fmt::format("optimizer/{}/step", index), at::full({1}, adamw.step(), at::kDouble)});

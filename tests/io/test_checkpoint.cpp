@@ -96,7 +96,8 @@ TEST_CASE("a checkpoint that cannot be resumed is refused with its path, its fil
     (void)checkpoints.resume(job, optimizer);
   };
   CHECK_THROWS_WITH(resume_with(loom::model<models::TinyGpt>(small) | loom::seeded(1) | loom::lora(8, {"q_proj"})),
-                    ContainsSubstring("the checkpoint '" + saved.string() + "' cannot be resumed: it was saved by "
+                    ContainsSubstring("the checkpoint '" + saved.string() +
+                                      "' cannot be resumed: it was saved by "
                                       "another plan: saved '") &&
                         ContainsSubstring("rank=4") && ContainsSubstring("rank=8"));
 

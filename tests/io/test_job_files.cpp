@@ -84,9 +84,9 @@ TEST_CASE("load_weights is strict by name, and says what it left alone when not"
   CHECK(report.unexpected == std::vector<std::string>{"lm_head.weight"});
   CHECK(torch::equal(target.module().tok->weight, source.module().tok->weight));
 
-  auto other = loom::build(loom::model<models::TinyGpt>(models::tiny_gpt_config{.vocab = 40, .d = 16, .layers = 2,
-                                                                                  .heads = 2, .ctx = 8}),
-                           one());
+  auto other = loom::build(
+      loom::model<models::TinyGpt>(models::tiny_gpt_config{.vocab = 40, .d = 16, .layers = 2, .heads = 2, .ctx = 8}),
+      one());
   CHECK_THROWS_WITH(other.load_weights(folder, false),
                     ContainsSubstring("'tok.weight' is Float[32,16] in the weights but Float[40,16] in the model"));
 }
@@ -109,10 +109,10 @@ TEST_CASE("an adapter saved in PEFT's format loads back; the base weights leave 
 TEST_CASE("save_adapter refuses merged adapters and parameters a LoRA file cannot carry", "[peft][errors]") {
   auto merged = loom::build(loom::model<models::TinyGpt>(small) | loom::seeded(1) | adapted, one());
   merged.merge();
-  CHECK_THROWS_WITH(merged.save_adapter(scratch("merged")), ContainsSubstring("apply it twice") &&
-                                                                 ContainsSubstring("job.unmerge() first"));
-  auto extra = loom::build(
-      loom::model<models::TinyGpt>(small) | loom::seeded(1) | adapted | loom::trainable({"head"}), one());
+  CHECK_THROWS_WITH(merged.save_adapter(scratch("merged")),
+                    ContainsSubstring("apply it twice") && ContainsSubstring("job.unmerge() first"));
+  auto extra =
+      loom::build(loom::model<models::TinyGpt>(small) | loom::seeded(1) | adapted | loom::trainable({"head"}), one());
   CHECK_THROWS_WITH(extra.save_adapter(scratch("extra")),
                     ContainsSubstring("trainable(...) also trains 2 parameters (head.weight, head.bias)"));
   auto plain = loom::build(loom::model<models::TinyGpt>(small) | loom::seeded(1), one());
@@ -124,13 +124,12 @@ TEST_CASE("load_adapter checks rank, alpha and layers against the plan", "[peft]
   const fs::path folder = scratch("checked");
   source.save_adapter(folder);
 
-  auto other_rank = loom::build(
-      loom::model<models::TinyGpt>(small) | loom::lora(8, {"q_proj", "v_proj"}, {.alpha = 6.5}), one());
+  auto other_rank =
+      loom::build(loom::model<models::TinyGpt>(small) | loom::lora(8, {"q_proj", "v_proj"}, {.alpha = 6.5}), one());
   CHECK_THROWS_WITH(other_rank.load_adapter(folder), ContainsSubstring("the adapter has rank r = 4, the plan lora(8"));
   auto other_alpha = loom::build(loom::model<models::TinyGpt>(small) | loom::lora(4, {"q_proj", "v_proj"}), one());
   CHECK_THROWS_WITH(other_alpha.load_adapter(folder),
-                    ContainsSubstring("lora_alpha = 6.5, the plan alpha = 4") &&
-                        ContainsSubstring("{.alpha = 6.5}"));
+                    ContainsSubstring("lora_alpha = 6.5, the plan alpha = 4") && ContainsSubstring("{.alpha = 6.5}"));
   auto other_layers =
       loom::build(loom::model<models::TinyGpt>(small) | loom::lora(4, {"q_proj"}, {.alpha = 6.5}), one());
   CHECK_THROWS_WITH(other_layers.load_adapter(folder),

@@ -1,0 +1,16 @@
+#pragma once
+// Failpoints: named places where a test can make this process die on the spot, as a power cut or
+// the OOM killer would, to check that nothing is lost (a checkpoint half written, say). Inert
+// unless the environment names one:
+//   LOOM_FAILPOINT=checkpoint.after-shard       the place (see the call sites' names)
+//   LOOM_FAILPOINT_HIT=2                        die at its 2nd pass (default 1)
+//   LOOM_FAILPOINT_RANK=1                       only on this rank (default: every rank)
+
+#include <string_view>
+
+namespace loom {
+
+// Dies by SIGKILL when the environment selects `name` on this rank and this is the chosen pass.
+void failpoint(std::string_view name);
+
+}  // namespace loom
