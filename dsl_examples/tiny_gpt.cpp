@@ -1,8 +1,10 @@
 // tiny-gpt, loom's flagship recipe: a character-level GPT pretrained with data parallelism on the
 // licence texts every Debian machine has, saved, then adapted with LoRA to one text held apart.
+// Each phase checkpoints as it goes; started again with the same --out, the run resumes where it
+// stopped.
 //
 //   build/loom-run --nproc-per-node 2 -- build/dsl_examples/tiny-gpt [--steps-pretrain N]
-//       [--steps-adapt N] [--out DIR]
+//       [--steps-adapt N] [--checkpoint-every N] [--out DIR]
 //
 // Phase 1: model<TinyGpt> | seeded | ddp. Each rank samples its own batches; the DDP reducer
 //          averages the gradients. Rank 0 saves the weights.
@@ -56,6 +58,7 @@ struct options {
   bool help = false;
   int steps_pretrain = 800;
   int steps_adapt = 300;
+  int checkpoint_every = 100;
   fs::path out = fs::temp_directory_path() / "loom-tiny-gpt";
 };
 
@@ -65,11 +68,16 @@ class usage_error : public std::runtime_error {
 };
 
 constexpr std::string_view usage =
-    "usage: tiny-gpt [--steps-pretrain N] [--steps-adapt N] [--out DIR]\n"
-    "  --steps-pretrain N  optimizer steps of phase 1, data-parallel pretraining (default 800)\n"
-    "  --steps-adapt N     optimizer steps of phase 2, LoRA adaptation (default 300)\n"
-    "  --out DIR           where pretrained.pt and adapted.pt go; every rank must see it\n"
-    "                      (default $TMPDIR/loom-tiny-gpt)\n";
+    "usage: tiny-gpt [--steps-pretrain N] [--steps-adapt N] [--checkpoint-every N] [--out DIR]\n"
+    "  --steps-pretrain N    optimizer steps of phase 1, data-parallel pretraining (default 800)\n"
+    "  --steps-adapt N       optimizer steps of phase 2, LoRA adaptation (default 300)\n"
+    "  --checkpoint-every N  steps between checkpoints, in DIR/checkpoints (default 100); run again\n"
+    "                        with the same --out to resume from the newest one\n"
+    "  --out DIR             every rank must see it (default $TMPDIR/loom-tiny-gpt); it receives\n"
+    "                          pretrained/  the base weights (safetensors, Hugging Face's layout)\n"
+    "                          adapter/     the LoRA adapter in PEFT's format\n"
+    "                                       (PeftModel.from_pretrained reads it)\n"
+    "                          adapted/     the adapted weights, adapters merged (a plain model)\n";
 
 int parse_steps(std::string_view flag, std::string_view text) {
   int value = 0;
@@ -88,13 +96,14 @@ options parse_options(int argc, char** argv) {
       parsed.help = true;
       continue;
     }
-    if (flag != "--steps-pretrain" && flag != "--steps-adapt" && flag != "--out") {
+    if (flag != "--steps-pretrain" && flag != "--steps-adapt" && flag != "--checkpoint-every" && flag != "--out") {
       throw usage_error("unknown option '" + std::string(flag) + "'");
     }
     if (i + 1 == argc) throw usage_error(std::string(flag) + " expects a value");
     const std::string_view value = argv[++i];
     if (flag == "--steps-pretrain") parsed.steps_pretrain = parse_steps(flag, value);
     if (flag == "--steps-adapt") parsed.steps_adapt = parse_steps(flag, value);
+    if (flag == "--checkpoint-every") parsed.checkpoint_every = parse_steps(flag, value);
     if (flag == "--out") parsed.out = value;
   }
   return parsed;
@@ -170,16 +179,17 @@ at::Tensor load_tokens(const std::vector<fs::path>& files) {
 }
 
 // Windows of ctx tokens at random offsets, and the same windows shifted by one as targets.
+// The batch of a step is a function of (seed, step): a resumed run draws the batches it would have.
 struct batch_sampler {
   at::Tensor tokens;
-  at::Generator generator;
+  std::uint64_t seed;
 
-  batch_sampler(at::Tensor text, std::uint64_t seed)
-      : tokens(std::move(text)), generator(at::make_generator<at::CPUGeneratorImpl>(seed)) {
+  batch_sampler(at::Tensor text, std::uint64_t seed) : tokens(std::move(text)), seed(seed) {
     if (tokens.numel() <= model_config.ctx) throw std::runtime_error("the text is shorter than one context window");
   }
 
-  std::pair<at::Tensor, at::Tensor> next() {
+  std::pair<at::Tensor, at::Tensor> at_step(int step) const {
+    auto generator = at::make_generator<at::CPUGeneratorImpl>(seed * 1'000'003 + static_cast<std::uint64_t>(step));
     auto starts = torch::randint(tokens.numel() - model_config.ctx, {batch_per_rank, 1}, generator, torch::kLong);
     auto positions = starts + torch::arange(model_config.ctx, torch::kLong);
     return {tokens.index({positions}), tokens.index({positions + 1})};
@@ -188,19 +198,13 @@ struct batch_sampler {
 
 // ---------------------------------------------------------------- the model
 
-// TinyGpt with its pretrained weights loaded as it is constructed: the plan builds it, so LoRA
-// adapts these weights and seeded(...) draws only the adapters.
+// TinyGpt with its pretrained weights (safetensors, by name) loaded as it is constructed: the plan
+// builds it, so LoRA adapts these weights and seeded(...) draws only the adapters.
 class PretrainedTinyGpt : public models::TinyGpt {
  public:
   PretrainedTinyGpt(const models::tiny_gpt_config& config, const fs::path& weights) : models::TinyGpt(config) {
-    try {
-      torch::serialize::InputArchive archive;
-      archive.load_from(weights.string());
-      load(archive);
-    } catch (const c10::Error& error) {
-      throw std::runtime_error("cannot load the pretrained weights from " + weights.string() + ": " +
-                               error.what_without_backtrace());
-    }
+    (void)loom::copy_weights(*this, loom::load_weights(weights), /*strict=*/true,
+                             &loom::lora_adapter::is_adapter_parameter);
   }
 };
 
@@ -216,15 +220,6 @@ std::string sample(models::TinyGpt& model) {
     tokens = torch::cat({tokens, next}, 1);
   }
   return decode(tokens.squeeze(0));
-}
-
-// Written under a temporary name and renamed, so a crash never leaves a truncated archive.
-void save_atomically(torch::nn::Module& model, const fs::path& file) {
-  const fs::path partial = file.string() + ".tmp";
-  torch::serialize::OutputArchive archive;
-  model.save(archive);
-  archive.save_to(partial.string());
-  fs::rename(partial, file);
 }
 
 // ---------------------------------------------------------------- training
@@ -244,22 +239,31 @@ struct phase {
   int steps;
   double learning_rate;
   std::uint64_t data_seed;  // offset by the rank: each rank samples its own batches
+  int checkpoint_every;
+  fs::path checkpoints;
 };
 
-// Trains `job` on `tokens`; rank 0 prints the loss averaged over the steps since the last report
-// and over every rank.
+// Trains `job` on `tokens`, from the newest checkpoint in spec.checkpoints if there is one, and
+// checkpoints every spec.checkpoint_every steps and at the end; rank 0 prints the loss averaged
+// over the steps since the last report and over every rank.
 template <class Job>
 void train(Job& job, const phase& spec, const at::Tensor& tokens) {
   const loom::runtime& rt = job.rt();
   batch_sampler batches(tokens, spec.data_seed + static_cast<std::uint64_t>(rt.rank()));
   torch::optim::AdamW optimizer(job.trainable_parameters(),
                                 torch::optim::AdamWOptions(spec.learning_rate).weight_decay(0.01));
+  loom::checkpointer checkpoints(rt, {.folder = spec.checkpoints});
+  int first = 1;
+  if (const auto resumed = checkpoints.resume(job, optimizer)) {
+    first = static_cast<int>(resumed->step) + 1;
+    say(rt, "{}: resumed from {} (step {})\n", spec.name, resumed->path.string(), resumed->step);
+  }
   const int report_every = std::max(1, spec.steps / 10);
   const auto start = std::chrono::steady_clock::now();
   double loss_sum = 0;
   int losses = 0;
-  for (int step = 1; step <= spec.steps; ++step) {
-    auto [inputs, targets] = batches.next();
+  for (int step = first; step <= spec.steps; ++step) {
+    auto [inputs, targets] = batches.at_step(step);
     optimizer.zero_grad();
     auto loss = job.forward(inputs, targets);
     job.backward(loss);
@@ -277,6 +281,7 @@ void train(Job& job, const phase& spec, const at::Tensor& tokens) {
       loss_sum = 0;
       losses = 0;
     }
+    if (step % spec.checkpoint_every == 0 || step == spec.steps) checkpoints.save(job, optimizer, step);
   }
 }
 
@@ -296,8 +301,13 @@ void print_sample(const loom::runtime& rt, models::TinyGpt& model, std::string_v
   say(rt, "{}, from \"{}\":\n  {}\n", when, sample_prompt, is_leader(rt) ? sample(model) : std::string());
 }
 
-// Phase 1: every parameter trains; rank 0 saves the pretrained weights to `weights`.
+// Phase 1: every parameter trains; the pretrained weights go to `weights`. Skipped when they are
+// there already (a run started again after phase 1).
 void pretrain(const loom::runtime& rt, const options& opts, const corpus_files& corpus, const fs::path& weights) {
+  if (fs::exists(weights / "model.safetensors")) {
+    say(rt, "== phase 1: done already, {} holds the pretrained weights\n\n", weights.string());
+    return;
+  }
   const auto plan = loom::model<models::TinyGpt>(model_config) | loom::seeded(model_seed) | loom::ddp();
   auto job = loom::build(plan, rt);
   const auto tokens = load_tokens(corpus.pretrain);
@@ -305,13 +315,17 @@ void pretrain(const loom::runtime& rt, const options& opts, const corpus_files& 
       loom::counted(static_cast<std::int64_t>(corpus.pretrain.size()), "text"), licence_folder.string(), tokens.numel(),
       loom::counted(rt.world_size(), "rank"), job.describe());
 
-  train(job, {.name = "pretrain", .steps = opts.steps_pretrain, .learning_rate = 2e-3, .data_seed = 1000}, tokens);
-  const auto pretrained = plain_copy(job);
-  print_sample(rt, *pretrained, "after pretraining");
-
-  if (is_leader(rt)) save_atomically(*pretrained, weights);
+  train(job,
+        {.name = "pretrain",
+         .steps = opts.steps_pretrain,
+         .learning_rate = 2e-3,
+         .data_seed = 1000,
+         .checkpoint_every = opts.checkpoint_every,
+         .checkpoints = opts.out / "checkpoints" / "pretrain"},
+        tokens);
+  print_sample(rt, *plain_copy(job), "after pretraining");
+  job.save_weights(weights);  // every rank returns once rank 0 has written it: phase 2 reads it
   say(rt, "saved {}\n\n", weights.string());
-  rt.comm().barrier().wait();  // phase 2 loads the file on every rank
 }
 
 // Phase 2: LoRA adapters on the attention's q and v projections; the pretrained weights stay frozen.
@@ -324,15 +338,22 @@ void adapt(const loom::runtime& rt, const options& opts, const corpus_files& cor
       tokens.numel(), job.describe());
   print_sample(rt, *plain_copy(job), "before adapting (lora_B starts at zero: the pretrained model's sample)");
 
-  train(job, {.name = "adapt", .steps = opts.steps_adapt, .learning_rate = 5e-3, .data_seed = 2000}, tokens);
+  train(job,
+        {.name = "adapt",
+         .steps = opts.steps_adapt,
+         .learning_rate = 5e-3,
+         .data_seed = 2000,
+         .checkpoint_every = opts.checkpoint_every,
+         .checkpoints = opts.out / "checkpoints" / "adapt"},
+        tokens);
+  job.save_adapter(opts.out / "adapter");
+  say(rt, "saved {} (PEFT's LoRA format)\n", (opts.out / "adapter").string());
 
   // Merged, the adapted weights are a plain TinyGpt's.
   job.merge();
-  const auto adapted_model = plain_copy(job);
-  print_sample(rt, *adapted_model, "after adapting");
-  const fs::path adapted = opts.out / "adapted.pt";
-  if (is_leader(rt)) save_atomically(*adapted_model, adapted);
-  say(rt, "saved {} (adapters merged)\n", adapted.string());
+  print_sample(rt, *plain_copy(job), "after adapting");
+  job.save_weights(opts.out / "adapted");
+  say(rt, "saved {} (adapters merged)\n", (opts.out / "adapted").string());
 }
 
 }  // namespace
@@ -347,7 +368,7 @@ int main(int argc, char** argv) {
     const corpus_files corpus = split_corpus(licence_folder);
     const loom::runtime rt = loom::runtime::from_env();
     fs::create_directories(opts.out);
-    const fs::path weights = opts.out / "pretrained.pt";
+    const fs::path weights = opts.out / "pretrained";
     pretrain(rt, opts, corpus, weights);
     adapt(rt, opts, corpus, weights);
     return 0;
