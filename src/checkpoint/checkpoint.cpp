@@ -19,6 +19,7 @@
 #include <algorithm>
 #include <cstring>
 #include <fstream>
+#include <map>
 #include <mutex>
 #include <regex>
 #include <sstream>
@@ -65,6 +66,37 @@ void load_optimizer(torch::optim::Optimizer& optimizer, const at::Tensor& bytes)
   torch::serialize::InputArchive archive;
   archive.load_from(static_cast<const char*>(bytes.const_data_ptr()), static_cast<std::size_t>(bytes.numel()));
   optimizer.load(archive);
+}
+
+// One parameter's optimizer state as the optimizer serialises it: its fields by name (moments as
+// tensors, a step as an integer), whatever the optimizer.
+std::vector<std::pair<std::string, c10::IValue>> state_fields(const torch::optim::OptimizerParamState& state) {
+  torch::serialize::OutputArchive out;
+  state.serialize(out);
+  std::ostringstream bytes;
+  out.save_to(bytes);
+  const std::string text = bytes.str();
+  torch::serialize::InputArchive in;
+  in.load_from(text.data(), text.size());
+  std::vector<std::pair<std::string, c10::IValue>> fields;
+  for (const std::string& key : in.keys()) {
+    c10::IValue value;
+    in.read(key, value);
+    fields.emplace_back(key, std::move(value));
+  }
+  return fields;
+}
+
+void set_state_fields(torch::optim::OptimizerParamState& state,
+                      const std::vector<std::pair<std::string, c10::IValue>>& fields) {
+  torch::serialize::OutputArchive out;
+  for (const auto& [key, value] : fields) out.write(key, value);
+  std::ostringstream bytes;
+  out.save_to(bytes);
+  const std::string text = bytes.str();
+  torch::serialize::InputArchive in;
+  in.load_from(text.data(), text.size());
+  state.serialize(in);
 }
 
 // The first line where two describe() texts differ, for the message.
@@ -156,6 +188,7 @@ void checkpointer::save(const checkpoint_target& target, torch::optim::Optimizer
                            {"world_size", rt_.world_size()},
                            {"sharded", target.sharded},
                            {"plan", target.plan},
+                           {"describe", target.describe},
                            {"schedule_fingerprint", fmt::format("{:016x}", target.schedule_fingerprint)},
                            {"libtorch", TORCH_VERSION},
                            {"loom", LOOM_VERSION},
@@ -187,74 +220,7 @@ std::optional<resume_point> checkpointer::resume(const checkpoint_target& target
   const std::optional<fs::path> found = latest();
   std::optional<resume_point> resumed;
   run_on_every_rank(rt_, "loading the checkpoint", [&] {
-    if (!found) return;
-    const fs::path& path = *found;
-    const auto bad = [&](const std::string& problem) {
-      throw checkpoint_error(fmt::format("loom: the checkpoint '{}' cannot be resumed: {}", path.string(), problem));
-    };
-    json manifest;
-    try {
-      std::ifstream in(path / manifest_file);
-      manifest = json::parse(in);
-    } catch (const json::exception& error) {
-      bad(fmt::format("its {} is not JSON ({})", manifest_file, error.what()));
-    }
-    if (manifest.value("format", std::string()) != format_name) bad("its manifest is not a loom checkpoint's");
-    const int saved_world = manifest.value("world_size", 0);
-    if (target.sharded && saved_world != rt_.world_size()) {
-      bad(
-          fmt::format("it holds shards of {} ranks and this run has {}; resharding a checkpoint on load is not "
-                      "supported yet: resume with {} ranks",
-                      saved_world, rt_.world_size(), saved_world));
-    }
-    if (manifest.value("plan", std::string()) != target.plan) {
-      bad(fmt::format("it was saved by another plan: {}", first_difference(manifest.value("plan", ""), target.plan)));
-    }
-    const std::string fingerprint = fmt::format("{:016x}", target.schedule_fingerprint);
-    if (manifest.value("schedule_fingerprint", std::string()) != fingerprint) {
-      bad(fmt::format("its schedule's fingerprint is {}, this job's {}", manifest.value("schedule_fingerprint", ""),
-                      fingerprint));
-    }
-    for (const auto& [file, size] : manifest["files"].items()) {
-      std::error_code error;
-      const auto actual = fs::file_size(path / file, error);
-      if (error) bad(fmt::format("its file '{}' is missing", file));
-      if (actual != size.get<std::uintmax_t>()) {
-        bad(fmt::format("its file '{}' is {} bytes, the manifest says {}: truncated or overwritten", file, actual,
-                        size.get<std::uintmax_t>()));
-      }
-    }
-    const int model_rank = target.sharded ? rt_.rank() : 0;
-    const safetensors_content model_file = load_safetensors(path / rank_file(model_rank));
-    tensor_state model;
-    const at::Tensor* optimizer_state = nullptr;
-    for (const named_tensor& t : model_file.tensors) {
-      if (t.name.starts_with(model_prefix)) model.push_back({t.name.substr(model_prefix.size()), t.tensor});
-      if (t.name == optimizer_key) optimizer_state = &t.tensor;
-    }
-    if (!optimizer_state) bad(fmt::format("its file '{}' holds no optimizer state", rank_file(model_rank).string()));
-    const std::string file = rank_file(model_rank).string();
-    try {
-      target.load(model);
-    } catch (const std::exception& error) {
-      bad(fmt::format("its file '{}' does not fit this model: {}", file, error_text(error)));
-    }
-    try {
-      load_optimizer(optimizer, *optimizer_state);
-    } catch (const std::exception& error) {
-      bad(fmt::format("its file '{}' holds an optimizer state that does not fit this optimizer: {}", file,
-                      error_text(error)));
-    }
-    const safetensors_content own = saved_world == rt_.world_size() && model_rank == rt_.rank()
-                                        ? model_file
-                                        : load_safetensors(path / rank_file(rt_.rank() % saved_world));
-    for (const named_tensor& t : own.tensors) {
-      if (t.name != rng_key) continue;
-      at::Generator generator = at::detail::getDefaultCPUGenerator();
-      const std::lock_guard<std::mutex> lock(generator.mutex());
-      generator.set_state(t.tensor);
-    }
-    resumed = resume_point{manifest.value("step", std::int64_t{0}), manifest["user_state"].dump(), path};
+    if (found) resumed = load(*found, target, optimizer);
   });
   // Every rank must continue from the same step (they read one folder, unless it changed under them).
   const at::Tensor mine = at::full({1}, resumed ? resumed->step : -1, at::TensorOptions().dtype(at::kLong));
@@ -269,6 +235,144 @@ std::optional<resume_point> checkpointer::resume(const checkpoint_target& target
         options_.folder.string()));
   }
   return resumed;
+}
+
+resume_point checkpointer::load(const fs::path& path, const checkpoint_target& target,
+                                torch::optim::Optimizer& optimizer) const {
+  const auto bad = [&](const std::string& problem) {
+    throw checkpoint_error(fmt::format("loom: the checkpoint '{}' cannot be resumed: {}", path.string(), problem));
+  };
+  json manifest;
+  try {
+    std::ifstream in(path / manifest_file);
+    manifest = json::parse(in);
+  } catch (const json::exception& error) {
+    bad(fmt::format("its {} is not JSON ({})", manifest_file, error.what()));
+  }
+  if (manifest.value("format", std::string()) != format_name) bad("its manifest is not a loom checkpoint's");
+  if (manifest.value("plan", std::string()) != target.plan) {
+    bad(fmt::format("it was saved by another plan: {}", first_difference(manifest.value("plan", ""), target.plan)));
+  }
+  const int saved_world = manifest.value("world_size", 0);
+  const bool resharding = target.sharded && saved_world != rt_.world_size();
+  const std::string fingerprint = fmt::format("{:016x}", target.schedule_fingerprint);
+  // A sharded schedule lists shard sizes, which change with the number of ranks.
+  if (!resharding && manifest.value("schedule_fingerprint", std::string()) != fingerprint) {
+    bad(fmt::format("its schedule's fingerprint is {}, this job's {}", manifest.value("schedule_fingerprint", ""),
+                    fingerprint));
+  }
+  for (const auto& [file, size] : manifest["files"].items()) {
+    std::error_code error;
+    const auto actual = fs::file_size(path / file, error);
+    if (error) bad(fmt::format("its file '{}' is missing", file));
+    if (actual != size.get<std::uintmax_t>()) {
+      bad(fmt::format("its file '{}' is {} bytes, the manifest says {}: truncated or overwritten", file, actual,
+                      size.get<std::uintmax_t>()));
+    }
+  }
+
+  // The files this rank reads: its own, or under a replicating strategy rank 0's, or when resharding
+  // every old rank's.
+  std::vector<int> sources;
+  if (resharding) {
+    for (int rank = 0; rank < saved_world; ++rank) sources.push_back(rank);
+  } else {
+    sources.push_back(target.sharded ? rt_.rank() : 0);
+  }
+  std::vector<tensor_state> models;
+  std::vector<at::Tensor> optimizers;
+  for (int rank : sources) {
+    const std::string file = rank_file(rank).string();
+    tensor_state& model = models.emplace_back();
+    for (named_tensor& t : load_safetensors(path / file).tensors) {
+      if (t.name.starts_with(model_prefix)) model.push_back({t.name.substr(model_prefix.size()), std::move(t.tensor)});
+      if (t.name == optimizer_key) optimizers.push_back(std::move(t.tensor));
+    }
+    if (optimizers.size() != models.size()) bad(fmt::format("its file '{}' holds no optimizer state", file));
+  }
+  const std::string described = resharding ? fmt::format("the files of its {} ranks", saved_world)
+                                           : fmt::format("its file '{}'", rank_file(sources.front()).string());
+  try {
+    target.load(resharding ? resharded_model(target, models) : models.front());
+  } catch (const std::exception& error) {
+    bad(fmt::format("{} do{} not fit this model: {}", described, resharding ? "" : "es", error_text(error)));
+  }
+  try {
+    if (resharding) {
+      load_resharded_optimizer(target, optimizer, optimizers);
+    } else {
+      load_optimizer(optimizer, optimizers.front());
+    }
+  } catch (const std::exception& error) {
+    bad(fmt::format("{} hold{} an optimizer state that does not fit this optimizer: {}", described,
+                    resharding ? "" : "s", error_text(error)));
+  }
+
+  // The generator: this rank's own; over another number of ranks, that of the old rank of its number
+  // modulo theirs (dropout then draws other numbers than a run that was never resharded).
+  for (const named_tensor& t : load_safetensors(path / rank_file(rt_.rank() % saved_world)).tensors) {
+    if (t.name != rng_key) continue;
+    at::Generator generator = at::detail::getDefaultCPUGenerator();
+    const std::lock_guard<std::mutex> lock(generator.mutex());
+    generator.set_state(t.tensor);
+  }
+  return {manifest.value("step", std::int64_t{0}), manifest["user_state"].dump(), path};
+}
+
+tensor_state checkpointer::resharded_model(const checkpoint_target& target, const std::vector<tensor_state>& old) {
+  tensor_state mine;
+  for (std::size_t i = 0; i < old.front().size(); ++i) {
+    const std::string& name = old.front()[i].name;
+    std::vector<at::Tensor> shards;
+    for (const tensor_state& rank_state : old) {
+      if (i >= rank_state.size() || rank_state[i].name != name) {
+        throw checkpoint_error(fmt::format("loom: the old ranks' files list different tensors at '{}'", name));
+      }
+      shards.push_back(rank_state[i].tensor);
+    }
+    // Sharded: this rank's rows of the old shards; whole on every rank (an adapter, a buffer): rank 0's.
+    mine.push_back({name, target.reshard(name, shards).value_or(old.front()[i].tensor)});
+  }
+  return mine;
+}
+
+void checkpointer::load_resharded_optimizer(const checkpoint_target& target, torch::optim::Optimizer& optimizer,
+                                            const std::vector<at::Tensor>& old) {
+  std::vector<at::Tensor> parameters;
+  for (const auto& group : optimizer.param_groups()) {
+    for (const at::Tensor& p : group.params()) parameters.push_back(p);
+  }
+  if (parameters.size() != target.optimizer_names.size()) {
+    throw checkpoint_error(fmt::format("loom: the optimizer steps {} tensors, the job trains {}", parameters.size(),
+                                       target.optimizer_names.size()));
+  }
+  // Each old rank's state, loaded in turn (the optimizer maps it to the parameters by position), to
+  // collect every field's shards.
+  std::vector<std::map<std::string, std::vector<at::Tensor>>> shards(parameters.size());
+  for (const at::Tensor& bytes : old) {
+    load_optimizer(optimizer, bytes);
+    for (std::size_t j = 0; j < parameters.size(); ++j) {
+      const auto state = optimizer.state().find(parameters[j].unsafeGetTensorImpl());
+      if (state == optimizer.state().end()) continue;
+      for (const auto& [key, value] : state_fields(*state->second)) {
+        if (value.isTensor()) shards[j][key].push_back(value.toTensor().clone());
+      }
+    }
+  }
+  // Rank 0's state for the options and every field that is not per element (a step), then this
+  // rank's rows of each field laid out as its parameter.
+  load_optimizer(optimizer, old.front());
+  for (std::size_t j = 0; j < parameters.size(); ++j) {
+    const auto state = optimizer.state().find(parameters[j].unsafeGetTensorImpl());
+    if (state == optimizer.state().end()) continue;
+    auto fields = state_fields(*state->second);
+    for (auto& [key, value] : fields) {
+      const auto field = shards[j].find(key);
+      if (field == shards[j].end() || field->second.size() != old.size()) continue;
+      if (auto mine = target.reshard(target.optimizer_names[j], field->second)) value = *mine;
+    }
+    set_state_fields(*state->second, fields);
+  }
 }
 
 }  // namespace loom

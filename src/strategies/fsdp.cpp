@@ -432,6 +432,17 @@ void fsdp_engine::load_local_state(strategy_context& context, const tensor_state
   for (const named_tensor& target : mine) at::Tensor(target.tensor).detach().copy_(*given.at(target.name));
 }
 
+std::optional<at::Tensor> fsdp_engine::reshard_local(strategy_context& context, const std::string& name,
+                                                     const std::vector<at::Tensor>& shards) const {
+  std::optional<at::Tensor> mine;
+  state_->for_each_group([&](const param_group& group) {
+    for (const sharded_param& p : group.params()) {
+      if (p.name() == name) mine = p.rows_from_shards(shards, context.rt().rank());
+    }
+  });
+  return mine;
+}
+
 tensor_state fsdp_engine::full_state(strategy_context& context) {
   state& s = *state_;
   s.for_each_group([&](param_group& group) { group.gather_now(s.comm()); });

@@ -8,10 +8,14 @@
 // ranks agree, and rank 0 writes the manifest last, renames the folder to step-N/ and flushes the
 // parent. A crash at any point leaves the previous checkpoint loadable; an interrupted save's
 // leftovers are removed when the next run starts. Under a sharding strategy each rank writes its
-// own shards; under a replicating one rank 0 writes the one copy.
+// own shards; under a replicating one rank 0 writes the one copy. A sharded checkpoint resumes over
+// another number of ranks too: each rank takes its rows of every old rank's shards, for the
+// parameters and for the optimizer's per-element state.
 
 #include <loom/runtime/runtime.hpp>
 #include <loom/runtime/tensors.hpp>
+
+#include <ATen/core/Tensor.h>
 
 #include <cstdint>
 #include <filesystem>
@@ -19,6 +23,7 @@
 #include <optional>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 namespace torch::optim {
 class Optimizer;
@@ -47,11 +52,16 @@ struct resume_point {
 // What the checkpoint layer needs of a job; checkpointer's templates make it from one.
 struct checkpoint_target {
   const runtime* rt = nullptr;
-  std::string plan;  // job.describe()
+  std::string plan;      // job.plan_text(): compared on resume
+  std::string describe;  // job.describe(): recorded in the manifest
   std::uint64_t schedule_fingerprint = 0;
   bool sharded = false;
   std::function<tensor_state()> state;  // what this rank saves: its shards, or the whole
   std::function<void(const tensor_state&)> load;
+  // Sharded only: this rank's shard of `name` from the shards of another number of ranks, or
+  // nothing when `name` is whole on every rank; and the names of the optimizer's parameters.
+  std::function<std::optional<at::Tensor>(const std::string& name, const std::vector<at::Tensor>& shards)> reshard;
+  std::vector<std::string> optimizer_names;
 };
 
 class checkpointer {
@@ -81,7 +91,8 @@ class checkpointer {
   static checkpoint_target target_of(Job& job) {
     checkpoint_target target;
     target.rt = &job.rt();
-    target.plan = job.describe();
+    target.plan = job.plan_text();
+    target.describe = job.describe();
     target.schedule_fingerprint = job.schedule().fingerprint();
     target.sharded = Job::shards_state();
     target.state = [&job] { return Job::shards_state() ? job.local_state_dict() : job.state_dict(); };
@@ -92,12 +103,23 @@ class checkpointer {
         job.load_state_dict(state);
       }
     };
+    target.reshard = [&job](const std::string& name, const std::vector<at::Tensor>& shards) {
+      return job.reshard_local(name, shards);
+    };
+    target.optimizer_names = job.trainable_names();
     return target;
   }
 
   void save(const checkpoint_target& target, torch::optim::Optimizer& optimizer, std::int64_t step,
             const std::string& user_state);
   std::optional<resume_point> resume(const checkpoint_target& target, torch::optim::Optimizer& optimizer);
+  // Checks the checkpoint at `path` against the job and loads it, resharding when it was saved
+  // over another number of ranks.
+  resume_point load(const std::filesystem::path& path, const checkpoint_target& target,
+                    torch::optim::Optimizer& optimizer) const;
+  static tensor_state resharded_model(const checkpoint_target& target, const std::vector<tensor_state>& old_ranks);
+  static void load_resharded_optimizer(const checkpoint_target& target, torch::optim::Optimizer& optimizer,
+                                       const std::vector<at::Tensor>& old_ranks);
 
   runtime rt_;
   checkpoint_options options_;

@@ -82,6 +82,7 @@ class job_core {
   // Clears the gradients of `parameters`, in place or to undefined.
   static void zero_grad(const std::vector<at::Tensor>& parameters, bool set_to_none);
   [[nodiscard]] std::string describe() const;
+  [[nodiscard]] const std::string& plan_text() const noexcept { return plan_text_; }
 
  private:
   strategy_context context_;
@@ -151,6 +152,18 @@ class job {
   void load_state_dict(const tensor_state& state) { hooks::load_full_state(engine_, core_.context(), state); }
   // Takes back a local_state_dict() of this rank, saved from the same plan over as many ranks.
   void load_local_state_dict(const tensor_state& state) { hooks::load_local_state(engine_, core_.context(), state); }
+  // This rank's shard of the sharded parameter `name` from its shards over another number of ranks
+  // (a checkpoint saved so); nothing when `name` is not sharded.
+  [[nodiscard]] std::optional<at::Tensor> reshard_local(const std::string& name,
+                                                        const std::vector<at::Tensor>& shards) {
+    return hooks::reshard_local(engine_, core_.context(), name, shards);
+  }
+  // The names of what the optimizer steps, in trainable_parameters() order.
+  [[nodiscard]] std::vector<std::string> trainable_names() const {
+    std::vector<std::string> names;
+    for (const named_tensor& t : core_.context().trainable()) names.push_back(t.name);
+    return names;
+  }
   // Whether each rank holds its own part of the state (fsdp) rather than a replica of the whole.
   [[nodiscard]] static constexpr bool shards_state() noexcept { return hooks::shards_parameters<E>(); }
 
@@ -183,6 +196,8 @@ class job {
 
   [[nodiscard]] const collective_schedule& schedule() const noexcept { return core_.context().schedule(); }
   [[nodiscard]] std::string describe() const { return core_.describe(); }
+  // The plan alone, as the DSL describes it: the same on every rank and at any world size.
+  [[nodiscard]] const std::string& plan_text() const noexcept { return core_.plan_text(); }
 
   // LoRA: fold the adapters into the base weights, and take them out again.
   void merge() {

@@ -24,6 +24,9 @@
 //     void load_full_state(strategy_context&, const tensor_state&)           copied into the module
 //     void load_local_state(strategy_context&, const tensor_state&)  load_full_state: it is the whole
 //     static constexpr bool shards_parameters                         false: ranks hold replicas
+//     std::optional<at::Tensor> reshard_local(strategy_context&, const std::string& name,
+//                                             const std::vector<at::Tensor>& old_shards)    nothing
+//         this rank's shard of `name` from its shards over another number of ranks
 //     tensor_state strategy_state(strategy_context&)                          none
 //     void load_strategy_state(strategy_context&, const tensor_state&)       only an empty state
 // A sharding strategy overrides the state hooks: full_state gathers, local_state is this rank's
@@ -36,6 +39,8 @@
 #include <concepts>
 #include <exception>
 #include <functional>
+#include <optional>
+#include <string>
 #include <string_view>
 #include <vector>
 
@@ -147,6 +152,16 @@ constexpr bool shards_parameters() {
     return E::shards_parameters;
   } else {
     return false;
+  }
+}
+
+template <Engine E>
+std::optional<at::Tensor> reshard_local(E& engine, strategy_context& context, const std::string& name,
+                                        const std::vector<at::Tensor>& old_shards) {
+  if constexpr (requires { engine.reshard_local(context, name, old_shards); }) {
+    return engine.reshard_local(context, name, old_shards);
+  } else {
+    return std::nullopt;
   }
 }
 

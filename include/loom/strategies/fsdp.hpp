@@ -16,6 +16,8 @@
 #include <exception>
 #include <functional>
 #include <memory>
+#include <optional>
+#include <string>
 #include <string_view>
 #include <vector>
 
@@ -48,6 +50,11 @@ class fsdp_engine {
   // local_state of the same layout (the same model over as many ranks).
   [[nodiscard]] tensor_state local_state(strategy_context& context) const;
   void load_local_state(strategy_context& context, const tensor_state& state);
+  // For a checkpoint saved over another number of ranks: this rank's shard of the sharded parameter
+  // `name` (or of a tensor laid out as it, an optimizer's moment), from the old ranks' shards.
+  // Nothing when `name` is not sharded (an adapter, a buffer: whole on every rank).
+  [[nodiscard]] std::optional<at::Tensor> reshard_local(strategy_context& context, const std::string& name,
+                                                        const std::vector<at::Tensor>& shards) const;
   // Every parameter and buffer, whole (gathered); and back, resharded.
   [[nodiscard]] tensor_state full_state(strategy_context& context);
   void load_full_state(strategy_context& context, const tensor_state& state);

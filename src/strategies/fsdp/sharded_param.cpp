@@ -2,6 +2,7 @@
 
 #include <ATen/ATen.h>
 #include <ATen/native/Resize.h>
+#include <c10/util/Exception.h>
 
 #include <algorithm>
 #include <utility>
@@ -77,6 +78,19 @@ void sharded_param::reshard_values(int rank) const {
   const std::int64_t first = std::min(rows_, rank * shard_rows_);
   const std::int64_t count = std::min(rows_, first + shard_rows_) - first;
   if (count > 0) mine.narrow(0, 0, count).copy_(full_rows().narrow(0, first, count));
+}
+
+at::Tensor sharded_param::rows_from_shards(const std::vector<at::Tensor>& shards, int rank) const {
+  std::vector<at::Tensor> blocks;
+  for (const at::Tensor& shard : shards) blocks.push_back(shard.reshape({-1, row_numel_}));
+  const at::Tensor all_rows = at::cat(blocks);
+  TORCH_CHECK(all_rows.size(0) >= rows_, "loom: fsdp(): the shards of '", name_, "' hold ", all_rows.size(0),
+              " rows, fewer than its ", rows_);
+  at::Tensor mine = at::zeros({shard_rows_, row_numel_}, shard_.options().requires_grad(false));
+  const std::int64_t first = std::min(rows_, rank * shard_rows_);
+  const std::int64_t count = std::min(rows_, first + shard_rows_) - first;
+  if (count > 0) mine.narrow(0, 0, count).copy_(all_rows.narrow(0, first, count));
+  return mine.view(-1);
 }
 
 }  // namespace loom::sharding

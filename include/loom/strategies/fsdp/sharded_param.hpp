@@ -10,6 +10,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace loom::sharding {
 
@@ -41,6 +42,9 @@ class sharded_param {
   void accumulate_grad(const at::Tensor& reduced) const;
   // Takes this rank's rows of the full parameter's current values (after a change made to it whole).
   void reshard_values(int rank) const;
+  // This rank's rows, flat and padded as shard() is, of a tensor laid out as this parameter but
+  // sharded over another number of ranks: `shards` are those ranks' flat shards, in rank order.
+  [[nodiscard]] at::Tensor rows_from_shards(const std::vector<at::Tensor>& shards, int rank) const;
 
  private:
   // The full parameter as rows × row_numel, sharing its storage but not its version counter, so that
