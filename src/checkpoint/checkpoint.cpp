@@ -2,7 +2,7 @@
 
 #include <loom/io/files.hpp>
 #include <loom/io/safetensors.hpp>
-#include <loom/runtime/collectives.hpp>
+#include <loom/runtime/agreement.hpp>
 #include <loom/runtime/failpoints.hpp>
 #include <loom/runtime/failures.hpp>
 
@@ -222,18 +222,19 @@ std::optional<resume_point> checkpointer::resume(const checkpoint_target& target
   run_on_every_rank(rt_, "loading the checkpoint", [&] {
     if (found) resumed = load(*found, target, optimizer);
   });
-  // Every rank must continue from the same step (they read one folder, unless it changed under them).
-  const at::Tensor mine = at::full({1}, resumed ? resumed->step : -1, at::TensorOptions().dtype(at::kLong));
-  at::Tensor all = at::empty({rt_.world_size()}, at::kLong);
-  rt_.comm().all_gather(mine.to(rt_.device()), all).wait();
-  if (!all.eq(all[0]).all().item<bool>()) {
-    throw checkpoint_error(fmt::format(
-        "loom: the ranks resumed from different checkpoints (steps {}; -1: none) in "
-        "'{}': every rank must see the same folder",
-        fmt::join(std::vector<std::int64_t>(all.data_ptr<std::int64_t>(), all.data_ptr<std::int64_t>() + all.numel()),
-                  ", "),
-        options_.folder.string()));
-  }
+  // Every rank must continue from the same checkpoint (they read one folder, unless it changed
+  // under them, or each rank sees a folder of its own).
+  const std::string loaded = resumed ? fmt::format("step {} from {}", resumed->step, resumed->path.string())
+                                     : std::string("nothing (no checkpoint)");
+  const std::uint64_t hash = fnv1a(loaded);
+  require_agreement(
+      rt_, "checkpoint", std::span<const std::uint64_t>(&hash, 1), [&](std::size_t) { return loaded; },
+      [&](const disagreement& d) {
+        return fmt::format(
+            "loom: the ranks resumed from different checkpoints in '{}': rank 0 loaded {}, rank {} "
+            "loaded {}; every rank must see the same folder",
+            options_.folder.string(), d.rank0_item, d.rank, d.other_item);
+      });
   return resumed;
 }
 

@@ -29,7 +29,8 @@ std::pair<at::Tensor, at::Tensor> my_rows(std::int64_t step) {
   auto gen = at::make_generator<at::CPUGeneratorImpl>(500 + static_cast<std::uint64_t>(step));
   const at::Tensor x = torch::randint(0, small.vocab, {global_rows, small.ctx}, gen);
   const std::int64_t per_rank = global_rows / world().world_size();
-  return {x.narrow(0, world().rank() * per_rank, per_rank), x.narrow(0, world().rank() * per_rank, per_rank).roll(-1, 1)};
+  return {x.narrow(0, world().rank() * per_rank, per_rank),
+          x.narrow(0, world().rank() * per_rank, per_rank).roll(-1, 1)};
 }
 
 // The whole model and AdamW's moments and steps, whole (gathered from the shards), written by rank 0.

@@ -101,6 +101,21 @@ TEST_CASE("a checkpoint that cannot be resumed is refused with its path, its fil
                                       "another plan: saved '") &&
                         ContainsSubstring("rank=4") && ContainsSubstring("rank=8"));
 
+  {
+    // The same plan whose schedule differs (say, a LibTorch with other bucket rules): edited here.
+    std::ifstream in(saved / "manifest.json");
+    std::string manifest((std::istreambuf_iterator<char>(in)), {});
+    const auto at = manifest.find("\"schedule_fingerprint\": \"");
+    REQUIRE(at != std::string::npos);
+    const std::string original = manifest.substr(at + 25, 16);
+    manifest.replace(at + 25, 16, "0123456789abcdef");
+    std::ofstream(saved / "manifest.json") << manifest;
+    CHECK_THROWS_WITH(resume_with(plan),
+                      ContainsSubstring("its schedule's fingerprint is 0123456789abcdef, this job's " + original));
+    manifest.replace(at + 25, 16, original);
+    std::ofstream(saved / "manifest.json") << manifest;
+  }
+
   const fs::path file = saved / "rank-00000.safetensors";
   const auto size = fs::file_size(file);
   fs::resize_file(file, size - 3);
