@@ -2,6 +2,8 @@
 // be resumed refused with its path, its file and the difference. (Resuming bit for bit across
 // processes and ranks: tests/dist/resume_check.py.)
 #include <loom/loom.hpp>
+#include "single_process.hpp"
+
 #include <models/tiny_gpt.hpp>
 
 #include <torch/optim/adamw.h>
@@ -19,15 +21,10 @@ namespace {
 
 namespace fs = std::filesystem;
 
-constexpr models::tiny_gpt_config small{.vocab = 32, .d = 16, .layers = 2, .heads = 2, .ctx = 8};
+constexpr models::tiny_gpt_config small = loom::testing::small_gpt;
+using loom::testing::one;
 
-loom::runtime one() { return loom::runtime::single_process(); }
-
-fs::path scratch(const std::string& name) {
-  const fs::path folder = fs::temp_directory_path() / "loom-test-checkpoint" / name;
-  fs::remove_all(folder);
-  return folder;
-}
+fs::path scratch(const std::string& name) { return loom::testing::scratch("loom-test-checkpoint", name); }
 
 template <class Job>
 void train_step(Job& job, torch::optim::Optimizer& optimizer, std::uint64_t seed) {

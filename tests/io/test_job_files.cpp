@@ -2,6 +2,8 @@
 // set with its index) and PEFT adapters, with every refusal a user can meet.
 #include <loom/io/peft.hpp>
 #include <loom/loom.hpp>
+#include "single_process.hpp"
+
 #include <models/tiny_gpt.hpp>
 
 #include <catch2/catch_test_macros.hpp>
@@ -15,15 +17,10 @@ namespace {
 
 namespace fs = std::filesystem;
 
-constexpr models::tiny_gpt_config small{.vocab = 32, .d = 16, .layers = 2, .heads = 2, .ctx = 8};
+constexpr models::tiny_gpt_config small = loom::testing::small_gpt;
+using loom::testing::one;
 
-loom::runtime one() { return loom::runtime::single_process(); }
-
-fs::path scratch(const std::string& name) {
-  const fs::path folder = fs::temp_directory_path() / "loom-test-job-files" / name;
-  fs::remove_all(folder);
-  return folder;
-}
+fs::path scratch(const std::string& name) { return loom::testing::scratch("loom-test-job-files", name); }
 
 void randomise_adapters(torch::nn::Module& module, std::uint64_t seed) {
   torch::NoGradGuard no_grad;
