@@ -22,6 +22,7 @@
 #include <map>
 #include <mutex>
 #include <regex>
+#include <set>
 #include <sstream>
 
 namespace loom {
@@ -164,7 +165,12 @@ void checkpointer::save(const checkpoint_target& target, torch::optim::Optimizer
   const bool writes_model = target.sharded || rt_.rank() == 0;
   std::vector<named_tensor> tensors;
   if (writes_model) {
-    for (const named_tensor& t : target.state()) tensors.push_back({std::string(model_prefix) + t.name, t.tensor});
+    const std::set<std::string> frozen(target.frozen_names.begin(), target.frozen_names.end());
+    for (const named_tensor& t : target.state()) {
+      if (options_.all_parameters || !frozen.contains(t.name)) {
+        tensors.push_back({std::string(model_prefix) + t.name, t.tensor});
+      }
+    }
     tensors.push_back({optimizer_key, bytes_tensor(optimizer_bytes(optimizer))});
   }
   {
@@ -187,6 +193,7 @@ void checkpointer::save(const checkpoint_target& target, torch::optim::Optimizer
                            {"step", step},
                            {"world_size", rt_.world_size()},
                            {"sharded", target.sharded},
+                           {"parameters", options_.all_parameters ? "all" : "trainable"},
                            {"plan", target.plan},
                            {"describe", target.describe},
                            {"schedule_fingerprint", fmt::format("{:016x}", target.schedule_fingerprint)},
@@ -294,7 +301,7 @@ resume_point checkpointer::load(const fs::path& path, const checkpoint_target& t
   const std::string described = resharding ? fmt::format("the files of its {} ranks", saved_world)
                                            : fmt::format("its file '{}'", rank_file(sources.front()).string());
   try {
-    target.load(resharding ? resharded_model(target, models) : models.front());
+    target.load(with_current(target, resharding ? resharded_model(target, models) : models.front()));
   } catch (const std::exception& error) {
     bad(fmt::format("{} do{} not fit this model: {}", described, resharding ? "" : "es", error_text(error)));
   }
@@ -318,6 +325,28 @@ resume_point checkpointer::load(const fs::path& path, const checkpoint_target& t
     generator.set_state(t.tensor);
   }
   return {manifest.value("step", std::int64_t{0}), manifest["user_state"].dump(), path};
+}
+
+tensor_state checkpointer::with_current(const checkpoint_target& target, const tensor_state& saved) {
+  std::map<std::string, const at::Tensor*> by_name;
+  for (const named_tensor& t : saved) by_name.emplace(t.name, &t.tensor);
+  tensor_state state = target.state();
+  const std::set<std::string> frozen(target.frozen_names.begin(), target.frozen_names.end());
+  for (named_tensor& t : state) {
+    const auto found = by_name.find(t.name);
+    if (found != by_name.end()) {
+      t.tensor = *found->second;
+      by_name.erase(found);
+    } else if (!frozen.contains(t.name)) {
+      throw checkpoint_error(
+          fmt::format("loom: '{}' trains or is a buffer here, but the checkpoint does not hold it", t.name));
+    }
+  }
+  if (!by_name.empty()) {
+    throw checkpoint_error(
+        fmt::format("loom: the checkpoint holds '{}', which this model lacks", by_name.begin()->first));
+  }
+  return state;
 }
 
 tensor_state checkpointer::resharded_model(const checkpoint_target& target, const std::vector<tensor_state>& old) {

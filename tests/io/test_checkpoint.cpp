@@ -14,6 +14,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <set>
 
 using Catch::Matchers::ContainsSubstring;
 
@@ -137,7 +138,7 @@ TEST_CASE("a checkpoint whose tensors do not fit the model names the file and th
   const fs::path file = folder / "step-00000004" / "rank-00000.safetensors";
   auto content = loom::load_safetensors(file);
   for (auto& t : content.tensors) {
-    if (t.name == "model/head.bias") t.tensor = at::zeros({5});
+    if (t.name == "model/blocks.0.attn.q_proj.lora_A") t.tensor = at::zeros({5});
   }
   loom::save_safetensors(file, content.tensors, content.metadata);
   std::ifstream in(folder / "step-00000004" / "manifest.json");
@@ -150,13 +151,32 @@ TEST_CASE("a checkpoint whose tensors do not fit the model names the file and th
 
   auto other = loom::build(plan, one());
   torch::optim::AdamW other_optimizer(other.trainable_parameters());
-  CHECK_THROWS_WITH(checkpoints.resume(other, other_optimizer),
-                    ContainsSubstring("its file 'rank-00000.safetensors' does not fit this model") &&
-                        ContainsSubstring("'head.bias' is Float[5] in the state but Float[32] in the module"));
+  CHECK_THROWS_WITH(
+      checkpoints.resume(other, other_optimizer),
+      ContainsSubstring("its file 'rank-00000.safetensors' does not fit this model") &&
+          ContainsSubstring("'blocks.0.attn.q_proj.lora_A' is Float[5] in the state but Float[4,16] in the module"));
 
   torch::optim::SGD sgd(job.trainable_parameters(), 0.1);
   fs::remove_all(folder);
   loom::checkpointer fresh(one(), {.folder = folder});
   fresh.save(job, optimizer, 4);
   CHECK_THROWS_WITH(fresh.resume(job, sgd), ContainsSubstring("holds an optimizer state that does not fit"));
+}
+
+TEST_CASE("a checkpoint holds the trainable parameters, or every one when asked", "[checkpoint]") {
+  auto job = loom::build(plan, one());
+  torch::optim::AdamW optimizer(job.trainable_parameters());
+  const auto saved_names = [&](bool all) {
+    const fs::path folder = scratch(all ? "all" : "trainable");
+    loom::checkpointer(one(), {.folder = folder, .all_parameters = all}).save(job, optimizer, 1);
+    std::set<std::string> names;
+    for (const auto& t : loom::load_safetensors(folder / "step-00000001" / "rank-00000.safetensors").tensors) {
+      if (t.name.starts_with("model/")) names.insert(t.name.substr(6));
+    }
+    return names;
+  };
+  const std::set<std::string> adapters{"blocks.0.attn.q_proj.lora_A", "blocks.0.attn.q_proj.lora_B",
+                                       "blocks.1.attn.q_proj.lora_A", "blocks.1.attn.q_proj.lora_B"};
+  CHECK(saved_names(false) == adapters);
+  CHECK(saved_names(true).size() == job.state_dict().size());
 }

@@ -40,6 +40,9 @@ class checkpoint_error : public std::runtime_error {
 struct checkpoint_options {
   std::filesystem::path folder;
   int keep = 2;  // the newest complete checkpoints that stay; older ones are removed after a save
+  // false: the trainable parameters and the buffers, the frozen ones being rebuilt by the plan (a
+  // pretrained base under LoRA); true: every parameter.
+  bool all_parameters = false;
 };
 
 // Where a resumed run continues.
@@ -62,6 +65,7 @@ struct checkpoint_target {
   // nothing when `name` is whole on every rank; and the names of the optimizer's parameters.
   std::function<std::optional<at::Tensor>(const std::string& name, const std::vector<at::Tensor>& shards)> reshard;
   std::vector<std::string> optimizer_names;
+  std::vector<std::string> frozen_names;  // the parameters that do not train
 };
 
 class checkpointer {
@@ -107,6 +111,9 @@ class checkpointer {
       return job.reshard_local(name, shards);
     };
     target.optimizer_names = job.trainable_names();
+    for (const auto& item : job.module().named_parameters()) {
+      if (!item.value().requires_grad()) target.frozen_names.push_back(item.key());
+    }
     return target;
   }
 
@@ -117,6 +124,9 @@ class checkpointer {
   // over another number of ranks.
   resume_point load(const std::filesystem::path& path, const checkpoint_target& target,
                     torch::optim::Optimizer& optimizer) const;
+  // The job's current state with what the checkpoint saved put over it: the frozen parameters a
+  // checkpoint of the trainable ones left out stay as the plan built them.
+  static tensor_state with_current(const checkpoint_target& target, const tensor_state& saved);
   static tensor_state resharded_model(const checkpoint_target& target, const std::vector<tensor_state>& old_ranks);
   static void load_resharded_optimizer(const checkpoint_target& target, torch::optim::Optimizer& optimizer,
                                        const std::vector<at::Tensor>& old_ranks);
