@@ -8,6 +8,7 @@
 
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
+#include <ATen/Context.h>
 #include <ATen/core/Generator.h>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -35,7 +36,14 @@ constexpr const char* format_name = "loom checkpoint v1";
 constexpr const char* manifest_file = "manifest.json";
 constexpr std::string_view model_prefix = "model/";
 constexpr const char* optimizer_key = "optimizer";
-constexpr const char* rng_key = "rng/cpu";
+constexpr std::string_view rng_prefix = "rng/";
+
+// The default generators this rank draws from: the CPU's, and its device's when that is a GPU.
+std::vector<std::pair<std::string, at::Generator>> generators(const runtime& rt) {
+  std::vector<std::pair<std::string, at::Generator>> all{{"cpu", at::detail::getDefaultCPUGenerator()}};
+  if (!rt.device().is_cpu()) all.emplace_back(rt.device().str(), at::globalContext().defaultGenerator(rt.device()));
+  return all;
+}
 
 fs::path rank_file(int rank) { return fmt::format("rank-{:05}.safetensors", rank); }
 
@@ -173,10 +181,9 @@ void checkpointer::save(const checkpoint_target& target, torch::optim::Optimizer
     }
     tensors.push_back({optimizer_key, bytes_tensor(optimizer_bytes(optimizer))});
   }
-  {
-    at::Generator generator = at::detail::getDefaultCPUGenerator();
+  for (auto& [device, generator] : generators(rt_)) {
     const std::lock_guard<std::mutex> lock(generator.mutex());
-    tensors.push_back({rng_key, generator.get_state()});
+    tensors.push_back({std::string(rng_prefix) + device, generator.get_state()});
   }
   run_on_every_rank(rt_, "writing the checkpoint", [&] {
     failpoint("checkpoint.before-shard");
@@ -316,13 +323,15 @@ resume_point checkpointer::load(const fs::path& path, const checkpoint_target& t
                     resharding ? "" : "s", error_text(error)));
   }
 
-  // The generator: this rank's own; over another number of ranks, that of the old rank of its number
-  // modulo theirs (dropout then draws other numbers than a run that was never resharded).
-  for (const named_tensor& t : load_safetensors(path / rank_file(rt_.rank() % saved_world)).tensors) {
-    if (t.name != rng_key) continue;
-    at::Generator generator = at::detail::getDefaultCPUGenerator();
+  // The generators: this rank's own; over another number of ranks, those of the old rank of its
+  // number modulo theirs (dropout then draws other numbers than a run that was never resharded).
+  const safetensors_content own = load_safetensors(path / rank_file(rt_.rank() % saved_world));
+  for (auto& [device, generator] : generators(rt_)) {
+    const auto saved = std::find_if(own.tensors.begin(), own.tensors.end(),
+                                    [&](const named_tensor& t) { return t.name == std::string(rng_prefix) + device; });
+    if (saved == own.tensors.end()) bad(fmt::format("it holds no state of the {} generator", device));
     const std::lock_guard<std::mutex> lock(generator.mutex());
-    generator.set_state(t.tensor);
+    generator.set_state(saved->tensor);
   }
   return {manifest.value("step", std::int64_t{0}), manifest["user_state"].dump(), path};
 }
