@@ -10,6 +10,7 @@
 #include <torch/optim/sgd.h>
 
 #include <catch2/catch_test_macros.hpp>
+#include <catch2/generators/catch_generators.hpp>
 #include <catch2/matchers/catch_matchers_string.hpp>
 
 #include <filesystem>
@@ -129,16 +130,19 @@ TEST_CASE("a checkpoint that cannot be resumed is refused with its path, its fil
 }
 
 TEST_CASE("a checkpoint whose tensors do not fit the model names the file and the tensor", "[checkpoint][errors]") {
+  const auto replaced = GENERATE(std::pair{"shape", "Float[5]"}, std::pair{"dtype", "Double[4,16]"});
+  CAPTURE(replaced.first);
   const fs::path folder = scratch("misfit");
   auto job = loom::build(plan, one());
   torch::optim::AdamW optimizer(job.trainable_parameters());
   loom::checkpointer checkpoints(one(), {.folder = folder});
   checkpoints.save(job, optimizer, 4);
-  // The same file with one tensor of another shape, and the manifest's size of it.
+  // The same file with one tensor of another shape or dtype, and the manifest's size of it.
   const fs::path file = folder / "step-00000004" / "rank-00000.safetensors";
   auto content = loom::load_safetensors(file);
   for (auto& t : content.tensors) {
-    if (t.name == "model/blocks.0.attn.q_proj.lora_A") t.tensor = at::zeros({5});
+    if (t.name != "model/blocks.0.attn.q_proj.lora_A") continue;
+    t.tensor = std::string(replaced.first) == "shape" ? at::zeros({5}) : t.tensor.to(at::kDouble);
   }
   loom::save_safetensors(file, content.tensors, content.metadata);
   std::ifstream in(folder / "step-00000004" / "manifest.json");
@@ -151,16 +155,20 @@ TEST_CASE("a checkpoint whose tensors do not fit the model names the file and th
 
   auto other = loom::build(plan, one());
   torch::optim::AdamW other_optimizer(other.trainable_parameters());
-  CHECK_THROWS_WITH(
-      checkpoints.resume(other, other_optimizer),
-      ContainsSubstring("its file 'rank-00000.safetensors' does not fit this model") &&
-          ContainsSubstring("'blocks.0.attn.q_proj.lora_A' is Float[5] in the state but Float[4,16] in the module"));
+  CHECK_THROWS_WITH(checkpoints.resume(other, other_optimizer),
+                    ContainsSubstring("its file 'rank-00000.safetensors' does not fit this model") &&
+                        ContainsSubstring(std::string("'blocks.0.attn.q_proj.lora_A' is ") + replaced.second +
+                                          " in the state but Float[4,16] in the module"));
+}
 
+TEST_CASE("a checkpoint of another optimizer is refused", "[checkpoint][errors]") {
+  const fs::path folder = scratch("optimizer");
+  auto job = loom::build(plan, one());
+  torch::optim::AdamW optimizer(job.trainable_parameters());
+  loom::checkpointer checkpoints(one(), {.folder = folder});
+  checkpoints.save(job, optimizer, 4);
   torch::optim::SGD sgd(job.trainable_parameters(), 0.1);
-  fs::remove_all(folder);
-  loom::checkpointer fresh(one(), {.folder = folder});
-  fresh.save(job, optimizer, 4);
-  CHECK_THROWS_WITH(fresh.resume(job, sgd), ContainsSubstring("holds an optimizer state that does not fit"));
+  CHECK_THROWS_WITH(checkpoints.resume(job, sgd), ContainsSubstring("holds an optimizer state that does not fit"));
 }
 
 TEST_CASE("a checkpoint holds the trainable parameters, or every one when asked", "[checkpoint]") {
