@@ -15,3 +15,4 @@
 #include <loom/strategies/ddp.hpp>
 #include <loom/strategies/fsdp.hpp>
 #include <loom/strategies/local.hpp>
+#include <loom/train/lr_schedule.hpp>

@@ -1,0 +1,43 @@
+#pragma once
+// The learning rate as a pure function of the step: a linear warmup, a stable stretch at the peak,
+// then a decay to a floor over the last steps (torchtitan's warmup-stable-decay), so a resumed run
+// sets the rate a run never stopped would have had.
+//
+//   lr_schedule lr{.peak = 3e-4, .warmup_steps = 100, .decay_steps = 200, .total_steps = 1000,
+//                  .decay = decay_shape::cosine, .floor = 0.1};
+//   apply_learning_rate(optimizer, lr.at(step));
+
+#include <cstdint>
+#include <string_view>
+
+namespace torch::optim {
+class Optimizer;
+}
+
+namespace loom {
+
+enum class decay_shape { linear, cosine };
+
+[[nodiscard]] std::string_view to_string(decay_shape shape) noexcept;
+
+struct lr_schedule {
+  double peak = 1e-3;
+  // Steps 1 … warmup_steps rise linearly to the peak: step s has peak · s / (warmup_steps + 1).
+  std::int64_t warmup_steps = 0;
+  // The last decay_steps of total_steps fall from the peak to floor · peak, which the last step
+  // reaches; 0 keeps the peak to the end.
+  std::int64_t decay_steps = 0;
+  std::int64_t total_steps = 0;
+  decay_shape decay = decay_shape::linear;
+  double floor = 0.0;  // a fraction of the peak, in [0, 1]
+
+  // The rate of optimizer step `step` (counted from 1). Throws std::invalid_argument naming the
+  // field that is out of range (check() says it before the first step).
+  [[nodiscard]] double at(std::int64_t step) const;
+  void check() const;
+};
+
+// Sets the learning rate of every parameter group.
+void apply_learning_rate(torch::optim::Optimizer& optimizer, double lr);
+
+}  // namespace loom

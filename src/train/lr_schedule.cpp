@@ -1,0 +1,55 @@
+#include <loom/train/lr_schedule.hpp>
+
+#include <fmt/format.h>
+#include <torch/optim/optimizer.h>
+
+#include <algorithm>
+#include <cmath>
+#include <numbers>
+#include <stdexcept>
+
+namespace loom {
+
+std::string_view to_string(decay_shape shape) noexcept {
+  switch (shape) {
+    case decay_shape::linear: return "linear";
+    case decay_shape::cosine: return "cosine";
+  }
+  return "?";
+}
+
+void lr_schedule::check() const {
+  const auto refuse = [](const std::string& reason) {
+    throw std::invalid_argument("loom: lr_schedule: " + reason);
+  };
+  if (!(peak > 0) || !std::isfinite(peak)) refuse(fmt::format("peak is {}; give a positive learning rate", peak));
+  if (total_steps < 1) refuse(fmt::format("total_steps is {}; give the number of optimizer steps", total_steps));
+  if (warmup_steps < 0 || decay_steps < 0) {
+    refuse(fmt::format("warmup_steps ({}) and decay_steps ({}) must not be negative", warmup_steps, decay_steps));
+  }
+  if (warmup_steps + decay_steps > total_steps) {
+    refuse(fmt::format("warmup_steps ({}) and decay_steps ({}) add up to more than total_steps ({})", warmup_steps,
+                       decay_steps, total_steps));
+  }
+  if (!(floor >= 0 && floor <= 1)) refuse(fmt::format("floor is {}; give a fraction of the peak in [0, 1]", floor));
+}
+
+double lr_schedule::at(std::int64_t step) const {
+  check();
+  if (step < 1 || step > total_steps) {
+    throw std::invalid_argument(fmt::format("loom: lr_schedule: step {} is outside 1 … {}", step, total_steps));
+  }
+  if (step <= warmup_steps) return peak * static_cast<double>(step) / static_cast<double>(warmup_steps + 1);
+  const std::int64_t decay_from = total_steps - decay_steps;
+  if (step <= decay_from) return peak;
+  const double progress = static_cast<double>(step - decay_from) / static_cast<double>(decay_steps);
+  const double remaining =
+      decay == decay_shape::linear ? 1 - progress : 0.5 * (1 + std::cos(std::numbers::pi * progress));
+  return peak * (floor + (1 - floor) * remaining);
+}
+
+void apply_learning_rate(torch::optim::Optimizer& optimizer, double lr) {
+  for (auto& group : optimizer.param_groups()) group.options().set_lr(lr);
+}
+
+}  // namespace loom
