@@ -1,6 +1,7 @@
 #include <loom/checkpoint/checkpoint.hpp>
 
 #include <loom/io/files.hpp>
+#include <loom/io/optimizer_state.hpp>
 #include <loom/io/safetensors.hpp>
 #include <loom/runtime/agreement.hpp>
 #include <loom/runtime/failpoints.hpp>
@@ -75,37 +76,6 @@ void load_optimizer(torch::optim::Optimizer& optimizer, const at::Tensor& bytes)
   torch::serialize::InputArchive archive;
   archive.load_from(static_cast<const char*>(bytes.const_data_ptr()), static_cast<std::size_t>(bytes.numel()));
   optimizer.load(archive);
-}
-
-// One parameter's optimizer state as the optimizer serialises it: its fields by name (moments as
-// tensors, a step as an integer), whatever the optimizer.
-std::vector<std::pair<std::string, c10::IValue>> state_fields(const torch::optim::OptimizerParamState& state) {
-  torch::serialize::OutputArchive out;
-  state.serialize(out);
-  std::ostringstream bytes;
-  out.save_to(bytes);
-  const std::string text = bytes.str();
-  torch::serialize::InputArchive in;
-  in.load_from(text.data(), text.size());
-  std::vector<std::pair<std::string, c10::IValue>> fields;
-  for (const std::string& key : in.keys()) {
-    c10::IValue value;
-    in.read(key, value);
-    fields.emplace_back(key, std::move(value));
-  }
-  return fields;
-}
-
-void set_state_fields(torch::optim::OptimizerParamState& state,
-                      const std::vector<std::pair<std::string, c10::IValue>>& fields) {
-  torch::serialize::OutputArchive out;
-  for (const auto& [key, value] : fields) out.write(key, value);
-  std::ostringstream bytes;
-  out.save_to(bytes);
-  const std::string text = bytes.str();
-  torch::serialize::InputArchive in;
-  in.load_from(text.data(), text.size());
-  state.serialize(in);
 }
 
 // The first line where two describe() texts differ, for the message.

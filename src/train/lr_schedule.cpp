@@ -19,9 +19,7 @@ std::string_view to_string(decay_shape shape) noexcept {
 }
 
 void lr_schedule::check() const {
-  const auto refuse = [](const std::string& reason) {
-    throw std::invalid_argument("loom: lr_schedule: " + reason);
-  };
+  const auto refuse = [](const std::string& reason) { throw std::invalid_argument("loom: lr_schedule: " + reason); };
   if (!(peak > 0) || !std::isfinite(peak)) refuse(fmt::format("peak is {}; give a positive learning rate", peak));
   if (total_steps < 1) refuse(fmt::format("total_steps is {}; give the number of optimizer steps", total_steps));
   if (warmup_steps < 0 || decay_steps < 0) {

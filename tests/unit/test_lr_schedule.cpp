@@ -16,9 +16,12 @@ using Catch::Approx;
 using Catch::Matchers::ContainsSubstring;
 
 TEST_CASE("warmup rises linearly, the stable stretch holds the peak, the decay ends at the floor", "[lr]") {
-  const loom::lr_schedule linear{
-      .peak = 1.0, .warmup_steps = 3, .decay_steps = 4, .total_steps = 10, .decay = loom::decay_shape::linear,
-      .floor = 0.2};
+  const loom::lr_schedule linear{.peak = 1.0,
+                                 .warmup_steps = 3,
+                                 .decay_steps = 4,
+                                 .total_steps = 10,
+                                 .decay = loom::decay_shape::linear,
+                                 .floor = 0.2};
   CHECK(linear.at(1) == Approx(0.25));
   CHECK(linear.at(3) == Approx(0.75));
   CHECK(linear.at(4) == Approx(1.0));
@@ -48,8 +51,8 @@ TEST_CASE("a schedule out of range names the field", "[lr][errors]") {
 
 TEST_CASE("the rate goes to every parameter group", "[lr]") {
   torch::nn::Linear a(2, 2), b(2, 2);
-  torch::optim::AdamW optimizer({torch::optim::OptimizerParamGroup(a->parameters()),
-                                 torch::optim::OptimizerParamGroup(b->parameters())});
+  torch::optim::AdamW optimizer(
+      {torch::optim::OptimizerParamGroup(a->parameters()), torch::optim::OptimizerParamGroup(b->parameters())});
   loom::apply_learning_rate(optimizer, 0.125);
   for (const auto& group : optimizer.param_groups()) CHECK(group.options().get_lr() == 0.125);
 }

@@ -1,0 +1,27 @@
+#pragma once
+// An optimizer's per-parameter state seen field by field, for any torch::optim optimizer: through
+// its own serialisation, the fields by name (AdamW: step, exp_avg, exp_avg_sq), tensors or numbers.
+
+#include <ATen/core/ivalue.h>
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace torch::optim {
+class Optimizer;
+class OptimizerParamState;
+}  // namespace torch::optim
+
+namespace loom {
+
+using optimizer_fields = std::vector<std::pair<std::string, c10::IValue>>;
+
+[[nodiscard]] optimizer_fields state_fields(const torch::optim::OptimizerParamState& state);
+void set_state_fields(torch::optim::OptimizerParamState& state, const optimizer_fields& fields);
+
+// The bytes of every tensor in the optimizer's state (moments, buffers), on this rank.
+[[nodiscard]] std::int64_t optimizer_state_bytes(const torch::optim::Optimizer& optimizer);
+
+}  // namespace loom

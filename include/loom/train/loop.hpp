@@ -1,0 +1,161 @@
+#pragma once
+// loom::train: the loop a recipe would otherwise write by hand, over any job (docs/training.md).
+//
+//   loom::train_options options{.steps = 800, .accumulate = 2, .clip_norm = 1.0,
+//                               .lr = loom::lr_schedule{.peak = 2e-3, .warmup_steps = 50, .total_steps = 800},
+//                               .out = "runs/pretrain", .checkpoint_every = 100};
+//   auto result = loom::train(job, optimizer, {.loss = [&](std::int64_t step, int micro) {
+//     auto [x, y] = batches.at(step, micro);   // a function of the step: a resumed run draws the same
+//     return job.forward(x, y);
+//   }}, options);
+//   if (result.outcome == loom::train_outcome::preempted) return loom::resumable_exit_code;
+//
+// Each optimizer step runs `accumulate` micro-batches (all but the last under job.no_sync(), each
+// loss divided by their number, so the step equals one big batch), clips the global norm, sets the
+// learning rate of the step, and steps. The run resumes from the newest checkpoint in out/, writes
+// one, every checkpoint_every steps, at the end, and when SIGTERM or SIGUSR1 arrives (after the step
+// under way, on every rank), stops on a loss that is not finite, and logs to out/metrics.jsonl.
+
+#include <loom/checkpoint/checkpoint.hpp>
+#include <loom/runtime/runtime.hpp>
+#include <loom/train/lr_schedule.hpp>
+
+#include <ATen/core/Tensor.h>
+#include <c10/core/GradMode.h>
+#include <torch/optim/optimizer.h>
+
+#include <chrono>
+#include <cstdint>
+#include <filesystem>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+
+namespace loom {
+
+// The exit code of a run stopped to be resumed (EX_TEMPFAIL: try again).
+inline constexpr int resumable_exit_code = 75;
+
+struct train_options {
+  std::int64_t steps = 0;           // optimizer steps in all
+  int accumulate = 1;               // micro-batches per optimizer step
+  std::optional<double> clip_norm{};  // clip the global gradient norm to this (p = 2); the norm is logged
+  std::optional<lr_schedule> lr{};  // none: the optimizer's own rate throughout
+  std::filesystem::path out{};      // checkpoints/ and metrics.jsonl; created if missing
+  std::int64_t checkpoint_every = 0;  // 0: at the end and on preemption only
+  int keep_checkpoints = 2;
+  std::int64_t eval_every = 0;        // 0: no evaluation
+  std::int64_t log_every = 10;        // a metrics line and a progress line every this many steps
+  double log_seconds = 30;            // or when this long has passed since the last progress line
+  std::int64_t tokens_per_micro_batch = 0;  // this rank's, for tokens/s (0: left out)
+};
+
+struct train_functions {
+  // The mean loss of micro-batch `micro` of optimizer step `step` on this rank: job.forward(...).
+  std::function<at::Tensor(std::int64_t step, int micro)> loss{};
+  // This rank's mean loss on its part of the held-out set (called without gradients); optional.
+  std::function<at::Tensor()> eval_loss{};
+};
+
+enum class train_outcome { finished, preempted };
+
+struct train_result {
+  train_outcome outcome = train_outcome::finished;
+  std::int64_t last_step = 0;  // the last optimizer step taken (and checkpointed)
+  std::int64_t first_step = 1;  // where this run started: after the checkpoint it resumed from
+  double last_loss = 0;         // averaged over the ranks
+};
+
+// The parts of the loop that do not depend on the job's type (src/train/loop.cpp).
+class train_session {
+ public:
+  // Checks the options and that out/ can be written, before any step; installs the SIGTERM and
+  // SIGUSR1 handlers (restored when the session ends).
+  train_session(const runtime& rt, const train_options& options);
+  ~train_session();
+  train_session(const train_session&) = delete;
+  train_session& operator=(const train_session&) = delete;
+
+  [[nodiscard]] checkpointer& checkpoints() noexcept { return *checkpoints_; }
+  [[nodiscard]] const train_options& options() const noexcept { return options_; }
+
+  void begin_step(std::int64_t step, torch::optim::Optimizer& optimizer);
+  // After the step's micro-batches: `loss_sum` is this rank's summed micro-batch losses. Agrees with
+  // every rank (one small all-reduce) on the step's mean loss and on whether to stop for a signal;
+  // throws on a loss that is not finite, naming the step.
+  void end_step(std::int64_t step, double loss_sum, std::optional<double> grad_norm);
+  [[nodiscard]] bool preempted() const noexcept { return preempted_; }
+  [[nodiscard]] double last_loss() const noexcept { return last_loss_; }
+  [[nodiscard]] bool checkpoint_due(std::int64_t step) const noexcept;
+  [[nodiscard]] bool eval_due(std::int64_t step) const noexcept;
+  // Averages this rank's eval loss over the ranks and logs it with the step.
+  void record_eval(std::int64_t step, const at::Tensor& loss);
+  // Sizes for the metrics: this rank's parameters (what the optimizer steps) and optimizer state,
+  // measured after the run's first step, when the state exists.
+  void measure_memory(const torch::optim::Optimizer& optimizer);
+
+ private:
+  void log(std::int64_t step);
+
+  runtime rt_;
+  train_options options_;
+  std::unique_ptr<checkpointer> checkpoints_;
+  std::int64_t first_logged_step_ = 0;
+  std::chrono::steady_clock::time_point started_, step_started_, last_progress_;
+  double step_ms_ = 0, last_loss_ = 0, lr_ = 0, parameters_mb_ = 0, optimizer_mb_ = 0;
+  std::optional<double> grad_norm_, eval_loss_;
+  double loss_since_log_ = 0;
+  std::int64_t steps_since_log_ = 0, steps_this_run_ = 0;
+  bool preempted_ = false;
+  struct signal_handlers;
+  std::unique_ptr<signal_handlers> handlers_;
+};
+
+template <class Job>
+train_result train(Job& job, torch::optim::Optimizer& optimizer, const train_functions& functions,
+                   const train_options& options) {
+  train_session session(job.rt(), options);
+  train_result result;
+  if (const auto resumed = session.checkpoints().resume(job, optimizer)) result.first_step = resumed->step + 1;
+  result.last_step = result.first_step - 1;
+  for (std::int64_t step = result.first_step; step <= options.steps; ++step) {
+    session.begin_step(step, optimizer);
+    double loss_sum = 0;
+    for (int micro = 0; micro < options.accumulate; ++micro) {
+      const auto run_micro_batch = [&] {
+        const at::Tensor loss = functions.loss(step, micro);
+        loss_sum += loss.detach().item<double>();
+        job.backward(loss / options.accumulate);
+      };
+      if (micro + 1 < options.accumulate) {
+        auto accumulate = job.no_sync();
+        run_micro_batch();
+      } else {
+        run_micro_batch();
+      }
+    }
+    std::optional<double> norm;
+    if (options.clip_norm) norm = job.clip_grad_norm(*options.clip_norm);
+    session.end_step(step, loss_sum, norm);  // throws on a loss that is not finite, before the update
+    optimizer.step();
+    job.zero_grad();
+    if (step == result.first_step) session.measure_memory(optimizer);
+    result.last_step = step;
+    if (functions.eval_loss && session.eval_due(step)) {
+      const c10::NoGradGuard no_grad;
+      session.record_eval(step, functions.eval_loss());
+    }
+    if (session.checkpoint_due(step) || session.preempted()) {
+      session.checkpoints().save(job, optimizer, step, "{\"step\": " + std::to_string(step) + "}");
+    }
+    if (session.preempted()) {
+      result.outcome = train_outcome::preempted;
+      break;
+    }
+  }
+  result.last_loss = session.last_loss();
+  return result;
+}
+
+}  // namespace loom

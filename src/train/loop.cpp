@@ -1,0 +1,184 @@
+#include <loom/train/loop.hpp>
+
+#include <loom/io/files.hpp>
+#include <loom/io/optimizer_state.hpp>
+#include <loom/runtime/collectives.hpp>
+#include <loom/runtime/failures.hpp>
+
+#include <ATen/ATen.h>
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+#include <torch/optim/optimizer.h>
+
+#include <atomic>
+#include <cmath>
+#include <csignal>
+#include <cstdio>
+#include <fstream>
+#include <stdexcept>
+
+namespace loom {
+namespace {
+
+using json = nlohmann::json;
+using steady = std::chrono::steady_clock;
+
+// Set by SIGTERM or SIGUSR1: what a cluster's scheduler sends before it kills a job.
+std::atomic<int> stop_signal{0};
+
+extern "C" void note_stop_signal(int signal_number) { stop_signal.store(signal_number); }
+
+double seconds_between(steady::time_point from, steady::time_point to) {
+  return std::chrono::duration<double>(to - from).count();
+}
+
+double megabytes(std::int64_t bytes) { return static_cast<double>(bytes) / (1024.0 * 1024.0); }
+
+}  // namespace
+
+// The handlers the session installs, and the ones it replaced.
+struct train_session::signal_handlers {
+  struct sigaction previous_term {};
+  struct sigaction previous_usr1 {};
+
+  signal_handlers() {
+    stop_signal.store(0);
+    struct sigaction action {};
+    action.sa_handler = note_stop_signal;
+    sigemptyset(&action.sa_mask);
+    sigaction(SIGTERM, &action, &previous_term);
+    sigaction(SIGUSR1, &action, &previous_usr1);
+  }
+  ~signal_handlers() {
+    sigaction(SIGTERM, &previous_term, nullptr);
+    sigaction(SIGUSR1, &previous_usr1, nullptr);
+  }
+};
+
+train_session::train_session(const runtime& rt, const train_options& options) : rt_(rt), options_(options) {
+  const auto refuse = [](const std::string& reason) { throw std::invalid_argument("loom: train: " + reason); };
+  if (options_.steps < 1) refuse(fmt::format("train_options.steps is {}; give at least 1", options_.steps));
+  if (options_.accumulate < 1) {
+    refuse(fmt::format("train_options.accumulate is {}; give at least 1 micro-batch a step", options_.accumulate));
+  }
+  if (options_.clip_norm && !(*options_.clip_norm > 0)) {
+    refuse(fmt::format("train_options.clip_norm is {}; give a positive norm, or none", *options_.clip_norm));
+  }
+  if (options_.log_every < 1) refuse(fmt::format("train_options.log_every is {}; give at least 1", options_.log_every));
+  if (options_.lr) {
+    options_.lr->check();
+    if (options_.lr->total_steps != options_.steps) {
+      refuse(fmt::format("the lr schedule's total_steps ({}) differs from train_options.steps ({})",
+                         options_.lr->total_steps, options_.steps));
+    }
+  }
+  if (options_.out.empty()) refuse("train_options.out is empty; name the folder for checkpoints and metrics");
+  // Written to before the first step, so that a folder that cannot be written fails now, naming it.
+  run_on_rank_zero(rt_, "preparing the run folder", [&] {
+    std::error_code error;
+    std::filesystem::create_directories(options_.out, error);
+    if (error) refuse(fmt::format("the output folder '{}' cannot be created: {}", options_.out.string(), error.message()));
+    atomic_file probe(options_.out / ".loom-writable");
+    probe.write("ok", 2);
+    probe.commit();
+    std::filesystem::remove(options_.out / ".loom-writable");
+  });
+  checkpoints_ = std::make_unique<checkpointer>(
+      rt_, checkpoint_options{.folder = options_.out / "checkpoints", .keep = options_.keep_checkpoints});
+  handlers_ = std::make_unique<signal_handlers>();
+  started_ = last_progress_ = steady::now();
+}
+
+train_session::~train_session() = default;
+
+bool train_session::checkpoint_due(std::int64_t step) const noexcept {
+  return step == options_.steps || (options_.checkpoint_every > 0 && step % options_.checkpoint_every == 0);
+}
+
+bool train_session::eval_due(std::int64_t step) const noexcept {
+  return options_.eval_every > 0 && (step % options_.eval_every == 0 || step == options_.steps);
+}
+
+void train_session::begin_step(std::int64_t step, torch::optim::Optimizer& optimizer) {
+  step_started_ = steady::now();
+  if (steps_this_run_ == 0) first_logged_step_ = step;
+  if (options_.lr) {
+    lr_ = options_.lr->at(step);
+    apply_learning_rate(optimizer, lr_);
+  } else {
+    lr_ = optimizer.param_groups().front().options().get_lr();
+  }
+}
+
+void train_session::end_step(std::int64_t step, double loss_sum, std::optional<double> grad_norm) {
+  // One all-reduce a step: the mean loss over the ranks, and how many ranks were asked to stop.
+  at::Tensor shared = at::tensor({loss_sum / options_.accumulate, stop_signal.load() != 0 ? 1.0 : 0.0}, at::kDouble)
+                          .to(rt_.device());
+  rt_.comm().all_reduce(shared, reduce_op::sum).wait();
+  shared = shared.cpu();
+  const double loss = shared[0].item<double>() / rt_.world_size();
+  if (!std::isfinite(loss)) {
+    throw std::runtime_error(fmt::format(
+        "loom: train: the loss of step {} is {} (averaged over the ranks); the run stops before that step's "
+        "update, and the newest checkpoint in '{}' is the last good state",
+        step, loss, (options_.out / "checkpoints").string()));
+  }
+  preempted_ = shared[1].item<double>() > 0;
+  last_loss_ = loss;
+  grad_norm_ = grad_norm;
+  step_ms_ = seconds_between(step_started_, steady::now()) * 1e3;
+  loss_since_log_ += loss;
+  ++steps_since_log_;
+  ++steps_this_run_;
+  const bool by_steps = step % options_.log_every == 0 || step == options_.steps || step == first_logged_step_;
+  const bool by_time = seconds_between(last_progress_, steady::now()) >= options_.log_seconds;
+  if (by_steps || by_time || preempted_) log(step);
+}
+
+void train_session::record_eval(std::int64_t step, const at::Tensor& loss) {
+  at::Tensor mean = loss.detach().to(at::kDouble).reshape({1}).to(rt_.device());
+  rt_.comm().all_reduce(mean, reduce_op::mean).wait();
+  eval_loss_ = mean.cpu().item<double>();
+  if (rt_.rank() != 0) return;
+  fmt::print("eval  step {:>6}/{}  loss {:.4f}\n", step, options_.steps, *eval_loss_);
+  std::fflush(stdout);
+  std::ofstream(options_.out / "metrics.jsonl", std::ios::app)
+      << json{{"step", step}, {"eval_loss", *eval_loss_}}.dump() << '\n';
+}
+
+void train_session::measure_memory(const torch::optim::Optimizer& optimizer) {
+  std::int64_t parameters = 0;
+  for (const auto& group : optimizer.param_groups()) {
+    for (const at::Tensor& p : group.params()) parameters += static_cast<std::int64_t>(p.nbytes());
+  }
+  parameters_mb_ = megabytes(parameters);
+  optimizer_mb_ = megabytes(optimizer_state_bytes(optimizer));
+}
+
+void train_session::log(std::int64_t step) {
+  const steady::time_point now = steady::now();
+  const double elapsed = seconds_between(started_, now);
+  const double per_step = elapsed / static_cast<double>(std::max<std::int64_t>(steps_this_run_, 1));
+  const double mean_loss = loss_since_log_ / static_cast<double>(steps_since_log_);
+  const double tokens_per_s = options_.tokens_per_micro_batch > 0 && step_ms_ > 0
+                                  ? static_cast<double>(options_.tokens_per_micro_batch * options_.accumulate *
+                                                        rt_.world_size()) /
+                                        (step_ms_ / 1e3)
+                                  : 0.0;
+  loss_since_log_ = 0;
+  steps_since_log_ = 0;
+  last_progress_ = now;
+  if (rt_.rank() != 0) return;
+  json line{{"step", step},         {"loss", mean_loss},         {"lr", lr_},
+            {"step_ms", step_ms_},  {"tokens_per_s", tokens_per_s}, {"parameters_mb", parameters_mb_},
+            {"optimizer_mb", optimizer_mb_}};
+  if (grad_norm_) line["grad_norm"] = *grad_norm_;
+  std::ofstream(options_.out / "metrics.jsonl", std::ios::app) << line.dump() << '\n';
+  fmt::print("step {:>6}/{}  loss {:.4f}  lr {:.3g}{}{}  elapsed {:.0f} s  ETA {:.0f} s\n", step, options_.steps,
+             mean_loss, lr_, grad_norm_ ? fmt::format("  grad norm {:.3g}", *grad_norm_) : std::string(),
+             tokens_per_s > 0 ? fmt::format("  {:.0f} tokens/s", tokens_per_s) : std::string(), elapsed,
+             per_step * static_cast<double>(options_.steps - step));
+  std::fflush(stdout);
+}
+
+}  // namespace loom

@@ -1,0 +1,178 @@
+// loom::train on a single process: accumulation equals one big batch, the learning rate of each
+// step, a loss that is not finite, preemption and resuming, metrics, and the options' errors.
+#include <loom/loom.hpp>
+#include <loom/train/loop.hpp>
+#include <models/tiny_gpt.hpp>
+
+#include <nlohmann/json.hpp>
+#include <torch/optim/sgd.h>
+
+#include <catch2/catch_approx.hpp>
+#include <catch2/catch_test_macros.hpp>
+#include <catch2/matchers/catch_matchers_string.hpp>
+
+#include <csignal>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+
+using Catch::Matchers::ContainsSubstring;
+
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr models::tiny_gpt_config small{.vocab = 32, .d = 16, .layers = 2, .heads = 2, .ctx = 8};
+
+loom::runtime one() { return loom::runtime::single_process(); }
+
+fs::path scratch(const std::string& name) {
+  const fs::path folder = fs::temp_directory_path() / "loom-test-train" / name;
+  fs::remove_all(folder);
+  return folder;
+}
+
+// The rows [first, first + count) of step `step`'s batch of 4.
+std::pair<at::Tensor, at::Tensor> rows(std::int64_t step, std::int64_t first, std::int64_t count) {
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(static_cast<std::uint64_t>(step));
+  const at::Tensor x = torch::randint(0, small.vocab, {4, small.ctx}, gen);
+  return {x.narrow(0, first, count), x.roll(-1, 1).narrow(0, first, count)};
+}
+
+constexpr auto plan = loom::model<models::TinyGpt>(small) | loom::seeded(1);
+
+std::vector<nlohmann::json> metrics(const fs::path& out) {
+  std::vector<nlohmann::json> lines;
+  std::ifstream in(out / "metrics.jsonl");
+  for (std::string line; std::getline(in, line);) lines.push_back(nlohmann::json::parse(line));
+  return lines;
+}
+
+}  // namespace
+
+TEST_CASE("two micro-batches a step equal one batch of both", "[train]") {
+  auto whole = loom::build(plan, one());
+  auto halves = loom::build(plan, one());
+  torch::optim::SGD whole_optimizer(whole.trainable_parameters(), 0.1);
+  torch::optim::SGD halves_optimizer(halves.trainable_parameters(), 0.1);
+  loom::train(whole, whole_optimizer,
+              {.loss = [&](std::int64_t step, int) {
+                auto [x, y] = rows(step, 0, 4);
+                return whole.forward(x, y);
+              }},
+              {.steps = 3, .out = scratch("whole")});
+  loom::train(halves, halves_optimizer,
+              {.loss = [&](std::int64_t step, int micro) {
+                auto [x, y] = rows(step, 2 * micro, 2);
+                return halves.forward(x, y);
+              }},
+              {.steps = 3, .accumulate = 2, .out = scratch("halves")});
+  const auto a = whole.state_dict(), b = halves.state_dict();
+  for (std::size_t i = 0; i < a.size(); ++i) CHECK(torch::allclose(a[i].tensor, b[i].tensor, 1e-5, 1e-6));
+}
+
+TEST_CASE("each step has the schedule's learning rate, and metrics.jsonl says so", "[train]") {
+  auto job = loom::build(plan, one());
+  torch::optim::SGD optimizer(job.trainable_parameters(), 1.0);
+  const loom::lr_schedule lr{.peak = 0.1, .warmup_steps = 2, .decay_steps = 2, .total_steps = 6, .floor = 0.5};
+  const fs::path out = scratch("lr");
+  loom::train(job, optimizer,
+              {.loss =
+                   [&](std::int64_t step, int) {
+                     auto [x, y] = rows(step, 0, 4);
+                     return job.forward(x, y);
+                   },
+               .eval_loss =
+                   [&] {
+                     auto [x, y] = rows(1000, 0, 4);
+                     return job.forward(x, y);
+                   }},
+              {.steps = 6, .clip_norm = 1.0, .lr = lr, .out = out, .eval_every = 3, .log_every = 1,
+               .tokens_per_micro_batch = 4 * small.ctx});
+  const auto lines = metrics(out);
+  std::vector<double> rates;
+  int evals = 0;
+  for (const auto& line : lines) {
+    if (line.contains("eval_loss")) {
+      ++evals;
+      continue;
+    }
+    rates.push_back(line["lr"].get<double>());
+    CHECK(line.contains("grad_norm"));
+    CHECK(line["tokens_per_s"].get<double>() > 0);
+    CHECK(std::isfinite(line["loss"].get<double>()));
+  }
+  REQUIRE(rates.size() == 6);
+  for (std::size_t i = 0; i < rates.size(); ++i) CHECK(rates[i] == Catch::Approx(lr.at(static_cast<int>(i) + 1)));
+  CHECK(evals == 2);
+  CHECK(optimizer.param_groups().front().options().get_lr() == Catch::Approx(lr.at(6)));
+}
+
+TEST_CASE("a loss that is not finite stops the run before its update; the last good checkpoint stays", "[train]") {
+  auto job = loom::build(plan, one());
+  torch::optim::SGD optimizer(job.trainable_parameters(), 0.1);
+  const fs::path out = scratch("nan");
+  CHECK_THROWS_WITH(loom::train(job, optimizer,
+                                {.loss = [&](std::int64_t step, int) {
+                                  auto [x, y] = rows(step, 0, 4);
+                                  const at::Tensor loss = job.forward(x, y);
+                                  return step == 3 ? loss * std::numeric_limits<double>::quiet_NaN() : loss;
+                                }},
+                                {.steps = 5, .out = out, .checkpoint_every = 1}),
+                    ContainsSubstring("the loss of step 3 is nan") && ContainsSubstring("last good state"));
+  CHECK(fs::exists(out / "checkpoints" / "step-00000002"));
+  CHECK_FALSE(fs::exists(out / "checkpoints" / "step-00000003"));
+}
+
+TEST_CASE("SIGUSR1 ends the run after the step under way, with a checkpoint; the next run resumes", "[train]") {
+  const fs::path out = scratch("preempted");
+  const auto loss_of = [](auto& job, std::int64_t step, bool signal) {
+    if (signal && step == 2) std::raise(SIGUSR1);
+    auto [x, y] = rows(step, 0, 4);
+    return job.forward(x, y);
+  };
+  auto first = loom::build(plan, one());
+  torch::optim::SGD first_optimizer(first.trainable_parameters(), 0.1);
+  const loom::train_result stopped = loom::train(
+      first, first_optimizer, {.loss = [&](std::int64_t step, int) { return loss_of(first, step, true); }},
+      {.steps = 5, .out = out});
+  CHECK(stopped.outcome == loom::train_outcome::preempted);
+  CHECK(stopped.last_step == 2);
+  CHECK(fs::exists(out / "checkpoints" / "step-00000002"));
+
+  auto second = loom::build(plan, one());
+  torch::optim::SGD second_optimizer(second.trainable_parameters(), 0.1);
+  const loom::train_result resumed = loom::train(
+      second, second_optimizer, {.loss = [&](std::int64_t step, int) { return loss_of(second, step, false); }},
+      {.steps = 5, .out = out});
+  CHECK(resumed.outcome == loom::train_outcome::finished);
+  CHECK(resumed.first_step == 3);
+  CHECK(resumed.last_step == 5);
+
+  auto straight = loom::build(plan, one());
+  torch::optim::SGD straight_optimizer(straight.trainable_parameters(), 0.1);
+  loom::train(straight, straight_optimizer,
+              {.loss = [&](std::int64_t step, int) { return loss_of(straight, step, false); }},
+              {.steps = 5, .out = scratch("straight")});
+  const auto a = straight.state_dict(), b = second.state_dict();
+  for (std::size_t i = 0; i < a.size(); ++i) CHECK(torch::equal(a[i].tensor, b[i].tensor));
+}
+
+TEST_CASE("the loop's options are checked before the first step, naming the option", "[train][errors]") {
+  auto job = loom::build(plan, one());
+  torch::optim::SGD optimizer(job.trainable_parameters(), 0.1);
+  const loom::train_functions functions{.loss = [&](std::int64_t step, int) {
+    auto [x, y] = rows(step, 0, 4);
+    return job.forward(x, y);
+  }};
+  CHECK_THROWS_WITH(loom::train(job, optimizer, functions, {.steps = 0, .out = scratch("x")}),
+                    ContainsSubstring("train_options.steps is 0"));
+  CHECK_THROWS_WITH(loom::train(job, optimizer, functions, {.steps = 2, .accumulate = 0, .out = scratch("x")}),
+                    ContainsSubstring("train_options.accumulate is 0"));
+  CHECK_THROWS_WITH(
+      loom::train(job, optimizer, functions,
+                  {.steps = 2, .lr = loom::lr_schedule{.total_steps = 3}, .out = scratch("x")}),
+      ContainsSubstring("the lr schedule's total_steps (3) differs from train_options.steps (2)"));
+  CHECK_THROWS_WITH(loom::train(job, optimizer, functions, {.steps = 2, .out = "/sys/kernel/loom-run"}),
+                    ContainsSubstring("the output folder '/sys/kernel/loom-run' cannot be created"));
+}
