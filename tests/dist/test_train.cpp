@@ -1,0 +1,107 @@
+// loom::train across processes: a signal that reaches one rank stops every rank after the same
+// step, a loss that is not finite on one rank stops them all, and accumulation under ddp() and
+// fsdp() equals one batch.
+#include "world.hpp"
+
+#include <loom/loom.hpp>
+#include <loom/train/loop.hpp>
+#include <models/tiny_gpt.hpp>
+
+#include <torch/optim/sgd.h>
+
+#include <catch2/catch_test_macros.hpp>
+#include <catch2/matchers/catch_matchers_string.hpp>
+
+#include <csignal>
+#include <filesystem>
+#include <limits>
+
+using Catch::Matchers::ContainsSubstring;
+using loom::testing::world;
+
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr models::tiny_gpt_config small{.vocab = 32, .d = 16, .layers = 2, .heads = 2, .ctx = 8};
+constexpr auto model = loom::model<models::TinyGpt>(small) | loom::seeded(1);
+
+bool last_rank() { return world().rank() == world().world_size() - 1; }
+
+// An empty folder that every rank sees.
+fs::path shared_scratch(const std::string& name) {
+  const fs::path folder = fs::temp_directory_path() / "loom-dist-train" / name;
+  if (world().rank() == 0) fs::remove_all(folder);
+  world().comm().barrier().wait();
+  return folder;
+}
+
+// Rows [first, first + count) of this rank's 4 rows of step `step`.
+std::pair<at::Tensor, at::Tensor> rows(std::int64_t step, std::int64_t first, std::int64_t count) {
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(100 * static_cast<std::uint64_t>(step) +
+                                                       static_cast<std::uint64_t>(world().rank()));
+  const at::Tensor x = torch::randint(0, small.vocab, {4, small.ctx}, gen);
+  return {x.narrow(0, first, count), x.roll(-1, 1).narrow(0, first, count)};
+}
+
+template <class Plan>
+void check_accumulation(const Plan& plan, const std::string& name) {
+  auto whole = loom::build(plan, world());
+  auto halves = loom::build(plan, world());
+  torch::optim::SGD whole_optimizer(whole.trainable_parameters(), 0.1);
+  torch::optim::SGD halves_optimizer(halves.trainable_parameters(), 0.1);
+  loom::train(whole, whole_optimizer,
+              {.loss = [&](std::int64_t step, int) {
+                auto [x, y] = rows(step, 0, 4);
+                return whole.forward(x, y);
+              }},
+              {.steps = 3, .clip_norm = 0.5, .out = shared_scratch(name + "-whole")});
+  loom::train(halves, halves_optimizer,
+              {.loss = [&](std::int64_t step, int micro) {
+                auto [x, y] = rows(step, 2 * micro, 2);
+                return halves.forward(x, y);
+              }},
+              {.steps = 3, .accumulate = 2, .clip_norm = 0.5, .out = shared_scratch(name + "-halves")});
+  const auto a = whole.state_dict(), b = halves.state_dict();
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    CAPTURE(a[i].name);
+    CHECK(torch::allclose(a[i].tensor, b[i].tensor, 1e-5, 1e-6));
+  }
+}
+
+}  // namespace
+
+TEST_CASE("accumulated micro-batches equal one batch, under ddp() and fsdp()", "[train]") {
+  check_accumulation(model | loom::ddp(), "ddp");
+  check_accumulation(model | loom::fsdp(), "fsdp");
+}
+
+TEST_CASE("SIGUSR1 on the last rank alone stops every rank after the same step, checkpointed", "[train]") {
+  auto job = loom::build(model | loom::fsdp(), world());
+  torch::optim::SGD optimizer(job.trainable_parameters(), 0.1);
+  const fs::path out = shared_scratch("preempted");
+  const loom::train_result result = loom::train(job, optimizer,
+                                                {.loss = [&](std::int64_t step, int) {
+                                                  if (step == 2 && last_rank()) std::raise(SIGUSR1);
+                                                  auto [x, y] = rows(step, 0, 4);
+                                                  return job.forward(x, y);
+                                                }},
+                                                {.steps = 6, .out = out});
+  CHECK(result.outcome == loom::train_outcome::preempted);
+  CHECK(result.last_step == 2);
+  CHECK(fs::exists(out / "checkpoints" / "step-00000002" / "manifest.json"));
+}
+
+TEST_CASE("a loss that is not finite on one rank stops every rank, naming the step", "[train]") {
+  auto job = loom::build(model | loom::ddp(), world());
+  torch::optim::SGD optimizer(job.trainable_parameters(), 0.1);
+  CHECK_THROWS_WITH(loom::train(job, optimizer,
+                                {.loss = [&](std::int64_t step, int) {
+                                  auto [x, y] = rows(step, 0, 4);
+                                  const at::Tensor loss = job.forward(x, y);
+                                  const bool poisoned = step == 2 && last_rank();
+                                  return poisoned ? loss * std::numeric_limits<double>::infinity() : loss;
+                                }},
+                                {.steps = 4, .out = shared_scratch("not-finite")}),
+                    ContainsSubstring("the loss of step 2 is inf"));
+}
