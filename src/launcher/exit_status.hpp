@@ -15,6 +15,9 @@ struct exit_status {
 
   [[nodiscard]] static exit_status from(const siginfo_t& child_info);
   [[nodiscard]] bool success() const { return how == kind::exited && value == 0; }
+  // Stopped on purpose to be resumed, as loom::train does on SIGTERM or SIGUSR1 (loom/train/loop.hpp).
+  [[nodiscard]] bool resumable() const { return how == kind::exited && value == resumable_code; }
+  static constexpr int resumable_code = 75;  // EX_TEMPFAIL
   // "exited with code 3", "killed by signal 9 (SIGKILL)"
   [[nodiscard]] std::string describe() const;
 };

@@ -61,6 +61,7 @@ class supervisor {
 
  private:
   void start_ranks() {
+    ranks_count_ = options_.nproc_per_node;
     const std::vector<std::string> inherited = current_environment();
     const int cores = available_cores();
     for (int local_rank = 0; local_rank < options_.nproc_per_node; ++local_rank) {
@@ -127,7 +128,10 @@ class supervisor {
     for (rank_process& rank : ranks_) {
       if (!rank.running()) continue;
       const std::optional<exit_status>& status = rank.check_exit();
-      if (!status || status->success() || !std::holds_alternative<std::monostate>(cause_)) continue;
+      if (status && status->resumable()) ++resumable_ranks_;
+      // A rank that stopped to be resumed is not a failure: its peers stop after the same step.
+      if (!status || status->success() || status->resumable() || !std::holds_alternative<std::monostate>(cause_))
+        continue;
       cause_ = rank_failed{rank.rank(), *status};
       say("rank " + std::to_string(rank.rank()) + " " + status->describe() +
           "; stopping the other ranks (SIGTERM, then SIGKILL after " + grace_text() + ")");
@@ -173,6 +177,12 @@ class supervisor {
   }
 
   int report() const {
+    if (resumable_ranks_ > 0 && !std::holds_alternative<rank_failed>(cause_)) {
+      say(std::to_string(resumable_ranks_) + " of " + std::to_string(ranks_count_) +
+          " ranks stopped to be resumed (exit code " + std::to_string(exit_status::resumable_code) +
+          "): run the same command again to continue from their checkpoint");
+      return exit_status::resumable_code;
+    }
     if (const auto* failed = std::get_if<rank_failed>(&cause_)) {
       say("rank " + std::to_string(failed->rank) + " failed first: " + failed->status.describe());
       return 1;
@@ -186,10 +196,13 @@ class supervisor {
 
   const launch_options& options_;
   const rendezvous_point& master_;
-  signal_pipe signals_{SIGINT, SIGTERM, SIGHUP, SIGCHLD};
+  // SIGUSR1 too: what cluster schedulers send before they stop a job, forwarded like SIGTERM.
+  signal_pipe signals_{SIGINT, SIGTERM, SIGHUP, SIGUSR1, SIGCHLD};
   std::vector<output_stream> outputs_;
   std::vector<rank_process> ranks_;  // destroyed first: no rank outlives the supervisor
   stop_cause cause_;
+  int resumable_ranks_ = 0;
+  int ranks_count_ = 0;
   std::optional<steady::time_point> kill_deadline_;
 };
 

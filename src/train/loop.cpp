@@ -7,8 +7,8 @@
 
 #include <ATen/ATen.h>
 #include <fmt/format.h>
-#include <nlohmann/json.hpp>
 #include <torch/optim/optimizer.h>
+#include <nlohmann/json.hpp>
 
 #include <atomic>
 #include <cmath>
@@ -77,7 +77,8 @@ train_session::train_session(const runtime& rt, const train_options& options) : 
   run_on_rank_zero(rt_, "preparing the run folder", [&] {
     std::error_code error;
     std::filesystem::create_directories(options_.out, error);
-    if (error) refuse(fmt::format("the output folder '{}' cannot be created: {}", options_.out.string(), error.message()));
+    if (error)
+      refuse(fmt::format("the output folder '{}' cannot be created: {}", options_.out.string(), error.message()));
     atomic_file probe(options_.out / ".loom-writable");
     probe.write("ok", 2);
     probe.commit();
@@ -112,8 +113,8 @@ void train_session::begin_step(std::int64_t step, torch::optim::Optimizer& optim
 
 void train_session::end_step(std::int64_t step, double loss_sum, std::optional<double> grad_norm) {
   // One all-reduce a step: the mean loss over the ranks, and how many ranks were asked to stop.
-  at::Tensor shared = at::tensor({loss_sum / options_.accumulate, stop_signal.load() != 0 ? 1.0 : 0.0}, at::kDouble)
-                          .to(rt_.device());
+  at::Tensor shared =
+      at::tensor({loss_sum / options_.accumulate, stop_signal.load() != 0 ? 1.0 : 0.0}, at::kDouble).to(rt_.device());
   rt_.comm().all_reduce(shared, reduce_op::sum).wait();
   shared = shared.cpu();
   const double loss = shared[0].item<double>() / rt_.world_size();
@@ -160,17 +161,21 @@ void train_session::log(std::int64_t step) {
   const double elapsed = seconds_between(started_, now);
   const double per_step = elapsed / static_cast<double>(std::max<std::int64_t>(steps_this_run_, 1));
   const double mean_loss = loss_since_log_ / static_cast<double>(steps_since_log_);
-  const double tokens_per_s = options_.tokens_per_micro_batch > 0 && step_ms_ > 0
-                                  ? static_cast<double>(options_.tokens_per_micro_batch * options_.accumulate *
-                                                        rt_.world_size()) /
-                                        (step_ms_ / 1e3)
-                                  : 0.0;
+  const double tokens_per_s =
+      options_.tokens_per_micro_batch > 0 && step_ms_ > 0
+          ? static_cast<double>(options_.tokens_per_micro_batch * options_.accumulate * rt_.world_size()) /
+                (step_ms_ / 1e3)
+          : 0.0;
   loss_since_log_ = 0;
   steps_since_log_ = 0;
   last_progress_ = now;
   if (rt_.rank() != 0) return;
-  json line{{"step", step},         {"loss", mean_loss},         {"lr", lr_},
-            {"step_ms", step_ms_},  {"tokens_per_s", tokens_per_s}, {"parameters_mb", parameters_mb_},
+  json line{{"step", step},
+            {"loss", mean_loss},
+            {"lr", lr_},
+            {"step_ms", step_ms_},
+            {"tokens_per_s", tokens_per_s},
+            {"parameters_mb", parameters_mb_},
             {"optimizer_mb", optimizer_mb_}};
   if (grad_norm_) line["grad_norm"] = *grad_norm_;
   std::ofstream(options_.out / "metrics.jsonl", std::ios::app) << line.dump() << '\n';

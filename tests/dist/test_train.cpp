@@ -39,7 +39,7 @@ fs::path shared_scratch(const std::string& name) {
 // Rows [first, first + count) of this rank's 4 rows of step `step`.
 std::pair<at::Tensor, at::Tensor> rows(std::int64_t step, std::int64_t first, std::int64_t count) {
   auto gen = at::make_generator<at::CPUGeneratorImpl>(100 * static_cast<std::uint64_t>(step) +
-                                                       static_cast<std::uint64_t>(world().rank()));
+                                                      static_cast<std::uint64_t>(world().rank()));
   const at::Tensor x = torch::randint(0, small.vocab, {4, small.ctx}, gen);
   return {x.narrow(0, first, count), x.roll(-1, 1).narrow(0, first, count)};
 }
@@ -51,16 +51,18 @@ void check_accumulation(const Plan& plan, const std::string& name) {
   torch::optim::SGD whole_optimizer(whole.trainable_parameters(), 0.1);
   torch::optim::SGD halves_optimizer(halves.trainable_parameters(), 0.1);
   loom::train(whole, whole_optimizer,
-              {.loss = [&](std::int64_t step, int) {
-                auto [x, y] = rows(step, 0, 4);
-                return whole.forward(x, y);
-              }},
+              {.loss =
+                   [&](std::int64_t step, int) {
+                     auto [x, y] = rows(step, 0, 4);
+                     return whole.forward(x, y);
+                   }},
               {.steps = 3, .clip_norm = 0.5, .out = shared_scratch(name + "-whole")});
   loom::train(halves, halves_optimizer,
-              {.loss = [&](std::int64_t step, int micro) {
-                auto [x, y] = rows(step, 2 * micro, 2);
-                return halves.forward(x, y);
-              }},
+              {.loss =
+                   [&](std::int64_t step, int micro) {
+                     auto [x, y] = rows(step, 2 * micro, 2);
+                     return halves.forward(x, y);
+                   }},
               {.steps = 3, .accumulate = 2, .clip_norm = 0.5, .out = shared_scratch(name + "-halves")});
   const auto a = whole.state_dict(), b = halves.state_dict();
   for (std::size_t i = 0; i < a.size(); ++i) {
@@ -81,11 +83,12 @@ TEST_CASE("SIGUSR1 on the last rank alone stops every rank after the same step, 
   torch::optim::SGD optimizer(job.trainable_parameters(), 0.1);
   const fs::path out = shared_scratch("preempted");
   const loom::train_result result = loom::train(job, optimizer,
-                                                {.loss = [&](std::int64_t step, int) {
-                                                  if (step == 2 && last_rank()) std::raise(SIGUSR1);
-                                                  auto [x, y] = rows(step, 0, 4);
-                                                  return job.forward(x, y);
-                                                }},
+                                                {.loss =
+                                                     [&](std::int64_t step, int) {
+                                                       if (step == 2 && last_rank()) std::raise(SIGUSR1);
+                                                       auto [x, y] = rows(step, 0, 4);
+                                                       return job.forward(x, y);
+                                                     }},
                                                 {.steps = 6, .out = out});
   CHECK(result.outcome == loom::train_outcome::preempted);
   CHECK(result.last_step == 2);
@@ -96,12 +99,13 @@ TEST_CASE("a loss that is not finite on one rank stops every rank, naming the st
   auto job = loom::build(model | loom::ddp(), world());
   torch::optim::SGD optimizer(job.trainable_parameters(), 0.1);
   CHECK_THROWS_WITH(loom::train(job, optimizer,
-                                {.loss = [&](std::int64_t step, int) {
-                                  auto [x, y] = rows(step, 0, 4);
-                                  const at::Tensor loss = job.forward(x, y);
-                                  const bool poisoned = step == 2 && last_rank();
-                                  return poisoned ? loss * std::numeric_limits<double>::infinity() : loss;
-                                }},
+                                {.loss =
+                                     [&](std::int64_t step, int) {
+                                       auto [x, y] = rows(step, 0, 4);
+                                       const at::Tensor loss = job.forward(x, y);
+                                       const bool poisoned = step == 2 && last_rank();
+                                       return poisoned ? loss * std::numeric_limits<double>::infinity() : loss;
+                                     }},
                                 {.steps = 4, .out = shared_scratch("not-finite")}),
                     ContainsSubstring("the loss of step 2 is inf"));
 }

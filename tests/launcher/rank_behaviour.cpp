@@ -1,6 +1,7 @@
 // A torch-free stand-in for a training program, for the launcher tests. Each rank (RANK from the
 // environment) does what the arguments ask, in this order:
 //   --ignore-sigterm     ignore SIGTERM, so only SIGKILL stops this rank
+//   --preemptible        on SIGTERM or SIGUSR1, exit with code 75 ("resumable"), as loom::train does
 //   --spawn-child        fork a child that sleeps as long as --sleep-s (pid in DIR/rank-<RANK>-child.pid)
 //   --pid-dir DIR        write this process's pid to DIR/rank-<RANK>.pid
 //   --wait-for-all       wait (at most 10 s) until every rank wrote its pid file, so that
@@ -17,6 +18,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -35,6 +37,7 @@ struct behaviour {
   std::optional<std::filesystem::path> pid_dir;
   bool spawn_child = false;
   bool ignore_sigterm = false;
+  bool preemptible = false;
   bool wait_for_all = false;
   std::vector<std::string> printed_variables;
   std::vector<std::string> lines;
@@ -72,6 +75,8 @@ behaviour parse(int argc, char** argv) {
       b.spawn_child = true;
     else if (flag == "--ignore-sigterm")
       b.ignore_sigterm = true;
+    else if (flag == "--preemptible")
+      b.preemptible = true;
     else if (flag == "--wait-for-all")
       b.wait_for_all = true;
     else if (flag == "--print-env")
@@ -113,6 +118,9 @@ void wait_for_every_pid_file(const std::filesystem::path& dir) {
       std::this_thread::sleep_for(std::chrono::milliseconds{5});
 }
 
+volatile std::sig_atomic_t preempted = 0;
+extern "C" void note_preemption(int) { preempted = 1; }
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -122,6 +130,10 @@ int main(int argc, char** argv) {
   const std::string name = "rank-" + std::to_string(rank);
 
   if (b.ignore_sigterm) ::signal(SIGTERM, SIG_IGN);
+  if (b.preemptible) {
+    ::signal(SIGTERM, note_preemption);
+    ::signal(SIGUSR1, note_preemption);
+  }
   if (b.spawn_child) {
     const pid_t child = ::fork();
     if (child == 0) {
@@ -149,6 +161,12 @@ int main(int argc, char** argv) {
 
   if (b.fail_rank == rank) return b.exit_code;
   if (b.kill_rank == rank) ::raise(SIGKILL);
-  if (b.others_sleep) std::this_thread::sleep_for(std::chrono::seconds{b.sleep_seconds});
+  if (b.others_sleep) {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds{b.sleep_seconds};
+    while (std::chrono::steady_clock::now() < deadline) {
+      if (preempted) return 75;  // the step under way finished, the checkpoint written
+      std::this_thread::sleep_for(std::chrono::milliseconds{5});
+    }
+  }
   return 0;
 }

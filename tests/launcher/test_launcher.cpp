@@ -262,6 +262,22 @@ TEST_CASE("SIGTERM or SIGINT to loom-run reaches every rank and leaves no proces
   for (const pid_t pid : child_pids) CHECK(becomes_gone(pid));
 }
 
+TEST_CASE("SIGUSR1 or SIGTERM to loom-run: ranks that stop to be resumed make it exit 75, saying so", "[launcher]") {
+  const auto [signal_number, name] = GENERATE(std::pair{SIGUSR1, "SIGUSR1"}, std::pair{SIGTERM, "SIGTERM"});
+  CAPTURE(name);
+  const temp_dir pids;
+  launcher_run launcher{with_helper({"--nproc-per-node", "3", "--grace-s", "20"},
+                                    {"--pid-dir", pids.path().string(), "--preemptible", "--others", "sleep"})};
+  (void)wait_for_pids(pids.path(), {"rank-0.pid", "rank-1.pid", "rank-2.pid"});
+  launcher.send(signal_number);
+  const auto run = launcher.wait();
+  CHECK(run.exit_code == 75);
+  CHECK(run.took < 10s);
+  CHECK(run.last_err_line() ==
+        "loom-run: 3 of 3 ranks stopped to be resumed (exit code 75): run the same command "
+        "again to continue from their checkpoint");
+}
+
 TEST_CASE("a rank that ignores SIGTERM is killed once --grace-s has passed", "[launcher]") {
   const temp_dir pids;
   const auto run = run_launcher(with_helper({"--nproc-per-node", "2", "--grace-s", "1"},

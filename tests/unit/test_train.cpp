@@ -4,8 +4,8 @@
 #include <loom/train/loop.hpp>
 #include <models/tiny_gpt.hpp>
 
-#include <nlohmann/json.hpp>
 #include <torch/optim/sgd.h>
+#include <nlohmann/json.hpp>
 
 #include <catch2/catch_approx.hpp>
 #include <catch2/catch_test_macros.hpp>
@@ -56,16 +56,18 @@ TEST_CASE("two micro-batches a step equal one batch of both", "[train]") {
   torch::optim::SGD whole_optimizer(whole.trainable_parameters(), 0.1);
   torch::optim::SGD halves_optimizer(halves.trainable_parameters(), 0.1);
   loom::train(whole, whole_optimizer,
-              {.loss = [&](std::int64_t step, int) {
-                auto [x, y] = rows(step, 0, 4);
-                return whole.forward(x, y);
-              }},
+              {.loss =
+                   [&](std::int64_t step, int) {
+                     auto [x, y] = rows(step, 0, 4);
+                     return whole.forward(x, y);
+                   }},
               {.steps = 3, .out = scratch("whole")});
   loom::train(halves, halves_optimizer,
-              {.loss = [&](std::int64_t step, int micro) {
-                auto [x, y] = rows(step, 2 * micro, 2);
-                return halves.forward(x, y);
-              }},
+              {.loss =
+                   [&](std::int64_t step, int micro) {
+                     auto [x, y] = rows(step, 2 * micro, 2);
+                     return halves.forward(x, y);
+                   }},
               {.steps = 3, .accumulate = 2, .out = scratch("halves")});
   const auto a = whole.state_dict(), b = halves.state_dict();
   for (std::size_t i = 0; i < a.size(); ++i) CHECK(torch::allclose(a[i].tensor, b[i].tensor, 1e-5, 1e-6));
@@ -87,7 +89,12 @@ TEST_CASE("each step has the schedule's learning rate, and metrics.jsonl says so
                      auto [x, y] = rows(1000, 0, 4);
                      return job.forward(x, y);
                    }},
-              {.steps = 6, .clip_norm = 1.0, .lr = lr, .out = out, .eval_every = 3, .log_every = 1,
+              {.steps = 6,
+               .clip_norm = 1.0,
+               .lr = lr,
+               .out = out,
+               .eval_every = 3,
+               .log_every = 1,
                .tokens_per_micro_batch = 4 * small.ctx});
   const auto lines = metrics(out);
   std::vector<double> rates;
@@ -113,11 +120,12 @@ TEST_CASE("a loss that is not finite stops the run before its update; the last g
   torch::optim::SGD optimizer(job.trainable_parameters(), 0.1);
   const fs::path out = scratch("nan");
   CHECK_THROWS_WITH(loom::train(job, optimizer,
-                                {.loss = [&](std::int64_t step, int) {
-                                  auto [x, y] = rows(step, 0, 4);
-                                  const at::Tensor loss = job.forward(x, y);
-                                  return step == 3 ? loss * std::numeric_limits<double>::quiet_NaN() : loss;
-                                }},
+                                {.loss =
+                                     [&](std::int64_t step, int) {
+                                       auto [x, y] = rows(step, 0, 4);
+                                       const at::Tensor loss = job.forward(x, y);
+                                       return step == 3 ? loss * std::numeric_limits<double>::quiet_NaN() : loss;
+                                     }},
                                 {.steps = 5, .out = out, .checkpoint_every = 1}),
                     ContainsSubstring("the loss of step 3 is nan") && ContainsSubstring("last good state"));
   CHECK(fs::exists(out / "checkpoints" / "step-00000002"));
@@ -133,9 +141,9 @@ TEST_CASE("SIGUSR1 ends the run after the step under way, with a checkpoint; the
   };
   auto first = loom::build(plan, one());
   torch::optim::SGD first_optimizer(first.trainable_parameters(), 0.1);
-  const loom::train_result stopped = loom::train(
-      first, first_optimizer, {.loss = [&](std::int64_t step, int) { return loss_of(first, step, true); }},
-      {.steps = 5, .out = out});
+  const loom::train_result stopped =
+      loom::train(first, first_optimizer, {.loss = [&](std::int64_t step, int) { return loss_of(first, step, true); }},
+                  {.steps = 5, .out = out});
   CHECK(stopped.outcome == loom::train_outcome::preempted);
   CHECK(stopped.last_step == 2);
   CHECK(fs::exists(out / "checkpoints" / "step-00000002"));
@@ -169,10 +177,9 @@ TEST_CASE("the loop's options are checked before the first step, naming the opti
                     ContainsSubstring("train_options.steps is 0"));
   CHECK_THROWS_WITH(loom::train(job, optimizer, functions, {.steps = 2, .accumulate = 0, .out = scratch("x")}),
                     ContainsSubstring("train_options.accumulate is 0"));
-  CHECK_THROWS_WITH(
-      loom::train(job, optimizer, functions,
-                  {.steps = 2, .lr = loom::lr_schedule{.total_steps = 3}, .out = scratch("x")}),
-      ContainsSubstring("the lr schedule's total_steps (3) differs from train_options.steps (2)"));
+  CHECK_THROWS_WITH(loom::train(job, optimizer, functions,
+                                {.steps = 2, .lr = loom::lr_schedule{.total_steps = 3}, .out = scratch("x")}),
+                    ContainsSubstring("the lr schedule's total_steps (3) differs from train_options.steps (2)"));
   CHECK_THROWS_WITH(loom::train(job, optimizer, functions, {.steps = 2, .out = "/sys/kernel/loom-run"}),
                     ContainsSubstring("the output folder '/sys/kernel/loom-run' cannot be created"));
 }

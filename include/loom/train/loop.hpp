@@ -38,16 +38,16 @@ namespace loom {
 inline constexpr int resumable_exit_code = 75;
 
 struct train_options {
-  std::int64_t steps = 0;           // optimizer steps in all
-  int accumulate = 1;               // micro-batches per optimizer step
+  std::int64_t steps = 0;             // optimizer steps in all
+  int accumulate = 1;                 // micro-batches per optimizer step
   std::optional<double> clip_norm{};  // clip the global gradient norm to this (p = 2); the norm is logged
-  std::optional<lr_schedule> lr{};  // none: the optimizer's own rate throughout
-  std::filesystem::path out{};      // checkpoints/ and metrics.jsonl; created if missing
+  std::optional<lr_schedule> lr{};    // none: the optimizer's own rate throughout
+  std::filesystem::path out{};        // checkpoints/ and metrics.jsonl; created if missing
   std::int64_t checkpoint_every = 0;  // 0: at the end and on preemption only
   int keep_checkpoints = 2;
-  std::int64_t eval_every = 0;        // 0: no evaluation
-  std::int64_t log_every = 10;        // a metrics line and a progress line every this many steps
-  double log_seconds = 30;            // or when this long has passed since the last progress line
+  std::int64_t eval_every = 0;              // 0: no evaluation
+  std::int64_t log_every = 10;              // a metrics line and a progress line every this many steps
+  double log_seconds = 30;                  // or when this long has passed since the last progress line
   std::int64_t tokens_per_micro_batch = 0;  // this rank's, for tokens/s (0: left out)
 };
 
@@ -62,7 +62,7 @@ enum class train_outcome { finished, preempted };
 
 struct train_result {
   train_outcome outcome = train_outcome::finished;
-  std::int64_t last_step = 0;  // the last optimizer step taken (and checkpointed)
+  std::int64_t last_step = 0;   // the last optimizer step taken (and checkpointed)
   std::int64_t first_step = 1;  // where this run started: after the checkpoint it resumed from
   double last_loss = 0;         // averaged over the ranks
 };
