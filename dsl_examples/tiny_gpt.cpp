@@ -15,6 +15,7 @@
 
 #include <loom/loom.hpp>
 #include <loom/runtime/text.hpp>
+#include <loom/train/loop.hpp>
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <fmt/core.h>
@@ -71,9 +72,11 @@ constexpr std::string_view usage =
     "usage: tiny-gpt [--steps-pretrain N] [--steps-adapt N] [--checkpoint-every N] [--out DIR]\n"
     "  --steps-pretrain N    optimizer steps of phase 1, data-parallel pretraining (default 800)\n"
     "  --steps-adapt N       optimizer steps of phase 2, LoRA adaptation (default 300)\n"
-    "  --checkpoint-every N  steps between checkpoints, in DIR/checkpoints (default 100); run again\n"
-    "                        with the same --out to resume from the newest one\n"
+    "  --checkpoint-every N  steps between checkpoints (default 100); run again with the same --out\n"
+    "                        to resume from the newest one (also after SIGTERM or SIGUSR1, which\n"
+    "                        stop the run after a checkpoint with exit code 75)\n"
     "  --out DIR             every rank must see it (default $TMPDIR/loom-tiny-gpt); it receives\n"
+    "                          pretrain/, adapt/  each phase's checkpoints/ and metrics.jsonl\n"
     "                          pretrained/  the base weights (safetensors, Hugging Face's layout)\n"
     "                          adapter/     the LoRA adapter in PEFT's format\n"
     "                                       (PeftModel.from_pretrained reads it)\n"
@@ -235,54 +238,52 @@ void say(const loom::runtime& rt, fmt::format_string<Args...> format, Args&&... 
 }
 
 struct phase {
-  std::string_view name;
+  std::string name;
   int steps;
-  double learning_rate;
-  std::uint64_t data_seed;  // offset by the rank: each rank samples its own batches
+  double peak_learning_rate;  // after a short warmup; the second half decays (cosine) to a tenth
+  std::uint64_t data_seed;    // offset by the rank: each rank samples its own batches
   int checkpoint_every;
-  fs::path checkpoints;
+  fs::path out;  // checkpoints/ and metrics.jsonl
 };
 
-// Trains `job` on `tokens`, from the newest checkpoint in spec.checkpoints if there is one, and
-// checkpoints every spec.checkpoint_every steps and at the end; rank 0 prints the loss averaged
-// over the steps since the last report and over every rank.
+// Trains `job` on `tokens` with loom::train: from the newest checkpoint in spec.out if there is
+// one, a checkpoint every spec.checkpoint_every steps, the loss averaged over the ranks printed ten
+// times a phase and, four times, the loss on `held_out`. Returns false when a SIGTERM or SIGUSR1
+// stopped it (checkpointed, to be resumed).
 template <class Job>
-void train(Job& job, const phase& spec, const at::Tensor& tokens) {
-  const loom::runtime& rt = job.rt();
-  batch_sampler batches(tokens, spec.data_seed + static_cast<std::uint64_t>(rt.rank()));
+bool train(Job& job, const phase& spec, const at::Tensor& tokens, const at::Tensor& held_out) {
+  const auto rank = static_cast<std::uint64_t>(job.rt().rank());
+  const batch_sampler batches(tokens, spec.data_seed + rank);
+  const batch_sampler evaluation(held_out, spec.data_seed + 500 + rank);
   torch::optim::AdamW optimizer(job.trainable_parameters(),
-                                torch::optim::AdamWOptions(spec.learning_rate).weight_decay(0.01));
-  loom::checkpointer checkpoints(rt, {.folder = spec.checkpoints});
-  int first = 1;
-  if (const auto resumed = checkpoints.resume(job, optimizer)) {
-    first = static_cast<int>(resumed->step) + 1;
-    say(rt, "{}: resumed from {} (step {})\n", spec.name, resumed->path.string(), resumed->step);
-  }
-  const int report_every = std::max(1, spec.steps / 10);
-  const auto start = std::chrono::steady_clock::now();
-  double loss_sum = 0;
-  int losses = 0;
-  for (int step = first; step <= spec.steps; ++step) {
-    auto [inputs, targets] = batches.at_step(step);
-    optimizer.zero_grad();
-    auto loss = job.forward(inputs, targets);
-    job.backward(loss);
-    (void)job.clip_grad_norm(clip_norm);
-    optimizer.step();
-    loss_sum += loss.template item<double>();
-    ++losses;
-
-    if (step == 1 || step % report_every == 0 || step == spec.steps) {  // the same steps on every rank
-      auto mean = torch::tensor(loss_sum / losses, torch::kDouble);
-      rt.comm().all_reduce(mean, loom::reduce_op::mean).wait();
-      const std::chrono::duration<double> elapsed = std::chrono::steady_clock::now() - start;
-      say(rt, "{} step {:5}/{}  loss {:.3f}  ({:.0f} s)\n", spec.name, step, spec.steps, mean.item<double>(),
-          elapsed.count());
-      loss_sum = 0;
-      losses = 0;
-    }
-    if (step % spec.checkpoint_every == 0 || step == spec.steps) checkpoints.save(job, optimizer, step);
-  }
+                                torch::optim::AdamWOptions(spec.peak_learning_rate).weight_decay(0.01));
+  const loom::lr_schedule lr{.peak = spec.peak_learning_rate,
+                             .warmup_steps = std::min(40, spec.steps / 10),
+                             .decay_steps = spec.steps / 2,
+                             .total_steps = spec.steps,
+                             .decay = loom::decay_shape::cosine,
+                             .floor = 0.1};
+  const loom::train_result result = loom::train(job, optimizer,
+                                                {.loss =
+                                                     [&](std::int64_t step, int) {
+                                                       auto [inputs, targets] = batches.at_step(static_cast<int>(step));
+                                                       return job.forward(inputs, targets);
+                                                     },
+                                                 .eval_loss =
+                                                     [&] {
+                                                       auto [inputs, targets] = evaluation.at_step(0);
+                                                       return job.forward(inputs, targets);
+                                                     }},
+                                                {.steps = spec.steps,
+                                                 .clip_norm = clip_norm,
+                                                 .lr = lr,
+                                                 .out = spec.out,
+                                                 .checkpoint_every = spec.checkpoint_every,
+                                                 .eval_every = std::max(1, spec.steps / 4),
+                                                 .log_every = std::max(1, spec.steps / 10),
+                                                 .tokens_per_micro_batch = batch_per_rank * model_config.ctx,
+                                                 .name = spec.name});
+  return result.outcome == loom::train_outcome::finished;
 }
 
 // `job`'s weights, whole, in a plain TinyGpt (adapters left out: zero, or merged into the weights):
@@ -302,50 +303,59 @@ void print_sample(const loom::runtime& rt, models::TinyGpt& model, std::string_v
 }
 
 // Phase 1: every parameter trains; the pretrained weights go to `weights`. Skipped when they are
-// there already (a run started again after phase 1).
-void pretrain(const loom::runtime& rt, const options& opts, const corpus_files& corpus, const fs::path& weights) {
+// there already (a run started again after phase 1). False when stopped to be resumed.
+bool pretrain(const loom::runtime& rt, const options& opts, const corpus_files& corpus, const fs::path& weights) {
   if (fs::exists(weights / "model.safetensors")) {
     say(rt, "== phase 1: done already, {} holds the pretrained weights\n\n", weights.string());
-    return;
+    return true;
   }
   const auto plan = loom::model<models::TinyGpt>(model_config) | loom::seeded(model_seed) | loom::ddp();
   auto job = loom::build(plan, rt);
   const auto tokens = load_tokens(corpus.pretrain);
+  const auto unseen = load_tokens({corpus.held_apart});  // evaluated on, never trained on in this phase
   say(rt, "== phase 1: pretraining on {} in {} ({} characters), {}\n{}\n",
       loom::counted(static_cast<std::int64_t>(corpus.pretrain.size()), "text"), licence_folder.string(), tokens.numel(),
       loom::counted(rt.world_size(), "rank"), job.describe());
 
-  train(job,
-        {.name = "pretrain",
-         .steps = opts.steps_pretrain,
-         .learning_rate = 2e-3,
-         .data_seed = 1000,
-         .checkpoint_every = opts.checkpoint_every,
-         .checkpoints = opts.out / "checkpoints" / "pretrain"},
-        tokens);
+  if (!train(job,
+             {.name = "pretrain",
+              .steps = opts.steps_pretrain,
+              .peak_learning_rate = 2e-3,
+              .data_seed = 1000,
+              .checkpoint_every = opts.checkpoint_every,
+              .out = opts.out / "pretrain"},
+             tokens, unseen)) {
+    return false;
+  }
   print_sample(rt, *plain_copy(job), "after pretraining");
   job.save_weights(weights);  // every rank returns once rank 0 has written it: phase 2 reads it
   say(rt, "saved {}\n\n", weights.string());
+  return true;
 }
 
 // Phase 2: LoRA adapters on the attention's q and v projections; the pretrained weights stay frozen.
-void adapt(const loom::runtime& rt, const options& opts, const corpus_files& corpus, const fs::path& weights) {
+bool adapt(const loom::runtime& rt, const options& opts, const corpus_files& corpus, const fs::path& weights) {
   const auto plan = loom::model<PretrainedTinyGpt>(model_config, weights) | loom::seeded(model_seed) |
                     loom::lora(8, {"q_proj", "v_proj"}) | loom::fsdp();
   auto job = loom::build(plan, rt);
-  const auto tokens = load_tokens({corpus.held_apart});
+  const auto text = load_tokens({corpus.held_apart});
+  const std::int64_t split = text.numel() * 9 / 10;  // the last tenth is held out for evaluation
+  const auto tokens = text.narrow(0, 0, split);
+  const auto held_out = text.narrow(0, split, text.numel() - split);
   say(rt, "== phase 2: adapting to {} ({} characters), held apart from pretraining\n{}\n", corpus.held_apart.string(),
       tokens.numel(), job.describe());
   print_sample(rt, *plain_copy(job), "before adapting (lora_B starts at zero: the pretrained model's sample)");
 
-  train(job,
-        {.name = "adapt",
-         .steps = opts.steps_adapt,
-         .learning_rate = 5e-3,
-         .data_seed = 2000,
-         .checkpoint_every = opts.checkpoint_every,
-         .checkpoints = opts.out / "checkpoints" / "adapt"},
-        tokens);
+  if (!train(job,
+             {.name = "adapt",
+              .steps = opts.steps_adapt,
+              .peak_learning_rate = 5e-3,
+              .data_seed = 2000,
+              .checkpoint_every = opts.checkpoint_every,
+              .out = opts.out / "adapt"},
+             tokens, held_out)) {
+    return false;
+  }
   job.save_adapter(opts.out / "adapter");
   say(rt, "saved {} (PEFT's LoRA format)\n", (opts.out / "adapter").string());
 
@@ -354,6 +364,7 @@ void adapt(const loom::runtime& rt, const options& opts, const corpus_files& cor
   print_sample(rt, *plain_copy(job), "after adapting");
   job.save_weights(opts.out / "adapted");
   say(rt, "saved {} (adapters merged)\n", (opts.out / "adapted").string());
+  return true;
 }
 
 }  // namespace
@@ -369,8 +380,8 @@ int main(int argc, char** argv) {
     const loom::runtime rt = loom::runtime::from_env();
     fs::create_directories(opts.out);
     const fs::path weights = opts.out / "pretrained";
-    pretrain(rt, opts, corpus, weights);
-    adapt(rt, opts, corpus, weights);
+    // Stopped by SIGTERM or SIGUSR1 after a checkpoint: the same command resumes.
+    if (!pretrain(rt, opts, corpus, weights) || !adapt(rt, opts, corpus, weights)) return loom::resumable_exit_code;
     return 0;
   } catch (const usage_error& error) {
     fmt::print(stderr, "tiny-gpt: {}\n{}", error.what(), usage);

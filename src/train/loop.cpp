@@ -92,6 +92,13 @@ train_session::train_session(const runtime& rt, const train_options& options) : 
 
 train_session::~train_session() = default;
 
+void train_session::announce(const resume_point& resumed) const {
+  if (rt_.rank() != 0) return;
+  fmt::print("{}{}resumed from {} (step {})\n", options_.name, options_.name.empty() ? "" : ": ", resumed.path.string(),
+             resumed.step);
+  std::fflush(stdout);
+}
+
 bool train_session::checkpoint_due(std::int64_t step) const noexcept {
   return step == options_.steps || (options_.checkpoint_every > 0 && step % options_.checkpoint_every == 0);
 }
@@ -141,7 +148,8 @@ void train_session::record_eval(std::int64_t step, const at::Tensor& loss) {
   rt_.comm().all_reduce(mean, reduce_op::mean).wait();
   eval_loss_ = mean.cpu().item<double>();
   if (rt_.rank() != 0) return;
-  fmt::print("eval  step {:>6}/{}  loss {:.4f}\n", step, options_.steps, *eval_loss_);
+  fmt::print("{}{}eval at step {}/{}  loss {:.3f}\n", options_.name, options_.name.empty() ? "" : " ", step,
+             options_.steps, *eval_loss_);
   std::fflush(stdout);
   std::ofstream(options_.out / "metrics.jsonl", std::ios::app)
       << json{{"step", step}, {"eval_loss", *eval_loss_}}.dump() << '\n';
@@ -179,8 +187,9 @@ void train_session::log(std::int64_t step) {
             {"optimizer_mb", optimizer_mb_}};
   if (grad_norm_) line["grad_norm"] = *grad_norm_;
   std::ofstream(options_.out / "metrics.jsonl", std::ios::app) << line.dump() << '\n';
-  fmt::print("step {:>6}/{}  loss {:.4f}  lr {:.3g}{}{}  elapsed {:.0f} s  ETA {:.0f} s\n", step, options_.steps,
-             mean_loss, lr_, grad_norm_ ? fmt::format("  grad norm {:.3g}", *grad_norm_) : std::string(),
+  fmt::print("{}{}step {:>5}/{}  loss {:.3f}  lr {:.3g}{}{}  elapsed {:.0f} s  ETA {:.0f} s\n", options_.name,
+             options_.name.empty() ? "" : " ", step, options_.steps, mean_loss, lr_,
+             grad_norm_ ? fmt::format("  grad norm {:.3g}", *grad_norm_) : std::string(),
              tokens_per_s > 0 ? fmt::format("  {:.0f} tokens/s", tokens_per_s) : std::string(), elapsed,
              per_step * static_cast<double>(options_.steps - step));
   std::fflush(stdout);

@@ -49,6 +49,7 @@ struct train_options {
   std::int64_t log_every = 10;              // a metrics line and a progress line every this many steps
   double log_seconds = 30;                  // or when this long has passed since the last progress line
   std::int64_t tokens_per_micro_batch = 0;  // this rank's, for tokens/s (0: left out)
+  std::string name{};                       // starts the progress lines ("pretrain step 80/800 ...")
 };
 
 struct train_functions {
@@ -80,6 +81,8 @@ class train_session {
   [[nodiscard]] checkpointer& checkpoints() noexcept { return *checkpoints_; }
   [[nodiscard]] const train_options& options() const noexcept { return options_; }
 
+  // Rank 0 says where the run continues from.
+  void announce(const resume_point& resumed) const;
   void begin_step(std::int64_t step, torch::optim::Optimizer& optimizer);
   // After the step's micro-batches: `loss_sum` is this rank's summed micro-batch losses. Agrees with
   // every rank (one small all-reduce) on the step's mean loss and on whether to stop for a signal;
@@ -91,8 +94,8 @@ class train_session {
   [[nodiscard]] bool eval_due(std::int64_t step) const noexcept;
   // Averages this rank's eval loss over the ranks and logs it with the step.
   void record_eval(std::int64_t step, const at::Tensor& loss);
-  // Sizes for the metrics: this rank's parameters (what the optimizer steps) and optimizer state,
-  // measured after the run's first step, when the state exists.
+  // Sizes for the metrics: this rank's parameters (what the optimizer steps) and optimizer state;
+  // measured before the first step and again after it, when the optimizer's state exists.
   void measure_memory(const torch::optim::Optimizer& optimizer);
 
  private:
@@ -117,8 +120,12 @@ train_result train(Job& job, torch::optim::Optimizer& optimizer, const train_fun
                    const train_options& options) {
   train_session session(job.rt(), options);
   train_result result;
-  if (const auto resumed = session.checkpoints().resume(job, optimizer)) result.first_step = resumed->step + 1;
+  if (const auto resumed = session.checkpoints().resume(job, optimizer)) {
+    result.first_step = resumed->step + 1;
+    session.announce(*resumed);
+  }
   result.last_step = result.first_step - 1;
+  session.measure_memory(optimizer);
   for (std::int64_t step = result.first_step; step <= options.steps; ++step) {
     session.begin_step(step, optimizer);
     double loss_sum = 0;
