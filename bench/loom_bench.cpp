@@ -31,12 +31,16 @@ struct bench_options {
   std::string workload;
   int steps = 30;
   int warmup = 5;
-  std::int64_t batch = 0;  // 0: the workload's own
+  std::int64_t batch = 0;  // unset: the workload's own
 };
 
 constexpr std::string_view usage =
     "usage: loom-bench --workload {mlp-ddp,gpt-local,gpt-ddp,gpt-lora-local,gpt-lora-ddp,gpt-fsdp,gpt-lora-fsdp} "
-    "[--steps N] [--warmup N] [--batch N]";
+    "[--steps N] [--warmup N] [--batch N]\n"
+    "  --workload W  one of ../shared/BENCHMARKS.md's workloads\n"
+    "  --steps N     timed steps (default 30), after --warmup N untimed ones (default 5)\n"
+    "  --batch N     the local batch (default: the workload's own)\n"
+    "Rank 0 prints one JSON line with the keys of ../shared/bench/torch_anchor.py.";
 
 [[noreturn]] void usage_error(const std::string& message) {
   fmt::print(stderr, "loom-bench: {}\n{}\n", message, usage);
@@ -54,6 +58,10 @@ bench_options parse_options(int argc, char** argv) {
   bench_options options;
   for (int i = 1; i < argc; i += 2) {
     const std::string_view flag = argv[i];
+    if (flag == "-h" || flag == "--help") {
+      fmt::print("{}\n", usage);
+      std::exit(0);
+    }
     if (i + 1 >= argc) usage_error(fmt::format("{} expects a value", flag));
     const char* value = argv[i + 1];
     if (flag == "--workload") {
@@ -64,6 +72,7 @@ bench_options parse_options(int argc, char** argv) {
       options.warmup = static_cast<int>(parse_count(flag, value));
     } else if (flag == "--batch") {
       options.batch = parse_count(flag, value);
+      if (options.batch == 0) usage_error("--batch must be at least 1 (leave it out for the workload's own)");
     } else {
       usage_error(fmt::format("unknown flag '{}'", flag));
     }
