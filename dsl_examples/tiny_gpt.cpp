@@ -378,7 +378,12 @@ int main(int argc, char** argv) {
     }
     const corpus_files corpus = split_corpus(licence_folder);
     const loom::runtime rt = loom::runtime::from_env();
-    fs::create_directories(opts.out);
+    std::error_code out_error;
+    fs::create_directories(opts.out, out_error);
+    if (out_error) {
+      throw std::runtime_error(fmt::format("--out {} cannot be created: {}; give a folder you can write to",
+                                           opts.out.string(), out_error.message()));
+    }
     const fs::path weights = opts.out / "pretrained";
     // Stopped by SIGTERM or SIGUSR1 after a checkpoint: the same command resumes.
     if (!pretrain(rt, opts, corpus, weights) || !adapt(rt, opts, corpus, weights)) return loom::resumable_exit_code;
