@@ -19,6 +19,7 @@
 #include <loom/dsl/pipe.hpp>
 #include <loom/dsl/plan.hpp>
 #include <loom/dsl/rules.hpp>
+#include <loom/dsl/run_plan.hpp>
 #include <loom/dsl/seeded.hpp>
 #include <loom/dsl/stage_kind.hpp>
 #include <loom/dsl/strategies.hpp>

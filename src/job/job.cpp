@@ -19,15 +19,15 @@ namespace detail {
 
 job_core::job_core(runtime rt, std::shared_ptr<torch::nn::Module> module, std::string model_name,
                    std::optional<lora_layers> lora, std::string plan_text)
-    : context_(std::move(rt), std::move(module)),
+    : context_(std::make_unique<strategy_context>(std::move(rt), std::move(module))),
       model_name_(std::move(model_name)),
       lora_(std::move(lora)),
       plan_text_(std::move(plan_text)) {}
 
-void job_core::verify_schedule() const { verify_schedule_across_ranks(context_.schedule(), context_.rt()); }
+void job_core::verify_schedule() const { verify_schedule_across_ranks(context_->schedule(), context_->rt()); }
 
 void job_core::fail_step(std::string_view during) const {
-  rethrow_as_job_failure(context_.rt(), std::current_exception(), during);
+  rethrow_as_job_failure(context_->rt(), std::current_exception(), during);
 }
 
 lora_layers& job_core::require_lora(std::string_view what) {
@@ -44,7 +44,7 @@ void job_core::save_adapter(const std::filesystem::path& folder) {
   }
   std::vector<std::string> not_adapters;
   peft_lora_adapter adapter{lora.rank(), lora.alpha(), lora.dropout(), lora.adapted(), {}};
-  for (const auto& item : context_.module().named_parameters()) {
+  for (const auto& item : context_->module().named_parameters()) {
     if (lora_adapter::is_adapter_parameter(item.key())) {
       adapter.tensors.push_back({item.key(), item.value()});
     } else if (item.value().requires_grad()) {
@@ -58,7 +58,7 @@ void job_core::save_adapter(const std::filesystem::path& folder) {
         counted(static_cast<std::int64_t>(not_adapters.size()), "parameter"), fmt::join(not_adapters, ", ")));
   }
   std::sort(adapter.target_modules.begin(), adapter.target_modules.end());
-  run_on_rank_zero(context_.rt(), "saving the adapter", [&] { save_peft_adapter(folder, adapter); });
+  run_on_rank_zero(context_->rt(), "saving the adapter", [&] { save_peft_adapter(folder, adapter); });
 }
 
 void job_core::load_adapter(const std::filesystem::path& folder) {
@@ -82,7 +82,7 @@ void job_core::load_adapter(const std::filesystem::path& folder) {
                     adapter.lora_alpha, lora.alpha(), adapter.lora_alpha));
   }
   std::map<std::string, at::Tensor> mine;
-  for (const auto& item : context_.module().named_parameters()) {
+  for (const auto& item : context_->module().named_parameters()) {
     if (lora_adapter::is_adapter_parameter(item.key())) mine.emplace(item.key(), item.value());
   }
   std::set<std::string> missing;
@@ -114,7 +114,7 @@ void job_core::save_weights(const std::filesystem::path& folder, const tensor_st
   for (const named_tensor& t : whole) {
     if (!lora_adapter::is_adapter_parameter(t.name)) base.push_back(t);
   }
-  run_on_rank_zero(context_.rt(), "saving the weights", [&] { loom::save_weights(folder, base, max_shard_bytes); });
+  run_on_rank_zero(context_->rt(), "saving the weights", [&] { loom::save_weights(folder, base, max_shard_bytes); });
 }
 
 void job_core::zero_grad(const std::vector<at::Tensor>& parameters, bool set_to_none) {
@@ -132,12 +132,12 @@ void job_core::zero_grad(const std::vector<at::Tensor>& parameters, bool set_to_
 std::string job_core::describe() const {
   std::int64_t total = 0;
   std::int64_t trainable = 0;
-  for (const auto& p : context_.module().parameters()) {
+  for (const auto& p : context_->module().parameters()) {
     total += p.numel();
     if (p.requires_grad()) trainable += p.numel();
   }
   std::string text = plan_text_;
-  const runtime& rt = context_.rt();
+  const runtime& rt = context_->rt();
   text += fmt::format("build: {} on {}, device {}\n", model_name_, counted(rt.world_size(), "rank"), rt.device().str());
   if (lora_) {
     text += fmt::format(
@@ -147,9 +147,9 @@ std::string job_core::describe() const {
         lora_->fallback_count());
   }
   text += fmt::format("build: {} of {} parameters trainable ({})\n", trainable, total,
-                      counted(static_cast<std::int64_t>(context_.trainable().size()), "tensor"));
-  for (const std::string& line : context_.notes()) text += "build: " + line + '\n';
-  const collective_schedule& schedule = context_.schedule();
+                      counted(static_cast<std::int64_t>(context_->trainable().size()), "tensor"));
+  for (const std::string& line : context_->notes()) text += "build: " + line + '\n';
+  const collective_schedule& schedule = context_->schedule();
   text += fmt::format("build: schedule {} a step, {} bytes, fingerprint {:016x}\n",
                       counted(static_cast<std::int64_t>(schedule.entries().size()), "collective"),
                       schedule.bytes_per_step(), schedule.fingerprint());

@@ -4,10 +4,16 @@
 #include <loom/dsl.hpp>
 #include <loom/job/job.hpp>
 #include <loom/replicas/replicas.hpp>
+#include <loom/strategies/ddp.hpp>
 #include <loom/strategies/engine.hpp>
+#include <loom/strategies/fsdp.hpp>
+#include <loom/strategies/local.hpp>
 
+#include <string>
 #include <tuple>
 #include <type_traits>
+#include <utility>
+#include <variant>
 
 namespace loom {
 
@@ -51,7 +57,46 @@ auto build_checked(const Plan& plan, runtime rt) {
   return job<M, decltype(engine)>(std::move(model), std::move(rt), std::move(lora), plan.describe(), std::move(engine));
 }
 
+// A run_plan seen with one of its strategies fixed: what build_checked reads of a plan.
+template <class Model, class Strategy>
+struct with_strategy {
+  const run_plan<Model>& plan;
+  Strategy stage;
+
+  using model_type = typename Model::model_type;
+  [[nodiscard]] const auto& model_args() const noexcept { return plan.model_args(); }
+  [[nodiscard]] auto seed() const { return plan.seed(); }
+  [[nodiscard]] auto lora() const { return plan.lora(); }
+  [[nodiscard]] auto trainable_patterns() const { return plan.trainable_patterns(); }
+  [[nodiscard]] std::string describe() const { return plan.describe(); }
+  [[nodiscard]] const Strategy& strategy() const noexcept { return stage; }
+};
+
+template <class M, class Stage>
+using job_for = job<M, decltype(make_engine(std::declval<const Stage&>()))>;
+
 }  // namespace detail
+
+// The job types a run_plan over M can become, one per built-in strategy: visit it to train, with
+// job.module() typed as always.
+template <class M>
+using run_job =
+    std::variant<detail::job_for<M, local_stage>, detail::job_for<M, ddp_stage>, detail::job_for<M, fsdp_stage>>;
+
+// A plan chosen at run time (loom/config/run_file.hpp) becomes the job of its strategy.
+template <class Model>
+[[nodiscard]] run_job<typename Model::model_type> build(const run_plan<Model>& plan, runtime rt) {
+  using M = typename Model::model_type;
+  static_assert(TorchModule<M>, LOOM_R7_NOT_A_MODULE);
+  static_assert(detail::constructible_from_tuple<M, std::remove_cvref_t<decltype(plan.model_args())>>,
+                LOOM_R7_NOT_CONSTRUCTIBLE);
+  return std::visit(
+      [&](const auto& stage) -> run_job<M> {
+        return detail::build_checked(detail::with_strategy<Model, std::remove_cvref_t<decltype(stage)>>{plan, stage},
+                                     std::move(rt));
+      },
+      plan.strategy());
+}
 
 // R7 is checked here, where the plan meets LibTorch; a failed check stops before the body, so the
 // sentence is the whole diagnostic.

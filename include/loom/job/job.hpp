@@ -60,8 +60,8 @@ class job_core {
   job_core(runtime rt, std::shared_ptr<torch::nn::Module> module, std::string model_name,
            std::optional<lora_layers> lora, std::string plan_text);
 
-  [[nodiscard]] strategy_context& context() noexcept { return context_; }
-  [[nodiscard]] const strategy_context& context() const noexcept { return context_; }
+  [[nodiscard]] strategy_context& context() noexcept { return *context_; }
+  [[nodiscard]] const strategy_context& context() const noexcept { return *context_; }
   [[nodiscard]] lora_layers* lora() noexcept { return lora_ ? &*lora_ : nullptr; }
 
   // Checks the schedule the strategy derived against every other rank's.
@@ -85,7 +85,8 @@ class job_core {
   [[nodiscard]] const std::string& plan_text() const noexcept { return plan_text_; }
 
  private:
-  strategy_context context_;
+  // On the heap: engines and hooks keep its address, which must survive moving the job.
+  std::unique_ptr<strategy_context> context_;
   std::string model_name_;
   std::optional<lora_layers> lora_;
   std::string plan_text_;

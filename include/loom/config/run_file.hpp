@@ -1,0 +1,41 @@
+#pragma once
+// Plans from a run file: the stages after the model, chosen without a rebuild, checked with the
+// rules and sentences of the compile-time DSL before anything is built (docs/run_files.md).
+//
+//   {"plan": [{"seeded": 7},
+//             {"lora": {"rank": 8, "alpha": 16, "targets": ["q_proj", "v_proj"]}},
+//             {"strategy": {"name": "fsdp", "reshard_after_forward": false}}]}
+//
+//   auto plan = loom::plan_from_file(loom::model<TinyGpt>(config), "run.json", {"lora.rank=16"});
+//   std::visit([&](auto& job) { train(job); }, loom::build(plan, loom::runtime::from_env()));
+
+#include <loom/dsl/run_plan.hpp>
+
+#include <filesystem>
+#include <span>
+#include <stdexcept>
+#include <string>
+
+namespace loom {
+
+// A run file (or an override) that cannot be read: names the file, the key and the accepted form.
+class run_file_error : public std::invalid_argument {
+ public:
+  using std::invalid_argument::invalid_argument;
+};
+
+// Reads the stages of `path`'s "plan" list, in order, with `overrides` ("lora.rank=16",
+// "strategy=fsdp", "strategy.bucket_cap_mb=50", "seeded=7") applied on top. Unknown keys, wrong
+// types and a strategy loom does not have are run_file_errors; a value out of range is the DSL's
+// plan_error with its rule's sentence.
+[[nodiscard]] run_stages read_run_stages(const std::filesystem::path& path,
+                                         std::span<const std::string> overrides = {});
+
+// The model's plan with the file's stages after it; the order rules are checked here (plan_error).
+template <class Model>
+[[nodiscard]] run_plan<Model> plan_from_file(const plan<Model>& model, const std::filesystem::path& path,
+                                             std::span<const std::string> overrides = {}) {
+  return run_plan<Model>(model, read_run_stages(path, overrides));
+}
+
+}  // namespace loom

@@ -1,0 +1,225 @@
+#include <loom/config/run_file.hpp>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <cctype>
+#include <fstream>
+#include <functional>
+#include <map>
+#include <vector>
+
+namespace loom {
+namespace {
+
+using json = nlohmann::ordered_json;
+
+// The keys each stage takes, for the messages.
+const std::map<std::string, std::vector<std::string>>& accepted_keys() {
+  static const std::map<std::string, std::vector<std::string>> keys{
+      {"lora", {"rank", "alpha", "dropout", "targets", "patterns", "exclude"}},
+      {"ddp", {"name", "bucket_cap_mb", "broadcast_buffers", "find_unused_parameters", "gradient_as_bucket_view",
+               "static_graph"}},
+      {"fsdp", {"name", "reshard_after_forward", "bucket_cap_mb"}},
+      {"local", {"name"}},
+  };
+  return keys;
+}
+
+constexpr std::string_view stage_names = "seeded, lora, trainable, strategy";
+constexpr std::string_view strategy_names = "local, ddp, fsdp";
+
+class reader {
+ public:
+  explicit reader(std::filesystem::path path) : path_(std::move(path)) {}
+
+  [[noreturn]] void fail(const std::string& key, const std::string& problem) const {
+    throw run_file_error(fmt::format("loom: run file '{}': {}{}", path_.string(), key.empty() ? "" : key + ": ", problem));
+  }
+
+  json load() const {
+    std::ifstream in(path_);
+    if (!in) fail("", "it cannot be read");
+    try {
+      return json::parse(in);
+    } catch (const json::parse_error& error) {
+      fail("", fmt::format("it is not JSON ({})", error.what()));
+    }
+  }
+
+  // "lora.rank=16": the value is JSON when it parses as JSON, a string otherwise.
+  void apply_override(json& stages, const std::string& text) const {
+    const auto equals = text.find('=');
+    if (equals == std::string::npos || equals == 0) {
+      fail(text, "an override is KEY=VALUE, for example lora.rank=16 or strategy=fsdp");
+    }
+    const std::string key = text.substr(0, equals);
+    const std::string raw = text.substr(equals + 1);
+    json value = json::parse(raw, nullptr, /*allow_exceptions=*/false);
+    if (value.is_discarded()) value = raw;
+    const auto dot = key.find('.');
+    const std::string stage = key.substr(0, dot);
+    json* entry = nullptr;
+    for (json& each : stages) {
+      if (each.is_object() && each.contains(stage)) entry = &each[stage];
+    }
+    if (entry == nullptr) {
+      if (dot != std::string::npos) fail(key, fmt::format("the run file has no {} stage to set it in", stage));
+      stages.push_back(json{{stage, value}});
+      return;
+    }
+    if (dot == std::string::npos) {
+      // strategy=fsdp names another strategy: its options start from the defaults.
+      *entry = value;
+      return;
+    }
+    if (entry->is_string()) *entry = json{{"name", *entry}};  // "strategy": "ddp" gains options
+    if (!entry->is_object()) fail(key, fmt::format("{} is not an object in the run file", stage));
+    (*entry)[key.substr(dot + 1)] = value;
+  }
+
+  run_stages stages(const json& root, std::span<const std::string> overrides) const {
+    if (!root.is_object()) fail("", "it is not a JSON object; give {\"plan\": [stages...]}");
+    for (const auto& [key, value] : root.items()) {
+      if (key != "plan") fail(key, "unknown key; the run file has \"plan\": [stages...]");
+    }
+    json list = root.contains("plan") ? root["plan"] : json::array();
+    if (!list.is_array()) fail("plan", "give a list of stages, each {\"name\": value}");
+    for (const std::string& text : overrides) apply_override(list, text);
+
+    run_stages result;
+    for (std::size_t i = 0; i < list.size(); ++i) {
+      const json& entry = list[i];
+      const std::string where = fmt::format("plan[{}]", i);
+      if (!entry.is_object() || entry.size() != 1) {
+        fail(where, fmt::format("give one stage as {{\"name\": value}}, name one of {}", stage_names));
+      }
+      const auto& [name, value] = *entry.items().begin();
+      if (name == "seeded") {
+        result.kinds.push_back(stage_kind::seeded);
+        if (!value.is_number_unsigned()) fail(name, "give the seed as a whole number, e.g. \"seeded\": 42");
+        if (!result.seeded) result.seeded = seeded(value.get<std::uint64_t>());
+      } else if (name == "lora") {
+        result.kinds.push_back(stage_kind::lora);
+        if (!result.lora) result.lora = lora(value);
+      } else if (name == "trainable") {
+        result.kinds.push_back(stage_kind::trainable);
+        if (!result.trainable) result.trainable = trainable_stage::checked(targets("trainable", value, false));
+      } else if (name == "strategy") {
+        run_strategy chosen = strategy(value);
+        result.kinds.push_back(std::visit([](const auto& stage) { return stage.kind; }, chosen));
+        if (!result.strategy) result.strategy = chosen;
+      } else {
+        fail(where, fmt::format("unknown stage '{}'; the stages after the model are {}", name, stage_names));
+      }
+    }
+    return result;
+  }
+
+ private:
+  target_list targets(const std::string& key, const json& value, bool patterns) const {
+    if (!value.is_array()) fail(key, "give a list of strings, e.g. [\"q_proj\", \"v_proj\"]");
+    target_list list;
+    for (const json& item : value) {
+      if (!item.is_string()) fail(key, "give a list of strings, e.g. [\"q_proj\", \"v_proj\"]");
+      const std::string text = item.get<std::string>();
+      list.push_back(patterns ? pattern(text) : target(text));
+    }
+    return list;
+  }
+
+  // `stage`'s keys in `value`, named as `prefix`.key in the message.
+  void require_keys(const std::string& stage, const json& value, const std::string& prefix) const {
+    const std::vector<std::string>& keys = accepted_keys().at(stage);
+    for (const auto& [key, ignored] : value.items()) {
+      if (std::find(keys.begin(), keys.end(), key) == keys.end()) {
+        fail(prefix + "." + key, fmt::format("unknown key; {} takes {}", stage, fmt::join(keys, ", ")));
+      }
+    }
+  }
+
+  template <class T>
+  T number(const std::string& key, const json& value, bool whole) const {
+    if (!value.is_number() || (whole && !value.is_number_integer())) {
+      fail(key, whole ? "give a whole number" : "give a number");
+    }
+    return value.get<T>();
+  }
+
+  bool boolean(const std::string& key, const json& value) const {
+    if (!value.is_boolean()) fail(key, "give true or false");
+    return value.get<bool>();
+  }
+
+  lora_stage lora(const json& value) const {
+    if (!value.is_object()) fail("lora", "give {\"rank\": 8, \"targets\": [\"q_proj\", \"v_proj\"], ...}");
+    require_keys("lora", value, "lora");
+    if (!value.contains("rank")) fail("lora.rank", "missing; give the adapters' rank, e.g. 8");
+    lora_options options;
+    if (value.contains("alpha")) options.alpha = number<double>("lora.alpha", value["alpha"], false);
+    if (value.contains("dropout")) options.dropout = number<double>("lora.dropout", value["dropout"], false);
+    if (value.contains("exclude")) options.exclude = targets("lora.exclude", value["exclude"], false);
+    target_list chosen = default_targets;
+    if (value.contains("targets") || value.contains("patterns")) {
+      chosen = value.contains("targets") ? targets("lora.targets", value["targets"], false) : target_list{};
+      if (value.contains("patterns")) {
+        for (const target& p : targets("lora.patterns", value["patterns"], true)) chosen.push_back(p);
+      }
+    }
+    return lora_stage::checked(number<int>("lora.rank", value["rank"], true), chosen, options);
+  }
+
+  run_strategy strategy(const json& value) const {
+    std::string name;
+    if (value.is_string()) {
+      name = value.get<std::string>();
+    } else if (value.is_object() && value.contains("name") && value["name"].is_string()) {
+      name = value["name"].get<std::string>();
+    } else {
+      fail("strategy", fmt::format("give a name ({}) or {{\"name\": \"ddp\", options...}}", strategy_names));
+    }
+    // Spelled as people spell them: "DDP", "ddp", "FSDP", "fsdp".
+    std::transform(name.begin(), name.end(), name.begin(), [](unsigned char c) { return std::tolower(c); });
+    if (!accepted_keys().contains(name) || name == "lora") {
+      fail("strategy", fmt::format("unknown strategy '{}'; the strategies are {}", name, strategy_names));
+    }
+    const json options = value.is_object() ? value : json::object();
+    require_keys(name, options, "strategy");
+    const auto key = [&](const char* field) { return "strategy." + std::string(field); };
+    if (name == "ddp") {
+      ddp_options o;
+      if (options.contains("bucket_cap_mb")) o.bucket_cap_mb = number<std::size_t>(key("bucket_cap_mb"), options["bucket_cap_mb"], true);
+      if (options.contains("broadcast_buffers")) o.broadcast_buffers = boolean(key("broadcast_buffers"), options["broadcast_buffers"]);
+      if (options.contains("find_unused_parameters")) {
+        o.find_unused_parameters = boolean(key("find_unused_parameters"), options["find_unused_parameters"]);
+      }
+      if (options.contains("gradient_as_bucket_view")) {
+        o.gradient_as_bucket_view = boolean(key("gradient_as_bucket_view"), options["gradient_as_bucket_view"]);
+      }
+      if (options.contains("static_graph")) o.static_graph = boolean(key("static_graph"), options["static_graph"]);
+      return ddp(o);
+    }
+    if (name == "fsdp") {
+      fsdp_options o;
+      if (options.contains("reshard_after_forward")) {
+        o.reshard_after_forward = boolean(key("reshard_after_forward"), options["reshard_after_forward"]);
+      }
+      if (options.contains("bucket_cap_mb")) o.bucket_cap_mb = number<std::size_t>(key("bucket_cap_mb"), options["bucket_cap_mb"], true);
+      return fsdp(o);
+    }
+    return local();
+  }
+
+  std::filesystem::path path_;
+};
+
+}  // namespace
+
+run_stages read_run_stages(const std::filesystem::path& path, std::span<const std::string> overrides) {
+  const reader file(path);
+  return file.stages(file.load(), overrides);
+}
+
+}  // namespace loom

@@ -1,0 +1,126 @@
+// Plans from a run file: the same rules and sentences as the compiler (each compile-fail case whose
+// plan a file can express, read from tests/run_files/<case>.json and checked against the case's own
+// "// expect:" line), the same describe() as the typed plan, overrides, the file's own errors, and a
+// job built from a file with its module typed.
+#include <loom/config/run_file.hpp>
+#include <loom/loom.hpp>
+#include <models/tiny_gpt.hpp>
+
+#include <catch2/catch_test_macros.hpp>
+#include <catch2/generators/catch_generators.hpp>
+#include <catch2/matchers/catch_matchers_string.hpp>
+
+#include <filesystem>
+#include <fstream>
+#include <regex>
+#include <string>
+#include <vector>
+
+using Catch::Matchers::ContainsSubstring;
+
+namespace {
+
+namespace fs = std::filesystem;
+
+const fs::path source = LOOM_SOURCE_DIR;
+constexpr models::tiny_gpt_config small{.vocab = 32, .d = 16, .layers = 2, .heads = 2, .ctx = 8};
+
+// The regular expression a compile-fail case expects of the compiler.
+std::string expected_of(const std::string& name) {
+  std::ifstream in(source / "tests" / "compile_fail" / (name + ".cpp"));
+  std::string line;
+  std::getline(in, line);
+  const std::string marker = "// expect: ";
+  REQUIRE(line.starts_with(marker));
+  return line.substr(marker.size());
+}
+
+fs::path written(const std::string& name, const std::string& text) {
+  const fs::path file = fs::temp_directory_path() / ("loom-test-run-file-" + name + ".json");
+  std::ofstream(file) << text;
+  return file;
+}
+
+}  // namespace
+
+TEST_CASE("a run file breaks the rules with the compiler's sentences", "[run_file]") {
+  const std::string name = GENERATE("r2_stage_after_strategy", "r2_two_strategies", "r3_lora_after_ddp",
+                                    "r3_trainable_after_fsdp", "r4_seeded_twice", "r4_seeded_not_after_model",
+                                    "r5_rank_zero", "r5_negative_alpha", "r5_dropout_one", "r5_empty_targets",
+                                    "r5_empty_target_name", "r5_duplicate_target", "r5_duplicate_exclude",
+                                    "r6_two_loras", "r9_trainable_without_lora", "r10_trainable_twice",
+                                    "r11_no_patterns", "r12_too_many_targets");
+  CAPTURE(name);
+  const fs::path file = source / "tests" / "run_files" / (name + ".json");
+  try {
+    (void)loom::plan_from_file(loom::model<models::TinyGpt>(small), file);
+    FAIL("the run file was accepted");
+  } catch (const loom::plan_error& error) {
+    CHECK(std::regex_search(error.what(), std::regex(expected_of(name))));
+  }
+}
+
+TEST_CASE("a plan from a file describes itself as the typed plan does", "[run_file]") {
+  const auto from_file = loom::plan_from_file(loom::model<models::TinyGpt>(small),
+                                              source / "tests" / "run_files" / "tiny_gpt_lora_fsdp.json");
+  const auto typed = loom::model<models::TinyGpt>(small) | loom::seeded(7) |
+                     loom::lora(4, {"q_proj", "v_proj"}, {.alpha = 8}) | loom::trainable({"head"}) |
+                     loom::fsdp({.reshard_after_forward = false});
+  CHECK(from_file.describe() == typed.describe());
+
+  const auto local_only =
+      loom::plan_from_file(loom::model<models::TinyGpt>(small), written("seeded", R"({"plan": [{"seeded": 3}]})"));
+  CHECK(local_only.describe() == (loom::model<models::TinyGpt>(small) | loom::seeded(3)).describe());
+}
+
+TEST_CASE("overrides in dotted form apply on top of the file", "[run_file]") {
+  const std::vector<std::string> overrides{"lora.rank=16", "strategy=ddp", "strategy.bucket_cap_mb=50", "seeded=9"};
+  const auto plan = loom::plan_from_file(loom::model<models::TinyGpt>(small),
+                                         source / "tests" / "run_files" / "tiny_gpt_lora_fsdp.json", overrides);
+  const auto typed = loom::model<models::TinyGpt>(small) | loom::seeded(9) |
+                     loom::lora(16, {"q_proj", "v_proj"}, {.alpha = 8}) | loom::trainable({"head"}) |
+                     loom::ddp({.bucket_cap_mb = 50});
+  CHECK(plan.describe() == typed.describe());
+}
+
+TEST_CASE("a run file's own mistakes name the file, the key and the accepted form", "[run_file][errors]") {
+  const auto read = [](const std::string& name, const std::string& text, std::vector<std::string> overrides = {}) {
+    (void)loom::read_run_stages(written(name, text), overrides);
+  };
+  CHECK_THROWS_WITH(read("key", R"({"plan": [{"lora": {"rank": 8, "rnak": 4}}]})"),
+                    ContainsSubstring("lora.rnak: unknown key; lora takes rank, alpha, dropout, targets, patterns, "
+                                      "exclude"));
+  CHECK_THROWS_WITH(read("type", R"({"plan": [{"lora": {"rank": "8"}}]})"),
+                    ContainsSubstring("lora.rank: give a whole number"));
+  CHECK_THROWS_WITH(read("strategy", R"({"plan": [{"strategy": "zero3"}]})"),
+                    ContainsSubstring("unknown strategy 'zero3'; the strategies are local, ddp, fsdp"));
+  CHECK_THROWS_WITH(read("option", R"({"plan": [{"strategy": {"name": "fsdp", "bucket_cap": 5}}]})"),
+                    ContainsSubstring("strategy.bucket_cap: unknown key; fsdp takes name, reshard_after_forward, "
+                                      "bucket_cap_mb"));
+  CHECK_THROWS_WITH(read("stage", R"({"plan": [{"dropout": 0.1}]})"),
+                    ContainsSubstring("unknown stage 'dropout'; the stages after the model are seeded, lora, trainable, "
+                                      "strategy"));
+  CHECK_THROWS_WITH(read("top", R"({"plan": [], "steps": 3})"), ContainsSubstring("steps: unknown key"));
+  CHECK_THROWS_WITH(read("json", "{\"plan\": [\n  {\"seeded\": }\n]}"),
+                    ContainsSubstring("it is not JSON") && ContainsSubstring("line 2"));
+  CHECK_THROWS_WITH(read("override", R"({"plan": []})", {"lora.rank=8"}),
+                    ContainsSubstring("lora.rank: the run file has no lora stage to set it in"));
+  CHECK_THROWS_WITH(read("override-form", R"({"plan": []})", {"lora.rank"}),
+                    ContainsSubstring("an override is KEY=VALUE"));
+  CHECK_THROWS_AS(read("missing", "x"), loom::run_file_error);
+}
+
+TEST_CASE("a job built from a run file has its strategy and its typed module", "[run_file]") {
+  const auto plan = loom::plan_from_file(loom::model<models::TinyGpt>(small),
+                                         source / "tests" / "run_files" / "tiny_gpt_lora_fsdp.json");
+  auto built = loom::build(plan, loom::runtime::single_process());
+  REQUIRE(built.index() == 2);  // fsdp
+  std::visit(
+      [&](auto& job) {
+        models::TinyGpt& module = job.module();  // typed
+        CHECK(module.blocks->size() == 2);
+        CHECK(job.describe().starts_with(plan.describe()));
+        CHECK(job.trainable_parameters().size() == 8 + 2);  // 4 adapted layers' A and B, and head
+      },
+      built);
+}
