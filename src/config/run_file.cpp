@@ -20,8 +20,9 @@ using json = nlohmann::ordered_json;
 const std::map<std::string, std::vector<std::string>>& accepted_keys() {
   static const std::map<std::string, std::vector<std::string>> keys{
       {"lora", {"rank", "alpha", "dropout", "targets", "patterns", "exclude"}},
-      {"ddp", {"name", "bucket_cap_mb", "broadcast_buffers", "find_unused_parameters", "gradient_as_bucket_view",
-               "static_graph"}},
+      {"ddp",
+       {"name", "bucket_cap_mb", "broadcast_buffers", "find_unused_parameters", "gradient_as_bucket_view",
+        "static_graph"}},
       {"fsdp", {"name", "reshard_after_forward", "bucket_cap_mb"}},
       {"local", {"name"}},
   };
@@ -36,7 +37,8 @@ class reader {
   explicit reader(std::filesystem::path path) : path_(std::move(path)) {}
 
   [[noreturn]] void fail(const std::string& key, const std::string& problem) const {
-    throw run_file_error(fmt::format("loom: run file '{}': {}{}", path_.string(), key.empty() ? "" : key + ": ", problem));
+    throw run_file_error(
+        fmt::format("loom: run file '{}': {}{}", path_.string(), key.empty() ? "" : key + ": ", problem));
   }
 
   json load() const {
@@ -80,14 +82,16 @@ class reader {
     (*entry)[key.substr(dot + 1)] = value;
   }
 
+  // The overrides that start with "train." go to the loop's options, the others to the stages.
+  static bool for_training(const std::string& text) { return text.starts_with("train."); }
+
   run_stages stages(const json& root, std::span<const std::string> overrides) const {
-    if (!root.is_object()) fail("", "it is not a JSON object; give {\"plan\": [stages...]}");
-    for (const auto& [key, value] : root.items()) {
-      if (key != "plan") fail(key, "unknown key; the run file has \"plan\": [stages...]");
-    }
+    check_top_level(root);
     json list = root.contains("plan") ? root["plan"] : json::array();
     if (!list.is_array()) fail("plan", "give a list of stages, each {\"name\": value}");
-    for (const std::string& text : overrides) apply_override(list, text);
+    for (const std::string& text : overrides) {
+      if (!for_training(text)) apply_override(list, text);
+    }
 
     run_stages result;
     for (std::size_t i = 0; i < list.size(); ++i) {
@@ -96,7 +100,8 @@ class reader {
       if (!entry.is_object() || entry.size() != 1) {
         fail(where, fmt::format("give one stage as {{\"name\": value}}, name one of {}", stage_names));
       }
-      const auto& [name, value] = *entry.items().begin();
+      const std::string name = entry.begin().key();
+      const json& value = entry.begin().value();
       if (name == "seeded") {
         result.kinds.push_back(stage_kind::seeded);
         if (!value.is_number_unsigned()) fail(name, "give the seed as a whole number, e.g. \"seeded\": 42");
@@ -190,8 +195,10 @@ class reader {
     const auto key = [&](const char* field) { return "strategy." + std::string(field); };
     if (name == "ddp") {
       ddp_options o;
-      if (options.contains("bucket_cap_mb")) o.bucket_cap_mb = number<std::size_t>(key("bucket_cap_mb"), options["bucket_cap_mb"], true);
-      if (options.contains("broadcast_buffers")) o.broadcast_buffers = boolean(key("broadcast_buffers"), options["broadcast_buffers"]);
+      if (options.contains("bucket_cap_mb"))
+        o.bucket_cap_mb = number<std::size_t>(key("bucket_cap_mb"), options["bucket_cap_mb"], true);
+      if (options.contains("broadcast_buffers"))
+        o.broadcast_buffers = boolean(key("broadcast_buffers"), options["broadcast_buffers"]);
       if (options.contains("find_unused_parameters")) {
         o.find_unused_parameters = boolean(key("find_unused_parameters"), options["find_unused_parameters"]);
       }
@@ -206,12 +213,93 @@ class reader {
       if (options.contains("reshard_after_forward")) {
         o.reshard_after_forward = boolean(key("reshard_after_forward"), options["reshard_after_forward"]);
       }
-      if (options.contains("bucket_cap_mb")) o.bucket_cap_mb = number<std::size_t>(key("bucket_cap_mb"), options["bucket_cap_mb"], true);
+      if (options.contains("bucket_cap_mb"))
+        o.bucket_cap_mb = number<std::size_t>(key("bucket_cap_mb"), options["bucket_cap_mb"], true);
       return fsdp(o);
     }
     return local();
   }
 
+  void check_top_level(const json& root) const {
+    if (!root.is_object()) fail("", "it is not a JSON object; give {\"plan\": [stages...], \"train\": {...}}");
+    for (const auto& [key, value] : root.items()) {
+      if (key != "plan" && key != "train") fail(key, "unknown key; a run file has \"plan\" and \"train\"");
+    }
+  }
+
+ public:
+  // The loop's options: "train" in the file, then the "train.<key>=value" overrides.
+  train_options training(const json& root, std::span<const std::string> overrides) const {
+    check_top_level(root);
+    json train = root.contains("train") ? root["train"] : json::object();
+    if (!train.is_object()) fail("train", "give the loop's options as an object, e.g. {\"steps\": 800}");
+    for (const std::string& text : overrides) {
+      if (!for_training(text)) continue;
+      const auto equals = text.find('=');
+      if (equals == std::string::npos) fail(text, "an override is KEY=VALUE, for example train.steps=100");
+      json value = json::parse(text.substr(equals + 1), nullptr, /*allow_exceptions=*/false);
+      if (value.is_discarded()) value = text.substr(equals + 1);
+      json* at = &train;
+      std::string rest = text.substr(6, equals - 6);  // after "train."
+      for (auto dot = rest.find('.'); dot != std::string::npos; dot = rest.find('.')) {
+        at = &(*at)[rest.substr(0, dot)];
+        rest = rest.substr(dot + 1);
+      }
+      (*at)[rest] = value;
+    }
+    static const std::vector<std::string> keys{"steps",     "accumulate",       "clip_norm",        "lr",
+                                               "out",       "checkpoint_every", "keep_checkpoints", "eval_every",
+                                               "log_every", "log_seconds"};
+    static const std::vector<std::string> lr_keys{"peak", "warmup_steps", "decay_steps", "decay", "floor"};
+    for (const auto& [key, ignored] : train.items()) {
+      if (std::find(keys.begin(), keys.end(), key) == keys.end()) {
+        fail("train." + key, fmt::format("unknown key; train takes {}", fmt::join(keys, ", ")));
+      }
+    }
+    train_options options;
+    const auto whole = [&](const char* key, auto& field) {
+      if (train.contains(key))
+        field = number<std::remove_reference_t<decltype(field)>>("train." + std::string(key), train[key], true);
+    };
+    whole("steps", options.steps);
+    whole("accumulate", options.accumulate);
+    whole("checkpoint_every", options.checkpoint_every);
+    whole("keep_checkpoints", options.keep_checkpoints);
+    whole("eval_every", options.eval_every);
+    whole("log_every", options.log_every);
+    if (train.contains("log_seconds"))
+      options.log_seconds = number<double>("train.log_seconds", train["log_seconds"], false);
+    if (train.contains("clip_norm")) options.clip_norm = number<double>("train.clip_norm", train["clip_norm"], false);
+    if (train.contains("out")) {
+      if (!train["out"].is_string()) fail("train.out", "give a folder as a string");
+      options.out = train["out"].get<std::string>();
+    }
+    if (train.contains("lr")) {
+      const json& lr = train["lr"];
+      if (!lr.is_object()) fail("train.lr", "give {\"peak\": 3e-4, \"warmup_steps\": 100, ...}");
+      for (const auto& [key, ignored] : lr.items()) {
+        if (std::find(lr_keys.begin(), lr_keys.end(), key) == lr_keys.end()) {
+          fail("train.lr." + key, fmt::format("unknown key; lr takes {}", fmt::join(lr_keys, ", ")));
+        }
+      }
+      lr_schedule schedule{.total_steps = options.steps};
+      if (lr.contains("peak")) schedule.peak = number<double>("train.lr.peak", lr["peak"], false);
+      if (lr.contains("warmup_steps"))
+        schedule.warmup_steps = number<std::int64_t>("train.lr.warmup_steps", lr["warmup_steps"], true);
+      if (lr.contains("decay_steps"))
+        schedule.decay_steps = number<std::int64_t>("train.lr.decay_steps", lr["decay_steps"], true);
+      if (lr.contains("floor")) schedule.floor = number<double>("train.lr.floor", lr["floor"], false);
+      if (lr.contains("decay")) {
+        const std::string decay = lr["decay"].is_string() ? lr["decay"].get<std::string>() : "";
+        if (decay != "linear" && decay != "cosine") fail("train.lr.decay", "give \"linear\" or \"cosine\"");
+        schedule.decay = decay == "linear" ? decay_shape::linear : decay_shape::cosine;
+      }
+      options.lr = schedule;
+    }
+    return options;
+  }
+
+ private:
   std::filesystem::path path_;
 };
 
@@ -220,6 +308,11 @@ class reader {
 run_stages read_run_stages(const std::filesystem::path& path, std::span<const std::string> overrides) {
   const reader file(path);
   return file.stages(file.load(), overrides);
+}
+
+train_options read_train_options(const std::filesystem::path& path, std::span<const std::string> overrides) {
+  const reader file(path);
+  return file.training(file.load(), overrides);
 }
 
 }  // namespace loom

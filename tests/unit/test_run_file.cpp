@@ -44,12 +44,11 @@ fs::path written(const std::string& name, const std::string& text) {
 }  // namespace
 
 TEST_CASE("a run file breaks the rules with the compiler's sentences", "[run_file]") {
-  const std::string name = GENERATE("r2_stage_after_strategy", "r2_two_strategies", "r3_lora_after_ddp",
-                                    "r3_trainable_after_fsdp", "r4_seeded_twice", "r4_seeded_not_after_model",
-                                    "r5_rank_zero", "r5_negative_alpha", "r5_dropout_one", "r5_empty_targets",
-                                    "r5_empty_target_name", "r5_duplicate_target", "r5_duplicate_exclude",
-                                    "r6_two_loras", "r9_trainable_without_lora", "r10_trainable_twice",
-                                    "r11_no_patterns", "r12_too_many_targets");
+  const std::string name = GENERATE(
+      "r2_stage_after_strategy", "r2_two_strategies", "r3_lora_after_ddp", "r3_trainable_after_fsdp", "r4_seeded_twice",
+      "r4_seeded_not_after_model", "r5_rank_zero", "r5_negative_alpha", "r5_dropout_one", "r5_empty_targets",
+      "r5_empty_target_name", "r5_duplicate_target", "r5_duplicate_exclude", "r6_two_loras",
+      "r9_trainable_without_lora", "r10_trainable_twice", "r11_no_patterns", "r12_too_many_targets");
   CAPTURE(name);
   const fs::path file = source / "tests" / "run_files" / (name + ".json");
   try {
@@ -97,9 +96,10 @@ TEST_CASE("a run file's own mistakes name the file, the key and the accepted for
   CHECK_THROWS_WITH(read("option", R"({"plan": [{"strategy": {"name": "fsdp", "bucket_cap": 5}}]})"),
                     ContainsSubstring("strategy.bucket_cap: unknown key; fsdp takes name, reshard_after_forward, "
                                       "bucket_cap_mb"));
-  CHECK_THROWS_WITH(read("stage", R"({"plan": [{"dropout": 0.1}]})"),
-                    ContainsSubstring("unknown stage 'dropout'; the stages after the model are seeded, lora, trainable, "
-                                      "strategy"));
+  CHECK_THROWS_WITH(
+      read("stage", R"({"plan": [{"dropout": 0.1}]})"),
+      ContainsSubstring("unknown stage 'dropout'; the stages after the model are seeded, lora, trainable, "
+                        "strategy"));
   CHECK_THROWS_WITH(read("top", R"({"plan": [], "steps": 3})"), ContainsSubstring("steps: unknown key"));
   CHECK_THROWS_WITH(read("json", "{\"plan\": [\n  {\"seeded\": }\n]}"),
                     ContainsSubstring("it is not JSON") && ContainsSubstring("line 2"));
@@ -123,4 +123,29 @@ TEST_CASE("a job built from a run file has its strategy and its typed module", "
         CHECK(job.trainable_parameters().size() == 8 + 2);  // 4 adapted layers' A and B, and head
       },
       built);
+}
+
+TEST_CASE("the loop's options come from the file's train object, with train.* overrides", "[run_file]") {
+  const fs::path file = written("train", R"({
+    "plan": [{"strategy": "ddp"}],
+    "train": {"steps": 300, "accumulate": 2, "clip_norm": 1.0, "out": "runs/adapt", "checkpoint_every": 50,
+              "lr": {"peak": 0.005, "warmup_steps": 30, "decay_steps": 150, "decay": "cosine", "floor": 0.1}}})");
+  const loom::train_options options =
+      loom::read_train_options(file, std::vector<std::string>{"train.steps=200", "train.lr.peak=0.01"});
+  CHECK(options.steps == 200);
+  CHECK(options.accumulate == 2);
+  CHECK(options.clip_norm == 1.0);
+  CHECK(options.out == "runs/adapt");
+  CHECK(options.checkpoint_every == 50);
+  REQUIRE(options.lr.has_value());
+  CHECK(options.lr->peak == 0.01);
+  CHECK(options.lr->total_steps == 200);
+  CHECK(options.lr->decay == loom::decay_shape::cosine);
+
+  CHECK_THROWS_WITH(loom::read_train_options(written("stpes", R"({"train": {"stpes": 3}})")),
+                    ContainsSubstring("train.stpes: unknown key; train takes steps, accumulate"));
+  CHECK_THROWS_WITH(loom::read_train_options(written("decay", R"({"train": {"lr": {"decay": "exp"}}})")),
+                    ContainsSubstring("train.lr.decay: give \"linear\" or \"cosine\""));
+  CHECK_THROWS_WITH(loom::read_train_options(written("steps-type", R"({"train": {"steps": 2.5}})")),
+                    ContainsSubstring("train.steps: give a whole number"));
 }

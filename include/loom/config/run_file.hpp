@@ -4,12 +4,14 @@
 //
 //   {"plan": [{"seeded": 7},
 //             {"lora": {"rank": 8, "alpha": 16, "targets": ["q_proj", "v_proj"]}},
-//             {"strategy": {"name": "fsdp", "reshard_after_forward": false}}]}
+//             {"strategy": {"name": "fsdp", "reshard_after_forward": false}}],
+//    "train": {"steps": 300, "lr": {"peak": 5e-3, "warmup_steps": 30}, "out": "runs/adapt"}}
 //
 //   auto plan = loom::plan_from_file(loom::model<TinyGpt>(config), "run.json", {"lora.rank=16"});
 //   std::visit([&](auto& job) { train(job); }, loom::build(plan, loom::runtime::from_env()));
 
 #include <loom/dsl/run_plan.hpp>
+#include <loom/train/loop.hpp>
 
 #include <filesystem>
 #include <span>
@@ -30,6 +32,12 @@ class run_file_error : public std::invalid_argument {
 // plan_error with its rule's sentence.
 [[nodiscard]] run_stages read_run_stages(const std::filesystem::path& path,
                                          std::span<const std::string> overrides = {});
+
+// The loop's options from the file's "train" object, with the "train.<key>=value" overrides
+// ("train.steps=100", "train.lr.peak=3e-4") on top; unknown keys and wrong types are
+// run_file_errors, and train() checks the values before the first step.
+[[nodiscard]] train_options read_train_options(const std::filesystem::path& path,
+                                               std::span<const std::string> overrides = {});
 
 // The model's plan with the file's stages after it; the order rules are checked here (plan_error).
 template <class Model>

@@ -39,7 +39,8 @@ class run_plan {
   using model_type = typename Model::model_type;
 
   // Throws plan_error with the rule's sentence when the stages break an order rule.
-  run_plan(const plan<Model>& model, run_stages stages) : model_(std::get<0>(model.stages())), stages_(std::move(stages)) {
+  run_plan(const plan<Model>& model, run_stages stages)
+      : model_(std::get<0>(model.stages())), stages_(std::move(stages)) {
     std::vector<stage_kind> kinds{stage_kind::model};
     kinds.insert(kinds.end(), stages_.kinds.begin(), stages_.kinds.end());
     check_stages(kinds);
