@@ -12,6 +12,7 @@
 //          model is constructed, so LoRA adapts them; only the adapters train. The frozen base is
 //          sharded across the ranks (each block a loom::nn::Unit), the adapters are replicated.
 #include "models/tiny_gpt.hpp"
+#include "models/text_data.hpp"
 
 #include <loom/loom.hpp>
 #include <loom/runtime/text.hpp>
@@ -40,6 +41,11 @@
 namespace fs = std::filesystem;
 
 namespace {
+
+using text_data::batch_sampler;
+using text_data::decode;
+using text_data::encode;
+using text_data::load_tokens;
 
 // Bytes & 127 as tokens: the licences are ASCII, so nothing is lost.
 constexpr models::tiny_gpt_config model_config{.vocab = 128, .d = 128, .layers = 2, .heads = 4, .ctx = 64};
@@ -153,52 +159,6 @@ corpus_files split_corpus(const fs::path& folder) {
   return corpus;
 }
 
-std::string read_text(const fs::path& file) {
-  std::ifstream in(file, std::ios::binary);
-  if (!in) throw std::runtime_error("cannot read " + file.string());
-  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
-}
-
-at::Tensor encode(std::string_view text) {
-  auto tokens = torch::empty({static_cast<std::int64_t>(text.size())}, torch::kLong);
-  auto* out = tokens.data_ptr<std::int64_t>();
-  for (const char c : text) *out++ = static_cast<unsigned char>(c) & 127;
-  return tokens;
-}
-
-// Newlines become spaces: a sample prints as one line.
-std::string decode(const at::Tensor& tokens) {
-  const auto flat = tokens.contiguous();
-  const auto* data = flat.data_ptr<std::int64_t>();
-  std::string text;
-  for (std::int64_t i = 0; i < tokens.numel(); ++i) text += data[i] == '\n' ? ' ' : static_cast<char>(data[i]);
-  return text;
-}
-
-at::Tensor load_tokens(const std::vector<fs::path>& files) {
-  std::string text;
-  for (const auto& file : files) text += read_text(file) + '\n';
-  return encode(text);
-}
-
-// Windows of ctx tokens at random offsets, and the same windows shifted by one as targets.
-// The batch of a step is a function of (seed, step): a resumed run draws the batches it would have.
-struct batch_sampler {
-  at::Tensor tokens;
-  std::uint64_t seed;
-
-  batch_sampler(at::Tensor text, std::uint64_t seed) : tokens(std::move(text)), seed(seed) {
-    if (tokens.numel() <= model_config.ctx) throw std::runtime_error("the text is shorter than one context window");
-  }
-
-  std::pair<at::Tensor, at::Tensor> at_step(int step) const {
-    auto generator = at::make_generator<at::CPUGeneratorImpl>(seed * 1'000'003 + static_cast<std::uint64_t>(step));
-    auto starts = torch::randint(tokens.numel() - model_config.ctx, {batch_per_rank, 1}, generator, torch::kLong);
-    auto positions = starts + torch::arange(model_config.ctx, torch::kLong);
-    return {tokens.index({positions}), tokens.index({positions + 1})};
-  }
-};
-
 // ---------------------------------------------------------------- the model
 
 // TinyGpt with its pretrained weights (safetensors, by name) loaded as it is constructed: the plan
@@ -253,8 +213,8 @@ struct phase {
 template <class Job>
 bool train(Job& job, const phase& spec, const at::Tensor& tokens, const at::Tensor& held_out) {
   const auto rank = static_cast<std::uint64_t>(job.rt().rank());
-  const batch_sampler batches(tokens, spec.data_seed + rank);
-  const batch_sampler evaluation(held_out, spec.data_seed + 500 + rank);
+  const batch_sampler batches(tokens, spec.data_seed + rank, batch_per_rank, model_config.ctx);
+  const batch_sampler evaluation(held_out, spec.data_seed + 500 + rank, batch_per_rank, model_config.ctx);
   torch::optim::AdamW optimizer(job.trainable_parameters(),
                                 torch::optim::AdamWOptions(spec.peak_learning_rate).weight_decay(0.01));
   const loom::lr_schedule lr{.peak = spec.peak_learning_rate,
@@ -266,7 +226,7 @@ bool train(Job& job, const phase& spec, const at::Tensor& tokens, const at::Tens
   const loom::train_result result = loom::train(job, optimizer,
                                                 {.loss =
                                                      [&](std::int64_t step, int) {
-                                                       auto [inputs, targets] = batches.at_step(static_cast<int>(step));
+                                                       auto [inputs, targets] = batches.at_step(step);
                                                        return job.forward(inputs, targets);
                                                      },
                                                  .eval_loss =
