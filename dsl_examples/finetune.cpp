@@ -83,8 +83,8 @@ class FineTunedGpt : public models::TinyGpt {
 
 int run(const options& opts) {
   // Everything from the file is checked before a process group or a model exists.
-  const auto plan = loom::plan_from_file(loom::model<FineTunedGpt>(model_config, opts.pretrained.string()),
-                                         opts.config, opts.overrides);
+  const auto plan = loom::plan_from_file(loom::model<FineTunedGpt>(model_config, opts.pretrained.string()), opts.config,
+                                         opts.overrides);
   const loom::train_options train_options = loom::read_train_options(opts.config, opts.overrides);
   const at::Tensor text = text_data::load_tokens({opts.text});
   const std::int64_t split = text.numel() * 9 / 10;
@@ -103,18 +103,19 @@ int run(const options& opts) {
         loom::train_options with_tokens = train_options;
         with_tokens.tokens_per_micro_batch = batch_per_rank * model_config.ctx;
         with_tokens.name = "finetune";
-        const loom::train_result result = loom::train(job, optimizer,
-                                                      {.loss =
-                                                           [&](std::int64_t step, int micro) {
-                                                             auto [x, y] = batches.at_step((step - 1) * with_tokens.accumulate + micro);
-                                                             return job.forward(x, y);
-                                                           },
-                                                       .eval_loss =
-                                                           [&] {
-                                                             auto [x, y] = held_out.at_step(0);
-                                                             return job.forward(x, y);
-                                                           }},
-                                                      with_tokens);
+        const loom::train_result result =
+            loom::train(job, optimizer,
+                        {.loss =
+                             [&](std::int64_t step, int micro) {
+                               auto [x, y] = batches.at_step((step - 1) * with_tokens.accumulate + micro);
+                               return job.forward(x, y);
+                             },
+                         .eval_loss =
+                             [&] {
+                               auto [x, y] = held_out.at_step(0);
+                               return job.forward(x, y);
+                             }},
+                        with_tokens);
         if (result.outcome == loom::train_outcome::preempted) return loom::resumable_exit_code;
         if (plan.lora()) {
           job.save_adapter(train_options.out / "adapter");
