@@ -3,6 +3,7 @@
 // strategies' engines, loom::nn::Linear.
 
 #include <loom/checkpoint/checkpoint.hpp>
+#include <loom/config/run_file.hpp>
 #include <loom/dsl.hpp>
 #include <loom/io/peft.hpp>
 #include <loom/io/safetensors.hpp>
@@ -15,4 +16,5 @@
 #include <loom/strategies/ddp.hpp>
 #include <loom/strategies/fsdp.hpp>
 #include <loom/strategies/local.hpp>
+#include <loom/train/loop.hpp>
 #include <loom/train/lr_schedule.hpp>
