@@ -4,6 +4,7 @@
 //
 //   build/loom-run --nproc-per-node 2 -- build/bench/loom-bench --workload gpt-lora-ddp --steps 30
 
+#include <common/command_line.hpp>
 #include <loom/loom.hpp>
 #include <models/mlp.hpp>
 #include <models/tiny_gpt.hpp>
@@ -15,14 +16,16 @@
 #include <torch/version.h>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cstdio>
-#include <cstdlib>
 #include <exception>
+#include <limits>
 #include <set>
 #include <string>
 #include <string_view>
 #include <utility>
+#include <variant>
 #include <vector>
 
 namespace {
@@ -34,51 +37,26 @@ struct bench_options {
   std::int64_t batch = 0;  // unset: the workload's own
 };
 
-constexpr std::string_view usage =
-    "usage: loom-bench --workload {mlp-ddp,gpt-local,gpt-ddp,gpt-lora-local,gpt-lora-ddp,gpt-fsdp,gpt-lora-fsdp} "
-    "[--steps N] [--warmup N] [--batch N]\n"
-    "  --workload W  one of ../shared/BENCHMARKS.md's workloads\n"
-    "  --steps N     timed steps (default 30), after --warmup N untimed ones (default 5)\n"
-    "  --batch N     the local batch (default: the workload's own)\n"
-    "Rank 0 prints one JSON line with the keys of ../shared/bench/torch_anchor.py.";
+constexpr std::array workloads{"mlp-ddp",      "gpt-local", "gpt-ddp",      "gpt-lora-local",
+                               "gpt-lora-ddp", "gpt-fsdp",  "gpt-lora-fsdp"};
 
-[[noreturn]] void usage_error(const std::string& message) {
-  fmt::print(stderr, "loom-bench: {}\n{}\n", message, usage);
-  std::exit(2);
-}
-
-long parse_count(std::string_view flag, const char* text) {
-  char* end = nullptr;
-  const long value = std::strtol(text, &end, 10);
-  if (end == text || *end != '\0' || value < 0) usage_error(fmt::format("{} expects a count, got '{}'", flag, text));
-  return value;
-}
-
-bench_options parse_options(int argc, char** argv) {
+// The options, or the exit code to end with (--help, a bad command line).
+std::variant<bench_options, int> parse_options(int argc, char** argv) {
   bench_options options;
-  for (int i = 1; i < argc; i += 2) {
-    const std::string_view flag = argv[i];
-    if (flag == "-h" || flag == "--help") {
-      fmt::print("{}\n", usage);
-      std::exit(0);
-    }
-    if (i + 1 >= argc) usage_error(fmt::format("{} expects a value", flag));
-    const char* value = argv[i + 1];
-    if (flag == "--workload") {
-      options.workload = value;
-    } else if (flag == "--steps") {
-      options.steps = static_cast<int>(parse_count(flag, value));
-    } else if (flag == "--warmup") {
-      options.warmup = static_cast<int>(parse_count(flag, value));
-    } else if (flag == "--batch") {
-      options.batch = parse_count(flag, value);
-      if (options.batch == 0) usage_error("--batch must be at least 1 (leave it out for the workload's own)");
-    } else {
-      usage_error(fmt::format("unknown flag '{}'", flag));
-    }
-  }
-  if (options.workload.empty()) usage_error("--workload is required");
-  if (options.steps == 0) usage_error("--steps must be at least 1");
+  CLI::App app{
+      "The workloads of ../shared/BENCHMARKS.md on loom; rank 0 prints one JSON line with the keys of "
+      "../shared/bench/torch_anchor.py.",
+      "loom-bench"};
+  app.add_option("--workload", options.workload, "one of BENCHMARKS.md's workloads")
+      ->required()
+      ->check(CLI::IsMember(std::vector<std::string>(workloads.begin(), workloads.end())));
+  app.add_option("--steps", options.steps, "timed steps")->capture_default_str()->check(CLI::Range(1, 1'000'000));
+  app.add_option("--warmup", options.warmup, "untimed steps before them")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 1'000'000));
+  app.add_option("--batch", options.batch, "the local batch (default: the workload's own)")
+      ->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 20));
+  if (const auto exit_code = recipes::parse_command_line(app, argc, argv)) return *exit_code;
   return options;
 }
 
@@ -222,27 +200,34 @@ void print_json(const bench_options& options, const loom::runtime& rt, const run
 }
 
 // A step is forward, backward, optimizer step and zero_grad (gradients kept, as the anchor's
-// set_to_none=False); the data is drawn outside the timed region.
+// set_to_none=False), run by loom::train with no run folder; the data is drawn before the steps.
 template <class Workload, class Job>
 run_result train(Job& job, const bench_options& options) {
   const std::int64_t batch = options.batch ? options.batch : Workload::default_batch;
   const std::vector<at::Tensor> params = job.trainable_parameters();
   auto optimizer = Workload::optimizer(params);
   const at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(99 + job.rt().rank());
+  std::vector<std::pair<at::Tensor, at::Tensor>> batches;
+  for (int step = 0; step < options.warmup + options.steps; ++step) batches.push_back(Workload::draw(gen, batch));
 
   std::vector<double> step_ms;
   double final_loss = 0;
-  for (int step = 0; step < options.warmup + options.steps; ++step) {
-    const auto [x, y] = Workload::draw(gen, batch);
-    const auto t0 = std::chrono::steady_clock::now();
-    at::Tensor loss = Workload::loss(job, x, y);
-    job.backward(loss);
-    optimizer.step();
-    optimizer.zero_grad(/*set_to_none=*/false);
-    const auto t1 = std::chrono::steady_clock::now();
-    final_loss = loss.template item<double>();
-    if (step >= options.warmup) step_ms.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
-  }
+  loom::train(job, optimizer,
+              {.loss =
+                   [&](std::int64_t step, int) {
+                     const auto& [x, y] = batches[static_cast<std::size_t>(step - 1)];
+                     return Workload::loss(job, x, y);
+                   },
+               .on_step =
+                   [&](const loom::step_report& report) {
+                     final_loss = report.rank_loss;  // rank 0's prints, as the anchor's
+                     if (report.step > options.warmup) step_ms.push_back(report.step_ms);
+                   }},
+              {.steps = options.warmup + options.steps,
+               .log_every = options.warmup + options.steps,
+               .log_seconds = std::numeric_limits<double>::infinity(),
+               .name = options.workload,
+               .set_to_none = false});
 
   std::int64_t trainable = 0;  // the model's, as the anchor counts them (not this rank's shards)
   for (const at::Tensor& p : job.module().parameters()) trainable += p.requires_grad() ? p.numel() : 0;
@@ -272,16 +257,17 @@ void run_workload(const bench_options& options) {
   if (name == "gpt-lora-ddp") return run<gpt_workload>(gpt | adapters | loom::ddp(), options);
   if (name == "gpt-fsdp") return run<gpt_workload>(gpt | loom::fsdp(), options);
   if (name == "gpt-lora-fsdp") return run<gpt_workload>(gpt | adapters | loom::fsdp(), options);
-  usage_error(fmt::format("unknown workload '{}'", name));
+  throw std::logic_error(fmt::format("workload '{}' has no plan", name));  // --workload's check lists them
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  const bench_options options = parse_options(argc, argv);
+  const auto parsed = parse_options(argc, argv);
+  if (const int* exit_code = std::get_if<int>(&parsed)) return *exit_code;
   torch::set_num_threads(1);  // one intra-op thread per rank, as the anchor
   try {
-    run_workload(options);
+    run_workload(std::get<bench_options>(parsed));
   } catch (const std::exception& error) {
     fmt::print(stderr, "loom-bench: {}\n", error.what());
     return 1;

@@ -3,8 +3,9 @@
 // command-line overrides in dotted form, checked with the compiler's rules and sentences.
 //
 //   build/loom-run --nproc-per-node 2 -- build/dsl_examples/finetune
-//       --config dsl_examples/configs/finetune.json [--pretrained DIR] [--text FILE]
+//       --config dsl_examples/configs/finetune.toml [--pretrained DIR] [--text FILE]
 //       [--lora.rank=16] [--strategy=ddp] [--train.steps=100] ...
+#include "common/command_line.hpp"
 #include "models/text_data.hpp"
 #include "models/tiny_gpt.hpp"
 
@@ -17,7 +18,7 @@
 #include <exception>
 #include <filesystem>
 #include <string>
-#include <string_view>
+#include <variant>
 #include <vector>
 
 namespace fs = std::filesystem;
@@ -27,46 +28,23 @@ namespace {
 constexpr models::tiny_gpt_config model_config{.vocab = 128, .d = 128, .layers = 2, .heads = 4, .ctx = 64};
 constexpr std::int64_t batch_per_rank = 16;
 
-constexpr std::string_view usage =
-    "usage: finetune --config FILE [--pretrained DIR] [--text FILE] [--KEY=VALUE ...]\n"
-    "  --config FILE      a run file: the stages after the model and the loop's options\n"
-    "                     (docs/run_files.md; dsl_examples/configs/finetune.json)\n"
-    "  --pretrained DIR   weights to start from (tiny-gpt's --out/pretrained); default: fresh ones\n"
-    "  --text FILE        the text to fine-tune on (default /usr/share/common-licenses/GPL-3);\n"
-    "                     its last tenth is held out for evaluation\n"
-    "  --KEY=VALUE        overrides the run file: --lora.rank=16, --strategy=ddp, --train.steps=100\n";
-
 struct options {
-  fs::path config;
-  fs::path pretrained;
-  fs::path text = "/usr/share/common-licenses/GPL-3";
-  std::vector<std::string> overrides;
+  recipes::run_file_arguments run_file;
+  std::string pretrained;
+  std::string text = "/usr/share/common-licenses/GPL-3";
 };
 
-class usage_error : public std::runtime_error {
- public:
-  using std::runtime_error::runtime_error;
-};
-
-options parse(int argc, char** argv) {
+// The options, or the exit code to end with (--help, a bad command line).
+std::variant<options, int> parse(int argc, char** argv) {
   options parsed;
-  for (int i = 1; i < argc; ++i) {
-    const std::string_view arg = argv[i];
-    if (arg == "-h" || arg == "--help") {
-      fmt::print("{}", usage);
-      std::exit(0);
-    }
-    if (arg == "--config" || arg == "--pretrained" || arg == "--text") {
-      if (i + 1 == argc) throw usage_error(std::string(arg) + " expects a value");
-      const fs::path value = argv[++i];
-      (arg == "--config" ? parsed.config : arg == "--pretrained" ? parsed.pretrained : parsed.text) = value;
-    } else if (arg.starts_with("--") && arg.find('=') != std::string_view::npos) {
-      parsed.overrides.emplace_back(arg.substr(2));
-    } else {
-      throw usage_error("unknown option '" + std::string(arg) + "'");
-    }
-  }
-  if (parsed.config.empty()) throw usage_error("--config is required");
+  CLI::App app{"LoRA fine-tuning of tiny-gpt's model from a run file alone.", "finetune"};
+  parsed.run_file.add_to(app, /*required=*/true);
+  app.add_option("--pretrained", parsed.pretrained, "weights to start from (tiny-gpt's --out/pretrained)")
+      ->check(CLI::ExistingDirectory);
+  app.add_option("--text", parsed.text, "the text to fine-tune on; its last tenth is held out for evaluation")
+      ->capture_default_str()
+      ->check(CLI::ExistingFile);
+  if (const auto exit_code = recipes::parse_command_line(app, argc, argv)) return *exit_code;
   return parsed;
 }
 
@@ -83,9 +61,9 @@ class FineTunedGpt : public models::TinyGpt {
 
 int run(const options& opts) {
   // Everything from the file is checked before a process group or a model exists.
-  const auto plan = loom::plan_from_file(loom::model<FineTunedGpt>(model_config, opts.pretrained.string()), opts.config,
-                                         opts.overrides);
-  const loom::train_options train_options = loom::read_train_options(opts.config, opts.overrides);
+  const auto& [config, overrides] = opts.run_file;
+  const auto plan = loom::plan_from_file(loom::model<FineTunedGpt>(model_config, opts.pretrained), config, overrides);
+  const loom::train_options train_options = loom::read_train_options(config, overrides);
   const at::Tensor text = text_data::load_tokens({opts.text});
   const std::int64_t split = text.numel() * 9 / 10;
 
@@ -94,10 +72,10 @@ int run(const options& opts) {
       [&](auto& job) {
         const loom::runtime& rt = job.rt();
         if (rt.rank() == 0) fmt::print("{}\n", job.describe());
-        const auto rank = static_cast<std::uint64_t>(rt.rank());
-        const text_data::batch_sampler batches(text.narrow(0, 0, split), 3000 + rank, batch_per_rank, model_config.ctx);
-        const text_data::batch_sampler held_out(text.narrow(0, split, text.numel() - split), 3500 + rank,
-                                                batch_per_rank, model_config.ctx);
+        const text_data::batch_sampler batches(text.narrow(0, 0, split), 3000, rt.rank(), rt.world_size(),
+                                               batch_per_rank, model_config.ctx);
+        const text_data::batch_sampler held_out(text.narrow(0, split, text.numel() - split), 3500, rt.rank(),
+                                                rt.world_size(), batch_per_rank, model_config.ctx);
         const double peak = train_options.lr ? train_options.lr->peak : 1e-3;
         torch::optim::AdamW optimizer(job.trainable_parameters(), torch::optim::AdamWOptions(peak).weight_decay(0.01));
         loom::train_options with_tokens = train_options;
@@ -129,11 +107,10 @@ int run(const options& opts) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  const auto parsed = parse(argc, argv);
+  if (const int* exit_code = std::get_if<int>(&parsed)) return *exit_code;
   try {
-    return run(parse(argc, argv));
-  } catch (const usage_error& error) {
-    fmt::print(stderr, "finetune: {}\n{}", error.what(), usage);
-    return 2;
+    return run(std::get<options>(parsed));
   } catch (const std::exception& error) {
     fmt::print(stderr, "finetune: {}\n", error.what());
     return 1;

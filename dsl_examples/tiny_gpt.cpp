@@ -5,15 +5,20 @@
 //
 //   build/loom-run --nproc-per-node 2 -- build/dsl_examples/tiny-gpt [--steps-pretrain N]
 //       [--steps-adapt N] [--checkpoint-every N] [--out DIR]
+//       [--config dsl_examples/configs/tiny-gpt-adapt-ddp.toml [--lora.rank=16 ...]]
 //
 // Phase 1: model<TinyGpt> | seeded | ddp. Each rank samples its own batches; the DDP reducer
 //          averages the gradients. Rank 0 saves the weights.
 // Phase 2: model<PretrainedTinyGpt> | seeded | lora | fsdp. The pretrained weights are loaded as the
 //          model is constructed, so LoRA adapts them; only the adapters train. The frozen base is
 //          sharded across the ranks (each block a loom::nn::Unit), the adapters are replicated.
+//          With --config, phase 2's stages after the model and its loop come from a run file
+//          instead (one per strategy in dsl_examples/configs/), with dotted overrides.
 #include "models/tiny_gpt.hpp"
+#include "common/command_line.hpp"
 #include "models/text_data.hpp"
 
+#include <loom/config/run_file.hpp>
 #include <loom/loom.hpp>
 #include <loom/runtime/text.hpp>
 #include <loom/train/loop.hpp>
@@ -23,7 +28,6 @@
 #include <torch/torch.h>
 
 #include <algorithm>
-#include <charconv>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
@@ -36,6 +40,7 @@
 #include <string>
 #include <string_view>
 #include <utility>
+#include <variant>
 #include <vector>
 
 namespace fs = std::filesystem;
@@ -62,58 +67,48 @@ constexpr double sample_temperature = 0.7;  // below 1: likelier characters, few
 // ---------------------------------------------------------------- command line
 
 struct options {
-  bool help = false;
   int steps_pretrain = 800;
   int steps_adapt = 300;
   int checkpoint_every = 100;
-  fs::path out = fs::temp_directory_path() / "loom-tiny-gpt";
+  std::string out = (fs::temp_directory_path() / "loom-tiny-gpt").string();
+  recipes::run_file_arguments adapt_config;  // phase 2 from a run file, when --config is given
 };
 
-class usage_error : public std::runtime_error {
- public:
-  using std::runtime_error::runtime_error;
-};
-
-constexpr std::string_view usage =
-    "usage: tiny-gpt [--steps-pretrain N] [--steps-adapt N] [--checkpoint-every N] [--out DIR]\n"
-    "  --steps-pretrain N    optimizer steps of phase 1, data-parallel pretraining (default 800)\n"
-    "  --steps-adapt N       optimizer steps of phase 2, LoRA adaptation (default 300)\n"
-    "  --checkpoint-every N  steps between checkpoints (default 100); run again with the same --out\n"
-    "                        to resume from the newest one (also after SIGTERM or SIGUSR1, which\n"
-    "                        stop the run after a checkpoint with exit code 75)\n"
-    "  --out DIR             every rank must see it (default $TMPDIR/loom-tiny-gpt); it receives\n"
-    "                          pretrain/, adapt/  each phase's checkpoints/ and metrics.jsonl\n"
-    "                          pretrained/  the base weights (safetensors, Hugging Face's layout)\n"
-    "                          adapter/     the LoRA adapter in PEFT's format\n"
-    "                                       (PeftModel.from_pretrained reads it)\n"
-    "                          adapted/     the adapted weights, adapters merged (a plain model)\n";
-
-int parse_steps(std::string_view flag, std::string_view text) {
-  int value = 0;
-  const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value);
-  if (error != std::errc{} || end != text.data() + text.size() || value < 1) {
-    throw usage_error(std::string(flag) + " expects a positive whole number, got '" + std::string(text) + "'");
-  }
-  return value;
-}
-
-options parse_options(int argc, char** argv) {
+// The options, or the exit code to end with (--help, a bad command line).
+std::variant<options, int> parse_options(int argc, char** argv) {
   options parsed;
-  for (int i = 1; i < argc; ++i) {
-    const std::string_view flag = argv[i];
-    if (flag == "-h" || flag == "--help") {
-      parsed.help = true;
-      continue;
-    }
-    if (flag != "--steps-pretrain" && flag != "--steps-adapt" && flag != "--checkpoint-every" && flag != "--out") {
-      throw usage_error("unknown option '" + std::string(flag) + "'");
-    }
-    if (i + 1 == argc) throw usage_error(std::string(flag) + " expects a value");
-    const std::string_view value = argv[++i];
-    if (flag == "--steps-pretrain") parsed.steps_pretrain = parse_steps(flag, value);
-    if (flag == "--steps-adapt") parsed.steps_adapt = parse_steps(flag, value);
-    if (flag == "--checkpoint-every") parsed.checkpoint_every = parse_steps(flag, value);
-    if (flag == "--out") parsed.out = value;
+  CLI::App app{
+      "loom's flagship recipe: a character-level GPT pretrained with ddp() on the licence texts, then "
+      "adapted with LoRA under fsdp() to one text held apart.",
+      "tiny-gpt"};
+  const auto positive = CLI::Range(1, 1'000'000);
+  app.add_option("--steps-pretrain", parsed.steps_pretrain, "optimizer steps of phase 1, data-parallel pretraining")
+      ->capture_default_str()
+      ->check(positive);
+  auto* steps_adapt = app.add_option("--steps-adapt", parsed.steps_adapt, "optimizer steps of phase 2, LoRA adaptation")
+                          ->capture_default_str()
+                          ->check(positive);
+  app.add_option("--checkpoint-every", parsed.checkpoint_every,
+                 "steps between checkpoints; run again with the same --out to resume from the newest one (also "
+                 "after SIGTERM or SIGUSR1, which stop the run after a checkpoint with exit code 75)")
+      ->capture_default_str()
+      ->check(positive);
+  app.add_option("--out", parsed.out,
+                 "every rank must see it; it receives pretrain/ and adapt/ (each phase's checkpoints/ and "
+                 "metrics.jsonl), pretrained/ (the base weights, safetensors in Hugging Face's layout), adapter/ (the "
+                 "LoRA adapter in PEFT's format) and adapted/ (the weights with the adapters merged)")
+      ->capture_default_str();
+  parsed.adapt_config.add_to(app, /*required=*/false);
+  app.get_option("--config")
+      ->description(
+          "phase 2 from a run file: its stages after the pretrained model and its loop "
+          "(dsl_examples/configs/tiny-gpt-adapt-*.toml); train.out defaults to --out/adapt")
+      ->excludes(steps_adapt);
+  if (const auto exit_code = recipes::parse_command_line(app, argc, argv)) return *exit_code;
+  if (parsed.adapt_config.config.empty() && !parsed.adapt_config.overrides.empty()) {
+    fmt::print(stderr, "tiny-gpt: {} overrides a run file: give --config FILE\n",
+               parsed.adapt_config.overrides.front());
+    return recipes::usage_exit_code;
   }
   return parsed;
 }
@@ -197,36 +192,42 @@ void say(const loom::runtime& rt, fmt::format_string<Args...> format, Args&&... 
   std::fflush(stdout);
 }
 
-struct phase {
-  std::string name;
-  int steps;
-  double peak_learning_rate;  // after a short warmup; the second half decays (cosine) to a tenth
-  std::uint64_t data_seed;    // offset by the rank: each rank samples its own batches
-  int checkpoint_every;
-  fs::path out;  // checkpoints/ and metrics.jsonl
-};
+// The loop of a phase built into the recipe: a short warmup to `peak_lr`, then the second half
+// decays (cosine) to a tenth; the loss on the held-out text four times a phase, progress ten times.
+loom::train_options phase_options(std::string name, int steps, double peak_lr, int checkpoint_every, fs::path out) {
+  return {.steps = steps,
+          .clip_norm = clip_norm,
+          .lr = loom::lr_schedule{.peak = peak_lr,
+                                  .warmup_steps = std::min(40, steps / 10),
+                                  .decay_steps = steps / 2,
+                                  .total_steps = steps,
+                                  .decay = loom::decay_shape::cosine,
+                                  .floor = 0.1},
+          .out = std::move(out),
+          .checkpoint_every = checkpoint_every,
+          .eval_every = std::max(1, steps / 4),
+          .log_every = std::max(1, steps / 10),
+          .name = std::move(name)};
+}
 
-// Trains `job` on `tokens` with loom::train: from the newest checkpoint in spec.out if there is
-// one, a checkpoint every spec.checkpoint_every steps, the loss averaged over the ranks printed ten
-// times a phase and, four times, the loss on `held_out`. Returns false when a SIGTERM or SIGUSR1
-// stopped it (checkpointed, to be resumed).
+// Trains `job` on `tokens` with loom::train (resuming from the newest checkpoint in options.out),
+// evaluating on `held_out`; each rank draws its own batches, from `data_seed` offset by its rank.
+// False when a SIGTERM or SIGUSR1 stopped it (checkpointed, to be resumed).
 template <class Job>
-bool train(Job& job, const phase& spec, const at::Tensor& tokens, const at::Tensor& held_out) {
-  const auto rank = static_cast<std::uint64_t>(job.rt().rank());
-  const batch_sampler batches(tokens, spec.data_seed + rank, batch_per_rank, model_config.ctx);
-  const batch_sampler evaluation(held_out, spec.data_seed + 500 + rank, batch_per_rank, model_config.ctx);
-  torch::optim::AdamW optimizer(job.trainable_parameters(),
-                                torch::optim::AdamWOptions(spec.peak_learning_rate).weight_decay(0.01));
-  const loom::lr_schedule lr{.peak = spec.peak_learning_rate,
-                             .warmup_steps = std::min(40, spec.steps / 10),
-                             .decay_steps = spec.steps / 2,
-                             .total_steps = spec.steps,
-                             .decay = loom::decay_shape::cosine,
-                             .floor = 0.1};
+bool train(Job& job, loom::train_options options, std::uint64_t data_seed, const at::Tensor& tokens,
+           const at::Tensor& held_out) {
+  const loom::runtime& rt = job.rt();
+  const batch_sampler batches(tokens, data_seed, rt.rank(), rt.world_size(), batch_per_rank, model_config.ctx);
+  const batch_sampler evaluation(held_out, data_seed + 500, rt.rank(), rt.world_size(), batch_per_rank,
+                                 model_config.ctx);
+  const double peak = options.lr ? options.lr->peak : 1e-3;
+  torch::optim::AdamW optimizer(job.trainable_parameters(), torch::optim::AdamWOptions(peak).weight_decay(0.01));
+  options.tokens_per_micro_batch = batch_per_rank * model_config.ctx;
   const loom::train_result result = loom::train(job, optimizer,
                                                 {.loss =
-                                                     [&](std::int64_t step, int) {
-                                                       auto [inputs, targets] = batches.at_step(step);
+                                                     [&](std::int64_t step, int micro) {
+                                                       auto [inputs, targets] =
+                                                           batches.at_step((step - 1) * options.accumulate + micro);
                                                        return job.forward(inputs, targets);
                                                      },
                                                  .eval_loss =
@@ -234,15 +235,7 @@ bool train(Job& job, const phase& spec, const at::Tensor& tokens, const at::Tens
                                                        auto [inputs, targets] = evaluation.at_step(0);
                                                        return job.forward(inputs, targets);
                                                      }},
-                                                {.steps = spec.steps,
-                                                 .clip_norm = clip_norm,
-                                                 .lr = lr,
-                                                 .out = spec.out,
-                                                 .checkpoint_every = spec.checkpoint_every,
-                                                 .eval_every = std::max(1, spec.steps / 4),
-                                                 .log_every = std::max(1, spec.steps / 10),
-                                                 .tokens_per_micro_batch = batch_per_rank * model_config.ctx,
-                                                 .name = spec.name});
+                                                options);
   return result.outcome == loom::train_outcome::finished;
 }
 
@@ -276,15 +269,9 @@ bool pretrain(const loom::runtime& rt, const options& opts, const corpus_files& 
   say(rt, "== phase 1: pretraining on {} in {} ({} characters), {}\n{}\n",
       loom::counted(static_cast<std::int64_t>(corpus.pretrain.size()), "text"), licence_folder.string(), tokens.numel(),
       loom::counted(rt.world_size(), "rank"), job.describe());
-
-  if (!train(job,
-             {.name = "pretrain",
-              .steps = opts.steps_pretrain,
-              .peak_learning_rate = 2e-3,
-              .data_seed = 1000,
-              .checkpoint_every = opts.checkpoint_every,
-              .out = opts.out / "pretrain"},
-             tokens, unseen)) {
+  const fs::path out = fs::path(opts.out) / "pretrain";
+  if (!train(job, phase_options("pretrain", opts.steps_pretrain, 2e-3, opts.checkpoint_every, out), 1000, tokens,
+             unseen)) {
     return false;
   }
   print_sample(rt, *plain_copy(job), "after pretraining");
@@ -293,64 +280,80 @@ bool pretrain(const loom::runtime& rt, const options& opts, const corpus_files& 
   return true;
 }
 
-// Phase 2: LoRA adapters on the attention's q and v projections; the pretrained weights stay frozen.
-bool adapt(const loom::runtime& rt, const options& opts, const corpus_files& corpus, const fs::path& weights) {
-  const auto plan = loom::model<PretrainedTinyGpt>(model_config, weights) | loom::seeded(model_seed) |
-                    loom::lora(8, {"q_proj", "v_proj"}) | loom::fsdp();
-  auto job = loom::build(plan, rt);
+// Phase 2 on `job`, whose plan puts LoRA adapters on the pretrained weights (or, from a run file
+// without a lora stage, trains them in full): adapted to the text held apart, its last tenth held
+// out for evaluation.
+template <class Job>
+bool adapt(Job& job, bool has_adapters, const loom::train_options& train_options, const options& opts,
+           const corpus_files& corpus) {
+  const loom::runtime& rt = job.rt();
   const auto text = load_tokens({corpus.held_apart});
-  const std::int64_t split = text.numel() * 9 / 10;  // the last tenth is held out for evaluation
+  const std::int64_t split = text.numel() * 9 / 10;
   const auto tokens = text.narrow(0, 0, split);
   const auto held_out = text.narrow(0, split, text.numel() - split);
   say(rt, "== phase 2: adapting to {} ({} characters), held apart from pretraining\n{}\n", corpus.held_apart.string(),
       tokens.numel(), job.describe());
   print_sample(rt, *plain_copy(job), "before adapting (lora_B starts at zero: the pretrained model's sample)");
+  if (!train(job, train_options, 2000, tokens, held_out)) return false;
 
-  if (!train(job,
-             {.name = "adapt",
-              .steps = opts.steps_adapt,
-              .peak_learning_rate = 5e-3,
-              .data_seed = 2000,
-              .checkpoint_every = opts.checkpoint_every,
-              .out = opts.out / "adapt"},
-             tokens, held_out)) {
-    return false;
+  const fs::path out = opts.out;
+  if (has_adapters) {
+    job.save_adapter(out / "adapter");
+    say(rt, "saved {} (PEFT's LoRA format)\n", (out / "adapter").string());
+    job.merge();  // merged, the adapted weights are a plain TinyGpt's
   }
-  job.save_adapter(opts.out / "adapter");
-  say(rt, "saved {} (PEFT's LoRA format)\n", (opts.out / "adapter").string());
-
-  // Merged, the adapted weights are a plain TinyGpt's.
-  job.merge();
   print_sample(rt, *plain_copy(job), "after adapting");
-  job.save_weights(opts.out / "adapted");
-  say(rt, "saved {} (adapters merged)\n", (opts.out / "adapted").string());
+  job.save_weights(out / "adapted");
+  say(rt, "saved {}{}\n", (out / "adapted").string(), has_adapters ? " (adapters merged)" : "");
   return true;
+}
+
+// Phase 2's plan from the run file of --config, checked by the compiler's rules (plan_error), and
+// its loop's options, with train.out defaulting to --out/adapt.
+auto adapt_plan_from_file(const options& opts, const fs::path& weights) {
+  const auto& [config, overrides] = opts.adapt_config;
+  auto plan = loom::plan_from_file(loom::model<PretrainedTinyGpt>(model_config, weights), config, overrides);
+  loom::train_options train_options = loom::read_train_options(config, overrides);
+  if (train_options.out.empty()) train_options.out = fs::path(opts.out) / "adapt";
+  if (train_options.name.empty()) train_options.name = "adapt";
+  return std::pair{std::move(plan), std::move(train_options)};
+}
+
+// Phase 2 as the recipe writes it: LoRA on the attention's q and v projections under fsdp(), or as
+// the run file of --config says.
+bool adapt(const loom::runtime& rt, const options& opts, const corpus_files& corpus, const fs::path& weights) {
+  if (opts.adapt_config.config.empty()) {
+    const auto model = loom::model<PretrainedTinyGpt>(model_config, weights);
+    const fs::path out = fs::path(opts.out) / "adapt";
+    auto job = loom::build(model | loom::seeded(model_seed) | loom::lora(8, {"q_proj", "v_proj"}) | loom::fsdp(), rt);
+    return adapt(job, true, phase_options("adapt", opts.steps_adapt, 5e-3, opts.checkpoint_every, out), opts, corpus);
+  }
+  const auto [plan, train_options] = adapt_plan_from_file(opts, weights);
+  auto built = loom::build(plan, rt);
+  return std::visit([&](auto& job) { return adapt(job, plan.lora().has_value(), train_options, opts, corpus); }, built);
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
+  const auto parsed = parse_options(argc, argv);
+  if (const int* exit_code = std::get_if<int>(&parsed)) return *exit_code;
+  const options& opts = std::get<options>(parsed);
   try {
-    const options opts = parse_options(argc, argv);
-    if (opts.help) {
-      fmt::print("{}", usage);
-      return 0;
-    }
     const corpus_files corpus = split_corpus(licence_folder);
     const loom::runtime rt = loom::runtime::from_env();
     std::error_code out_error;
     fs::create_directories(opts.out, out_error);
     if (out_error) {
-      throw std::runtime_error(fmt::format("--out {} cannot be created: {}; give a folder you can write to",
-                                           opts.out.string(), out_error.message()));
+      throw std::runtime_error(
+          fmt::format("--out {} cannot be created: {}; give a folder you can write to", opts.out, out_error.message()));
     }
-    const fs::path weights = opts.out / "pretrained";
+    const fs::path weights = fs::path(opts.out) / "pretrained";
+    // A run file that cannot work stops the run now, not after phase 1.
+    if (!opts.adapt_config.config.empty()) (void)adapt_plan_from_file(opts, weights);
     // Stopped by SIGTERM or SIGUSR1 after a checkpoint: the same command resumes.
     if (!pretrain(rt, opts, corpus, weights) || !adapt(rt, opts, corpus, weights)) return loom::resumable_exit_code;
     return 0;
-  } catch (const usage_error& error) {
-    fmt::print(stderr, "tiny-gpt: {}\n{}", error.what(), usage);
-    return 2;
   } catch (const std::exception& error) {
     fmt::print(stderr, "tiny-gpt: {}\n", error.what());
     return 1;

@@ -1,11 +1,11 @@
 #pragma once
 // Text as tokens for the example recipes (tiny-gpt, finetune): bytes & 127 (the licence texts are
-// ASCII, so nothing is lost), and batches of windows whose order is a function of (seed, step), so a
-// resumed run draws the batches it would have drawn.
+// ASCII, so nothing is lost), and each rank's batches of windows, in an order that is a function of
+// (seed, rank, epoch, step), so a resumed run draws the batches it would have drawn.
 
-#include <ATen/CPUGeneratorImpl.h>
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
@@ -46,18 +46,48 @@ inline at::Tensor load_tokens(const std::vector<std::filesystem::path>& files) {
   return encode(text);
 }
 
-// `batch` windows of `context` tokens at random offsets, and the same windows shifted by one as
-// targets; the batch of a step is a function of (seed, step).
+// Each rank's batches of `batch` windows of `context` tokens, and the same windows shifted by one as
+// targets. An epoch cuts the text into windows from an offset drawn from (seed, epoch), and LibTorch's
+// DistributedRandomSampler gives each rank its own share of them, shuffled by (seed, epoch); an
+// epoch is one pass over a rank's share. The batch of a step is a function of (seed, rank, epoch,
+// step), so nothing needs saving to resume.
 class batch_sampler {
  public:
-  batch_sampler(at::Tensor tokens, std::uint64_t seed, std::int64_t batch, std::int64_t context)
-      : tokens_(std::move(tokens)), seed_(seed), batch_(batch), context_(context) {
-    if (tokens_.numel() <= context_) throw std::runtime_error("the text is shorter than one context window");
+  batch_sampler(at::Tensor tokens, std::uint64_t seed, int rank, int world_size, std::int64_t batch,
+                std::int64_t context)
+      : tokens_(std::move(tokens)),
+        seed_(seed),
+        rank_(rank),
+        world_size_(world_size),
+        batch_(batch),
+        context_(context),
+        windows_(static_cast<std::size_t>(std::max<std::int64_t>(0, (tokens_.numel() - context_ - 1) / context_))) {
+    share_ = (windows_ + static_cast<std::size_t>(world_size_) - 1) / static_cast<std::size_t>(world_size_);
+    if (share_ < static_cast<std::size_t>(batch_)) {
+      throw std::runtime_error("the text (" + std::to_string(tokens_.numel()) + " characters) has " +
+                               std::to_string(windows_) + " windows of " + std::to_string(context_) + ", fewer than " +
+                               std::to_string(batch_) + " for each of " + std::to_string(world_size_) +
+                               " ranks: give a longer text or fewer ranks");
+    }
+    steps_per_epoch_ = static_cast<std::int64_t>(share_) / batch_;
   }
 
+  // The batch of `step` (from 0).
   [[nodiscard]] std::pair<at::Tensor, at::Tensor> at_step(std::int64_t step) const {
-    auto generator = at::make_generator<at::CPUGeneratorImpl>(seed_ * 1'000'003 + static_cast<std::uint64_t>(step));
-    auto starts = torch::randint(tokens_.numel() - context_, {batch_, 1}, generator, torch::kLong);
+    const auto epoch = static_cast<std::uint64_t>(step / steps_per_epoch_);
+    const std::uint64_t epoch_seed = seed_ * 1'000'003 + epoch;
+    torch::data::samplers::DistributedRandomSampler sampler(windows_, static_cast<std::size_t>(world_size_),
+                                                            static_cast<std::size_t>(rank_),
+                                                            /*allow_duplicates=*/true);
+    sampler.set_epoch(epoch_seed);
+    sampler.reset();
+    const std::vector<std::size_t> share = *sampler.next(share_);  // allow_duplicates: every rank's share is this long
+    const auto first = static_cast<std::size_t>((step % steps_per_epoch_) * batch_);
+    const auto offset = static_cast<std::int64_t>(epoch_seed % static_cast<std::uint64_t>(context_));
+    auto starts = torch::empty({batch_, 1}, torch::kLong);
+    for (std::int64_t i = 0; i < batch_; ++i) {
+      starts[i][0] = offset + static_cast<std::int64_t>(share[first + static_cast<std::size_t>(i)]) * context_;
+    }
     auto positions = starts + torch::arange(context_, torch::kLong);
     return {tokens_.index({positions}), tokens_.index({positions + 1})};
   }
@@ -65,8 +95,13 @@ class batch_sampler {
  private:
   at::Tensor tokens_;
   std::uint64_t seed_;
+  int rank_;
+  int world_size_;
   std::int64_t batch_;
   std::int64_t context_;
+  std::size_t windows_;
+  std::size_t share_ = 0;  // windows for each rank in an epoch
+  std::int64_t steps_per_epoch_ = 1;
 };
 
 }  // namespace text_data

@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
+#include <toml++/toml.h>
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
@@ -9,6 +10,7 @@
 #include <fstream>
 #include <functional>
 #include <map>
+#include <sstream>
 #include <vector>
 
 namespace loom {
@@ -32,18 +34,68 @@ const std::map<std::string, std::vector<std::string>>& accepted_keys() {
 constexpr std::string_view stage_names = "seeded, lora, trainable, strategy";
 constexpr std::string_view strategy_names = "local, ddp, fsdp";
 
+// Where each key of a run file was written: "lora.rank", "strategy.name", "train.lr.peak", "plan[2]"
+// (a stage's keys are named after the stage, as the messages name them).
+using source_lines = std::map<std::string, std::int64_t>;
+
+std::string joined(const std::string& prefix, std::string_view key) {
+  return prefix.empty() ? std::string(key) : prefix + "." + std::string(key);
+}
+
+// A TOML document as the JSON tree the reader checks, noting each key's line. `path` names `node`;
+// the entries of the top-level "plan" list are named plan[i], and their stages by their own names.
+json from_toml(const toml::node& node, const std::string& path, source_lines& lines) {
+  if (const auto line = node.source().begin.line; line > 0) lines.emplace(path, line);
+  if (const toml::table* table = node.as_table()) {
+    json object = json::object();
+    for (const auto& [key, value] : *table) {
+      object[std::string(key.str())] = from_toml(value, joined(path == "plan" ? "" : path, key.str()), lines);
+    }
+    return object;
+  }
+  if (const toml::array* array = node.as_array()) {
+    json list = json::array();
+    for (std::size_t i = 0; i < array->size(); ++i) {
+      const std::string item = path == "plan" ? fmt::format("plan[{}]", i) : fmt::format("{}[{}]", path, i);
+      if (path == "plan") lines.emplace(item, (*array)[i].source().begin.line);
+      list.push_back(from_toml((*array)[i], path == "plan" ? "plan" : item, lines));
+    }
+    return list;
+  }
+  if (const auto* value = node.as_integer()) {  // as JSON reads them: unsigned when not negative
+    return value->get() >= 0 ? json(static_cast<std::uint64_t>(value->get())) : json(value->get());
+  }
+  if (const auto* value = node.as_floating_point()) return value->get();
+  if (const auto* value = node.as_boolean()) return value->get();
+  if (const auto* value = node.as_string()) return value->get();
+  return nullptr;  // a date or a time: no key takes one, so its key's check rejects it
+}
+
 class reader {
  public:
   explicit reader(std::filesystem::path path) : path_(std::move(path)) {}
 
+  // Names the file, the key's line where the file gave the key (TOML), the key and the problem.
   [[noreturn]] void fail(const std::string& key, const std::string& problem) const {
-    throw run_file_error(
-        fmt::format("loom: run file '{}': {}{}", path_.string(), key.empty() ? "" : key + ": ", problem));
+    const auto line = lines_.find(key);
+    throw run_file_error(fmt::format("loom: run file '{}'{}: {}{}", path_.string(),
+                                     line == lines_.end() ? "" : fmt::format(", line {}", line->second),
+                                     key.empty() ? "" : key + ": ", problem));
   }
 
-  json load() const {
+  // The file as a JSON tree: TOML (with each key's line noted) or JSON, by its extension.
+  json load() {
     std::ifstream in(path_);
     if (!in) fail("", "it cannot be read");
+    const std::string extension = path_.extension().string();
+    if (extension == ".toml") {
+      try {
+        return from_toml(toml::parse(in, path_.string()), "", lines_);
+      } catch (const toml::parse_error& error) {
+        fail("", fmt::format("line {}: it is not TOML ({})", error.source().begin.line, error.description()));
+      }
+    }
+    if (extension != ".json") fail("", "give a run file named *.toml or *.json");
     try {
       return json::parse(in);
     } catch (const json::parse_error& error) {
@@ -52,13 +104,14 @@ class reader {
   }
 
   // "lora.rank=16": the value is JSON when it parses as JSON, a string otherwise.
-  void apply_override(json& stages, const std::string& text) const {
+  void apply_override(json& stages, const std::string& text) {
     const auto equals = text.find('=');
     if (equals == std::string::npos || equals == 0) {
       fail(text, "an override is KEY=VALUE, for example lora.rank=16 or strategy=fsdp");
     }
     const std::string key = text.substr(0, equals);
     const std::string raw = text.substr(equals + 1);
+    forget_line(key);
     json value = json::parse(raw, nullptr, /*allow_exceptions=*/false);
     if (value.is_discarded()) value = raw;
     const auto dot = key.find('.');
@@ -85,7 +138,7 @@ class reader {
   // The overrides that start with "train." go to the loop's options, the others to the stages.
   static bool for_training(const std::string& text) { return text.starts_with("train."); }
 
-  run_stages stages(const json& root, std::span<const std::string> overrides) const {
+  run_stages stages(const json& root, std::span<const std::string> overrides) {
     check_top_level(root);
     json list = root.contains("plan") ? root["plan"] : json::array();
     if (!list.is_array()) fail("plan", "give a list of stages, each {\"name\": value}");
@@ -229,7 +282,7 @@ class reader {
 
  public:
   // The loop's options: "train" in the file, then the "train.<key>=value" overrides.
-  train_options training(const json& root, std::span<const std::string> overrides) const {
+  train_options training(const json& root, std::span<const std::string> overrides) {
     check_top_level(root);
     json train = root.contains("train") ? root["train"] : json::object();
     if (!train.is_object()) fail("train", "give the loop's options as an object, e.g. {\"steps\": 800}");
@@ -237,6 +290,7 @@ class reader {
       if (!for_training(text)) continue;
       const auto equals = text.find('=');
       if (equals == std::string::npos) fail(text, "an override is KEY=VALUE, for example train.steps=100");
+      forget_line(text.substr(0, equals));
       json value = json::parse(text.substr(equals + 1), nullptr, /*allow_exceptions=*/false);
       if (value.is_discarded()) value = text.substr(equals + 1);
       json* at = &train;
@@ -300,19 +354,27 @@ class reader {
   }
 
  private:
+  // A key set by an override is no longer the file's: its messages name no line.
+  void forget_line(const std::string& key) {
+    std::erase_if(lines_, [&](const auto& entry) { return entry.first == key || entry.first.starts_with(key + "."); });
+  }
+
   std::filesystem::path path_;
+  source_lines lines_;
 };
 
 }  // namespace
 
 run_stages read_run_stages(const std::filesystem::path& path, std::span<const std::string> overrides) {
-  const reader file(path);
-  return file.stages(file.load(), overrides);
+  reader file(path);
+  const json root = file.load();
+  return file.stages(root, overrides);
 }
 
 train_options read_train_options(const std::filesystem::path& path, std::span<const std::string> overrides) {
-  const reader file(path);
-  return file.training(file.load(), overrides);
+  reader file(path);
+  const json root = file.load();
+  return file.training(root, overrides);
 }
 
 }  // namespace loom

@@ -1,5 +1,7 @@
 #include "options.hpp"
 
+#include <CLI/CLI.hpp>
+
 #include <algorithm>
 #include <array>
 #include <charconv>
@@ -35,47 +37,41 @@ double parse_seconds(std::string_view flag, std::string_view form, std::string_v
   return parsed;
 }
 
-// A flag that takes a value, as `--flag VALUE` or `--flag=VALUE`.
+// A flag that takes a value, as `--flag VALUE` or `--flag=VALUE`, in both of torchrun's spellings.
 struct value_flag {
-  std::string_view name;  // canonical spelling, with dashes
-  std::string_view form;  // what the value must look like, for error messages
+  std::string_view names;      // CLI11's "--nproc-per-node,--nproc_per_node"
+  std::string_view type_name;  // the value's name in CLI11's messages
+  std::string_view form;       // what the value must look like, for our messages
   void (*apply)(launch_options&, std::string_view flag, std::string_view form, std::string_view value);
 };
 
 constexpr std::array value_flags{
-    value_flag{"--nproc-per-node", "a positive integer N (ranks on this node, at most 1024)",
+    value_flag{"--nproc-per-node,--nproc_per_node", "N", "a positive integer N (ranks on this node, at most 1024)",
                [](launch_options& o, auto flag, auto form, auto value) {
                  o.nproc_per_node = parse_int(flag, form, value, 1, max_ranks_per_node);
                }},
-    value_flag{"--nnodes", "a positive integer M (nodes in the job; elastic MIN:MAX is not supported)",
+    value_flag{"--nnodes", "M", "a positive integer M (nodes in the job; elastic MIN:MAX is not supported)",
                [](launch_options& o, auto flag, auto form, auto value) {
                  o.nnodes = parse_int(flag, form, value, 1, max_nodes);
                }},
-    value_flag{"--node-rank", "an integer R with 0 <= R < --nnodes",
+    value_flag{"--node-rank,--node_rank", "R", "an integer R with 0 <= R < --nnodes",
                [](launch_options& o, auto flag, auto form, auto value) {
                  o.node_rank = parse_int(flag, form, value, 0, max_nodes - 1);
                }},
-    value_flag{"--master-addr", "a host name or IP address of node 0",
+    value_flag{"--master-addr,--master_addr", "HOST", "a host name or IP address of node 0",
                [](launch_options& o, auto flag, auto form, auto value) {
                  if (value.empty()) reject(flag, form, value);
                  o.master_addr = text(value);
                }},
-    value_flag{"--master-port", "a port number in 1..65535",
+    value_flag{"--master-port,--master_port", "PORT", "a port number in 1..65535",
                [](launch_options& o, auto flag, auto form, auto value) {
                  o.master_port = parse_int(flag, form, value, 1, 65535);
                }},
-    value_flag{"--grace-s", "a number of seconds in 0..86400 (e.g. 10 or 0.5)",
+    value_flag{"--grace-s,--grace_s", "SECONDS", "a number of seconds in 0..86400 (e.g. 10 or 0.5)",
                [](launch_options& o, auto flag, auto form, auto value) {
                  o.grace_seconds = parse_seconds(flag, form, value);
                }},
 };
-
-// torchrun accepts both spellings (--nproc-per-node, --nproc_per_node); so does loom-run.
-std::string canonical_flag(std::string_view written) {
-  std::string name{written};
-  std::replace(name.begin() + 2, name.end(), '_', '-');
-  return name;
-}
 
 void check_consistency(const launch_options& options, bool standalone) {
   if (options.program.empty())
@@ -92,48 +88,49 @@ void check_consistency(const launch_options& options, bool standalone) {
 
 }  // namespace
 
+// CLI11 splits the words (both spellings, `--flag=VALUE`, `--`, the program and its arguments as a
+// prefix command); each value is checked by its flag's own rule, whose sentence is the error.
 std::variant<launch_options, help_requested> parse_command_line(std::span<const std::string_view> args) {
   launch_options options;
   bool standalone = false;
-  std::size_t i = 0;
-  for (; i < args.size(); ++i) {
-    const std::string_view arg = args[i];
-    if (arg == "--") {
-      ++i;
-      break;
-    }
-    if (!arg.starts_with('-') || arg == "-") break;  // the program: everything from here is its own
-    if (arg == "-h" || arg == "--help") return help_requested{};
+  bool help = false;
+  bool no_prefix = false;
 
-    const std::size_t equals = arg.find('=');
-    const std::string_view written = arg.substr(0, equals);
-    const std::string flag = arg.starts_with("--") ? canonical_flag(written) : std::string{written};
-
-    if (flag == "--no-prefix" || flag == "--standalone") {
-      if (equals != std::string_view::npos)
-        throw usage_error{"loom-run: " + flag + " takes no value, got '" + text(arg) + "'"};
-      if (flag == "--no-prefix")
-        options.prefix_output = false;
-      else
-        standalone = true;
-      continue;
-    }
-    const auto known = std::ranges::find(value_flags, flag, &value_flag::name);
-    if (known == value_flags.end())
-      throw usage_error{"loom-run: unknown flag '" + text(written) +
-                        "'; accepted: --nproc-per-node N, --nnodes M, --node-rank R, --master-addr A, "
-                        "--master-port P, --grace-s S, --no-prefix, --standalone, --help"};
-    std::string_view value;
-    if (equals != std::string_view::npos) {
-      value = arg.substr(equals + 1);
-    } else if (i + 1 < args.size() && !args[i + 1].starts_with("--")) {
-      value = args[++i];
-    } else {
-      throw usage_error{"loom-run: " + flag + " needs a value: " + text(known->form)};
-    }
-    known->apply(options, flag, known->form, value);
+  CLI::App app{"", "loom-run"};
+  app.set_help_flag();  // usage_text() is the help; CLI11's own would repeat it less well
+  app.prefix_command();
+  app.add_flag("-h,--help", help)->disable_flag_override();
+  app.add_flag("--no-prefix,--no_prefix", no_prefix)->disable_flag_override();
+  app.add_flag("--standalone", standalone)->disable_flag_override();
+  for (const value_flag& flag : value_flags) {
+    app.add_option_function<std::string>(std::string{flag.names},
+                                         [&options, &flag](const std::string& value) {
+                                           const std::string_view names = flag.names;
+                                           flag.apply(options, names.substr(0, names.find(',')), flag.form, value);
+                                         })
+        ->type_name(std::string{flag.type_name});
   }
-  options.program.assign(args.begin() + static_cast<std::ptrdiff_t>(i), args.end());
+
+  // CLI11 wants the words last first, as argv would give them after the program's name.
+  std::vector<std::string> words(args.rbegin(), args.rend());
+  try {
+    app.parse(words);
+  } catch (const CLI::ParseError& error) {
+    throw usage_error{"loom-run: " + std::string{error.what()}};
+  }
+  if (help) return help_requested{};
+
+  std::vector<std::string> program = app.remaining();
+  if (!program.empty() && program.front() == "--") program.erase(program.begin());
+  if (!program.empty() && program.front().starts_with('-') && program.front() != "-" &&
+      std::ranges::find(args, std::string_view{"--"}) == args.end()) {
+    const std::string& written = program.front();
+    throw usage_error{"loom-run: unknown flag '" + written.substr(0, written.find('=')) +
+                      "'; accepted: --nproc-per-node N, --nnodes M, --node-rank R, --master-addr A, "
+                      "--master-port P, --grace-s S, --no-prefix, --standalone, --help"};
+  }
+  options.prefix_output = !no_prefix;
+  options.program = std::move(program);
   check_consistency(options, standalone);
   if (options.nnodes > 1 && !options.master_port) options.master_port = torchrun_default_port;
   return options;

@@ -72,13 +72,23 @@ train_session::train_session(const runtime& rt, const train_options& options) : 
                          options_.lr->total_steps, options_.steps));
     }
   }
-  if (options_.out.empty()) refuse("train_options.out is empty; name the folder for checkpoints and metrics");
-  // Written to before the first step, so that a folder that cannot be written fails now, naming it.
+  if (!options_.out.empty()) prepare_run_folder();
+  handlers_ = std::make_unique<signal_handlers>();
+  started_ = last_progress_ = steady::now();
+}
+
+train_session::~train_session() = default;
+
+// The run folder is written to before the first step, so that one that cannot be written fails
+// now, naming it, rather than at the first checkpoint.
+void train_session::prepare_run_folder() {
   run_on_rank_zero(rt_, "preparing the run folder", [&] {
     std::error_code error;
     std::filesystem::create_directories(options_.out, error);
-    if (error)
-      refuse(fmt::format("the output folder '{}' cannot be created: {}", options_.out.string(), error.message()));
+    if (error) {
+      throw std::invalid_argument(fmt::format("loom: train: the output folder '{}' cannot be created: {}",
+                                              options_.out.string(), error.message()));
+    }
     atomic_file probe(options_.out / ".loom-writable");
     probe.write("ok", 2);
     probe.commit();
@@ -86,11 +96,7 @@ train_session::train_session(const runtime& rt, const train_options& options) : 
   });
   checkpoints_ = std::make_unique<checkpointer>(
       rt_, checkpoint_options{.folder = options_.out / "checkpoints", .keep = options_.keep_checkpoints});
-  handlers_ = std::make_unique<signal_handlers>();
-  started_ = last_progress_ = steady::now();
 }
-
-train_session::~train_session() = default;
 
 void train_session::announce(const resume_point& resumed) const {
   if (rt_.rank() != 0) return;
@@ -151,8 +157,7 @@ void train_session::record_eval(std::int64_t step, const at::Tensor& loss) {
   fmt::print("{}{}eval at step {}/{}  loss {:.3f}\n", options_.name, options_.name.empty() ? "" : " ", step,
              options_.steps, *eval_loss_);
   std::fflush(stdout);
-  std::ofstream(options_.out / "metrics.jsonl", std::ios::app)
-      << json{{"step", step}, {"eval_loss", *eval_loss_}}.dump() << '\n';
+  write_metrics(json{{"step", step}, {"eval_loss", *eval_loss_}}.dump());
 }
 
 void train_session::measure_memory(const torch::optim::Optimizer& optimizer) {
@@ -162,6 +167,10 @@ void train_session::measure_memory(const torch::optim::Optimizer& optimizer) {
   }
   parameters_mb_ = megabytes(parameters);
   optimizer_mb_ = megabytes(optimizer_state_bytes(optimizer));
+}
+
+void train_session::write_metrics(const std::string& line) const {
+  if (!options_.out.empty()) std::ofstream(options_.out / "metrics.jsonl", std::ios::app) << line << '\n';
 }
 
 void train_session::log(std::int64_t step) {
@@ -186,7 +195,7 @@ void train_session::log(std::int64_t step) {
             {"parameters_mb", parameters_mb_},
             {"optimizer_mb", optimizer_mb_}};
   if (grad_norm_) line["grad_norm"] = *grad_norm_;
-  std::ofstream(options_.out / "metrics.jsonl", std::ios::app) << line.dump() << '\n';
+  write_metrics(line.dump());
   fmt::print("{}{}step {:>5}/{}  loss {:.3f}  lr {:.3g}{}{}  elapsed {:.0f} s  ETA {:.0f} s\n", options_.name,
              options_.name.empty() ? "" : " ", step, options_.steps, mean_loss, lr_,
              grad_norm_ ? fmt::format("  grad norm {:.3g}", *grad_norm_) : std::string(),

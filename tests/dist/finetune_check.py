@@ -41,10 +41,17 @@ def main() -> int:
         if refused.returncode == 0 or sentence not in refused.stderr:
             failures.append(f"{overrides} gave {refused.returncode}: {refused.stderr[-600:]}")
     helped = subprocess.run([finetune, "--help"], capture_output=True, text=True)
-    if helped.returncode != 0 or "usage: finetune" not in helped.stdout:
+    if helped.returncode != 0 or "--config" not in helped.stdout or "--lora.rank=16" not in helped.stdout:
         failures.append("finetune --help does not print its usage and exit 0")
     for failure in failures:
         print("FAIL:", failure)
+    for words, sentence in ((["--config", config, "--lora.rank"], "--lora.rank needs a value"),
+                            (["--config", config, "stray"], "'stray' is not an override"),
+                            (["--config", "/nonexistent.toml"], "--config: File does not exist"),
+                            ([], "--config is required")):
+        refused = subprocess.run([finetune, *words], capture_output=True, text=True)
+        if refused.returncode != 2 or sentence not in refused.stderr:
+            failures.append(f"finetune {words} gave {refused.returncode}: {refused.stderr[-600:]}")
     print("finetune:", "ok" if not failures else f"{len(failures)} failures")
     return 1 if failures else 0
 

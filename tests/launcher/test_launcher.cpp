@@ -405,12 +405,14 @@ TEST_CASE("bad flags are rejected naming the flag and its accepted form", "[laun
       {{"--nnodes", "1:2", "true"}, "--nnodes expects a positive integer"},
       {{"--master-port", "70000", "true"}, "--master-port expects a port number in 1..65535, got '70000'"},
       {{"--grace-s", "-1", "true"}, "--grace-s expects a number of seconds in 0..86400"},
-      {{"--nproc-per-node"}, "--nproc-per-node needs a value"},
+      {{"--nproc-per-node"}, "--nproc-per-node: 1 required N missing"},
       {{"--frobnicate", "true"}, "unknown flag '--frobnicate'"},
-      {{"--no-prefix=yes", "true"}, "--no-prefix takes no value"},
+      {{"--no-prefix=yes", "true"}, "no-prefix was given a disallowed flag override"},
       {{"--nproc-per-node", "2"}, "no program given"},
       {{"--nnodes", "2", "--node-rank", "2", "--master-addr", "h", "true"}, "--node-rank expects an integer R"},
       {{"--nnodes", "2", "true"}, "--nnodes 2 expects --master-addr HOST"},
+      {{"--nproc_per_node=0", "true"}, "--nproc-per-node expects a positive integer"},
+      {{"--nproc-per-node", "2", "--frobnicate=1", "true"}, "unknown flag '--frobnicate'"},
   };
   for (const auto& [args, message] : cases) {
     CAPTURE(args, message);

@@ -35,8 +35,8 @@ std::string expected_of(const std::string& name) {
   return line.substr(marker.size());
 }
 
-fs::path written(const std::string& name, const std::string& text) {
-  const fs::path file = fs::temp_directory_path() / ("loom-test-run-file-" + name + ".json");
+fs::path written(const std::string& name, const std::string& text, const std::string& extension = ".json") {
+  const fs::path file = fs::temp_directory_path() / ("loom-test-run-file-" + name + extension);
   std::ofstream(file) << text;
   return file;
 }
@@ -108,6 +108,39 @@ TEST_CASE("a run file's own mistakes name the file, the key and the accepted for
   CHECK_THROWS_WITH(read("override-form", R"({"plan": []})", {"lora.rank"}),
                     ContainsSubstring("an override is KEY=VALUE"));
   CHECK_THROWS_AS(read("missing", "x"), loom::run_file_error);
+}
+
+TEST_CASE("a TOML run file reads as its JSON twin, and its mistakes name their line", "[run_file][toml]") {
+  const auto from_toml = loom::plan_from_file(loom::model<models::TinyGpt>(small),
+                                              source / "tests" / "run_files" / "tiny_gpt_lora_fsdp.toml");
+  const auto from_json = loom::plan_from_file(loom::model<models::TinyGpt>(small),
+                                              source / "tests" / "run_files" / "tiny_gpt_lora_fsdp.json");
+  CHECK(from_toml.describe() == from_json.describe());
+  const loom::train_options options =
+      loom::read_train_options(source / "tests" / "run_files" / "tiny_gpt_lora_fsdp.toml");
+  CHECK(options.steps == 300);
+  CHECK(options.out == "runs/adapt");
+  CHECK(options.lr->peak == 5e-3);
+
+  const auto read = [](const std::string& name, const std::string& text, std::vector<std::string> overrides = {}) {
+    (void)loom::read_run_stages(written(name, text, ".toml"), overrides);
+  };
+  const std::string lora_on_line_3 = "plan = [\n  { seeded = 1 },\n  { lora = { rank = 8, rnak = 4 } },\n]\n";
+  CHECK_THROWS_WITH(read("key", lora_on_line_3), ContainsSubstring(", line 3: lora.rnak: unknown key; lora takes"));
+  CHECK_THROWS_WITH(read("type", "[[plan]]\nseeded = 1\n[[plan]]\nlora = { rank = 8.5 }\n"),
+                    ContainsSubstring(", line 4: lora.rank: give a whole number"));
+  CHECK_THROWS_WITH(read("stage", "plan = [\n  { seeded = 1 },\n  { dropout = 0.1 },\n]\n"),
+                    ContainsSubstring(", line 3: plan[1]: unknown stage 'dropout'"));
+  CHECK_THROWS_WITH(read("syntax", "plan = [\n  { seeded = },\n]\n"), ContainsSubstring("line 2: it is not TOML"));
+  CHECK_THROWS_WITH(read("date", "plan = [{ seeded = 1979-05-27 }]\n"),
+                    ContainsSubstring("seeded: give the seed as a whole number"));
+  // A key set on the command line is not the file's: no line.
+  CHECK_THROWS_WITH(read("override", "plan = [\n  { lora = { rank = 8 } },\n]\n", {"lora.rank=x"}),
+                    ContainsSubstring("override.toml': lora.rank: give a whole number"));
+  CHECK_THROWS_WITH(loom::read_run_stages(written("extension", "{}", ".yaml")),
+                    ContainsSubstring("give a run file named *.toml or *.json"));
+  CHECK_THROWS_WITH(loom::read_train_options(written("train-key", "[train]\nsteps = 10\nstesp = 3\n", ".toml")),
+                    ContainsSubstring(", line 3: train.stesp: unknown key; train takes steps"));
 }
 
 TEST_CASE("a job built from a run file has its strategy and its typed module", "[run_file]") {

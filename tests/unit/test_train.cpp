@@ -1,7 +1,9 @@
 // loom::train on a single process: accumulation equals one big batch, the learning rate of each
-// step, a loss that is not finite, preemption and resuming, metrics, and the options' errors.
+// step, a loss that is not finite, preemption and resuming, metrics, the options' errors, and the
+// recipes' data order.
 #include <loom/loom.hpp>
 #include <loom/train/loop.hpp>
+#include <models/text_data.hpp>
 #include <models/tiny_gpt.hpp>
 
 #include <torch/optim/sgd.h>
@@ -14,7 +16,10 @@
 #include <csignal>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <limits>
+#include <set>
+#include <vector>
 
 using Catch::Matchers::ContainsSubstring;
 
@@ -182,4 +187,65 @@ TEST_CASE("the loop's options are checked before the first step, naming the opti
                     ContainsSubstring("the lr schedule's total_steps (3) differs from train_options.steps (2)"));
   CHECK_THROWS_WITH(loom::train(job, optimizer, functions, {.steps = 2, .out = "/sys/kernel/loom-run"}),
                     ContainsSubstring("the output folder '/sys/kernel/loom-run' cannot be created"));
+}
+
+TEST_CASE("without a run folder the loop writes nothing, and reports every step", "[train]") {
+  auto job = loom::build(plan, one());
+  torch::optim::SGD optimizer(job.trainable_parameters(), 0.1);
+  std::vector<loom::step_report> reports;
+  const auto result = loom::train(job, optimizer,
+                                  {.loss =
+                                       [&](std::int64_t step, int) {
+                                         auto [x, y] = rows(step, 0, 4);
+                                         return job.forward(x, y);
+                                       },
+                                   .on_step = [&](const loom::step_report& report) { reports.push_back(report); }},
+                                  {.steps = 3, .set_to_none = false});
+  CHECK(result.outcome == loom::train_outcome::finished);
+  REQUIRE(reports.size() == 3);
+  for (std::int64_t step = 1; step <= 3; ++step) {
+    const loom::step_report& report = reports[static_cast<std::size_t>(step - 1)];
+    CHECK(report.step == step);
+    CHECK(report.loss == report.rank_loss);  // one rank
+    CHECK(report.step_ms > 0);
+  }
+  CHECK(reports[0].loss != reports[2].loss);
+  for (const at::Tensor& p : job.trainable_parameters()) {  // zeroed, kept: set_to_none = false
+    REQUIRE(p.grad().defined());
+    CHECK(p.grad().abs().sum().item<double>() == 0);
+  }
+}
+
+TEST_CASE("the recipes' batches: each rank its own share, a function of (seed, rank, epoch, step)", "[train][data]") {
+  const at::Tensor text = torch::arange(10'000, torch::kLong);  // a token's value is its position
+  constexpr std::int64_t batch = 4;
+  constexpr std::int64_t context = 16;
+  const auto starts = [&](const text_data::batch_sampler& sampler, std::int64_t step) {
+    const auto [x, y] = sampler.at_step(step);
+    CHECK(torch::equal(y, x + 1));
+    std::set<std::int64_t> first;
+    for (std::int64_t i = 0; i < batch; ++i) first.insert(x[i][0].item<std::int64_t>());
+    return first;
+  };
+  const text_data::batch_sampler rank0(text, 7, 0, 3, batch, context);
+  const text_data::batch_sampler rank1(text, 7, 1, 3, batch, context);
+  const text_data::batch_sampler again(text, 7, 0, 3, batch, context);
+  const text_data::batch_sampler other_seed(text, 8, 0, 3, batch, context);
+  // 10000 tokens hold 623 windows of 16: 208 a rank, 52 steps an epoch.
+  std::set<std::int64_t> seen0, seen1;
+  for (std::int64_t step = 0; step < 52; ++step) {
+    const auto a = starts(rank0, step);
+    CHECK(a == starts(again, step));  // nothing to save: the same step draws the same batch
+    seen0.insert(a.begin(), a.end());
+    const auto b = starts(rank1, step);
+    seen1.insert(b.begin(), b.end());
+  }
+  CHECK(seen0.size() == 208);  // an epoch is one pass over the rank's share
+  std::vector<std::int64_t> shared;
+  std::set_intersection(seen0.begin(), seen0.end(), seen1.begin(), seen1.end(), std::back_inserter(shared));
+  CHECK(shared.empty());                         // the ranks' shares are apart
+  CHECK(starts(rank0, 0) != starts(rank0, 52));  // the next epoch: other windows, another order
+  CHECK(starts(rank0, 0) != starts(other_seed, 0));
+  CHECK_THROWS_WITH(text_data::batch_sampler(text.narrow(0, 0, 150), 7, 0, 3, batch, context),
+                    ContainsSubstring("fewer than 4 for each of 3 ranks"));
 }

@@ -42,7 +42,8 @@ struct train_options {
   int accumulate = 1;                 // micro-batches per optimizer step
   std::optional<double> clip_norm{};  // clip the global gradient norm to this (p = 2); the norm is logged
   std::optional<lr_schedule> lr{};    // none: the optimizer's own rate throughout
-  std::filesystem::path out{};        // checkpoints/ and metrics.jsonl; created if missing
+  std::filesystem::path out{};        // checkpoints/ and metrics.jsonl, created if missing; empty: no
+                                      // files, no resume (a benchmark), and a signal stops unsaved
   std::int64_t checkpoint_every = 0;  // 0: at the end and on preemption only
   int keep_checkpoints = 2;
   std::int64_t eval_every = 0;              // 0: no evaluation
@@ -50,6 +51,14 @@ struct train_options {
   double log_seconds = 30;                  // or when this long has passed since the last progress line
   std::int64_t tokens_per_micro_batch = 0;  // this rank's, for tokens/s (0: left out)
   std::string name{};                       // starts the progress lines ("pretrain step 80/800 ...")
+  bool set_to_none = true;                  // zero_grad drops the gradients (PyTorch's default) or zeroes them
+};
+
+struct step_report {
+  std::int64_t step = 0;
+  double loss = 0;       // averaged over the ranks
+  double rank_loss = 0;  // this rank's own
+  double step_ms = 0;    // micro-batches, clipping, the optimizer's step and zero_grad
 };
 
 struct train_functions {
@@ -57,6 +66,9 @@ struct train_functions {
   std::function<at::Tensor(std::int64_t step, int micro)> loss{};
   // This rank's mean loss on its part of the held-out set (called without gradients); optional.
   std::function<at::Tensor()> eval_loss{};
+  // Called on every rank after each optimizer step (zero_grad included), with the step's mean loss
+  // over the ranks and this rank's wall time of the whole step; optional.
+  std::function<void(const step_report&)> on_step{};
 };
 
 enum class train_outcome { finished, preempted };
@@ -78,6 +90,8 @@ class train_session {
   train_session(const train_session&) = delete;
   train_session& operator=(const train_session&) = delete;
 
+  // False when options().out is empty: nothing is saved or resumed.
+  [[nodiscard]] bool checkpoints_enabled() const noexcept { return checkpoints_ != nullptr; }
   [[nodiscard]] checkpointer& checkpoints() noexcept { return *checkpoints_; }
   [[nodiscard]] const train_options& options() const noexcept { return options_; }
 
@@ -99,7 +113,9 @@ class train_session {
   void measure_memory(const torch::optim::Optimizer& optimizer);
 
  private:
+  void prepare_run_folder();
   void log(std::int64_t step);
+  void write_metrics(const std::string& line) const;  // one JSON line, rank 0, when out/ is set
 
   runtime rt_;
   train_options options_;
@@ -120,13 +136,15 @@ train_result train(Job& job, torch::optim::Optimizer& optimizer, const train_fun
                    const train_options& options) {
   train_session session(job.rt(), options);
   train_result result;
-  if (const auto resumed = session.checkpoints().resume(job, optimizer)) {
+  if (const auto resumed = session.checkpoints_enabled() ? session.checkpoints().resume(job, optimizer)
+                                                         : std::optional<resume_point>{}) {
     result.first_step = resumed->step + 1;
     session.announce(*resumed);
   }
   result.last_step = result.first_step - 1;
   session.measure_memory(optimizer);
   for (std::int64_t step = result.first_step; step <= options.steps; ++step) {
+    const auto step_started = std::chrono::steady_clock::now();
     session.begin_step(step, optimizer);
     double loss_sum = 0;
     for (int micro = 0; micro < options.accumulate; ++micro) {
@@ -146,14 +164,21 @@ train_result train(Job& job, torch::optim::Optimizer& optimizer, const train_fun
     if (options.clip_norm) norm = job.clip_grad_norm(*options.clip_norm);
     session.end_step(step, loss_sum, norm);  // throws on a loss that is not finite, before the update
     optimizer.step();
-    job.zero_grad();
+    job.zero_grad(options.set_to_none);
+    if (functions.on_step) {
+      const std::chrono::duration<double, std::milli> took = std::chrono::steady_clock::now() - step_started;
+      functions.on_step({.step = step,
+                         .loss = session.last_loss(),
+                         .rank_loss = loss_sum / options.accumulate,
+                         .step_ms = took.count()});
+    }
     if (step == result.first_step) session.measure_memory(optimizer);
     result.last_step = step;
     if (functions.eval_loss && session.eval_due(step)) {
       const c10::NoGradGuard no_grad;
       session.record_eval(step, functions.eval_loss());
     }
-    if (session.checkpoint_due(step) || session.preempted()) {
+    if (session.checkpoints_enabled() && (session.checkpoint_due(step) || session.preempted())) {
       session.checkpoints().save(job, optimizer, step, "{\"step\": " + std::to_string(step) + "}");
     }
     if (session.preempted()) {
