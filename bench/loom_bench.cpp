@@ -208,7 +208,10 @@ run_result train(Job& job, const bench_options& options) {
   auto optimizer = Workload::optimizer(params);
   const at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(99 + job.rt().rank());
   std::vector<std::pair<at::Tensor, at::Tensor>> batches;
-  for (int step = 0; step < options.warmup + options.steps; ++step) batches.push_back(Workload::draw(gen, batch));
+  for (int step = 0; step < options.warmup + options.steps; ++step) {
+    auto [x, y] = Workload::draw(gen, batch);
+    batches.emplace_back(x.to(job.rt().device()), y.to(job.rt().device()));
+  }
 
   std::vector<double> step_ms;
   double final_loss = 0;

@@ -138,7 +138,9 @@ std::string job_core::describe() const {
   }
   std::string text = plan_text_;
   const runtime& rt = context_->rt();
-  text += fmt::format("build: {} on {}, device {}\n", model_name_, counted(rt.world_size(), "rank"), rt.device().str());
+  text += fmt::format("build: {} on {}{}, device {}\n", model_name_, counted(rt.world_size(), "rank"),
+                      rt.is_distributed() ? fmt::format(" ({})", to_string(rt.backend())) : std::string(),
+                      rt.device().str());
   if (lora_) {
     text += fmt::format(
         "build: lora adapted {} ({} on the loom::nn::Linear fast path, {} on the torch::nn::Linear "

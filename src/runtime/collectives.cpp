@@ -33,8 +33,16 @@ void pending_collective::wait() {
 
 bool pending_collective::is_completed() const { return !work_ || work_->isCompleted(); }
 
-collectives::collectives(c10::intrusive_ptr<c10d::Backend> backend, int rank, int world_size)
-    : backend_(std::move(backend)), rank_(rank), world_size_(world_size) {
+pending_collective pending_collective::and_then(std::function<void()> next) && {
+  then_ = [first = std::move(then_), next = std::move(next)] {
+    if (first) first();
+    next();
+  };
+  return std::move(*this);
+}
+
+collectives::collectives(c10::intrusive_ptr<c10d::Backend> backend, int rank, int world_size, bool stage_through_host)
+    : backend_(std::move(backend)), rank_(rank), world_size_(world_size), stage_through_host_(stage_through_host) {
   if (world_size_ > 1 && !backend_) {
     throw std::invalid_argument("loom: collectives over more than one rank need a c10d backend");
   }
@@ -47,7 +55,11 @@ std::int64_t collectives::shard_numel(std::int64_t numel) const noexcept {
 }
 
 pending_collective collectives::all_reduce(at::Tensor& tensor, reduce_op op) {
-  if (world_size_ == 1) return {};
+  if (!backend_) return {};
+  if (staged(tensor)) {
+    at::Tensor host = tensor.cpu();
+    return all_reduce(host, op).and_then([tensor, host]() mutable { tensor.copy_(host); });
+  }
   if (op == reduce_op::mean) tensor.div_(world_size_);
   std::vector<at::Tensor> tensors{tensor};
   c10d::AllreduceOptions options;
@@ -56,7 +68,11 @@ pending_collective collectives::all_reduce(at::Tensor& tensor, reduce_op op) {
 }
 
 pending_collective collectives::broadcast(at::Tensor& tensor, int root) {
-  if (world_size_ == 1) return {};
+  if (!backend_) return {};
+  if (staged(tensor)) {
+    at::Tensor host = tensor.cpu();
+    return broadcast(host, root).and_then([tensor, host]() mutable { tensor.copy_(host); });
+  }
   std::vector<at::Tensor> tensors{tensor};
   c10d::BroadcastOptions options;
   options.rootRank = root;
@@ -75,9 +91,13 @@ std::int64_t collectives::checked_shard_size(std::string_view what, std::int64_t
 pending_collective collectives::all_gather(const at::Tensor& shard, at::Tensor& flat) {
   const std::int64_t numel = flat.numel();
   const std::int64_t shard_size = checked_shard_size("all_gather into", numel, shard);
-  if (world_size_ == 1) {
+  if (!backend_) {
     flat.copy_(shard.reshape(flat.sizes()));
     return {};
+  }
+  if (staged(flat)) {
+    at::Tensor host = at::empty(flat.sizes(), flat.options().device(c10::kCPU));
+    return all_gather(shard.cpu(), host).and_then([flat, host]() mutable { flat.copy_(host); });
   }
   at::Tensor input = flat_contiguous(shard);
   const bool direct = flat.is_contiguous() && shard_size * world_size_ == numel;
@@ -99,9 +119,13 @@ pending_collective collectives::reduce_scatter(const at::Tensor& flat, at::Tenso
     input = std::move(padded);
   }
   if (op == reduce_op::mean) input = input.div(world_size_);
-  if (world_size_ == 1) {
+  if (!backend_) {
     shard.copy_(input.view(shard.sizes()));
     return {};
+  }
+  if (staged(input)) {
+    at::Tensor host = at::empty(shard.sizes(), shard.options().device(c10::kCPU));
+    return reduce_scatter(input.cpu(), host, reduce_op::sum).and_then([shard, host]() mutable { shard.copy_(host); });
   }
   if (emulate_reduce_scatter_) return emulated_reduce_scatter(input, shard);
 
@@ -127,7 +151,7 @@ pending_collective collectives::emulated_reduce_scatter(const at::Tensor& padded
 }
 
 pending_collective collectives::barrier() {
-  if (world_size_ == 1) return {};
+  if (!backend_) return {};
   return pending_collective(backend_->barrier());
 }
 

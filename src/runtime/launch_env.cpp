@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <array>
 #include <charconv>
 #include <cmath>
@@ -74,6 +75,22 @@ std::optional<backend_kind> parse_backend(const reader& env) {
   reject("LOOM_BACKEND", *text, "gloo (CPU tensors) or nccl (CUDA tensors)");
 }
 
+std::optional<device_request> parse_device(const reader& env) {
+  auto text = env.get("LOOM_DEVICE");
+  if (!text || text->empty()) return std::nullopt;
+  const char* expected = "cpu, cuda (each rank on cuda:LOCAL_RANK) or cuda:N (one device, shared under Gloo)";
+  if (*text == "cpu") return device_request{};
+  if (*text == "cuda") return device_request{.cuda = true};
+  const std::string_view index = std::string_view(*text).substr(std::min<std::size_t>(5, text->size()));
+  int value = 0;
+  const auto [end, error] = std::from_chars(index.data(), index.data() + index.size(), value);
+  if (!text->starts_with("cuda:") || index.empty() || error != std::errc{} || end != index.data() + index.size() ||
+      value < 0) {
+    reject("LOOM_DEVICE", *text, expected);
+  }
+  return device_request{.cuda = true, .index = value};
+}
+
 bool parse_flag(const reader& env, const char* name) {
   auto text = env.get(name);
   if (!text || text->empty() || *text == "0" || *text == "False" || *text == "false") return false;
@@ -95,6 +112,7 @@ launch_env parse_launch_env(const env_lookup& lookup) {
   launch_env result;
   result.timeout = parse_timeout(env);
   result.backend = parse_backend(env);
+  result.device = parse_device(env);
 
   bool launched = false;
   for (const char* name : launcher_variables) launched = launched || env.get(name).has_value();

@@ -33,19 +33,50 @@ constexpr bool compiled_with_nccl() {
 #endif
 }
 
-backend_kind choose_backend(const launch_env& env) {
-  if (!env.backend) return compiled_with_nccl() && at::hasCUDA() ? backend_kind::nccl : backend_kind::gloo;
-  if (*env.backend == backend_kind::nccl) {
-    if (!compiled_with_nccl()) {
-      throw launch_error(
-          "loom: LOOM_BACKEND=nccl, but this loom was built without NCCL (a CPU LibTorch, or "
-          "-Dnccl=disabled): use LOOM_BACKEND=gloo, or rebuild against a CUDA LibTorch");
-    }
-    if (!at::hasCUDA()) {
-      throw launch_error("loom: LOOM_BACKEND=nccl, but no CUDA device is visible: use LOOM_BACKEND=gloo");
-    }
+// Where this rank's tensors live: LOOM_DEVICE, else what LOOM_BACKEND implies, else CUDA when this
+// build can serve it with NCCL and a device is visible. Each rank takes cuda:LOCAL_RANK unless
+// LOOM_DEVICE names one.
+c10::Device choose_device(const launch_env& env) {
+  const bool cuda = env.device    ? env.device->cuda
+                    : env.backend ? *env.backend == backend_kind::nccl
+                                  : compiled_with_nccl() && at::hasCUDA();
+  if (!cuda) return c10::Device(c10::kCPU);
+  const std::string asked = env.device ? "LOOM_DEVICE=cuda" : "LOOM_BACKEND=nccl";
+  if (!compiled_with_nccl()) {
+    throw launch_error(fmt::format(
+        "loom: {}, but this loom was built without CUDA and NCCL (a CPU LibTorch, or -Dnccl=disabled): use {}, or "
+        "rebuild against a CUDA LibTorch (docs/gpu.md)",
+        asked, env.device ? "LOOM_DEVICE=cpu" : "LOOM_BACKEND=gloo"));
   }
-  return *env.backend;
+  const int visible = at::hasCUDA() ? static_cast<int>(at::getNumGPUs()) : 0;
+  const int index = env.device && env.device->names_index() ? env.device->index : env.local_rank;
+  if (index >= visible) {
+    throw launch_error(
+        env.device && env.device->names_index()
+            ? fmt::format("loom: LOOM_DEVICE=cuda:{}, but {} CUDA device(s) are visible (CUDA_VISIBLE_DEVICES)", index,
+                          visible)
+            : fmt::format("loom: local rank {} would use cuda:{}, but {} CUDA device(s) are visible: run at most {} "
+                          "rank(s) per node, or share one device with LOOM_DEVICE=cuda:0 LOOM_BACKEND=gloo",
+                          env.local_rank, index, visible, visible));
+  }
+  return c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(index));
+}
+
+// NCCL for CUDA tensors, Gloo for CPU ones, unless LOOM_BACKEND says otherwise.
+backend_kind choose_backend(const launch_env& env, c10::Device device) {
+  const backend_kind backend = env.backend.value_or(device.is_cuda() ? backend_kind::nccl : backend_kind::gloo);
+  if (backend == backend_kind::nccl && !device.is_cuda()) {
+    throw launch_error(
+        "loom: LOOM_BACKEND=nccl reduces CUDA tensors, but LOOM_DEVICE=cpu: use LOOM_BACKEND=gloo, "
+        "or LOOM_DEVICE=cuda");
+  }
+  if (backend == backend_kind::nccl && env.device && env.device->names_index() && env.local_world_size > 1) {
+    throw launch_error(fmt::format(
+        "loom: LOOM_DEVICE=cuda:{} puts all {} local ranks on one device, which NCCL refuses: use LOOM_DEVICE=cuda "
+        "(one device a rank), or LOOM_BACKEND=gloo to share it",
+        env.device->index, env.local_world_size));
+  }
+  return backend;
 }
 
 c10::intrusive_ptr<c10d::Store> rendezvous(const launch_env& env) {
@@ -101,7 +132,6 @@ c10::intrusive_ptr<c10d::Backend> make_gloo(const c10::intrusive_ptr<c10d::Store
 
 #ifdef LOOM_HAVE_NCCL
 c10::intrusive_ptr<c10d::Backend> make_nccl(const c10::intrusive_ptr<c10d::Store>& store, const launch_env& env) {
-  c10::cuda::set_device(static_cast<c10::DeviceIndex>(env.local_rank));
   auto options = c10d::ProcessGroupNCCL::Options::create();
   options->timeout = env.timeout;
   return c10::make_intrusive<c10d::ProcessGroupNCCL>(c10::make_intrusive<c10d::PrefixStore>("nccl", store), env.rank,
@@ -123,15 +153,21 @@ struct runtime::state {
 
 runtime runtime::from_env() { return runtime(parse_launch_env()); }
 
-runtime runtime::single_process() { return runtime(launch_env{}); }
+runtime runtime::single_process() {
+  launch_env env;
+  env.device = device_request{};  // the CPU
+  return runtime(env);
+}
 
 runtime::runtime(const launch_env& env) : state_(std::make_shared<state>()) {
   state& s = *state_;
   s.env = env;
-  s.backend = choose_backend(env);
-  if (s.backend == backend_kind::nccl)
-    s.device = c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(env.local_rank));
-  if (!env.is_distributed()) {
+  s.device = choose_device(env);
+  s.backend = choose_backend(env, s.device);
+#ifdef LOOM_HAVE_NCCL
+  if (s.device.is_cuda()) c10::cuda::set_device(s.device.index());  // NCCL's communicator binds to it
+#endif
+  if (!env.needs_process_group()) {
     s.comm = std::make_unique<collectives>(nullptr, 0, 1);
     return;
   }
@@ -143,6 +179,8 @@ runtime::runtime(const launch_env& env) : state_(std::make_shared<state>()) {
   try {
     auto gloo = make_gloo(s.store, env);
     s.group->setBackend(c10::kCPU, c10d::ProcessGroup::BackendType::GLOO, gloo);
+    // Gloo over CUDA tensors (several ranks sharing a GPU): the Reducer's buckets go to Gloo too.
+    if (s.device.is_cuda()) s.group->setBackend(c10::kCUDA, c10d::ProcessGroup::BackendType::GLOO, gloo);
     device_backend = gloo;
 #ifdef LOOM_HAVE_NCCL
     if (s.backend == backend_kind::nccl) {
@@ -158,13 +196,16 @@ runtime::runtime(const launch_env& env) : state_(std::make_shared<state>()) {
   s.group->setDefaultBackend(s.backend == backend_kind::nccl ? c10d::ProcessGroup::BackendType::NCCL
                                                              : c10d::ProcessGroup::BackendType::GLOO);
   s.group->setGroupName("loom.world");
-  s.comm = std::make_unique<collectives>(device_backend, env.rank, env.world_size);
+  // loom's own collectives take Gloo's CPU path for CUDA tensors: a copy each way, stated in docs/gpu.md.
+  s.comm = std::make_unique<collectives>(device_backend, env.rank, env.world_size,
+                                         /*stage_through_host=*/s.backend == backend_kind::gloo && s.device.is_cuda());
   s.pulse = std::make_unique<heartbeat>(s.store, env.rank, env.world_size);
 }
 
 int runtime::rank() const noexcept { return state_->env.rank; }
 int runtime::local_rank() const noexcept { return state_->env.local_rank; }
 int runtime::world_size() const noexcept { return state_->env.world_size; }
+bool runtime::is_distributed() const noexcept { return state_->group != nullptr; }
 backend_kind runtime::backend() const noexcept { return state_->backend; }
 c10::Device runtime::device() const noexcept { return state_->device; }
 std::chrono::milliseconds runtime::timeout() const noexcept { return state_->env.timeout; }

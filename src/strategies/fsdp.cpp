@@ -60,7 +60,7 @@ class replicated_adapters {
     }
     std::vector<float> used;
     for (std::size_t i : buckets_[bucket]) used.push_back(adapters_[i].tensor.grad().defined() ? 1.0F : 0.0F);
-    parts.push_back(at::tensor(used).to(parts.front().scalar_type()));
+    parts.push_back(at::tensor(used).to(parts.front().options()));
     at::Tensor packed = at::cat(parts);
     pending_collective work = comm.all_reduce(packed, reduce_op::mean);
     in_flight_.push_back({bucket, std::move(packed), std::move(work)});
@@ -71,7 +71,8 @@ class replicated_adapters {
       r.work.wait();
       const std::vector<std::size_t>& bucket = buckets_[r.bucket];
       const auto count = static_cast<std::int64_t>(bucket.size());
-      const at::Tensor used_by = r.packed.narrow(0, r.packed.numel() - count, count).to(at::kDouble);
+      // Which adapters had a gradient on some rank: a few flags, read on the host.
+      const at::Tensor used_by = r.packed.narrow(0, r.packed.numel() - count, count).to(at::kDouble).cpu();
       const auto* used = used_by.const_data_ptr<double>();
       std::int64_t offset = 0;
       for (std::size_t k = 0; k < bucket.size(); ++k) {
@@ -224,10 +225,6 @@ fsdp_engine::fsdp_engine(const fsdp_options& settings) : settings_(settings) {}
 void fsdp_engine::setup(strategy_context& context) {
   const runtime& rt = context.rt();
   context.require_process_group(name);
-  if (rt.device().type() != c10::kCPU) {
-    throw std::invalid_argument("loom: fsdp(): this build shards CPU parameters only; use ddp() on " +
-                                rt.device().str());
-  }
   state_ = std::make_shared<state>();
   state& s = *state_;
   s.context = &context;
@@ -369,7 +366,8 @@ double fsdp_engine::clip_grad_norm(strategy_context& context, double max_norm, d
   const auto contribution = [&](const at::Tensor& grad) {
     return infinity ? grad.abs().max().to(at::kDouble) : grad.to(at::kDouble).square().sum();
   };
-  at::Tensor sharded = at::zeros({1}, at::kDouble);
+  const auto on_device = at::TensorOptions(at::kDouble).device(context.rt().device());
+  at::Tensor sharded = at::zeros({1}, on_device);
   state_->for_each_group([&](const param_group& group) {
     for (const sharded_param& p : group.params()) {
       const at::Tensor& grad = p.shard().grad();
@@ -379,7 +377,7 @@ double fsdp_engine::clip_grad_norm(strategy_context& context, double max_norm, d
   });
   double total = 0;
   if (infinity) {
-    at::Tensor all = at::empty({context.rt().world_size()}, at::kDouble);
+    at::Tensor all = at::empty({context.rt().world_size()}, on_device);
     context.rt().comm().all_gather(sharded, all).wait();
     total = all.max().item<double>();
   } else {

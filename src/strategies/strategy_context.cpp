@@ -16,7 +16,7 @@ strategy_context::strategy_context(runtime rt, std::shared_ptr<torch::nn::Module
 }
 
 void strategy_context::require_process_group(std::string_view strategy) const {
-  if (!runtime_.is_distributed() || runtime_.process_group()) return;
+  if (runtime_.world_size() == 1 || runtime_.process_group()) return;
   throw std::invalid_argument(fmt::format(
       "loom: {}(): world size {} needs a process group: create the runtime with loom::runtime::from_env() in a "
       "program started by loom-run or torchrun",

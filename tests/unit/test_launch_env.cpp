@@ -95,6 +95,25 @@ TEST_CASE("LOOM_BACKEND and LOOM_TIMEOUT_S are read", "[launch_env]") {
   CHECK(parse_launch_env(lookup({{"LOOM_BACKEND", "nccl"}})).backend == loom::backend_kind::nccl);
 }
 
+TEST_CASE("LOOM_DEVICE names the CPU, each rank's GPU or one GPU", "[launch_env]") {
+  CHECK_FALSE(parse_launch_env(lookup({})).device.has_value());
+  const auto cpu = parse_launch_env(lookup({{"LOOM_DEVICE", "cpu"}})).device;
+  REQUIRE(cpu);
+  CHECK_FALSE(cpu->cuda);
+  const auto per_rank = parse_launch_env(lookup({{"LOOM_DEVICE", "cuda"}})).device;
+  REQUIRE(per_rank);
+  CHECK(per_rank->cuda);
+  CHECK_FALSE(per_rank->names_index());
+  const auto shared = parse_launch_env(lookup({{"LOOM_DEVICE", "cuda:3"}})).device;
+  REQUIRE(shared);
+  CHECK(shared->index == 3);
+  for (const char* bad : {"gpu", "cuda:", "cuda:x", "cuda:-1", "cuda:1x", "CUDA"}) {
+    CAPTURE(bad);
+    CHECK_THAT(error_for({{"LOOM_DEVICE", bad}}),
+               ContainsSubstring("LOOM_DEVICE=\"" + std::string(bad) + "\"") && ContainsSubstring("cuda:N"));
+  }
+}
+
 TEST_CASE("a malformed variable is named with its accepted form", "[launch_env]") {
   const auto good = torchrun(0, 2);
   struct bad_case {

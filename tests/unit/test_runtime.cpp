@@ -68,13 +68,46 @@ TEST_CASE("an unreachable master fails within the timeout, naming it", "[runtime
 }
 
 #ifndef LOOM_HAVE_NCCL
-TEST_CASE("asking for a backend this LibTorch lacks names it and the alternative", "[runtime]") {
+TEST_CASE("asking for a backend or a device this LibTorch lacks names it and the alternative", "[runtime]") {
   loom::launch_env env;
   env.backend = loom::backend_kind::nccl;
   CHECK_THROWS_WITH(loom::runtime(env),
                     ContainsSubstring("LOOM_BACKEND=nccl") && ContainsSubstring("use LOOM_BACKEND=gloo"));
+  env.backend.reset();
+  env.device = loom::device_request{.cuda = true};
+  CHECK_THROWS_WITH(loom::runtime(env),
+                    ContainsSubstring("LOOM_DEVICE=cuda") && ContainsSubstring("use LOOM_DEVICE=cpu"));
 }
 #endif
+
+TEST_CASE("NCCL with CPU tensors is refused, naming both variables", "[runtime]") {
+  loom::launch_env env;
+  env.backend = loom::backend_kind::nccl;
+  env.device = loom::device_request{};
+  CHECK_THROWS_WITH(loom::runtime(env),
+                    ContainsSubstring("LOOM_BACKEND=nccl reduces CUDA tensors, but LOOM_DEVICE=cpu"));
+}
+
+TEST_CASE("one launched rank that names its backend gets a real process group", "[runtime]") {
+  loom::launch_env env;
+  env.master_addr = "127.0.0.1";
+  env.master_port = unused_port();
+  env.timeout = std::chrono::seconds(20);
+  env.backend = loom::backend_kind::gloo;
+  const loom::runtime rt(env);
+  CHECK(rt.world_size() == 1);
+  CHECK(rt.is_distributed());
+  REQUIRE(rt.process_group());
+  auto tensor = at::arange(6, at::kFloat);
+  rt.comm().all_reduce(tensor, loom::reduce_op::mean).wait();
+  CHECK(tensor.equal(at::arange(6, at::kFloat)));
+  at::Tensor shard = at::empty({6});
+  rt.comm().reduce_scatter(at::arange(6, at::kFloat), shard).wait();
+  CHECK(shard.equal(at::arange(6, at::kFloat)));
+
+  env.backend.reset();  // without LOOM_BACKEND one rank stays a single process, as before
+  CHECK_FALSE(loom::runtime(env).is_distributed());
+}
 
 TEST_CASE("one process: a step's own error passes unchanged, a job failure carries loom's prefix", "[runtime]") {
   const auto rt = loom::runtime::single_process();

@@ -27,6 +27,8 @@ class [[nodiscard]] pending_collective {
 
   void wait();
   [[nodiscard]] bool is_completed() const;
+  // This collective, then `next` once it is done (after its own completion step).
+  [[nodiscard]] pending_collective and_then(std::function<void()> next) &&;
 
  private:
   c10::intrusive_ptr<c10d::Work> work_;
@@ -35,8 +37,10 @@ class [[nodiscard]] pending_collective {
 
 class collectives {
  public:
-  // world_size 1 needs no backend: every collective is then the identity.
-  collectives(c10::intrusive_ptr<c10d::Backend> backend, int rank, int world_size);
+  // Without a backend (one rank, no process group) every collective is the identity.
+  // `stage_through_host`: the backend takes CPU tensors only (Gloo for ranks sharing a GPU), so a
+  // CUDA tensor is copied to the host, reduced there and copied back.
+  collectives(c10::intrusive_ptr<c10d::Backend> backend, int rank, int world_size, bool stage_through_host = false);
   ~collectives();
   collectives(const collectives&) = delete;
   collectives& operator=(const collectives&) = delete;
@@ -68,12 +72,14 @@ class collectives {
 
  private:
   pending_collective emulated_reduce_scatter(const at::Tensor& padded, at::Tensor& shard);
+  [[nodiscard]] bool staged(const at::Tensor& tensor) const noexcept { return stage_through_host_ && tensor.is_cuda(); }
   // shard_numel(numel), or std::invalid_argument when `shard` does not have that many elements.
   std::int64_t checked_shard_size(std::string_view what, std::int64_t numel, const at::Tensor& shard) const;
 
   c10::intrusive_ptr<c10d::Backend> backend_;
   int rank_;
   int world_size_;
+  bool stage_through_host_;
   bool emulate_reduce_scatter_ = false;
 };
 

@@ -14,6 +14,15 @@ namespace loom {
 
 enum class backend_kind { gloo, nccl };
 
+// LOOM_DEVICE: where a rank's parameters and collectives live. "cuda" is cuda:LOCAL_RANK;
+// "cuda:N" names one device (several ranks may share it under Gloo).
+struct device_request {
+  static constexpr int local_rank = -1;
+  bool cuda = false;
+  int index = local_rank;  // a device index, or cuda:LOCAL_RANK
+  [[nodiscard]] bool names_index() const noexcept { return index != local_rank; }
+};
+
 [[nodiscard]] std::string_view to_string(backend_kind kind) noexcept;
 
 // A launch environment that cannot work: the message names the variable and its accepted form.
@@ -35,8 +44,15 @@ struct launch_env {
   int restart_count = 0;                                // TORCHELASTIC_RESTART_COUNT: names the agent store's prefix
   std::chrono::milliseconds timeout = default_timeout;  // LOOM_TIMEOUT_S: rendezvous and collectives
   std::optional<backend_kind> backend;                  // LOOM_BACKEND; unset: chosen by device
+  std::optional<device_request> device;                 // LOOM_DEVICE; unset: CUDA when NCCL can serve it
 
   [[nodiscard]] bool is_distributed() const noexcept { return world_size > 1; }
+  [[nodiscard]] bool is_launched() const noexcept { return !master_addr.empty(); }
+  // A process group for more than one rank, or for one launched rank that names its backend
+  // (LOOM_BACKEND), so that a single GPU exercises a real NCCL group.
+  [[nodiscard]] bool needs_process_group() const noexcept {
+    return is_distributed() || (is_launched() && backend.has_value());
+  }
 };
 
 // Looks a variable up; the default reads the process environment.

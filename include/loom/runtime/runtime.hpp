@@ -24,13 +24,15 @@ class runtime {
   // Reads the launcher's variables (see launch_env) and joins the job; a single process when
   // none is set. Throws launch_error with the variable, the master or the backend at fault.
   [[nodiscard]] static runtime from_env();
+  // One process on the CPU, whatever the environment says (tests, tools).
   [[nodiscard]] static runtime single_process();
   explicit runtime(const launch_env& env);
 
   [[nodiscard]] int rank() const noexcept;
   [[nodiscard]] int local_rank() const noexcept;
   [[nodiscard]] int world_size() const noexcept;
-  [[nodiscard]] bool is_distributed() const noexcept { return world_size() > 1; }
+  // In a process group: more than one rank, or one launched rank that named its backend.
+  [[nodiscard]] bool is_distributed() const noexcept;
   [[nodiscard]] backend_kind backend() const noexcept;
   [[nodiscard]] c10::Device device() const noexcept;
   [[nodiscard]] std::chrono::milliseconds timeout() const noexcept;

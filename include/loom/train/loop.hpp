@@ -22,6 +22,7 @@
 
 #include <ATen/core/Tensor.h>
 #include <c10/core/GradMode.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <torch/optim/optimizer.h>
 
 #include <chrono>
@@ -166,6 +167,10 @@ train_result train(Job& job, torch::optim::Optimizer& optimizer, const train_fun
     optimizer.step();
     job.zero_grad(options.set_to_none);
     if (functions.on_step) {
+      // The step's time includes its device work: wait for the kernels it queued.
+      if (const c10::Device device = job.rt().device(); !device.is_cpu()) {
+        c10::impl::getDeviceGuardImpl(device.type())->synchronizeDevice(device.index());
+      }
       const std::chrono::duration<double, std::milli> took = std::chrono::steady_clock::now() - step_started;
       functions.on_step({.step = step,
                          .loss = session.last_loss(),

@@ -99,7 +99,8 @@ void param_group::finish_reduce_scatter() {
     reduction.work.wait();
     const at::Tensor& reduced = reduction.buffer;
     const auto flags = static_cast<std::int64_t>(reduction.indices.size());
-    const at::Tensor used_by = reduced.narrow(0, reduced.numel() - flags, flags).to(at::kDouble);
+    // Which parameters had a gradient on some rank: a few flags, read on the host.
+    const at::Tensor used_by = reduced.narrow(0, reduced.numel() - flags, flags).to(at::kDouble).cpu();
     const auto* used = used_by.const_data_ptr<double>();
     std::int64_t offset = 0;
     for (std::size_t k = 0; k < reduction.indices.size(); ++k) {
