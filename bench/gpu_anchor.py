@@ -45,7 +45,8 @@ def main() -> None:
     batch = args.batch or (32 if family == "mlp" else 8)
     if "lora" in rest:
         anchor.add_lora(model, 8, ("q_proj", "k_proj", "v_proj", "o_proj"))
-    model = model.to(device)
+    model = model.to(device)  # built on the CPU from the seed, as the anchor's and loom's are
+    torch.set_default_device(device)  # the anchor's TinyGpt makes its positions with torch.arange(t)
     if strategy == "fsdp":
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
         os.environ.setdefault("MASTER_PORT", "29533")
@@ -59,14 +60,17 @@ def main() -> None:
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.SGD(params, lr=1e-3) if family == "mlp" else torch.optim.AdamW(params, lr=3e-4)
 
-    gen = torch.Generator().manual_seed(99)
+    gen = torch.Generator(device="cpu").manual_seed(99)
     times = []
     loss_value = float("nan")
     for step in range(args.warmup + args.steps):
+        cpu = torch.device("cpu")  # the anchor's batches, drawn where its generator lives
         if family == "mlp":
-            x, y = torch.randn(batch, 1024, generator=gen), torch.randn(batch, 1024, generator=gen)
+            x = torch.randn(batch, 1024, generator=gen, device=cpu)
+            y = torch.randn(batch, 1024, generator=gen, device=cpu)
         else:
-            x, y = torch.randint(0, 128, (batch, 128), generator=gen), torch.randint(0, 128, (batch, 128), generator=gen)
+            x = torch.randint(0, 128, (batch, 128), generator=gen, device=cpu)
+            y = torch.randint(0, 128, (batch, 128), generator=gen, device=cpu)
         x, y = x.to(device), y.to(device)
         torch.cuda.synchronize()
         t0 = time.perf_counter()

@@ -37,7 +37,7 @@ class AttentionImpl : public torch::nn::Module {
     auto split = [&](const at::Tensor& y) { return y.view({b, t, heads_, d / heads_}).transpose(1, 2); };
     auto q = split(q_proj(x)), k = split(k_proj(x)), v = split(v_proj(x));
     auto att = q.matmul(k.transpose(-2, -1)) / std::sqrt(static_cast<double>(d / heads_));
-    auto mask = torch::ones({t, t}, torch::kBool).tril();
+    auto mask = torch::ones({t, t}, torch::TensorOptions(torch::kBool).device(q.device())).tril();
     att = att.masked_fill(mask.logical_not(), -std::numeric_limits<float>::infinity()).softmax(-1);
     return o_proj(att.matmul(v).transpose(1, 2).reshape({b, t, d}));
   }
