@@ -162,9 +162,11 @@ struct rank_figures {
 
 std::vector<rank_figures> gather_figures(const loom::runtime& rt, const rank_figures& mine) {
   constexpr std::int64_t fields = 3;
-  at::Tensor shard = torch::tensor({mine.step_ms_median, mine.state_bytes, mine.rss_peak_mb}, torch::kDouble);
-  at::Tensor flat = torch::empty({rt.world_size() * fields}, torch::kDouble);
+  at::Tensor shard =
+      torch::tensor({mine.step_ms_median, mine.state_bytes, mine.rss_peak_mb}, torch::kDouble).to(rt.device());
+  at::Tensor flat = torch::empty({rt.world_size() * fields}, shard.options());
   rt.comm().all_gather(shard, flat).wait();
+  flat = flat.cpu();
   std::vector<rank_figures> all;
   const auto* values = flat.const_data_ptr<double>();
   for (int r = 0; r < rt.world_size(); ++r) {
