@@ -133,6 +133,8 @@ launch_env parse_launch_env(const env_lookup& lookup) {
   result.local_rank =
       env.integer("LOCAL_RANK", 0, result.local_world_size - 1, "a non-negative integer below LOCAL_WORLD_SIZE",
                   result.rank % result.local_world_size, why);
+  // One process needs no rendezvous: WORLD_SIZE=1 without MASTER_ADDR is a plain single process.
+  if (result.world_size == 1 && !env.get("MASTER_ADDR")) return result;
   result.master_addr = env.require("MASTER_ADDR", "the rendezvous needs the master's host");
   result.master_port =
       static_cast<std::uint16_t>(env.integer("MASTER_PORT", 1, 65535, "a TCP port, an integer from 1 to 65535",

@@ -14,6 +14,13 @@
 #include <ATen/Context.h>
 #include <fmt/format.h>
 
+#include <arpa/inet.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
 #include <cmath>
 #include <csignal>
 #include <utility>
@@ -79,7 +86,40 @@ backend_kind choose_backend(const launch_env& env, c10::Device device) {
   return backend;
 }
 
+// Fails at once, naming the variable, where TCPStore would retry until the timeout: a master
+// address that does not resolve, or (on rank 0, which hosts the store) a port already taken.
+void check_rendezvous_address(const launch_env& env) {
+  addrinfo hints{};
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* found = nullptr;
+  if (const int error = ::getaddrinfo(env.master_addr.c_str(), nullptr, &hints, &found); error != 0) {
+    throw launch_error(fmt::format("loom: MASTER_ADDR={} does not resolve ({}): give node 0's host name or IP address",
+                                   env.master_addr, ::gai_strerror(error)));
+  }
+  ::freeaddrinfo(found);
+  if (env.agent_store || env.rank != 0) return;
+  const int probe = ::socket(AF_INET, SOCK_STREAM, 0);
+  if (probe < 0) return;  // nothing to learn here; TCPStore reports its own failure
+  const int reuse = 1;    // as TCPStore binds: a port in TIME_WAIT is free
+  ::setsockopt(probe, SOL_SOCKET, SO_REUSEADDR, &reuse, sizeof reuse);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_ANY);
+  address.sin_port = htons(env.master_port);
+  const bool taken =
+      ::bind(probe, reinterpret_cast<const sockaddr*>(&address), sizeof address) != 0 && errno == EADDRINUSE;
+  ::close(probe);
+  if (taken) {
+    throw launch_error(
+        fmt::format("loom: MASTER_PORT={} is already in use on rank 0's host, where the rendezvous "
+                    "listens: choose another port (loom-run picks a free one when --master-port is not "
+                    "given), or stop the program that holds it",
+                    env.master_port));
+  }
+}
+
 c10::intrusive_ptr<c10d::Store> rendezvous(const launch_env& env) {
+  check_rendezvous_address(env);
   c10d::TCPStoreOptions options;
   options.port = env.master_port;
   options.isServer = !env.agent_store && env.rank == 0;

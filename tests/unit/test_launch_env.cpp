@@ -133,6 +133,14 @@ TEST_CASE("a malformed variable is named with its accepted form", "[launch_env]"
              ContainsSubstring(name + "=\"" + value + "\"") && ContainsSubstring(expected));
 }
 
+TEST_CASE("one process needs no MASTER_ADDR", "[launch_env]") {
+  const launch_env env = parse_launch_env(lookup({{"RANK", "0"}, {"WORLD_SIZE", "1"}, {"LOCAL_RANK", "0"}}));
+  CHECK(env.world_size == 1);
+  CHECK_FALSE(env.is_launched());
+  CHECK_FALSE(env.needs_process_group());
+  CHECK_THAT(error_for(without(torchrun(0, 2), "MASTER_ADDR")), ContainsSubstring("MASTER_ADDR is not set"));
+}
+
 TEST_CASE("RANK must be below WORLD_SIZE", "[launch_env]") {
   CHECK_THAT(error_for(with(torchrun(0, 2), "RANK", "2")), ContainsSubstring("RANK=2 is not below WORLD_SIZE=2"));
 }

@@ -67,6 +67,31 @@ TEST_CASE("an unreachable master fails within the timeout, naming it", "[runtime
   CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(20));
 }
 
+TEST_CASE("a master address that does not resolve, or a taken port on rank 0, fails at once, naming it", "[runtime]") {
+  loom::launch_env env;
+  env.world_size = 2;
+  env.master_addr = "no-such-host.invalid";
+  env.master_port = unused_port();
+  env.timeout = std::chrono::seconds(60);  // far beyond the bound below: no waiting
+  const auto start = std::chrono::steady_clock::now();
+  CHECK_THROWS_WITH(loom::runtime(env), ContainsSubstring("MASTER_ADDR=no-such-host.invalid does not resolve"));
+
+  const int holder = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_ANY);
+  REQUIRE(::bind(holder, reinterpret_cast<sockaddr*>(&address), sizeof address) == 0);
+  REQUIRE(::listen(holder, 1) == 0);
+  socklen_t length = sizeof address;
+  ::getsockname(holder, reinterpret_cast<sockaddr*>(&address), &length);
+  env.master_addr = "127.0.0.1";
+  env.master_port = ntohs(address.sin_port);
+  CHECK_THROWS_WITH(loom::runtime(env), ContainsSubstring("MASTER_PORT=" + std::to_string(env.master_port) +
+                                                          " is already in use on rank 0's host"));
+  ::close(holder);
+  CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(5));
+}
+
 #ifndef LOOM_HAVE_NCCL
 TEST_CASE("asking for a backend or a device this LibTorch lacks names it and the alternative", "[runtime]") {
   loom::launch_env env;
