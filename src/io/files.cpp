@@ -1,5 +1,7 @@
 #include <loom/io/files.hpp>
 
+#include <loom/runtime/failpoints.hpp>
+
 #include <fmt/format.h>
 
 #include <cerrno>
@@ -41,6 +43,11 @@ void atomic_file::write(const void* data, std::size_t bytes) {
 }
 
 void atomic_file::commit() {
+  // A full disk often shows only here, when the file system allocates the blocks.
+  if (const int injected = injected_error("file.commit"); injected != 0) {
+    errno = injected;
+    throw file_error_from_errno("flush", temporary_);
+  }
   if (::fsync(fd_) != 0) throw file_error_from_errno("flush", temporary_);
   if (::close(std::exchange(fd_, -1)) != 0) {
     ::unlink(temporary_.c_str());

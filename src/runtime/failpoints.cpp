@@ -1,6 +1,7 @@
 #include <loom/runtime/failpoints.hpp>
 
 #include <atomic>
+#include <cerrno>
 #include <csignal>
 #include <cstdlib>
 #include <string>
@@ -11,8 +12,17 @@ namespace {
 struct armed_failpoint {
   std::string name;
   long hit = 1;
+  int error = 0;  // LOOM_FAILPOINT_ERRNO; 0: die
   std::atomic<long> passes{0};
 };
+
+int error_number(const char* name) {
+  const std::string text = name == nullptr ? "" : name;
+  if (text == "ENOSPC") return ENOSPC;
+  if (text == "EDQUOT") return EDQUOT;
+  if (text == "EIO") return EIO;
+  return 0;
+}
 
 // Read once: the environment does not change under a running job.
 armed_failpoint* armed() {
@@ -24,6 +34,7 @@ armed_failpoint* armed() {
     if (rank != nullptr && std::string(rank) != (mine != nullptr ? mine : "0")) return nullptr;
     auto* point = new armed_failpoint{name};  // lives as long as the process
     if (const char* hit = std::getenv("LOOM_FAILPOINT_HIT")) point->hit = std::strtol(hit, nullptr, 10);
+    point->error = error_number(std::getenv("LOOM_FAILPOINT_ERRNO"));
     return point;
   }();
   return point;
@@ -33,8 +44,14 @@ armed_failpoint* armed() {
 
 void failpoint(std::string_view name) {
   armed_failpoint* point = armed();
-  if (point == nullptr || point->name != name) return;
+  if (point == nullptr || point->error != 0 || point->name != name) return;
   if (++point->passes == point->hit) std::raise(SIGKILL);
+}
+
+int injected_error(std::string_view name) {
+  armed_failpoint* point = armed();
+  if (point == nullptr || point->error == 0 || point->name != name) return 0;
+  return ++point->passes == point->hit ? point->error : 0;
 }
 
 }  // namespace loom

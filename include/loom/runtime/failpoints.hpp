@@ -5,12 +5,19 @@
 //   LOOM_FAILPOINT=checkpoint.after-shard       the place (see the call sites' names)
 //   LOOM_FAILPOINT_HIT=2                        die at its 2nd pass (default 1)
 //   LOOM_FAILPOINT_RANK=1                       only on this rank (default: every rank)
+//   LOOM_FAILPOINT_ERRNO=ENOSPC                 fail the call there with this error instead of
+//                                               dying (ENOSPC, EDQUOT or EIO: a disk that fills up)
 
 #include <string_view>
 
 namespace loom {
 
-// Dies by SIGKILL when the environment selects `name` on this rank and this is the chosen pass.
+// Dies by SIGKILL when the environment selects `name` on this rank and this is the chosen pass
+// (and names no LOOM_FAILPOINT_ERRNO).
 void failpoint(std::string_view name);
+
+// The errno that the call at `name` must fail with when the environment selects `name` with
+// LOOM_FAILPOINT_ERRNO on this rank and this is the chosen pass; otherwise 0.
+[[nodiscard]] int injected_error(std::string_view name);
 
 }  // namespace loom
