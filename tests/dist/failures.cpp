@@ -82,6 +82,29 @@ void misuse_units(bool bypass) {
   for (int step = 0; step < 3; ++step) job.backward(job.forward(x, step == 1 ? 1 : 99, bypass).square().mean());
 }
 
+// An Mlp whose forward rejects a batch, as a user's own data check would: the error of one rank's
+// forward, while the others go on into the step's collectives.
+struct rejects_a_batch : models::Mlp {
+  rejects_a_batch() : models::Mlp(64, 3) {}
+  at::Tensor forward(const at::Tensor& x, bool reject) {
+    if (reject) throw std::invalid_argument("bad batch: token 999 is not in the vocabulary of 128");
+    return models::Mlp::forward(x);
+  }
+};
+
+template <class Strategy>
+void user_error_in_forward(Strategy strategy) {
+  auto job = loom::build(loom::model<rejects_a_batch>() | loom::seeded(3) | strategy, world());
+  auto x = torch::randn({4, 64});
+  for (int step = 0; step < 3; ++step) job.backward(job.forward(x, step == 1 && last_rank()).square().mean());
+}
+
+// The rank whose forward threw has its own error, unchanged; every other rank names it and the step
+// part it was in when the job broke.
+constexpr const char* user_error =
+    "^(bad batch: token 999 is not in the vocabulary of 128|loom: rank \\d failed: bad batch: token 999 is not in "
+    "the vocabulary of 128; then rank \\d's (forward|backward) pass failed)$";
+
 struct scenario {
   std::function<void()> run;  // must throw
   std::string expected;       // a regex the message must contain
@@ -152,6 +175,8 @@ const std::map<std::string, scenario>& scenarios() {
       {"fsdp-units-differ",
        {[] { auto job = loom::build(loom::model<units_on_some_ranks>() | loom::seeded(3) | loom::fsdp(), world()); },
         "the ranks' collective schedules differ.*first difference at entry #0: rank 0 has 'all_gather forward world"}},
+      {"user-error-in-forward-ddp", {[] { user_error_in_forward(loom::ddp()); }, user_error}},
+      {"user-error-in-forward-fsdp", {[] { user_error_in_forward(loom::fsdp()); }, user_error}},
       {"unused-without-option",
        {[] {
           auto job = loom::build(loom::model<branchy>() | loom::seeded(3) | loom::ddp(), world());
