@@ -23,10 +23,18 @@ namespace {
 using json = nlohmann::json;
 using steady = std::chrono::steady_clock;
 
-// Set by SIGTERM or SIGUSR1: what a cluster's scheduler sends before it kills a job.
+// Set by SIGTERM or SIGUSR1 (what a cluster's scheduler sends before it kills a job) or SIGINT
+// (Ctrl-C, which loom-run forwards to every rank).
 std::atomic<int> stop_signal{0};
 
-extern "C" void note_stop_signal(int signal_number) { stop_signal.store(signal_number); }
+extern "C" void note_stop_signal(int signal_number) {
+  // A second Ctrl-C does not wait for the checkpoint: the default action, now.
+  if (signal_number == SIGINT && stop_signal.load() == SIGINT) {
+    std::signal(SIGINT, SIG_DFL);
+    std::raise(SIGINT);
+  }
+  stop_signal.store(signal_number);
+}
 
 double seconds_between(steady::time_point from, steady::time_point to) {
   return std::chrono::duration<double>(to - from).count();
@@ -40,6 +48,7 @@ double megabytes(std::int64_t bytes) { return static_cast<double>(bytes) / (1024
 struct train_session::signal_handlers {
   struct sigaction previous_term {};
   struct sigaction previous_usr1 {};
+  struct sigaction previous_int {};
 
   signal_handlers() {
     stop_signal.store(0);
@@ -48,10 +57,12 @@ struct train_session::signal_handlers {
     sigemptyset(&action.sa_mask);
     sigaction(SIGTERM, &action, &previous_term);
     sigaction(SIGUSR1, &action, &previous_usr1);
+    sigaction(SIGINT, &action, &previous_int);
   }
   ~signal_handlers() {
     sigaction(SIGTERM, &previous_term, nullptr);
     sigaction(SIGUSR1, &previous_usr1, nullptr);
+    sigaction(SIGINT, &previous_int, nullptr);
   }
 };
 

@@ -13,7 +13,7 @@
 // Each optimizer step runs `accumulate` micro-batches (all but the last under job.no_sync(), each
 // loss divided by their number, so the step equals one big batch), clips the global norm, sets the
 // learning rate of the step, and steps. The run resumes from the newest checkpoint in out/, writes
-// one, every checkpoint_every steps, at the end, and when SIGTERM or SIGUSR1 arrives (after the step
+// one, every checkpoint_every steps, at the end, and when SIGTERM, SIGUSR1 or SIGINT arrives (after the step
 // under way, on every rank), stops on a loss that is not finite, and logs to out/metrics.jsonl.
 
 #include <loom/checkpoint/checkpoint.hpp>
@@ -84,8 +84,8 @@ struct train_result {
 // The parts of the loop that do not depend on the job's type (src/train/loop.cpp).
 class train_session {
  public:
-  // Checks the options and that out/ can be written, before any step; installs the SIGTERM and
-  // SIGUSR1 handlers (restored when the session ends).
+  // Checks the options and that out/ can be written, before any step; installs the SIGTERM,
+  // SIGUSR1 and SIGINT handlers (restored when the session ends; a second SIGINT stops at once).
   train_session(const runtime& rt, const train_options& options);
   ~train_session();
   train_session(const train_session&) = delete;
