@@ -1,5 +1,6 @@
 #include <loom/strategies/ddp.hpp>
 
+#include <loom/runtime/failpoints.hpp>
 #include <loom/runtime/text.hpp>
 #include <loom/strategies/buckets.hpp>
 
@@ -195,6 +196,7 @@ void ddp_engine::watch_gradients(strategy_context& context) {
     at::Tensor tensor = params[i].tensor;
     // Runs before the gradient is accumulated, so before the Reducer's own hook sees it.
     tensor.register_hook([record, i, static_graph, rank, name = params[i].name](const at::Tensor&) {
+      failpoint("step.backward");  // mid backward: the peers go on into the bucket's all-reduce
       record->produced[i] = 1;
       if (static_graph && record->has_recording && !record->recorded[i]) {
         throw std::runtime_error(fmt::format(

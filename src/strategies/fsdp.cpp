@@ -1,6 +1,7 @@
 #include <loom/strategies/fsdp.hpp>
 
 #include <loom/lora/adapter.hpp>
+#include <loom/runtime/failpoints.hpp>
 #include <loom/runtime/text.hpp>
 #include <loom/schedule/cursor.hpp>
 #include <loom/strategies/buckets.hpp>
@@ -63,6 +64,7 @@ class replicated_adapters {
     parts.push_back(at::tensor(used).to(parts.front().options()));
     at::Tensor packed = at::cat(parts);
     pending_collective work = comm.all_reduce(packed, reduce_op::mean);
+    failpoint("step.backward");  // mid backward, with the replicated adapters' all-reduce under way
     in_flight_.push_back({bucket, std::move(packed), std::move(work)});
   }
 

@@ -4,6 +4,7 @@
 
 #include <loom/io/weights.hpp>
 #include <loom/lora/lora.hpp>
+#include <loom/runtime/failpoints.hpp>
 #include <loom/strategies/engine.hpp>
 #include <loom/strategies/strategy_context.hpp>
 
@@ -116,6 +117,7 @@ class job {
   // M's forward with the strategy around it; returns what M's forward returns.
   template <class... Args>
   decltype(auto) forward(Args&&... args) {
+    failpoint("step.forward");
     try {
       engine_.before_forward(core_.context());
       std::optional<lora_layers::forward_guard> adapters;

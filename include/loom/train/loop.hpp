@@ -17,6 +17,7 @@
 // under way, on every rank), stops on a loss that is not finite, and logs to out/metrics.jsonl.
 
 #include <loom/checkpoint/checkpoint.hpp>
+#include <loom/runtime/failpoints.hpp>
 #include <loom/runtime/runtime.hpp>
 #include <loom/train/lr_schedule.hpp>
 
@@ -164,6 +165,7 @@ train_result train(Job& job, torch::optim::Optimizer& optimizer, const train_fun
     std::optional<double> norm;
     if (options.clip_norm) norm = job.clip_grad_norm(*options.clip_norm);
     session.end_step(step, loss_sum, norm);  // throws on a loss that is not finite, before the update
+    failpoint("step.optimizer");
     optimizer.step();
     job.zero_grad(options.set_to_none);
     if (functions.on_step) {

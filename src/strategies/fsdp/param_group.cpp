@@ -1,5 +1,7 @@
 #include <loom/strategies/fsdp/param_group.hpp>
 
+#include <loom/runtime/failpoints.hpp>
+
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
 
@@ -90,6 +92,7 @@ void param_group::start_reduce_scatter(collectives& comm) {
     }
     at::Tensor output = at::empty({per_rank}, input.options());
     pending_collective work = comm.reduce_scatter(input.view(-1), output, reduce_op::mean);
+    failpoint("step.backward");  // mid backward, with a reduce-scatter under way
     reductions_.push_back({std::move(indices), std::move(output), std::move(work)});
   }
 }
