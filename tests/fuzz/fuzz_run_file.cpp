@@ -3,21 +3,20 @@
 // run_file_error or the DSL's plan_error (a rule's sentence), nothing else.
 #include <loom/config/run_file.hpp>
 
+#include <unistd.h>
 #include <cstddef>
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
 #include <string>
-#include <unistd.h>
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   if (size == 0) return 0;
-  static const std::string base = (std::filesystem::temp_directory_path() / ("loom-fuzz-run-file-" +
-                                                                              std::to_string(::getpid())))
-                                      .string();
+  static const std::string base =
+      (std::filesystem::temp_directory_path() / ("loom-fuzz-run-file-" + std::to_string(::getpid()))).string();
   const std::filesystem::path path = base + ((data[0] & 1) != 0 ? ".toml" : ".json");
-  std::ofstream(path, std::ios::binary | std::ios::trunc).write(reinterpret_cast<const char*>(data + 1),
-                                                                 static_cast<std::streamsize>(size - 1));
+  std::ofstream(path, std::ios::binary | std::ios::trunc)
+      .write(reinterpret_cast<const char*>(data + 1), static_cast<std::streamsize>(size - 1));
   try {
     (void)loom::read_run_stages(path);
     (void)loom::read_train_options(path);
