@@ -1,6 +1,7 @@
 // loom-bench: the workloads of ../shared/BENCHMARKS.md on loom. It does what the Python anchor
 // (../shared/bench/torch_anchor.py) does, step for step, and rank 0 prints one JSON line with the
-// anchor's keys, so that bench/compare can pair the two.
+// anchor's keys, so that bench/compare can pair the two, and one of its own: `step_ms_max`, the
+// slowest step of any rank, warm-up included (tests/dist/load_check.py sets it against the timeout).
 //
 //   build/loom-run --nproc-per-node 2 -- build/bench/loom-bench --workload gpt-lora-ddp --steps 30
 
@@ -158,19 +159,21 @@ struct rank_figures {
   double step_ms_median;
   double state_bytes;
   double rss_peak_mb;
+  double step_ms_max;  // every step, warm-up included
 };
 
 std::vector<rank_figures> gather_figures(const loom::runtime& rt, const rank_figures& mine) {
-  constexpr std::int64_t fields = 3;
+  constexpr std::int64_t fields = 4;
   at::Tensor shard =
-      torch::tensor({mine.step_ms_median, mine.state_bytes, mine.rss_peak_mb}, torch::kDouble).to(rt.device());
+      torch::tensor({mine.step_ms_median, mine.state_bytes, mine.rss_peak_mb, mine.step_ms_max}, torch::kDouble)
+          .to(rt.device());
   at::Tensor flat = torch::empty({rt.world_size() * fields}, shard.options());
   rt.comm().all_gather(shard, flat).wait();
   flat = flat.cpu();
   std::vector<rank_figures> all;
   const auto* values = flat.const_data_ptr<double>();
   for (int r = 0; r < rt.world_size(); ++r) {
-    all.push_back({values[r * fields], values[r * fields + 1], values[r * fields + 2]});
+    all.push_back({values[r * fields], values[r * fields + 1], values[r * fields + 2], values[r * fields + 3]});
   }
   return all;
 }
@@ -194,10 +197,11 @@ void print_json(const bench_options& options, const loom::runtime& rt, const run
   fmt::print(
       "{{\"impl\": \"loom\", \"torch\": \"{}\", \"workload\": \"{}\", \"world\": {}, \"local_batch\": {}, "
       "\"steps\": {}, \"step_ms_median\": {:.3f}, \"state_mb_per_rank_max\": {:.3f}, \"rss_peak_mb_max\": {:.1f}, "
-      "\"final_loss\": {:.5f}, \"trainable_params\": {}}}\n",
+      "\"final_loss\": {:.5f}, \"trainable_params\": {}, \"step_ms_max\": {:.3f}}}\n",
       TORCH_VERSION, options.workload, rt.world_size(), result.local_batch, options.steps,
       max_over_ranks(all, &rank_figures::step_ms_median), max_over_ranks(all, &rank_figures::state_bytes) / (1 << 20),
-      max_over_ranks(all, &rank_figures::rss_peak_mb), result.final_loss, result.trainable_params);
+      max_over_ranks(all, &rank_figures::rss_peak_mb), result.final_loss, result.trainable_params,
+      max_over_ranks(all, &rank_figures::step_ms_max));
   std::fflush(stdout);
 }
 
@@ -216,6 +220,7 @@ run_result train(Job& job, const bench_options& options) {
   }
 
   std::vector<double> step_ms;
+  double slowest_ms = 0;
   double final_loss = 0;
   loom::train(job, optimizer,
               {.loss =
@@ -226,6 +231,7 @@ run_result train(Job& job, const bench_options& options) {
                .on_step =
                    [&](const loom::step_report& report) {
                      final_loss = report.rank_loss;  // rank 0's prints, as the anchor's
+                     slowest_ms = std::max(slowest_ms, report.step_ms);
                      if (report.step > options.warmup) step_ms.push_back(report.step_ms);
                    }},
               {.steps = options.warmup + options.steps,
@@ -236,8 +242,9 @@ run_result train(Job& job, const bench_options& options) {
 
   std::int64_t trainable = 0;  // the model's, as the anchor counts them (not this rank's shards)
   for (const at::Tensor& p : job.module().parameters()) trainable += p.requires_grad() ? p.numel() : 0;
-  const rank_figures figures{
-      median(step_ms), static_cast<double>(state_bytes(job.local_state_dict(), params, optimizer)), peak_rss_mb()};
+  const rank_figures figures{median(step_ms),
+                             static_cast<double>(state_bytes(job.local_state_dict(), params, optimizer)), peak_rss_mb(),
+                             slowest_ms};
   return {figures, final_loss, trainable, batch};
 }
 

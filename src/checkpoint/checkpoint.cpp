@@ -6,6 +6,7 @@
 #include <loom/runtime/agreement.hpp>
 #include <loom/runtime/failpoints.hpp>
 #include <loom/runtime/failures.hpp>
+#include <loom/runtime/text.hpp>
 
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
@@ -21,6 +22,7 @@
 #include <algorithm>
 #include <cstring>
 #include <fstream>
+#include <limits>
 #include <map>
 #include <mutex>
 #include <regex>
@@ -90,6 +92,20 @@ std::string first_difference(const std::string& saved, const std::string& now) {
     if (!more_b) right = "(nothing)";
     if (left != right) return fmt::format("saved '{}', now '{}'", left, right);
   }
+}
+
+// A manifest's value, for a message: a number or a short string as written, anything else by its
+// kind ("an object").
+std::string described(const json& value) {
+  if (value.is_number() || (value.is_string() && value.get_ref<const std::string&>().size() <= 40)) {
+    return value.dump();
+  }
+  const std::string_view kind = value.type_name();
+  return fmt::format("{} {}", kind.find_first_of("aeiou") == 0 ? "an" : "a", kind);
+}
+
+[[noreturn]] void unusable(const fs::path& checkpoint, const std::string& problem) {
+  throw checkpoint_error(fmt::format("loom: the checkpoint '{}' cannot be resumed: {}", checkpoint.string(), problem));
 }
 
 }  // namespace
@@ -222,38 +238,93 @@ std::optional<resume_point> checkpointer::resume(const checkpoint_target& target
   return resumed;
 }
 
-resume_point checkpointer::load(const fs::path& path, const checkpoint_target& target,
-                                torch::optim::Optimizer& optimizer) const {
-  const auto bad = [&](const std::string& problem) {
-    throw checkpoint_error(fmt::format("loom: the checkpoint '{}' cannot be resumed: {}", path.string(), problem));
-  };
+checkpoint_manifest read_checkpoint_manifest(const fs::path& path) {
   json manifest;
   try {
     std::ifstream in(path / manifest_file);
     manifest = json::parse(in);
   } catch (const json::exception& error) {
-    bad(fmt::format("its {} is not JSON ({})", manifest_file, error.what()));
+    unusable(path, fmt::format("its {} is not JSON ({})", manifest_file, error.what()));
   }
-  if (manifest.value("format", std::string()) != format_name) bad("its manifest is not a loom checkpoint's");
-  if (manifest.value("plan", std::string()) != target.plan) {
-    bad(fmt::format("it was saved by another plan: {}", first_difference(manifest.value("plan", ""), target.plan)));
+  if (!manifest.is_object()) unusable(path, fmt::format("its {} is not a JSON object", manifest_file));
+  const auto format = manifest.find("format");
+  if (format == manifest.end() || *format != format_name) unusable(path, "its manifest is not a loom checkpoint's");
+  // The manifest's value for `key`, and the refusal of one that is not `kind`.
+  const auto at = [&](const char* key) -> const json& {
+    const auto found = manifest.find(key);
+    if (found == manifest.end()) unusable(path, fmt::format("its manifest has no {}", key));
+    return *found;
+  };
+  const auto wrong = [&](const char* key, const char* kind) {
+    unusable(path, fmt::format("its manifest's {} is {}, not {}", key, described(at(key)), kind));
+  };
+  const auto text = [&](const char* key) {
+    if (!at(key).is_string()) wrong(key, "a string");
+    return at(key).get<std::string>();
+  };
+  // A non-negative integer up to `max`, which JSON reads as unsigned.
+  const auto count = [&](const char* key, std::uint64_t min, std::uint64_t max, const char* kind) {
+    const json& value = at(key);
+    if (!value.is_number_unsigned() || value.get<std::uint64_t>() < min || value.get<std::uint64_t>() > max) {
+      wrong(key, kind);
+    }
+    return value.get<std::uint64_t>();
+  };
+  checkpoint_manifest read;
+  read.step = static_cast<std::int64_t>(
+      count("step", 0, static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max()), "a step number"));
+  read.world_size = static_cast<int>(
+      count("world_size", 1, static_cast<std::uint64_t>(std::numeric_limits<int>::max()), "a number of ranks"));
+  if (!at("sharded").is_boolean()) wrong("sharded", "true or false");
+  read.sharded = at("sharded").get<bool>();
+  if (at("parameters") != "all" && at("parameters") != "trainable") wrong("parameters", R"("all" or "trainable")");
+  read.all_parameters = at("parameters") == "all";
+  read.plan = text("plan");
+  read.describe = text("describe");
+  read.schedule_fingerprint = text("schedule_fingerprint");
+  read.libtorch = text("libtorch");
+  read.loom = text("loom");
+  read.user_state = at("user_state").dump();
+
+  // One file a rank, each there and of the size recorded.
+  const json& files = at("files");
+  if (!files.is_object()) wrong("files", "an object");
+  if (files.size() != static_cast<std::size_t>(read.world_size)) {
+    unusable(path, fmt::format("its manifest lists {} for its world_size of {}",
+                               counted(static_cast<std::int64_t>(files.size()), "file"), read.world_size));
   }
-  const int saved_world = manifest.value("world_size", 0);
+  for (int rank = 0; rank < read.world_size; ++rank) {
+    const std::string file = rank_file(rank).string();
+    const auto size = files.find(file);
+    if (size == files.end()) unusable(path, fmt::format("its manifest lists no file '{}' for rank {}", file, rank));
+    if (!size->is_number_unsigned()) {
+      unusable(path,
+               fmt::format("its manifest gives the size of '{}' as {}, not a number of bytes", file, described(*size)));
+    }
+    std::error_code error;
+    const auto actual = fs::file_size(path / file, error);
+    if (error) unusable(path, fmt::format("its file '{}' is missing", file));
+    if (actual != size->get<std::uintmax_t>()) {
+      unusable(path, fmt::format("its file '{}' is {} bytes, the manifest says {}: truncated or overwritten", file,
+                                 actual, size->get<std::uintmax_t>()));
+    }
+  }
+  return read;
+}
+
+resume_point checkpointer::load(const fs::path& path, const checkpoint_target& target,
+                                torch::optim::Optimizer& optimizer) const {
+  const auto bad = [&](const std::string& problem) { unusable(path, problem); };
+  const checkpoint_manifest manifest = read_checkpoint_manifest(path);
+  if (manifest.plan != target.plan) {
+    bad(fmt::format("it was saved by another plan: {}", first_difference(manifest.plan, target.plan)));
+  }
+  const int saved_world = manifest.world_size;
   const bool resharding = target.sharded && saved_world != rt_.world_size();
   const std::string fingerprint = fmt::format("{:016x}", target.schedule_fingerprint);
   // A sharded schedule lists shard sizes, which change with the number of ranks.
-  if (!resharding && manifest.value("schedule_fingerprint", std::string()) != fingerprint) {
-    bad(fmt::format("its schedule's fingerprint is {}, this job's {}", manifest.value("schedule_fingerprint", ""),
-                    fingerprint));
-  }
-  for (const auto& [file, size] : manifest["files"].items()) {
-    std::error_code error;
-    const auto actual = fs::file_size(path / file, error);
-    if (error) bad(fmt::format("its file '{}' is missing", file));
-    if (actual != size.get<std::uintmax_t>()) {
-      bad(fmt::format("its file '{}' is {} bytes, the manifest says {}: truncated or overwritten", file, actual,
-                      size.get<std::uintmax_t>()));
-    }
+  if (!resharding && manifest.schedule_fingerprint != fingerprint) {
+    bad(fmt::format("its schedule's fingerprint is {}, this job's {}", manifest.schedule_fingerprint, fingerprint));
   }
 
   // The files this rank reads: its own, or under a replicating strategy rank 0's, or when resharding
@@ -297,13 +368,14 @@ resume_point checkpointer::load(const fs::path& path, const checkpoint_target& t
   // number modulo theirs (dropout then draws other numbers than a run that was never resharded).
   const safetensors_content own = load_safetensors(path / rank_file(rt_.rank() % saved_world));
   for (auto& [device, generator] : generators(rt_)) {
-    const auto saved = std::find_if(own.tensors.begin(), own.tensors.end(),
-                                    [&](const named_tensor& t) { return t.name == std::string(rng_prefix) + device; });
+    const std::string key = std::string(rng_prefix) + device;  // clang before 16 captures no structured binding
+    const auto saved =
+        std::find_if(own.tensors.begin(), own.tensors.end(), [&](const named_tensor& t) { return t.name == key; });
     if (saved == own.tensors.end()) bad(fmt::format("it holds no state of the {} generator", device));
     const std::lock_guard<std::mutex> lock(generator.mutex());
     generator.set_state(saved->tensor);
   }
-  return {manifest.value("step", std::int64_t{0}), manifest["user_state"].dump(), path};
+  return {manifest.step, manifest.user_state, path};
 }
 
 tensor_state checkpointer::with_current(const checkpoint_target& target, const tensor_state& saved) {

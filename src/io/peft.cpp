@@ -9,6 +9,8 @@
 #include <cmath>
 #include <fstream>
 #include <string_view>
+#include <type_traits>
+#include <utility>
 
 namespace loom {
 namespace {
@@ -38,7 +40,27 @@ void write_text(const std::filesystem::path& path, const std::string& text) {
 
 // Whether a config value is absent, null or empty: PEFT writes defaults as null, {} or [].
 bool unset(const json& config, const char* key) {
-  return !config.contains(key) || config[key].is_null() || (config[key].is_structured() && config[key].empty());
+  const auto found = config.find(key);
+  return found == config.end() || found->is_null() || (found->is_structured() && found->empty());
+}
+
+// "a number", "an array", ...: what a JSON value is, for a message.
+std::string kind_of(const json& value) {
+  const std::string_view name = value.type_name();
+  return fmt::format("{} {}", name.find_first_of("aeiou") == 0 ? "an" : "a", name);
+}
+
+// The config's value for `key`, or `fallback` when it is absent or null (PEFT writes an unset option
+// as null); refused when it is of another kind than T: a bool, a string or a number (double).
+template <class T>
+T setting(const std::filesystem::path& folder, const json& config, const char* key, T fallback) {
+  const auto found = config.find(key);
+  if (found == config.end() || found->is_null()) return fallback;
+  const auto [fits, kind] = std::is_same_v<T, bool>          ? std::pair{found->is_boolean(), "true or false"}
+                            : std::is_same_v<T, std::string> ? std::pair{found->is_string(), "a string"}
+                                                             : std::pair{found->is_number(), "a number"};
+  if (!fits) refuse(folder, fmt::format("has {} for {} in {}, not {}", kind_of(*found), key, config_file, kind));
+  return found->template get<T>();
 }
 
 }  // namespace
@@ -85,20 +107,22 @@ peft_lora_adapter load_peft_adapter(const std::filesystem::path& folder) {
     refuse(folder, fmt::format("has a {} that is not JSON ({})", config_file, error.what()));
   }
   if (!config.is_object()) refuse(folder, fmt::format("has a {} that is not a JSON object", config_file));
-  const std::string type = config.value("peft_type", std::string());
+  const std::string type = setting(folder, config, "peft_type", std::string());
   if (type != "LORA") refuse(folder, fmt::format("is of peft_type '{}', not LORA", type));
   if (!config.contains("r") || !config["r"].is_number_integer() || config["r"].get<std::int64_t>() <= 0) {
     refuse(folder, "has no positive integer r");
   }
   if (!config.contains("lora_alpha") || !config["lora_alpha"].is_number()) refuse(folder, "has no numeric lora_alpha");
-  if (config.value("use_dora", false)) refuse(folder, "is a DoRA adapter (use_dora), which plain LoRA cannot express");
-  if (config.value("use_rslora", false)) {
+  if (setting(folder, config, "use_dora", false)) {
+    refuse(folder, "is a DoRA adapter (use_dora), which plain LoRA cannot express");
+  }
+  if (setting(folder, config, "use_rslora", false)) {
     refuse(folder, "uses rsLoRA's scaling alpha / sqrt(r) (use_rslora); loom's LoRA scales by alpha / r");
   }
-  if (config.value("fan_in_fan_out", false)) refuse(folder, "stores transposed weights (fan_in_fan_out)");
-  if (config.value("bias", std::string("none")) != "none") {
-    refuse(folder, fmt::format("trains biases (bias '{}'), which a LoRA adapter file of loom's cannot carry",
-                               config["bias"].get<std::string>()));
+  if (setting(folder, config, "fan_in_fan_out", false)) refuse(folder, "stores transposed weights (fan_in_fan_out)");
+  const std::string bias = setting(folder, config, "bias", std::string("none"));
+  if (bias != "none") {
+    refuse(folder, fmt::format("trains biases (bias '{}'), which a LoRA adapter file of loom's cannot carry", bias));
   }
   for (const char* key : {"rank_pattern", "alpha_pattern"}) {
     if (!unset(config, key)) refuse(folder, fmt::format("sets {}: a rank or alpha per layer", key));
@@ -108,13 +132,26 @@ peft_lora_adapter load_peft_adapter(const std::filesystem::path& folder) {
   peft_lora_adapter adapter;
   adapter.r = config["r"].get<std::int64_t>();
   adapter.lora_alpha = config["lora_alpha"].get<double>();
-  adapter.lora_dropout = config.value("lora_dropout", 0.0);
-  if (config.contains("target_modules") && config["target_modules"].is_array()) {
-    adapter.target_modules = config["target_modules"].get<std::vector<std::string>>();
+  adapter.lora_dropout = setting(folder, config, "lora_dropout", 0.0);
+  if (!(adapter.lora_dropout >= 0 && adapter.lora_dropout <= 1)) {
+    refuse(folder,
+           fmt::format("has lora_dropout {} in {}, not a probability in [0, 1]", adapter.lora_dropout, config_file));
+  }
+  // A list of names, or a string (a regular expression, or "all-linear") that names no layer itself.
+  if (const auto targets = config.find("target_modules"); targets != config.end() && targets->is_array()) {
+    for (const json& target : *targets) {
+      if (!target.is_string()) {
+        refuse(folder, fmt::format("has {} among target_modules in {}, not only names", kind_of(target), config_file));
+      }
+      adapter.target_modules.push_back(target.get<std::string>());
+    }
+  } else if (targets != config.end() && !targets->is_string() && !targets->is_null()) {
+    refuse(folder, fmt::format("has {} for target_modules in {}, not a list of names", kind_of(*targets), config_file));
   }
   for (named_tensor& t : load_safetensors(folder / weights_file).tensors) {
     const std::string_view key = t.name;
-    if (!key.starts_with(key_prefix) || !key.ends_with(key_suffix)) {
+    if (key.size() < key_prefix.size() + key_suffix.size() || !key.starts_with(key_prefix) ||
+        !key.ends_with(key_suffix)) {
       refuse(folder,
              fmt::format("holds '{}', not a key of the form {}<layer>.lora_A{}", t.name, key_prefix, key_suffix));
     }

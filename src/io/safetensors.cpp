@@ -156,12 +156,16 @@ class reader {
     const std::optional<c10::ScalarType> dtype = dtype_named(dtype_text);
     if (!dtype) bad(fmt::format("its dtype '{}' is not one loom knows", dtype_text));
     entry e{name, *dtype, {}, 0, 0};
+    // The bytes, and the product of the sizes with each 0 read as 1: a tensor's strides, which LibTorch
+    // computes for an empty one too ([0, 2^62, 4]), must fit in an int64_t.
     std::uint64_t bytes = c10::elementSize(*dtype);
+    std::uint64_t extent = bytes;
     for (const json& dim : value["shape"]) {
       if (!dim.is_number_unsigned()) bad("its shape holds something other than a non-negative integer");
       const auto size = dim.get<std::uint64_t>();
-      if (size > static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max()) ||
-          __builtin_mul_overflow(bytes, size, &bytes)) {
+      if (__builtin_mul_overflow(bytes, size, &bytes) ||
+          __builtin_mul_overflow(extent, std::max<std::uint64_t>(size, 1), &extent) ||
+          extent > static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max())) {
         bad("its shape is too large");
       }
       e.shape.push_back(static_cast<std::int64_t>(size));

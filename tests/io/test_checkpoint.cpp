@@ -11,11 +11,13 @@
 
 #include <catch2/catch_test_macros.hpp>
 #include <catch2/generators/catch_generators.hpp>
+#include <catch2/matchers/catch_matchers_exception.hpp>
 #include <catch2/matchers/catch_matchers_string.hpp>
 
 #include <filesystem>
 #include <fstream>
 #include <set>
+#include <string>
 
 using Catch::Matchers::ContainsSubstring;
 
@@ -127,6 +129,64 @@ TEST_CASE("a checkpoint that cannot be resumed is refused with its path, its fil
   CHECK_THROWS_WITH(loom::checkpointer(one(), {.folder = "/proc/loom-cannot-be-here"}),
                     ContainsSubstring("the checkpoint folder '/proc/loom-cannot-be-here' cannot be created"));
   CHECK_THROWS_WITH(loom::checkpointer(one(), {.folder = folder, .keep = 0}), ContainsSubstring("keep at least 1"));
+}
+
+TEST_CASE("a manifest that is not what a save writes is refused, naming the checkpoint and its field",
+          "[checkpoint][errors]") {
+  const fs::path folder = scratch("manifest");
+  auto job = loom::build(plan, one());
+  torch::optim::AdamW optimizer(job.trainable_parameters());
+  loom::checkpointer checkpoints(one(), {.folder = folder});
+  checkpoints.save(job, optimizer, 4, R"({"cursor": 12})");
+  const fs::path saved = folder / "step-00000004";
+  std::ifstream in(saved / "manifest.json");
+  const std::string original((std::istreambuf_iterator<char>(in)), {});
+
+  const loom::checkpoint_manifest read = loom::read_checkpoint_manifest(saved);
+  CHECK(read.step == 4);
+  CHECK(read.world_size == 1);
+  CHECK_FALSE(read.sharded);
+  CHECK_FALSE(read.all_parameters);
+  CHECK(read.plan == job.plan_text());
+  CHECK(read.user_state == R"({"cursor":12})");
+
+  // The saved manifest with `from` replaced by `to`.
+  const auto edited = [&](const std::string& from, const std::string& to) {
+    std::string manifest = original;
+    const auto at = manifest.find(from);
+    REQUIRE(at != std::string::npos);
+    manifest.replace(at, from.size(), to);
+    std::ofstream(saved / "manifest.json") << manifest;
+    return saved;
+  };
+  const auto refused = [&](const std::string& from, const std::string& to, const std::string& problem) {
+    CAPTURE(to);
+    CHECK_THROWS_MATCHES(loom::read_checkpoint_manifest(edited(from, to)), loom::checkpoint_error,
+                         Catch::Matchers::MessageMatches(ContainsSubstring("the checkpoint '" + saved.string() +
+                                                                           "' cannot be resumed: " + problem)));
+  };
+  refused("{", "[", "its manifest.json is not JSON");
+  refused(R"("format": "loom checkpoint v1")", R"("format": 1)", "its manifest is not a loom checkpoint's");
+  // What the fuzzer found (tests/fuzz/corpus/manifest): a field of another kind escaped as nlohmann's
+  // type_error, naming no checkpoint.
+  refused(R"("plan": )", R"("plan": 3, "was": )", "its manifest's plan is 3, not a string");
+  refused(R"("sharded": false)", R"("sharded": "no")", R"(its manifest's sharded is "no", not true or false)");
+  refused(R"("step": 4)", R"("step": -4)", "its manifest's step is -4, not a step number");
+  refused(R"("parameters": "trainable")", R"("parameters": "some")",
+          R"(its manifest's parameters is "some", not "all" or "trainable")");
+  refused(R"("user_state": )", R"("state": )", "its manifest has no user_state");
+  refused(R"("world_size": 1)", R"("world_size": 2)", "its manifest lists 1 file for its world_size of 2");
+  refused(R"("rank-00000.safetensors")", R"("../rank-00000.safetensors")",
+          "its manifest lists no file 'rank-00000.safetensors' for rank 0");
+  refused(R"("rank-00000.safetensors": )", R"("rank-00000.safetensors": -)",
+          "its manifest gives the size of 'rank-00000.safetensors' as -");
+
+  // A world_size of 0 divided by zero when the generators were loaded (SIGFPE), once the rest passed.
+  edited(R"("world_size": 1)", R"("world_size": 0)");
+  auto other = loom::build(plan, one());
+  torch::optim::AdamW other_optimizer(other.trainable_parameters());
+  CHECK_THROWS_WITH(checkpoints.resume(other, other_optimizer),
+                    ContainsSubstring("its manifest's world_size is 0, not a number of ranks"));
 }
 
 TEST_CASE("a checkpoint whose tensors do not fit the model names the file and the tensor", "[checkpoint][errors]") {

@@ -7,9 +7,13 @@
 #include <models/tiny_gpt.hpp>
 
 #include <catch2/catch_test_macros.hpp>
+#include <catch2/matchers/catch_matchers_exception.hpp>
 #include <catch2/matchers/catch_matchers_string.hpp>
 
 #include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
 
 using Catch::Matchers::ContainsSubstring;
 
@@ -133,4 +137,51 @@ TEST_CASE("load_adapter checks rank, alpha and layers against the plan", "[peft]
                     ContainsSubstring("its layers differ from those the plan adapts: missing [], unexpected "
                                       "[blocks.0.attn.v_proj.lora_A"));
   CHECK_THROWS_AS(other_layers.load_adapter(scratch("nothing-here")), loom::peft_error);
+}
+
+TEST_CASE("an adapter_config.json that is not a plain LoRA's, or holds the wrong kinds, is refused by name",
+          "[peft][errors]") {
+  const fs::path folder = scratch("config");
+  loom::save_peft_adapter(folder, {.r = 2,
+                                   .lora_alpha = 4,
+                                   .target_modules = {"layers.0.q_proj"},
+                                   .tensors = {{"layers.0.q_proj.lora_A", at::zeros({2, 4})},
+                                               {"layers.0.q_proj.lora_B", at::zeros({4, 2})}}});
+  const auto with = [&](const std::string& settings) {
+    std::ofstream(folder / "adapter_config.json")
+        << R"({"peft_type": "LORA", "r": 2, "lora_alpha": 4)" << settings << "}";
+    return folder;
+  };
+  const auto refused = [&](const std::string& settings, const std::string& reason) {
+    CAPTURE(settings);
+    CHECK_THROWS_MATCHES(
+        loom::load_peft_adapter(with(settings)), loom::peft_error,
+        Catch::Matchers::MessageMatches(ContainsSubstring("the PEFT adapter in '" + folder.string() + "' " + reason)));
+  };
+  // PEFT writes an unset option as null.
+  const loom::peft_lora_adapter read = loom::load_peft_adapter(
+      with(R"(, "use_dora": null, "bias": null, "lora_dropout": 0.05, "target_modules": ["layers.0.q_proj"])"));
+  CHECK(read.lora_dropout == 0.05);
+  CHECK(read.target_modules == std::vector<std::string>{"layers.0.q_proj"});
+  CHECK(loom::load_peft_adapter(with(R"(, "target_modules": "q_proj|v_proj")")).target_modules.empty());
+
+  refused(R"(, "use_dora": true)", "is a DoRA adapter (use_dora)");
+  refused(R"(, "use_rslora": true)", "uses rsLoRA's scaling");
+  refused(R"(, "rank_pattern": {"q_proj": 4})", "sets rank_pattern: a rank or alpha per layer");
+  refused(R"(, "bias": "lora_only")", "trains biases (bias 'lora_only')");
+  // What the fuzzer found (tests/fuzz/corpus/peft-config): a value of another kind escaped as
+  // nlohmann's type_error, naming no file.
+  std::ofstream(folder / "adapter_config.json") << R"({"peft_type": true, "r": 2, "lora_alpha": 4})";
+  CHECK_THROWS_WITH(loom::load_peft_adapter(folder),
+                    ContainsSubstring("has a boolean for peft_type in adapter_config.json, not a string"));
+  refused(R"(, "use_dora": 1)", "has a number for use_dora in adapter_config.json, not true or false");
+  refused(R"(, "bias": false)", "has a boolean for bias in adapter_config.json, not a string");
+  refused(R"(, "lora_dropout": "0.1")", "has a string for lora_dropout in adapter_config.json, not a number");
+  refused(R"(, "lora_dropout": 1.5)", "has lora_dropout 1.5 in adapter_config.json, not a probability in [0, 1]");
+  refused(R"(, "target_modules": ["q_proj", 3])", "has a number among target_modules in adapter_config.json");
+  refused(R"(, "target_modules": {"q_proj": 1})", "has an object for target_modules in adapter_config.json");
+
+  // A weight key as short as its prefix and suffix together.
+  loom::save_safetensors(folder / "adapter_model.safetensors", {{"base_model.model.weight", at::zeros({1})}});
+  refused("", "holds 'base_model.model.weight', not a key of the form base_model.model.<layer>.lora_A.weight");
 }

@@ -107,6 +107,11 @@ TEST_CASE("a malformed safetensors file is refused, naming the file and its firs
   check_refused(
       crafted("huge.safetensors", R"({"a":{"dtype":"F64","shape":[4294967296,4294967296],"data_offsets":[0,8]}})", 8),
       "tensor 'a': its shape is too large");
+  // An empty tensor whose strides overflow: LibTorch's at::empty threw its own c10::Error (a seed the
+  // fuzzer's corpus starts from: tests/fuzz/corpus/safetensors/zero-dim-wide).
+  check_refused(crafted("wide-empty.safetensors",
+                        R"({"a":{"dtype":"F32","shape":[0,4611686018427387904,4],"data_offsets":[0,0]}})", 0),
+                "tensor 'a': its shape is too large");
   check_refused(crafted("backwards.safetensors", R"({"a":{"dtype":"U8","shape":[0],"data_offsets":[4,0]}})", 4),
                 "end before they begin");
   check_refused(crafted("overlap.safetensors",
@@ -118,6 +123,8 @@ TEST_CASE("a malformed safetensors file is refused, naming the file and its firs
                 "4 bytes that no tensor holds lie before tensor 'a'");
   check_refused(crafted("past-end.safetensors", R"({"a":{"dtype":"F32","shape":[4],"data_offsets":[0,16]}})", 8),
                 "tensor 'a' ends at byte 16, past the end of the data (8 bytes)");
+  check_refused(crafted("negative-offset.safetensors", R"({"a":{"dtype":"U8","shape":[4],"data_offsets":[-1,3]}})", 4),
+                "its data_offsets are not two non-negative integers");
   check_refused(crafted("offsets.safetensors", R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0]}})", 4),
                 "its data_offsets are not two numbers");
   check_refused(crafted("metadata.safetensors", R"({"__metadata__":{"step":3}})", 0),

@@ -45,6 +45,25 @@ struct checkpoint_options {
   bool all_parameters = false;
 };
 
+// What a checkpoint's manifest.json records (docs/checkpoints.md).
+struct checkpoint_manifest {
+  std::int64_t step = 0;
+  int world_size = 0;
+  bool sharded = false;
+  bool all_parameters = false;  // "all", or "trainable"
+  std::string plan;
+  std::string describe;
+  std::string schedule_fingerprint;  // 16 hexadecimal digits
+  std::string libtorch;
+  std::string loom;
+  std::string user_state;  // the JSON given to save()
+};
+
+// Reads the manifest of the checkpoint at `path` (a step-N folder) and checks what it can without
+// the job: its fields and that every rank's file it lists is there, of the size it lists. A
+// manifest that fails is a checkpoint_error naming the checkpoint and its first problem.
+[[nodiscard]] checkpoint_manifest read_checkpoint_manifest(const std::filesystem::path& path);
+
 // Where a resumed run continues.
 struct resume_point {
   std::int64_t step = 0;
