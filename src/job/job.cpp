@@ -24,7 +24,51 @@ job_core::job_core(runtime rt, std::shared_ptr<torch::nn::Module> module, std::s
       lora_(std::move(lora)),
       plan_text_(std::move(plan_text)) {}
 
-void job_core::verify_schedule() const { verify_schedule_across_ranks(context_->schedule(), context_->rt()); }
+namespace {
+
+// "schedule entries #0-#2, #5: all_reduce, broadcast": the entries of `phase`, or "" when it has none.
+std::string entries_of(const collective_schedule& schedule, step_phase phase) {
+  std::vector<std::string> ranges;
+  std::vector<std::string_view> ops;
+  const auto entries = schedule.entries();
+  for (std::size_t i = 0; i < entries.size(); ++i) {
+    if (entries[i].phase != phase) continue;
+    std::size_t last = i;
+    while (last + 1 < entries.size() && entries[last + 1].phase == phase) ++last;
+    ranges.push_back(last == i ? fmt::format("#{}", i) : fmt::format("#{}-#{}", i, last));
+    for (std::size_t j = i; j <= last; ++j) {
+      if (std::find(ops.begin(), ops.end(), to_string(entries[j].op)) == ops.end())
+        ops.push_back(to_string(entries[j].op));
+    }
+    i = last;
+  }
+  if (ranges.empty()) return {};
+  return fmt::format("schedule {} {}: {}",
+                     ranges.size() == 1 && ranges.front().find('-') == std::string::npos ? "entry" : "entries",
+                     fmt::join(ranges, ", "), fmt::join(ops, ", "));
+}
+
+}  // namespace
+
+void job_core::verify_schedule() {
+  verify_schedule_across_ranks(context_->schedule(), context_->rt());
+  if (!context_->rt().is_distributed()) return;
+  forward_collectives_ = entries_of(context_->schedule(), step_phase::forward);
+  backward_collectives_ = entries_of(context_->schedule(), step_phase::backward);
+}
+
+job_core::part_scope::part_scope(job_progress& progress, pass_part part, bool communicates,
+                                 const std::string& collectives)
+    : progress_(progress) {
+  progress_.enter(part, communicates, collectives);
+}
+
+job_core::part_scope::~part_scope() { progress_.leave_part(); }
+
+job_core::part_scope job_core::enter(pass_part part) const {
+  const std::string& collectives = part == pass_part::forward ? forward_collectives_ : backward_collectives_;
+  return part_scope(context_->rt().progress(), part, !collectives.empty(), collectives);
+}
 
 void job_core::fail_step(std::string_view during) const {
   rethrow_as_job_failure(context_->rt(), std::current_exception(), during);

@@ -153,8 +153,11 @@ class supervisor {
   }
 
   void stop_all(int signal_number) {
-    for (const rank_process& rank : ranks_)
-      if (rank.running()) rank.send(signal_number);
+    for (const rank_process& rank : ranks_) {
+      if (!rank.running()) continue;
+      rank.send(signal_number);
+      rank.send(SIGCONT);  // a stopped rank (SIGSTOP, a hang's suspect) acts on the signal only once continued
+    }
     kill_deadline_ = steady::now() + std::chrono::duration_cast<steady::duration>(
                                          std::chrono::duration<double>{options_.grace_seconds});
   }

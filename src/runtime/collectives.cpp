@@ -1,4 +1,5 @@
 #include <loom/runtime/collectives.hpp>
+#include <loom/runtime/tensors.hpp>
 
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 #include <torch/csrc/distributed/c10d/Work.hpp>
@@ -20,12 +21,15 @@ at::Tensor flat_contiguous(const at::Tensor& tensor) { return tensor.contiguous(
 
 }  // namespace
 
-pending_collective::pending_collective(c10::intrusive_ptr<c10d::Work> work, std::function<void()> then)
-    : work_(std::move(work)), then_(std::move(then)) {}
+pending_collective::pending_collective(c10::intrusive_ptr<c10d::Work> work, std::function<void()> then,
+                                       collective_label label)
+    : work_(std::move(work)), then_(std::move(then)), label_(std::move(label)) {}
 
 void pending_collective::wait() {
   if (work_) {
     auto work = std::exchange(work_, {});
+    const job_progress::wait_scope waiting(work->isCompleted() ? nullptr : label_.progress, label_.number,
+                                           std::move(label_.what));
     work->wait();
   }
   if (then_) std::exchange(then_, {})();
@@ -41,14 +45,30 @@ pending_collective pending_collective::and_then(std::function<void()> next) && {
   return std::move(*this);
 }
 
-collectives::collectives(c10::intrusive_ptr<c10d::Backend> backend, int rank, int world_size, bool stage_through_host)
-    : backend_(std::move(backend)), rank_(rank), world_size_(world_size), stage_through_host_(stage_through_host) {
+collectives::collectives(c10::intrusive_ptr<c10d::Backend> backend, int rank, int world_size, bool stage_through_host,
+                         job_progress* progress)
+    : backend_(std::move(backend)),
+      rank_(rank),
+      world_size_(world_size),
+      stage_through_host_(stage_through_host),
+      progress_(progress) {
   if (world_size_ > 1 && !backend_) {
     throw std::invalid_argument("loom: collectives over more than one rank need a c10d backend");
   }
 }
 
 collectives::~collectives() = default;
+
+pending_collective collectives::issued(c10::intrusive_ptr<c10d::Work> work, std::string_view op,
+                                       const at::Tensor& tensor, std::function<void()> then) {
+  collective_label label{.progress = progress_, .number = ++issued_, .what = {}};
+  if (progress_ != nullptr) {
+    label.what = tensor.defined()
+                     ? fmt::format("{} {}", op, tensor_spec{{}, tensor.sizes().vec(), tensor.scalar_type()}.layout())
+                     : std::string(op);
+  }
+  return pending_collective(std::move(work), std::move(then), std::move(label));
+}
 
 std::int64_t collectives::shard_numel(std::int64_t numel) const noexcept {
   return (numel + world_size_ - 1) / world_size_;
@@ -64,7 +84,7 @@ pending_collective collectives::all_reduce(at::Tensor& tensor, reduce_op op) {
   std::vector<at::Tensor> tensors{tensor};
   c10d::AllreduceOptions options;
   options.reduceOp = sum();
-  return pending_collective(backend_->allreduce(tensors, options));
+  return issued(backend_->allreduce(tensors, options), "all_reduce", tensor);
 }
 
 pending_collective collectives::broadcast(at::Tensor& tensor, int root) {
@@ -76,7 +96,7 @@ pending_collective collectives::broadcast(at::Tensor& tensor, int root) {
   std::vector<at::Tensor> tensors{tensor};
   c10d::BroadcastOptions options;
   options.rootRank = root;
-  return pending_collective(backend_->broadcast(tensors, options));
+  return issued(backend_->broadcast(tensors, options), "broadcast", tensor);
 }
 
 std::int64_t collectives::checked_shard_size(std::string_view what, std::int64_t numel, const at::Tensor& shard) const {
@@ -103,9 +123,9 @@ pending_collective collectives::all_gather(const at::Tensor& shard, at::Tensor& 
   const bool direct = flat.is_contiguous() && shard_size * world_size_ == numel;
   at::Tensor output = direct ? flat.view(-1) : at::empty({shard_size * world_size_}, flat.options());
   auto work = backend_->_allgather_base(output, input);
-  if (direct) return pending_collective(std::move(work));
-  return pending_collective(
-      std::move(work), [flat, output, numel]() mutable { flat.copy_(output.narrow(0, 0, numel).view(flat.sizes())); });
+  if (direct) return issued(std::move(work), "all_gather", flat);
+  return issued(std::move(work), "all_gather", flat,
+                [flat, output, numel]() mutable { flat.copy_(output.narrow(0, 0, numel).view(flat.sizes())); });
 }
 
 pending_collective collectives::reduce_scatter(const at::Tensor& flat, at::Tensor& shard, reduce_op op) {
@@ -134,8 +154,9 @@ pending_collective collectives::reduce_scatter(const at::Tensor& flat, at::Tenso
   c10d::ReduceScatterOptions options;
   options.reduceOp = sum();
   auto work = backend_->_reduce_scatter_base(output, input, options);
-  if (direct) return pending_collective(std::move(work));
-  return pending_collective(std::move(work), [shard, output]() mutable { shard.copy_(output.view(shard.sizes())); });
+  if (direct) return issued(std::move(work), "reduce_scatter", input);
+  return issued(std::move(work), "reduce_scatter", input,
+                [shard, output]() mutable { shard.copy_(output.view(shard.sizes())); });
 }
 
 pending_collective collectives::emulated_reduce_scatter(const at::Tensor& padded, at::Tensor& shard) {
@@ -145,14 +166,14 @@ pending_collective collectives::emulated_reduce_scatter(const at::Tensor& padded
   options.reduceOp = sum();
   auto work = backend_->allreduce(tensors, options);
   const std::int64_t shard_size = shard.numel();
-  return pending_collective(std::move(work), [shard, reduced, offset = rank_ * shard_size]() mutable {
+  return issued(std::move(work), "all_reduce", reduced, [shard, reduced, offset = rank_ * shard_size]() mutable {
     shard.copy_(reduced.narrow(0, offset, shard.numel()).view(shard.sizes()));
   });
 }
 
 pending_collective collectives::barrier() {
   if (!backend_) return {};
-  return pending_collective(backend_->barrier());
+  return issued(backend_->barrier(), "barrier", at::Tensor());
 }
 
 }  // namespace loom

@@ -2,9 +2,11 @@
 
 #include <atomic>
 #include <cerrno>
+#include <chrono>
 #include <csignal>
 #include <cstdlib>
 #include <string>
+#include <thread>
 
 namespace loom {
 namespace {
@@ -13,6 +15,8 @@ struct armed_failpoint {
   std::string name;
   long hit = 1;
   int error = 0;  // LOOM_FAILPOINT_ERRNO; 0: die
+  int signal = SIGKILL;
+  double sleep_s = 0;  // LOOM_FAILPOINT_SLEEP_S: sleep instead of a signal
   std::atomic<long> passes{0};
 };
 
@@ -22,6 +26,14 @@ int error_number(const char* name) {
   if (text == "EDQUOT") return EDQUOT;
   if (text == "EIO") return EIO;
   return 0;
+}
+
+int signal_number(const char* name) {
+  const std::string text = name == nullptr ? "" : name;
+  if (text == "SIGSTOP") return SIGSTOP;
+  if (text == "SIGTERM") return SIGTERM;
+  if (text == "SIGSEGV") return SIGSEGV;
+  return SIGKILL;
 }
 
 // Read once: the environment does not change under a running job.
@@ -35,6 +47,8 @@ armed_failpoint* armed() {
     auto* point = new armed_failpoint{name};  // lives as long as the process
     if (const char* hit = std::getenv("LOOM_FAILPOINT_HIT")) point->hit = std::strtol(hit, nullptr, 10);
     point->error = error_number(std::getenv("LOOM_FAILPOINT_ERRNO"));
+    point->signal = signal_number(std::getenv("LOOM_FAILPOINT_SIGNAL"));
+    if (const char* sleep = std::getenv("LOOM_FAILPOINT_SLEEP_S")) point->sleep_s = std::strtod(sleep, nullptr);
     return point;
   }();
   return point;
@@ -45,7 +59,12 @@ armed_failpoint* armed() {
 void failpoint(std::string_view name) {
   armed_failpoint* point = armed();
   if (point == nullptr || point->error != 0 || point->name != name) return;
-  if (++point->passes == point->hit) std::raise(SIGKILL);
+  if (++point->passes != point->hit) return;
+  if (point->sleep_s > 0) {
+    std::this_thread::sleep_for(std::chrono::duration<double>(point->sleep_s));
+  } else {
+    std::raise(point->signal);
+  }
 }
 
 int injected_error(std::string_view name) {

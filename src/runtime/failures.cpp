@@ -1,5 +1,6 @@
 #include <loom/runtime/collectives.hpp>
 #include <loom/runtime/failures.hpp>
+#include <loom/runtime/hang_check.hpp>
 #include <loom/runtime/heartbeat.hpp>
 #include <loom/runtime/runtime.hpp>
 
@@ -13,14 +14,28 @@
 
 #include <algorithm>
 #include <chrono>
+#include <mutex>
 #include <vector>
 
 namespace loom {
 namespace {
 
 constexpr std::string_view failure_key = "loom/failure";
-// Five heartbeats: a live rank, however busy, beats in that time.
-constexpr std::chrono::milliseconds silence_window = 5 * heartbeat::interval;
+
+// The failure the heartbeat last read while this rank waited (remember_published_failure).
+std::mutex& remembered_mutex() {
+  static std::mutex mutex;
+  return mutex;
+}
+std::optional<std::string>& remembered() {
+  static std::optional<std::string> failure;
+  return failure;
+}
+
+std::optional<std::string> remembered_failure() {
+  const std::lock_guard lock(remembered_mutex());
+  return remembered();
+}
 
 std::string without_prefix(std::string text) {
   constexpr std::string_view prefix = "loom: ";
@@ -33,14 +48,6 @@ bool is_transport_failure(const std::exception& error) {
          dynamic_cast<const c10::DistError*>(&error) != nullptr;
 }
 
-// The failure a rank published; throws when the store cannot be reached.
-std::optional<std::string> read_published(c10d::Store& store) {
-  const std::string key(failure_key);
-  if (!store.check({key})) return std::nullopt;
-  auto bytes = store.get(key);
-  return std::string(bytes.begin(), bytes.end());
-}
-
 [[noreturn]] void throw_published(const runtime& rt, const std::string& published, std::string_view during) {
   throw job_failure(fmt::format("loom: {}; then rank {}'s {} failed", published, rt.rank(), during));
 }
@@ -49,20 +56,31 @@ std::optional<std::string> read_published(c10d::Store& store) {
                                   bool store_reachable) {
   const std::string transport = error_text(error);
   const std::string why = "(its own output, or the launcher's report, says why)";
-  const auto window = std::min(silence_window, rt.timeout());
+  const auto window = std::min(heartbeat::silence, rt.timeout());
   std::vector<int> silent;
+  std::vector<std::pair<int, job_position>> departed;
   if (store_reachable) {
     try {
-      silent = rt.silent_ranks(window);
+      departed = rt.departed_ranks();
+      if (departed.empty()) silent = rt.silent_ranks(window);
     } catch (const std::exception&) {
       store_reachable = false;
     }
+  }
+  // A peer that left on purpose while this rank still needed it: their collectives differ.
+  if (!departed.empty()) {
+    const auto& [peer, at] = departed.front();
+    throw job_failure(
+        fmt::format("loom: rank {}'s {} failed: rank {} left the job {} (its program ended, or its runtime was "
+                    "destroyed) while this rank still waited on it: {}",
+                    rt.rank(), during, peer, at.to_string(), different_collectives));
   }
   // A peer may have been slower to say why than to break the transport.
   if (store_reachable) {
     if (auto published = published_failure(rt)) throw_published(rt, *published, during);
   }
   if (!store_reachable) {
+    if (auto published = remembered_failure()) throw_published(rt, *published, during);
     const std::string host = rt.env().agent_store ? "the launcher's agent, which hosts it," : "rank 0, which hosts it,";
     throw job_failure(
         fmt::format("loom: rank {}'s {} failed, and the rendezvous store is unreachable: {} is gone {}. "
@@ -84,14 +102,7 @@ std::optional<std::string> read_published(c10d::Store& store) {
 }
 
 void publish(const runtime& rt, const std::string& message) {
-  if (!rt.store()) return;
-  const std::string text = fmt::format("rank {} failed: {}", rt.rank(), without_prefix(message));
-  try {
-    // The first failure published is the cause; later ones are its consequences.
-    rt.store()->compareSet(std::string(failure_key), {}, std::vector<std::uint8_t>(text.begin(), text.end()));
-  } catch (const std::exception&) {
-    // The store is gone with rank 0: the launcher reports this rank's own error.
-  }
+  if (rt.store()) publish_failure(*rt.store(), rt.rank(), message);
 }
 
 }  // namespace
@@ -106,10 +117,32 @@ void fail_job(const runtime& rt, const std::string& message) {
   throw job_failure("loom: " + without_prefix(message));
 }
 
+std::optional<std::string> read_published_failure(c10d::Store& store) {
+  const std::string key(failure_key);
+  if (!store.check({key})) return std::nullopt;
+  auto bytes = store.get(key);
+  return std::string(bytes.begin(), bytes.end());
+}
+
+void publish_failure(c10d::Store& store, int rank, const std::string& message) {
+  const std::string text = fmt::format("rank {} failed: {}", rank, without_prefix(message));
+  try {
+    // The first failure published is the cause; later ones are its consequences.
+    store.compareSet(std::string(failure_key), {}, std::vector<std::uint8_t>(text.begin(), text.end()));
+  } catch (const std::exception&) {
+    // The store is gone with rank 0: the launcher reports this rank's own error.
+  }
+}
+
+void remember_published_failure(std::string failure) {
+  const std::lock_guard lock(remembered_mutex());
+  remembered() = std::move(failure);
+}
+
 std::optional<std::string> published_failure(const runtime& rt) {
   if (!rt.store()) return std::nullopt;
   try {
-    return read_published(*rt.store());
+    return read_published_failure(*rt.store());
   } catch (const std::exception&) {
     return std::nullopt;
   }
@@ -125,7 +158,7 @@ void rethrow_as_job_failure(const runtime& rt, std::exception_ptr error, std::st
     // One look at the store: when it is gone, every further call would wait and log in vain.
     bool store_reachable = true;
     try {
-      if (auto published = read_published(*rt.store())) throw_published(rt, *published, during);
+      if (auto published = read_published_failure(*rt.store())) throw_published(rt, *published, during);
     } catch (const job_failure&) {
       throw;
     } catch (const std::exception&) {

@@ -1,3 +1,5 @@
+#include <loom/runtime/failures.hpp>
+#include <loom/runtime/hang_check.hpp>
 #include <loom/runtime/heartbeat.hpp>
 
 #include <torch/csrc/distributed/c10d/Store.hpp>
@@ -9,14 +11,29 @@
 namespace loom {
 namespace {
 
-std::string beat_key(int rank) { return fmt::format("loom/heartbeat/{}", rank); }
+std::string progress_key(int rank) { return fmt::format("loom/progress/{}", rank); }
 std::string left_key(int rank) { return fmt::format("loom/left/{}", rank); }
+
+std::vector<std::uint8_t> bytes(const std::string& text) { return {text.begin(), text.end()}; }
+std::string text(const std::vector<std::uint8_t>& bytes) { return {bytes.begin(), bytes.end()}; }
+
+// A key's value, or nothing when it is not set (get would wait for it).
+std::optional<std::string> value_of(c10d::Store& store, const std::string& key) {
+  if (!store.check({key})) return std::nullopt;
+  return text(store.get(key));
+}
 
 }  // namespace
 
-heartbeat::heartbeat(const c10::intrusive_ptr<c10d::Store>& store, int rank, int world_size)
-    : store_(store->clone()), rank_(rank), world_size_(world_size) {
-  store_->add(beat_key(rank_), 1);
+heartbeat::heartbeat(const c10::intrusive_ptr<c10d::Store>& store, int rank, int world_size,
+                     const job_progress& tracker, std::chrono::milliseconds hang_check, hang_handler on_hang)
+    : store_(store->clone()),
+      rank_(rank),
+      world_size_(world_size),
+      progress_(tracker),
+      hang_check_(hang_check),
+      on_hang_(std::move(on_hang)) {
+  store_->set(progress_key(rank_), bytes(encode_progress(0, progress_.snapshot())));
   thread_ = std::thread([this] { beat_until_stopped(); });
 }
 
@@ -28,41 +45,73 @@ heartbeat::~heartbeat() {
   wake_.notify_all();
   thread_.join();
   try {
-    store_->set(left_key(rank_), std::vector<std::uint8_t>{1});
+    store_->set(left_key(rank_), bytes(encode_position(progress_.snapshot().at)));
   } catch (const std::exception&) {
     // The store left first (rank 0 hosts it): there is nobody to tell.
   }
 }
 
 void heartbeat::beat_until_stopped() {
+  hang_watch watch(rank_, hang_check_, silence);
+  std::int64_t beat = 0;
   std::unique_lock lock(mutex_);
   while (!wake_.wait_for(lock, interval, [this] { return stopping_; })) {
     try {
-      store_->add(beat_key(rank_), 1);
+      const progress_snapshot mine = progress_.snapshot();
+      store_->set(progress_key(rank_), bytes(encode_progress(++beat, mine)));
+      if (hang_check_.count() == 0 || mine.waiting == wait_kind::none) {
+        watch.reset();
+        continue;
+      }
+      // Read now: the wait may break when rank 0, which hosts the store, is already gone.
+      const auto published = read_published_failure(*store_);
+      if (published) remember_published_failure(*published);
+      if (!watch.due(mine)) continue;
+      const auto peers = read_peers(*store_);
+      if (auto error = watch.look(mine, peers, published, hang_watch::clock::now())) on_hang_(*store_, *error);
     } catch (const std::exception&) {
       return;  // the store is gone, and with it everyone who could listen
     }
   }
 }
 
+std::vector<peer_record> heartbeat::read_peers(c10d::Store& store) const {
+  std::vector<peer_record> peers;
+  for (int rank = 0; rank < world_size_; ++rank) {
+    if (rank == rank_) continue;
+    peer_record peer{.rank = rank, .beat = {}, .progress = {}, .left_at = {}};
+    if (auto record = value_of(store, progress_key(rank))) {
+      if (auto decoded = decode_progress(*record)) {
+        peer.beat = decoded->first;
+        peer.progress = std::move(decoded->second);
+      }
+    }
+    if (auto left = value_of(store, left_key(rank))) peer.left_at = decode_position(*left).value_or(job_position{});
+    peers.push_back(std::move(peer));
+  }
+  return peers;
+}
+
 std::vector<int> heartbeat::silent_ranks(std::chrono::milliseconds window) const {
   // A second clone: the beating thread's connection is not for sharing across threads' waits.
   auto store = store_->clone();
-  const auto beats = [&] {
-    std::vector<std::int64_t> counts(static_cast<std::size_t>(world_size_));
-    for (int rank = 0; rank < world_size_; ++rank)
-      counts[static_cast<std::size_t>(rank)] = store->add(beat_key(rank), 0);
-    return counts;
-  };
-  const auto before = beats();
+  const auto before = read_peers(*store);
   std::this_thread::sleep_for(window);
-  const auto after = beats();
+  const auto after = read_peers(*store);
   std::vector<int> silent;
-  for (int rank = 0; rank < world_size_; ++rank) {
-    const auto r = static_cast<std::size_t>(rank);
-    if (rank != rank_ && after[r] == before[r] && !store->check({left_key(rank)})) silent.push_back(rank);
+  for (std::size_t i = 0; i < after.size(); ++i) {
+    if (after[i].beat == before[i].beat && !after[i].left_at) silent.push_back(after[i].rank);
   }
   return silent;
+}
+
+std::vector<std::pair<int, job_position>> heartbeat::departed_ranks() const {
+  auto store = store_->clone();
+  std::vector<std::pair<int, job_position>> departed;
+  for (const peer_record& peer : read_peers(*store)) {
+    if (peer.left_at) departed.emplace_back(peer.rank, *peer.left_at);
+  }
+  return departed;
 }
 
 }  // namespace loom

@@ -54,15 +54,16 @@ class reader {
   const env_lookup& lookup_;
 };
 
-std::chrono::milliseconds parse_timeout(const reader& env) {
-  auto text = env.get("LOOM_TIMEOUT_S");
-  if (!text) return launch_env::default_timeout;
-  const char* expected = "a positive number of seconds, e.g. LOOM_TIMEOUT_S=60 or 0.5";
+// A number of seconds, in milliseconds, no more than 1e7; zero only where `zero_allowed`.
+std::chrono::milliseconds parse_seconds(const reader& env, const char* name, std::chrono::milliseconds fallback,
+                                        std::string_view expected, bool zero_allowed) {
+  auto text = env.get(name);
+  if (!text) return fallback;
   char* end = nullptr;
   double seconds = std::strtod(text->c_str(), &end);
-  if (text->empty() || end != text->c_str() + text->size() || !std::isfinite(seconds) || seconds <= 0 ||
-      seconds > 1e7) {
-    reject("LOOM_TIMEOUT_S", *text, expected);
+  if (text->empty() || end != text->c_str() + text->size() || !std::isfinite(seconds) || seconds < 0 ||
+      (seconds == 0 && !zero_allowed) || seconds > 1e7) {
+    reject(name, *text, expected);
   }
   return std::chrono::milliseconds(static_cast<long long>(std::ceil(seconds * 1000)));
 }
@@ -110,7 +111,10 @@ std::optional<std::string> process_env(const char* name) {
 launch_env parse_launch_env(const env_lookup& lookup) {
   reader env(lookup);
   launch_env result;
-  result.timeout = parse_timeout(env);
+  result.timeout = parse_seconds(env, "LOOM_TIMEOUT_S", launch_env::default_timeout,
+                                 "a positive number of seconds, e.g. LOOM_TIMEOUT_S=60 or 0.5", false);
+  result.hang_check = parse_seconds(env, "LOOM_HANG_CHECK_S", launch_env::default_hang_check,
+                                    "a number of seconds, e.g. LOOM_HANG_CHECK_S=10, or 0 to turn the check off", true);
   result.backend = parse_backend(env);
   result.device = parse_device(env);
 

@@ -23,6 +23,9 @@
 #include <cerrno>
 #include <cmath>
 #include <csignal>
+#include <cstdio>
+#include <cstdlib>
+#include <thread>
 #include <utility>
 
 namespace loom {
@@ -179,6 +182,19 @@ c10::intrusive_ptr<c10d::Backend> make_nccl(const c10::intrusive_ptr<c10d::Store
 }
 #endif
 
+// The heartbeat's answer to a wait that can never end: the training thread is blocked inside it, so
+// this rank publishes why, says it, and ends the process, as PyTorch's NCCL watchdog does. Its
+// peers' collectives then break at once and report the published reason. Rank 0 hosts the store, so
+// it lingers for a beat first: its waiting peers' heartbeats read the reason in that time.
+[[noreturn]] void stop_hung_job(c10d::Store& store, const launch_env& env, const std::string& error) {
+  publish_failure(store, env.rank, error);
+  fmt::print(stderr, "loom: rank {} failed: {}\n", env.rank, error);
+  std::fflush(nullptr);
+  if (!env.agent_store && env.rank == 0)
+    std::this_thread::sleep_for(heartbeat::interval + std::chrono::milliseconds(250));
+  std::_Exit(1);
+}
+
 }  // namespace
 
 struct runtime::state {
@@ -187,6 +203,7 @@ struct runtime::state {
   c10::Device device = c10::Device(c10::kCPU);
   c10::intrusive_ptr<c10d::Store> store;
   c10::intrusive_ptr<c10d::ProcessGroup> group;
+  job_progress progress;  // before comm and pulse, which hold it
   std::unique_ptr<collectives> comm;
   std::unique_ptr<heartbeat> pulse;  // after the store: stops beating before the store goes
 };
@@ -238,8 +255,11 @@ runtime::runtime(const launch_env& env) : state_(std::make_shared<state>()) {
   s.group->setGroupName("loom.world");
   // loom's own collectives take Gloo's CPU path for CUDA tensors: a copy each way, stated in docs/gpu.md.
   s.comm = std::make_unique<collectives>(device_backend, env.rank, env.world_size,
-                                         /*stage_through_host=*/s.backend == backend_kind::gloo && s.device.is_cuda());
-  s.pulse = std::make_unique<heartbeat>(s.store, env.rank, env.world_size);
+                                         /*stage_through_host=*/s.backend == backend_kind::gloo && s.device.is_cuda(),
+                                         &s.progress);
+  s.pulse = std::make_unique<heartbeat>(
+      s.store, env.rank, env.world_size, s.progress, env.hang_check,
+      [env](c10d::Store& store, const std::string& error) { stop_hung_job(store, env, error); });
 }
 
 int runtime::rank() const noexcept { return state_->env.rank; }
@@ -251,11 +271,16 @@ c10::Device runtime::device() const noexcept { return state_->device; }
 std::chrono::milliseconds runtime::timeout() const noexcept { return state_->env.timeout; }
 const launch_env& runtime::env() const noexcept { return state_->env; }
 collectives& runtime::comm() const noexcept { return *state_->comm; }
+job_progress& runtime::progress() const noexcept { return state_->progress; }
 const c10::intrusive_ptr<c10d::ProcessGroup>& runtime::process_group() const noexcept { return state_->group; }
 const c10::intrusive_ptr<c10d::Store>& runtime::store() const noexcept { return state_->store; }
 
 std::vector<int> runtime::silent_ranks(std::chrono::milliseconds window) const {
   return state_->pulse ? state_->pulse->silent_ranks(window) : std::vector<int>{};
+}
+
+std::vector<std::pair<int, job_position>> runtime::departed_ranks() const {
+  return state_->pulse ? state_->pulse->departed_ranks() : std::vector<std::pair<int, job_position>>{};
 }
 
 }  // namespace loom

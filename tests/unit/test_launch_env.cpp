@@ -95,6 +95,17 @@ TEST_CASE("LOOM_BACKEND and LOOM_TIMEOUT_S are read", "[launch_env]") {
   CHECK(parse_launch_env(lookup({{"LOOM_BACKEND", "nccl"}})).backend == loom::backend_kind::nccl);
 }
 
+TEST_CASE("LOOM_HANG_CHECK_S is a number of seconds, 0 turning the check off", "[launch_env]") {
+  CHECK(parse_launch_env(lookup({})).hang_check == launch_env::default_hang_check);
+  CHECK(parse_launch_env(lookup({{"LOOM_HANG_CHECK_S", "2"}})).hang_check == std::chrono::seconds(2));
+  CHECK(parse_launch_env(lookup({{"LOOM_HANG_CHECK_S", "0"}})).hang_check == std::chrono::milliseconds(0));
+  for (const char* bad : {"-1", "soon", "", "nan"}) {
+    CHECK_THROWS_WITH(parse_launch_env(lookup({{"LOOM_HANG_CHECK_S", bad}})),
+                      Catch::Matchers::ContainsSubstring("LOOM_HANG_CHECK_S") &&
+                          Catch::Matchers::ContainsSubstring("or 0 to turn the check off"));
+  }
+}
+
 TEST_CASE("LOOM_DEVICE names the CPU, each rank's GPU or one GPU", "[launch_env]") {
   CHECK_FALSE(parse_launch_env(lookup({})).device.has_value());
   const auto cpu = parse_launch_env(lookup({{"LOOM_DEVICE", "cpu"}})).device;

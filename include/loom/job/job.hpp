@@ -65,8 +65,22 @@ class job_core {
   [[nodiscard]] const strategy_context& context() const noexcept { return *context_; }
   [[nodiscard]] lora_layers* lora() noexcept { return lora_ ? &*lora_ : nullptr; }
 
-  // Checks the schedule the strategy derived against every other rank's.
-  void verify_schedule() const;
+  // Checks the schedule the strategy derived against every other rank's, and notes which parts of
+  // a pass communicate.
+  void verify_schedule();
+
+  // This rank is in `part` of a pass until the scope ends (its progress, for the hang check).
+  class [[nodiscard]] part_scope {
+   public:
+    part_scope(job_progress& progress, pass_part part, bool communicates, const std::string& collectives);
+    ~part_scope();
+    part_scope(const part_scope&) = delete;
+    part_scope& operator=(const part_scope&) = delete;
+
+   private:
+    job_progress& progress_;
+  };
+  [[nodiscard]] part_scope enter(pass_part part) const;
   // Inside a catch block: the exception that ended this rank's `during` becomes the job's error
   // (a peer's published failure, the ranks that are gone, or this rank's own, published).
   [[noreturn]] void fail_step(std::string_view during) const;
@@ -91,6 +105,10 @@ class job_core {
   std::string model_name_;
   std::optional<lora_layers> lora_;
   std::string plan_text_;
+  // For the forward and the backward: the schedule's entries there ("schedule entries #0-#2:
+  // all_reduce"), or nothing when the part communicates nothing.
+  std::string forward_collectives_;
+  std::string backward_collectives_;
 };
 
 }  // namespace detail
@@ -118,6 +136,7 @@ class job {
   template <class... Args>
   decltype(auto) forward(Args&&... args) {
     failpoint("step.forward");
+    const auto in_forward = core_.enter(pass_part::forward);
     try {
       engine_.before_forward(core_.context());
       std::optional<lora_layers::forward_guard> adapters;
@@ -132,6 +151,7 @@ class job {
   // Backward, and the strategy's gradient synchronisation completed.
   void backward(const at::Tensor& loss) {
     strategy_context& context = core_.context();
+    const auto in_backward = core_.enter(pass_part::backward);
     try {
       hooks::before_backward(engine_, context, loss);
       loss.backward();

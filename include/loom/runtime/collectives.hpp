@@ -2,12 +2,16 @@
 // The collectives that loom's strategies issue, over one c10d backend (Gloo or NCCL).
 // Every call is asynchronous: it returns a handle to wait on, so communication overlaps compute.
 
+#include <loom/runtime/progress.hpp>
+
 #include <ATen/core/Tensor.h>
 #include <c10/util/intrusive_ptr.h>
 #include <torch/csrc/distributed/c10d/Work.hpp>
 
 #include <chrono>
+#include <cstdint>
 #include <functional>
+#include <string>
 #include <string_view>
 
 namespace c10d {
@@ -20,10 +24,20 @@ enum class reduce_op { sum, mean };
 
 // An issued collective. wait() blocks until it is done (or the backend's timeout passes, which
 // throws), then runs its completion step, e.g. copying a padded result into the caller's tensor.
+// The wait is marked in the rank's progress, for the hang check.
+// What the hang check learns of a collective: its number in this rank's order of issue, and what
+// it is ("all_reduce Float[1]").
+struct collective_label {
+  job_progress* progress = nullptr;  // told of the wait, when set
+  std::int64_t number = 0;
+  std::string what;
+};
+
 class [[nodiscard]] pending_collective {
  public:
   pending_collective() = default;  // nothing to wait for
-  explicit pending_collective(c10::intrusive_ptr<c10d::Work> work, std::function<void()> then = {});
+  explicit pending_collective(c10::intrusive_ptr<c10d::Work> work, std::function<void()> then = {},
+                              collective_label label = {});
 
   void wait();
   [[nodiscard]] bool is_completed() const;
@@ -33,14 +47,17 @@ class [[nodiscard]] pending_collective {
  private:
   c10::intrusive_ptr<c10d::Work> work_;
   std::function<void()> then_;
+  collective_label label_;
 };
 
 class collectives {
  public:
   // Without a backend (one rank, no process group) every collective is the identity.
   // `stage_through_host`: the backend takes CPU tensors only (Gloo for ranks sharing a GPU), so a
-  // CUDA tensor is copied to the host, reduced there and copied back.
-  collectives(c10::intrusive_ptr<c10d::Backend> backend, int rank, int world_size, bool stage_through_host = false);
+  // CUDA tensor is copied to the host, reduced there and copied back. `progress`, when given, is
+  // told of every wait.
+  collectives(c10::intrusive_ptr<c10d::Backend> backend, int rank, int world_size, bool stage_through_host = false,
+              job_progress* progress = nullptr);
   ~collectives();
   collectives(const collectives&) = delete;
   collectives& operator=(const collectives&) = delete;
@@ -72,6 +89,9 @@ class collectives {
 
  private:
   pending_collective emulated_reduce_scatter(const at::Tensor& padded, at::Tensor& shard);
+  // `work`, issued now as this rank's next collective, an `op` of `tensor`.
+  pending_collective issued(c10::intrusive_ptr<c10d::Work> work, std::string_view op, const at::Tensor& tensor,
+                            std::function<void()> then = {});
   [[nodiscard]] bool staged(const at::Tensor& tensor) const noexcept { return stage_through_host_ && tensor.is_cuda(); }
   // shard_numel(numel), or std::invalid_argument when `shard` does not have that many elements.
   std::int64_t checked_shard_size(std::string_view what, std::int64_t numel, const at::Tensor& shard) const;
@@ -81,6 +101,8 @@ class collectives {
   int world_size_;
   bool stage_through_host_;
   bool emulate_reduce_scatter_ = false;
+  job_progress* progress_;
+  std::int64_t issued_ = 0;
 };
 
 }  // namespace loom

@@ -7,13 +7,17 @@
 //   LOOM_FAILPOINT_RANK=1                       only on this rank (default: every rank)
 //   LOOM_FAILPOINT_ERRNO=ENOSPC                 fail the call there with this error instead of
 //                                               dying (ENOSPC, EDQUOT or EIO: a disk that fills up)
+//   LOOM_FAILPOINT_SIGNAL=SIGSTOP               raise this signal instead of SIGKILL (SIGSTOP: a
+//                                               rank that is alive but silent, as a hung one is)
+//   LOOM_FAILPOINT_SLEEP_S=8                    sleep this long there instead, and go on (a rank
+//                                               that is merely slow)
 
 #include <string_view>
 
 namespace loom {
 
-// Dies by SIGKILL when the environment selects `name` on this rank and this is the chosen pass
-// (and names no LOOM_FAILPOINT_ERRNO).
+// Dies by SIGKILL (or raises LOOM_FAILPOINT_SIGNAL, or sleeps) when the environment selects `name`
+// on this rank and this is the chosen pass (and names no LOOM_FAILPOINT_ERRNO).
 void failpoint(std::string_view name);
 
 // The errno that the call at `name` must fail with when the environment selects `name` with

@@ -12,6 +12,10 @@
 #include <string>
 #include <string_view>
 
+namespace c10d {
+class Store;
+}
+
 namespace loom {
 
 class runtime;
@@ -31,6 +35,16 @@ class job_failure : public std::runtime_error {
 
 // The failure a rank published, as "rank R failed: ...".
 [[nodiscard]] std::optional<std::string> published_failure(const runtime& rt);
+
+// The same on a store connection of one's own (the heartbeat's); throws when the store is gone.
+[[nodiscard]] std::optional<std::string> read_published_failure(c10d::Store& store);
+// Publishes `message` as rank `rank`'s failure, unless one is published already; quiet when the
+// store is gone.
+void publish_failure(c10d::Store& store, int rank, const std::string& message);
+
+// A failure the heartbeat read in the store while this rank waited: rethrow_as_job_failure reports
+// it when the wait breaks because rank 0, which hosts the store, is gone with it.
+void remember_published_failure(std::string failure);
 
 // Rethrows `error`, which ended this rank's `during` (e.g. "backward pass"), as the job's
 // error on this rank:

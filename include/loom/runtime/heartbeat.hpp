@@ -1,16 +1,23 @@
 #pragma once
-// Each rank's sign of life, to tell a peer that died or stopped (SIGKILL, a segfault, the OOM
-// killer, SIGSTOP) from one that is only blocked in a collective: a thread bumps this rank's counter
-// in the rendezvous store every beat, on a store connection of its own, so a rank waiting on a
-// collective still beats. A rank that ends on purpose says so, so its silence is not taken for a
-// death.
+// Each rank's sign of life and place in the job, to tell a peer that died or stopped (SIGKILL, a
+// segfault, the OOM killer, SIGSTOP) from one that is only blocked in a collective, and to find
+// waits that can never end: a thread publishes this rank's beat count and progress
+// (loom/runtime/progress.hpp) in the rendezvous store every beat, on a store connection of its own,
+// so a rank waiting on a collective still beats. While this rank waits, the same thread runs the
+// hang check (loom/runtime/hang_check.hpp). A rank that ends on purpose says so, and where, so its
+// silence is not taken for a death.
+
+#include <loom/runtime/progress.hpp>
 
 #include <c10/util/intrusive_ptr.h>
 
 #include <chrono>
 #include <condition_variable>
+#include <functional>
 #include <mutex>
+#include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 namespace c10d {
@@ -19,12 +26,24 @@ class Store;
 
 namespace loom {
 
+struct peer_record;
+
 class heartbeat {
  public:
   static constexpr std::chrono::milliseconds interval{500};
+  // Five beats: a live rank, however busy, beats in that time.
+  static constexpr std::chrono::milliseconds silence = 5 * interval;
 
-  // Starts beating for `rank` on a clone of `store` (which must already hold the job's key space).
-  heartbeat(const c10::intrusive_ptr<c10d::Store>& store, int rank, int world_size);
+  // Called on the heartbeat's thread, with the beat's own store connection and the job's error
+  // (without "loom: "), when this rank's wait can never end. It should not return: the training
+  // thread is blocked in the wait.
+  using hang_handler = std::function<void(c10d::Store& store, const std::string& error)>;
+
+  // Starts beating for `rank` on a clone of `store` (which must already hold the job's key space),
+  // publishing `tracker`'s snapshots; checks for hangs once a wait has lasted `hang_check` (zero:
+  // never).
+  heartbeat(const c10::intrusive_ptr<c10d::Store>& store, int rank, int world_size, const job_progress& tracker,
+            std::chrono::milliseconds hang_check, hang_handler on_hang);
   // Stops beating and says that this rank left on purpose.
   ~heartbeat();
   heartbeat(const heartbeat&) = delete;
@@ -34,13 +53,20 @@ class heartbeat {
   // leave on purpose: they died or are stopped. Blocks for `window`; throws when the store cannot
   // be reached.
   [[nodiscard]] std::vector<int> silent_ranks(std::chrono::milliseconds window) const;
+  // The ranks other than this one that left the job on purpose, with where they were; throws when
+  // the store cannot be reached.
+  [[nodiscard]] std::vector<std::pair<int, job_position>> departed_ranks() const;
 
  private:
   void beat_until_stopped();
+  [[nodiscard]] std::vector<peer_record> read_peers(c10d::Store& store) const;
 
   c10::intrusive_ptr<c10d::Store> store_;  // this thread's own connection
   int rank_;
   int world_size_;
+  const job_progress& progress_;
+  std::chrono::milliseconds hang_check_;
+  hang_handler on_hang_;
   std::mutex mutex_;
   std::condition_variable wake_;
   bool stopping_ = false;

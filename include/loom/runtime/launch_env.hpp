@@ -33,6 +33,7 @@ class launch_error : public std::runtime_error {
 
 struct launch_env {
   static constexpr std::chrono::milliseconds default_timeout{std::chrono::seconds(300)};
+  static constexpr std::chrono::milliseconds default_hang_check{std::chrono::seconds(5)};
 
   int rank = 0;
   int local_rank = 0;
@@ -43,8 +44,11 @@ struct launch_env {
   bool agent_store = false;                             // TORCHELASTIC_USE_AGENT_STORE: every rank is a store client
   int restart_count = 0;                                // TORCHELASTIC_RESTART_COUNT: names the agent store's prefix
   std::chrono::milliseconds timeout = default_timeout;  // LOOM_TIMEOUT_S: rendezvous and collectives
-  std::optional<backend_kind> backend;                  // LOOM_BACKEND; unset: chosen by device
-  std::optional<device_request> device;                 // LOOM_DEVICE; unset: CUDA when NCCL can serve it
+  // LOOM_HANG_CHECK_S: how long a rank waits on collectives before it checks that its peers can
+  // still join it (loom/runtime/hang_check.hpp); zero turns the check off.
+  std::chrono::milliseconds hang_check = default_hang_check;
+  std::optional<backend_kind> backend;   // LOOM_BACKEND; unset: chosen by device
+  std::optional<device_request> device;  // LOOM_DEVICE; unset: CUDA when NCCL can serve it
 
   [[nodiscard]] bool is_distributed() const noexcept { return world_size > 1; }
   [[nodiscard]] bool is_launched() const noexcept { return !master_addr.empty(); }
@@ -61,7 +65,8 @@ using env_lookup = std::function<std::optional<std::string>(const char* name)>;
 [[nodiscard]] std::optional<std::string> process_env(const char* name);
 
 // Reads RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT,
-// TORCHELASTIC_USE_AGENT_STORE, TORCHELASTIC_RESTART_COUNT, LOOM_BACKEND and LOOM_TIMEOUT_S.
+// TORCHELASTIC_USE_AGENT_STORE, TORCHELASTIC_RESTART_COUNT, LOOM_BACKEND, LOOM_DEVICE, LOOM_TIMEOUT_S and
+// LOOM_HANG_CHECK_S.
 // None of the launcher's variables set means a single process. Throws launch_error.
 [[nodiscard]] launch_env parse_launch_env(const env_lookup& lookup = process_env);
 

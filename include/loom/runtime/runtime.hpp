@@ -4,12 +4,14 @@
 
 #include <loom/runtime/collectives.hpp>
 #include <loom/runtime/launch_env.hpp>
+#include <loom/runtime/progress.hpp>
 
 #include <c10/core/Device.h>
 #include <c10/util/intrusive_ptr.h>
 
 #include <chrono>
 #include <memory>
+#include <utility>
 #include <vector>
 
 namespace c10d {
@@ -39,6 +41,9 @@ class runtime {
   [[nodiscard]] const launch_env& env() const noexcept;
 
   [[nodiscard]] collectives& comm() const noexcept;
+  // Where this rank is in its job, which the heartbeat publishes for the hang check: a job marks
+  // its passes, the collectives their waits.
+  [[nodiscard]] job_progress& progress() const noexcept;
   // The world group, for c10d components such as the Reducer; null for a single process.
   [[nodiscard]] const c10::intrusive_ptr<c10d::ProcessGroup>& process_group() const noexcept;
   [[nodiscard]] const c10::intrusive_ptr<c10d::Store>& store() const noexcept;
@@ -47,6 +52,8 @@ class runtime {
   // died or are stopped (loom/runtime/heartbeat.hpp). Blocks for `window`; throws when the
   // rendezvous store is unreachable.
   [[nodiscard]] std::vector<int> silent_ranks(std::chrono::milliseconds window) const;
+  // The other ranks that left the job on purpose (their program ended), with where they were.
+  [[nodiscard]] std::vector<std::pair<int, job_position>> departed_ranks() const;
 
  private:
   struct state;

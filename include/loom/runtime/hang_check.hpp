@@ -1,0 +1,80 @@
+#pragma once
+// The hang check: a rank that has waited on collectives for LOOM_HANG_CHECK_S looks at its peers'
+// published progress (loom/runtime/progress.hpp) and stops the job when its wait can never end:
+// - a peer published a failure and, a silence later, its exit has not broken the wait; or a peer
+//   left the job (its program ended, its runtime was destroyed);
+// - a peer's heartbeat stopped: it is stopped (SIGSTOP, a debugger) or died without a word;
+// - it waits on one of loom's collectives and a peer is past that point in the job (a later
+//   ordinal) without having joined it: had the peer issued the collective, it would be complete;
+// - it and a peer both wait on their collective number n, and the two differ.
+// A peer that is merely slow (still computing, at or before this rank's point) never trips it, nor
+// does a rank that computes for a long time: only waits are checked. docs/reliability.md.
+
+#include <loom/runtime/progress.hpp>
+
+#include <chrono>
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace loom {
+
+// What ranks that part ways have done, in every error that finds it.
+inline constexpr std::string_view different_collectives =
+    "the ranks issue different collectives (a loop that runs more passes on some ranks, or a collective in a "
+    "branch that some ranks skip)";
+
+// What a rank reads of a peer in the store.
+struct peer_record {
+  int rank = 0;
+  std::optional<std::int64_t> beat;           // its heartbeat count, when it has published one
+  std::optional<progress_snapshot> progress;  // its last published progress
+  std::optional<job_position> left_at;        // set when it left the job on purpose, there
+};
+
+class hang_watch {
+ public:
+  using clock = std::chrono::steady_clock;
+
+  // `after`: how long a wait lasts before this rank looks; `silence`: how long a peer's heartbeat
+  // may stand still before it counts as stopped.
+  hang_watch(int rank, std::chrono::milliseconds after, std::chrono::milliseconds silence);
+
+  // Whether this rank has waited long enough to look at its peers.
+  [[nodiscard]] bool due(const progress_snapshot& mine) const noexcept;
+
+  // One look, at `now`, with the peers' records and the failure a rank published, if any. Returns
+  // the job's error (without "loom: ") once the same reason has held at two looks in a row on the
+  // same wait, so that a collective completing just then is not taken for a hang.
+  [[nodiscard]] std::optional<std::string> look(const progress_snapshot& mine, std::span<const peer_record> peers,
+                                                const std::optional<std::string>& published, clock::time_point now);
+
+  // This rank is not waiting (any more): forget what the looks saw.
+  void reset() noexcept;
+
+ private:
+  // Which rule found the wait hopeless, about which peer, and the error that says so.
+  struct finding {
+    enum class rule { peer_failed, peer_left, peer_past, peer_differs, peer_silent } why;
+    int peer;
+    std::string error;
+  };
+  [[nodiscard]] std::optional<finding> reason(const progress_snapshot& mine, std::span<const peer_record> peers,
+                                              const std::optional<std::string>& published, clock::time_point now) const;
+
+  struct beat_seen {
+    std::optional<std::int64_t> beat;
+    clock::time_point since;
+  };
+  int rank_;
+  std::chrono::milliseconds after_;
+  std::chrono::milliseconds silence_;
+  std::vector<beat_seen> beats_;                                    // by rank, while this rank waits
+  std::optional<clock::time_point> published_since_;                // when a look first found a published failure
+  std::optional<std::pair<progress_snapshot, finding>> suspected_;  // the wait, and what the last look found
+};
+
+}  // namespace loom

@@ -1,0 +1,95 @@
+#pragma once
+// Where this rank is in its job, for the hang check (loom/runtime/hang_check.hpp): the training
+// thread marks the parts of each pass and each wait on one of loom's collectives (a few stores under
+// an uncontended lock, nothing sent), and the heartbeat thread publishes a snapshot with every beat.
+
+#include <chrono>
+#include <cstdint>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+
+namespace loom {
+
+// A pass is one job.forward call and the job.backward that follows it; `between` is everything
+// outside them (the optimizer, a training loop's own collectives, saves, setup).
+enum class pass_part : std::uint8_t { forward, backward, between };
+
+struct job_position {
+  std::int64_t pass = 0;  // job.forward calls so far
+  pass_part part = pass_part::between;
+  // Entries into and exits from parts that communicate (a forward or backward with collectives in
+  // the schedule): ranks that issue the same collectives pass the same ordinals, even when one of
+  // them runs extra passes that communicate nothing (an evaluation on rank 0 alone under ddp()).
+  std::int64_t ordinal = 0;
+
+  // "the forward of pass 3", "the backward of pass 3", "after pass 3", "before the first pass"
+  [[nodiscard]] std::string to_string() const;
+  friend bool operator==(const job_position&, const job_position&) = default;
+};
+
+enum class wait_kind : std::uint8_t {
+  none,
+  collective,  // in the wait of one of loom's own collectives
+  part,        // in a forward or backward whose collectives the strategy waits on inside it (ddp's Reducer)
+};
+
+struct progress_snapshot {
+  job_position at;
+  wait_kind waiting = wait_kind::none;
+  std::chrono::milliseconds waited{0};
+  std::int64_t collective = 0;  // the collective waited on: its number in this rank's order of issue
+  std::string what;             // "all_reduce Float[1]", or the part's collectives
+
+  // "all_reduce Float[1] after pass 3"
+  [[nodiscard]] std::string where() const;
+  friend bool operator==(const progress_snapshot&, const progress_snapshot&) = default;
+};
+
+// The heartbeat's record in the store: its beat count and the snapshot, on one line.
+[[nodiscard]] std::string encode_progress(std::int64_t beat, const progress_snapshot& snapshot);
+// Nothing when `text` is not such a record.
+[[nodiscard]] std::optional<std::pair<std::int64_t, progress_snapshot>> decode_progress(std::string_view text);
+// A position alone, as a rank that leaves records it.
+[[nodiscard]] std::string encode_position(const job_position& at);
+[[nodiscard]] std::optional<job_position> decode_position(std::string_view text);
+
+class job_progress {
+ public:
+  using clock = std::chrono::steady_clock;
+
+  // job.forward and job.backward: `communicates` when the strategy issues collectives in this part,
+  // described by `collectives` ("the backward's all_reduce, schedule entries #0-#2").
+  void enter(pass_part part, bool communicates, std::string collectives);
+  // Back between passes, once the backward (or a forward that failed) is over.
+  void leave_part();
+
+  // A wait on collective number `number`, described by `what`, from construction to destruction.
+  class [[nodiscard]] wait_scope {
+   public:
+    wait_scope(job_progress* tracker, std::int64_t number, std::string what);
+    ~wait_scope();
+    wait_scope(const wait_scope&) = delete;
+    wait_scope& operator=(const wait_scope&) = delete;
+
+   private:
+    job_progress* tracker_;
+    std::optional<std::pair<std::int64_t, std::string>> outer_;  // a wait this one is nested in
+    clock::time_point outer_since_;
+  };
+
+  [[nodiscard]] progress_snapshot snapshot(clock::time_point now = clock::now()) const;
+
+ private:
+  mutable std::mutex mutex_;
+  job_position at_;
+  bool part_communicates_ = false;
+  std::string part_collectives_;
+  clock::time_point part_since_;
+  std::optional<std::pair<std::int64_t, std::string>> collective_;  // number and description
+  clock::time_point collective_since_;
+};
+
+}  // namespace loom

@@ -1,0 +1,99 @@
+#include <loom/runtime/hang_check.hpp>
+
+#include <fmt/format.h>
+
+namespace loom {
+namespace {
+
+double seconds(std::chrono::milliseconds span) { return static_cast<double>(span.count()) / 1000.0; }
+
+bool same_wait(const progress_snapshot& a, const progress_snapshot& b) {
+  return a.at == b.at && a.waiting == b.waiting && a.collective == b.collective && a.what == b.what;
+}
+
+}  // namespace
+
+hang_watch::hang_watch(int rank, std::chrono::milliseconds after, std::chrono::milliseconds silence)
+    : rank_(rank), after_(after), silence_(silence) {}
+
+bool hang_watch::due(const progress_snapshot& mine) const noexcept {
+  return mine.waiting != wait_kind::none && mine.waited >= after_;
+}
+
+void hang_watch::reset() noexcept {
+  beats_.clear();
+  published_since_.reset();
+  suspected_.reset();
+}
+
+std::optional<std::string> hang_watch::look(const progress_snapshot& mine, std::span<const peer_record> peers,
+                                            const std::optional<std::string>& published, clock::time_point now) {
+  for (const peer_record& peer : peers) {
+    if (peer.rank >= static_cast<int>(beats_.size())) beats_.resize(static_cast<std::size_t>(peer.rank) + 1);
+    beat_seen& seen = beats_[static_cast<std::size_t>(peer.rank)];
+    if (seen.beat != peer.beat || seen.since == clock::time_point{}) seen = {peer.beat, now};
+  }
+  if (published && !published_since_) published_since_ = now;
+  auto found = reason(mine, peers, published, now);
+  if (!found) {
+    suspected_.reset();
+    return std::nullopt;
+  }
+  if (suspected_ && same_wait(suspected_->first, mine) && suspected_->second.why == found->why &&
+      suspected_->second.peer == found->peer) {
+    return std::move(found->error);
+  }
+  suspected_.emplace(mine, std::move(*found));
+  return std::nullopt;
+}
+
+std::optional<hang_watch::finding> hang_watch::reason(const progress_snapshot& mine, std::span<const peer_record> peers,
+                                                      const std::optional<std::string>& published,
+                                                      clock::time_point now) const {
+  using enum finding::rule;
+  const std::string waited = fmt::format("it waited {:g} s in {}", seconds(mine.waited), mine.where());
+  if (published) {
+    // The failed rank's exit breaks the wait, and the error then names it: give that a silence.
+    if (now - *published_since_ < silence_) return std::nullopt;
+    return finding{peer_failed, -1, fmt::format("{}, and {}", waited, *published)};
+  }
+  for (const peer_record& peer : peers) {
+    if (peer.rank == rank_ || !peer.left_at) continue;
+    return finding{peer_left, peer.rank,
+                   fmt::format("{}, but rank {} left the job {} (its program ended, or its runtime was destroyed), so "
+                               "the wait can never end: {}",
+                               waited, peer.rank, peer.left_at->to_string(), different_collectives)};
+  }
+  if (mine.waiting == wait_kind::collective) {
+    for (const peer_record& peer : peers) {
+      if (peer.rank == rank_ || !peer.progress) continue;
+      const progress_snapshot& theirs = *peer.progress;
+      if (theirs.at.ordinal > mine.at.ordinal) {
+        return finding{peer_past, peer.rank,
+                       fmt::format("{}, but rank {} has gone on to {} without joining it: {}", waited, peer.rank,
+                                   theirs.at.to_string(), different_collectives)};
+      }
+      if (theirs.waiting == wait_kind::collective && theirs.collective == mine.collective && theirs.what != mine.what) {
+        return finding{
+            peer_differs, peer.rank,
+            fmt::format("{} (its collective #{}), but rank {}'s collective #{} is {}: {}", waited, mine.collective,
+                        peer.rank, theirs.collective, theirs.where(), different_collectives)};
+      }
+    }
+  }
+  for (const peer_record& peer : peers) {
+    if (peer.rank == rank_ || peer.rank >= static_cast<int>(beats_.size())) continue;
+    const auto still =
+        std::chrono::duration_cast<std::chrono::milliseconds>(now - beats_[static_cast<std::size_t>(peer.rank)].since);
+    if (still < silence_) continue;
+    return finding{
+        peer_silent, peer.rank,
+        fmt::format("{}, but rank {} has sent no heartbeat for {:g} s ({}): it is stopped (SIGSTOP, a "
+                    "debugger) or died without a word",
+                    waited, peer.rank, seconds(still),
+                    peer.progress ? "its last beat: " + peer.progress->where() : std::string("it never sent one"))};
+  }
+  return std::nullopt;
+}
+
+}  // namespace loom

@@ -1,0 +1,142 @@
+#include <loom/runtime/progress.hpp>
+
+#include <fmt/format.h>
+
+#include <charconv>
+#include <vector>
+
+namespace loom {
+namespace {
+
+constexpr int position_fields = 3;                      // pass, part, ordinal
+constexpr int record_fields = 1 + position_fields + 3;  // beat, the position, waiting, waited, collective
+
+// The next space-separated integer of `text`, consumed.
+std::optional<std::int64_t> next_integer(std::string_view& text) {
+  std::int64_t value = 0;
+  const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value);
+  if (error != std::errc{}) return std::nullopt;
+  text.remove_prefix(static_cast<std::size_t>(end - text.data()));
+  if (!text.empty()) {
+    if (text.front() != ' ') return std::nullopt;
+    text.remove_prefix(1);
+  }
+  return value;
+}
+
+std::optional<std::vector<std::int64_t>> integers(std::string_view& text, int count) {
+  std::vector<std::int64_t> values;
+  for (int i = 0; i < count; ++i) {
+    auto value = next_integer(text);
+    if (!value) return std::nullopt;
+    values.push_back(*value);
+  }
+  return values;
+}
+
+std::optional<job_position> position_from(const std::vector<std::int64_t>& fields, std::size_t first) {
+  const std::int64_t part = fields[first + 1];
+  if (part < 0 || part > static_cast<std::int64_t>(pass_part::between)) return std::nullopt;
+  return job_position{fields[first], static_cast<pass_part>(part), fields[first + 2]};
+}
+
+std::string position_fields_text(const job_position& at) {
+  return fmt::format("{} {} {}", at.pass, static_cast<int>(at.part), at.ordinal);
+}
+
+}  // namespace
+
+std::string job_position::to_string() const {
+  switch (part) {
+    case pass_part::forward: return fmt::format("the forward of pass {}", pass);
+    case pass_part::backward: return fmt::format("the backward of pass {}", pass);
+    case pass_part::between: break;
+  }
+  return pass == 0 ? "before the first pass" : fmt::format("after pass {}", pass);
+}
+
+std::string progress_snapshot::where() const {
+  const std::string place = at.to_string();
+  if (waiting == wait_kind::collective)
+    return fmt::format("{} {}", what, place.starts_with("the ") ? "in " + place : place);
+  if (waiting == wait_kind::part) return fmt::format("{} ({})", place, what);
+  return place;
+}
+
+std::string encode_progress(std::int64_t beat, const progress_snapshot& snapshot) {
+  return fmt::format("{} {} {} {} {} {}", beat, position_fields_text(snapshot.at), static_cast<int>(snapshot.waiting),
+                     snapshot.waited.count(), snapshot.collective, snapshot.what);
+}
+
+std::optional<std::pair<std::int64_t, progress_snapshot>> decode_progress(std::string_view text) {
+  const auto fields = integers(text, record_fields);
+  if (!fields) return std::nullopt;
+  const auto at = position_from(*fields, 1);
+  const std::int64_t waiting = (*fields)[4];
+  if (!at || waiting < 0 || waiting > static_cast<std::int64_t>(wait_kind::part)) return std::nullopt;
+  return std::pair{(*fields)[0],
+                   progress_snapshot{*at, static_cast<wait_kind>(waiting), std::chrono::milliseconds((*fields)[5]),
+                                     (*fields)[6], std::string(text)}};
+}
+
+std::string encode_position(const job_position& at) { return position_fields_text(at); }
+
+std::optional<job_position> decode_position(std::string_view text) {
+  const auto fields = integers(text, position_fields);
+  if (!fields || !text.empty()) return std::nullopt;
+  return position_from(*fields, 0);
+}
+
+void job_progress::enter(pass_part part, bool communicates, std::string collectives) {
+  std::lock_guard lock(mutex_);
+  if (part == pass_part::forward) ++at_.pass;
+  at_.part = part;
+  if (communicates) ++at_.ordinal;
+  part_communicates_ = communicates;
+  part_collectives_ = std::move(collectives);
+  part_since_ = clock::now();
+}
+
+void job_progress::leave_part() {
+  std::lock_guard lock(mutex_);
+  if (at_.part == pass_part::between) return;
+  at_.part = pass_part::between;
+  if (part_communicates_) ++at_.ordinal;
+  part_communicates_ = false;
+  part_collectives_.clear();
+}
+
+job_progress::wait_scope::wait_scope(job_progress* tracker, std::int64_t number, std::string what) : tracker_(tracker) {
+  if (tracker_ == nullptr) return;
+  std::lock_guard lock(tracker_->mutex_);
+  outer_ = std::exchange(tracker_->collective_, std::pair{number, std::move(what)});
+  outer_since_ = std::exchange(tracker_->collective_since_, clock::now());
+}
+
+job_progress::wait_scope::~wait_scope() {
+  if (tracker_ == nullptr) return;
+  std::lock_guard lock(tracker_->mutex_);
+  tracker_->collective_ = std::move(outer_);
+  tracker_->collective_since_ = outer_since_;
+}
+
+progress_snapshot job_progress::snapshot(clock::time_point now) const {
+  std::lock_guard lock(mutex_);
+  progress_snapshot snapshot{.at = at_, .waiting = wait_kind::none, .waited = {}, .collective = 0, .what = {}};
+  const auto since = [&](clock::time_point start) {
+    return std::chrono::duration_cast<std::chrono::milliseconds>(now - start);
+  };
+  if (collective_) {
+    snapshot.waiting = wait_kind::collective;
+    snapshot.waited = since(collective_since_);
+    snapshot.collective = collective_->first;
+    snapshot.what = collective_->second;
+  } else if (part_communicates_) {
+    snapshot.waiting = wait_kind::part;
+    snapshot.waited = since(part_since_);
+    snapshot.what = part_collectives_;
+  }
+  return snapshot;
+}
+
+}  // namespace loom
