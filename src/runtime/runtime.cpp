@@ -25,6 +25,8 @@
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
+#include <optional>
+#include <string>
 #include <thread>
 #include <utility>
 
@@ -158,11 +160,41 @@ bool is_loopback(const std::string& address) {
   return address == "localhost" || address.starts_with("127.") || address == "::1";
 }
 
+// The address this host reaches MASTER_ADDR from, which is where the other nodes reach it too (no
+// packet is sent: connecting a UDP socket only picks the route). Nothing when there is no route.
+std::optional<std::string> address_towards_master(const launch_env& env) {
+  addrinfo hints{};
+  hints.ai_socktype = SOCK_DGRAM;
+  addrinfo* found = nullptr;
+  if (::getaddrinfo(env.master_addr.c_str(), std::to_string(env.master_port).c_str(), &hints, &found) != 0) {
+    return std::nullopt;
+  }
+  std::optional<std::string> address;
+  const int probe = ::socket(found->ai_family, SOCK_DGRAM, 0);
+  sockaddr_storage local{};
+  socklen_t length = sizeof local;
+  if (probe >= 0 && ::connect(probe, found->ai_addr, found->ai_addrlen) == 0 &&
+      ::getsockname(probe, reinterpret_cast<sockaddr*>(&local), &length) == 0) {
+    char text[INET6_ADDRSTRLEN] = {};
+    const void* bytes = local.ss_family == AF_INET6
+                            ? static_cast<const void*>(&reinterpret_cast<sockaddr_in6*>(&local)->sin6_addr)
+                            : static_cast<const void*>(&reinterpret_cast<sockaddr_in*>(&local)->sin_addr);
+    if (::inet_ntop(local.ss_family, bytes, text, sizeof text) != nullptr) address = text;
+  }
+  if (probe >= 0) ::close(probe);
+  ::freeaddrinfo(found);
+  return address;
+}
+
+// Where this rank's Gloo listens and what it tells its peers: GLOO_SOCKET_IFNAME's interface when
+// set (as in PyTorch); else the address of the route to MASTER_ADDR, rather than what the host name
+// resolves to, which in many containers is a loopback address the other nodes cannot reach.
 std::shared_ptr<::gloo::transport::Device> gloo_device(const launch_env& env) {
   if (auto interface = process_env("GLOO_SOCKET_IFNAME")) {
     return c10d::ProcessGroupGloo::createDeviceForInterface(*interface);
   }
   if (is_loopback(env.master_addr)) return c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1");
+  if (auto address = address_towards_master(env)) return c10d::ProcessGroupGloo::createDeviceForHostname(*address);
   return c10d::ProcessGroupGloo::createDefaultDevice();
 }
 

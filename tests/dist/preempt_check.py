@@ -4,7 +4,7 @@ before the kill: every rank finishes the step under way, writes a checkpoint and
 exits 75 ("resumable") within a few seconds; the same command then resumes from that checkpoint and
 ends with the adapter an uninterrupted run writes, byte for byte.
 
-    preempt_check.py LOOM_RUN FINETUNE CONFIG RANKS
+    preempt_check.py LOOM_RUN FINETUNE CONFIG RANKS [STRATEGY]   (fsdp, as the run file says, or ddp)
 """
 from __future__ import annotations
 
@@ -17,24 +17,25 @@ import time
 from pathlib import Path
 
 
-def command(loom_run: str, finetune: str, config: str, ranks: str, out: Path) -> list[str]:
+def command(loom_run: str, finetune: str, config: str, ranks: str, out: Path, strategy: str) -> list[str]:
     return [loom_run, "--nproc-per-node", ranks, "--", finetune, "--config", config, f"--train.out={out}",
             "--train.steps=120", "--train.checkpoint_every=1000", "--train.eval_every=0", "--train.log_every=1",
-            "--train.lr.warmup_steps=5", "--train.lr.decay_steps=60", "--lora.rank=4"]
+            "--train.lr.warmup_steps=5", "--train.lr.decay_steps=60", "--lora.rank=4", f"--strategy={strategy}"]
 
 
 def main() -> int:
     loom_run, finetune, config, ranks = sys.argv[1:5]
+    strategy = sys.argv[5] if len(sys.argv) > 5 else "fsdp"
     failures = []
     with tempfile.TemporaryDirectory() as root:
         straight = Path(root) / "straight"
-        done = subprocess.run(command(loom_run, finetune, config, ranks, straight), capture_output=True, text=True)
+        done = subprocess.run(command(loom_run, finetune, config, ranks, straight, strategy), capture_output=True, text=True)
         if done.returncode != 0:
             print(done.stdout[-2000:], done.stderr[-2000:])
             return 1
         for name, number in (("SIGTERM", signal.SIGTERM), ("SIGINT", signal.SIGINT)):
             out = Path(root) / name
-            run = subprocess.Popen(command(loom_run, finetune, config, ranks, out), stdout=subprocess.PIPE,
+            run = subprocess.Popen(command(loom_run, finetune, config, ranks, out, strategy), stdout=subprocess.PIPE,
                                    stderr=subprocess.STDOUT, text=True)
             for line in run.stdout:
                 if "finetune step    10/120" in line:
@@ -52,7 +53,7 @@ def main() -> int:
             if len(saved) != 1 or saved[0] == "step-00000120":
                 failures.append(f"{name}: expected one preemption checkpoint before step 120, found {saved}")
                 continue
-            resumed = subprocess.run(command(loom_run, finetune, config, ranks, out), capture_output=True, text=True)
+            resumed = subprocess.run(command(loom_run, finetune, config, ranks, out, strategy), capture_output=True, text=True)
             step = int(saved[0].split("-")[1])
             if resumed.returncode != 0 or f"(step {step})" not in resumed.stdout:
                 failures.append(f"{name}: the relaunch did not resume from step {step}: {resumed.stdout[-800:]}"

@@ -63,9 +63,9 @@ class Nodes:
             subprocess.run(["ip", "netns", "del", name], capture_output=True)  # takes its end of the veth pair
 
     def launch(self, node: int, loom_run: str, program: list[str], **popen) -> subprocess.Popen:
-        # Gloo binds to the hostname's address unless told an interface; here that is 127.0.0.1 or an
-        # address outside the namespace, which node 1 cannot reach.
-        env = dict(os.environ, GLOO_SOCKET_IFNAME=self.links[node])
+        # No GLOO_SOCKET_IFNAME: the host name resolves to 127.0.0.1 here, and loom must pick the veth's
+        # address (the route to MASTER_ADDR) by itself.
+        env = {k: v for k, v in os.environ.items() if k != "GLOO_SOCKET_IFNAME"}
         command = ["ip", "netns", "exec", self.names[node], loom_run, "--grace-s", str(GRACE_S), "--nnodes", "2",
                    "--node-rank", str(node), "--master-addr", self.addresses[0], "--master-port", PORT,
                    "--nproc-per-node", str(RANKS_PER_NODE), "--", *program]
