@@ -30,8 +30,8 @@ std::optional<std::string> hang_watch::look(const progress_snapshot& mine, std::
                                             const std::optional<std::string>& published, clock::time_point now) {
   for (const peer_record& peer : peers) {
     if (peer.rank >= static_cast<int>(beats_.size())) beats_.resize(static_cast<std::size_t>(peer.rank) + 1);
-    beat_seen& seen = beats_[static_cast<std::size_t>(peer.rank)];
-    if (seen.beat != peer.beat || seen.since == clock::time_point{}) seen = {peer.beat, now};
+    std::optional<beat_seen>& seen = beats_[static_cast<std::size_t>(peer.rank)];
+    if (!seen || seen->beat != peer.beat) seen = beat_seen{peer.beat, now};
   }
   if (published && !published_since_) published_since_ = now;
   auto found = reason(mine, peers, published, now);
@@ -83,8 +83,9 @@ std::optional<hang_watch::finding> hang_watch::reason(const progress_snapshot& m
   }
   for (const peer_record& peer : peers) {
     if (peer.rank == rank_ || peer.rank >= static_cast<int>(beats_.size())) continue;
-    const auto still =
-        std::chrono::duration_cast<std::chrono::milliseconds>(now - beats_[static_cast<std::size_t>(peer.rank)].since);
+    const std::optional<beat_seen>& seen = beats_[static_cast<std::size_t>(peer.rank)];
+    if (!seen) continue;
+    const auto still = std::chrono::duration_cast<std::chrono::milliseconds>(now - seen->since);
     if (still < silence_) continue;
     return finding{
         peer_silent, peer.rank,

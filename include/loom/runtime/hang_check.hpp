@@ -72,7 +72,7 @@ class hang_watch {
   int rank_;
   std::chrono::milliseconds after_;
   std::chrono::milliseconds silence_;
-  std::vector<beat_seen> beats_;                                    // by rank, while this rank waits
+  std::vector<std::optional<beat_seen>> beats_;                     // by rank, while this rank waits
   std::optional<clock::time_point> published_since_;                // when a look first found a published failure
   std::optional<std::pair<progress_snapshot, finding>> suspected_;  // the wait, and what the last look found
 };
