@@ -157,7 +157,10 @@ TEST_CASE("targets match a name, its dotted ending, or a whole regex; exclude ma
 }
 
 TEST_CASE("merge folds the adapters in, unmerge takes them out", "[lora]") {
-  auto [x, y] = tokens(4);
+  // References, not a structured binding: clang before 16 (scripts/test --sanitize) cannot capture one.
+  const batch b = tokens(4);
+  const at::Tensor& x = b.x;
+  const at::Tensor& y = b.y;
   auto check = [&](auto job) {
     randomise_adapters(job.module());
     const auto unmerged = job.forward(x, y).detach();
@@ -249,8 +252,13 @@ TEST_CASE("the job trains: loss goes down with the optimizer over trainable_para
 TEST_CASE("describe() counts in one voice and spells the model's type as the plan does", "[job]") {
   auto job = loom::build(loom::model<Gpt<loom::nn::Linear>>(small) | loom::seeded(1) | loom::lora(4, {"head"}), one());
   const std::string text = job.describe();
-  CHECK_THAT(text, ContainsSubstring("model<models::BasicTinyGpt<loom::nn::Linear>>(1 arg)") &&
-                       ContainsSubstring("build: models::BasicTinyGpt<loom::nn::Linear> on 1 rank"));
+#ifdef __clang__
+  const std::string name = "models::BasicTinyGpt<>";  // clang's __PRETTY_FUNCTION__ leaves out a default argument
+#else
+  const std::string name = "models::BasicTinyGpt<loom::nn::Linear>";
+#endif
+  CHECK_THAT(text,
+             ContainsSubstring("model<" + name + ">(1 arg)") && ContainsSubstring("build: " + name + " on 1 rank"));
   CHECK_THAT(text, ContainsSubstring("on 1 rank, device cpu"));
   CHECK_THAT(text, ContainsSubstring("lora adapted 1 layer (1 on"));
   CHECK_THAT(text, ContainsSubstring("trainable (2 tensors)"));
