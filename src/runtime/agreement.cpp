@@ -50,7 +50,8 @@ std::optional<divergence> first_divergence(const runtime& rt, std::span<const st
   return std::nullopt;
 }
 
-// Every rank's `mine` under `key`, through the rendezvous store.
+// Every rank's `mine` under `key`, through the rendezvous store. Returns once every rank has read
+// them all: the caller throws next, and rank 0, which may host the store, must not end it first.
 std::vector<std::string> share_text(const runtime& rt, const std::string& key, const std::string& mine) {
   const auto& store = rt.store();
   store->set(fmt::format("{}/{}", key, rt.rank()), std::vector<std::uint8_t>(mine.begin(), mine.end()));
@@ -59,6 +60,9 @@ std::vector<std::string> share_text(const runtime& rt, const std::string& key, c
     auto bytes = store->get(fmt::format("{}/{}", key, r));
     texts.emplace_back(bytes.begin(), bytes.end());
   }
+  const std::string all_read = key + "/all-read";
+  if (store->add(key + "/read", 1) == rt.world_size()) store->set(all_read, std::vector<std::uint8_t>{1});
+  store->wait({all_read});
   return texts;
 }
 

@@ -67,17 +67,17 @@ bool is_transport_failure(const std::exception& error) {
       store_reachable = false;
     }
   }
-  // A peer that left on purpose while this rank still needed it: their collectives differ.
-  if (!departed.empty()) {
-    const auto& [peer, at] = departed.front();
-    throw job_failure(
-        fmt::format("loom: rank {}'s {} failed: rank {} left the job {} (its program ended, or its runtime was "
-                    "destroyed) while this rank still waited on it: {}",
-                    rt.rank(), during, peer, at.to_string(), different_collectives));
-  }
   // A peer may have been slower to say why than to break the transport.
   if (store_reachable) {
     if (auto published = published_failure(rt)) throw_published(rt, *published, during);
+  }
+  // From here on this rank's finding is published, for the peers that have not found it yet.
+  // A peer that left on purpose while this rank still needed it: their collectives differ.
+  if (!departed.empty()) {
+    const auto& [peer, at] = departed.front();
+    fail_job(rt, fmt::format("rank {}'s {} failed: rank {} left the job {} (its program ended, or its runtime was "
+                             "destroyed) while this rank still waited on it: {}",
+                             rt.rank(), during, peer, at.to_string(), different_collectives));
   }
   if (!store_reachable) {
     if (auto published = remembered_failure()) throw_published(rt, *published, during);
@@ -88,17 +88,19 @@ bool is_transport_failure(const std::exception& error) {
                     rt.rank(), during, host, why, transport));
   }
   if (silent.empty()) {
-    throw job_failure(fmt::format(
-        "loom: rank {}'s {} failed, though every rank is alive (each one's heartbeat advanced): the ranks may be "
-        "waiting on different collectives (docs/schedule.md). The transport reported: {}",
-        rt.rank(), during, transport));
+    fail_job(rt, fmt::format("rank {}'s {} failed, though every rank is alive (each one's heartbeat advanced): the "
+                             "ranks may be waiting on different collectives (docs/schedule.md). The transport "
+                             "reported: {}",
+                             rt.rank(), during, transport));
   }
   const bool one = silent.size() == 1;
-  throw job_failure(fmt::format(
-      "loom: rank {}'s {} failed: {} {} fell silent (no heartbeat in the rendezvous store for {:g} s): {} died or "
-      "{} stopped {}. The transport reported: {}",
-      rt.rank(), during, one ? "rank" : "ranks", fmt::join(silent, ", "), std::chrono::duration<double>(window).count(),
-      one ? "it" : "they", one ? "was" : "were", why, transport));
+  fail_job(
+      rt,
+      fmt::format(
+          "rank {}'s {} failed: {} {} fell silent (no heartbeat in the rendezvous store for {:g} s): {} died or "
+          "{} stopped {}. The transport reported: {}",
+          rt.rank(), during, one ? "rank" : "ranks", fmt::join(silent, ", "),
+          std::chrono::duration<double>(window).count(), one ? "it" : "they", one ? "was" : "were", why, transport));
 }
 
 void publish(const runtime& rt, const std::string& message) {
@@ -113,6 +115,7 @@ std::string error_text(const std::exception& error) {
 }
 
 void fail_job(const runtime& rt, const std::string& message) {
+  rt.progress().mark_failed();
   publish(rt, message);
   throw job_failure("loom: " + without_prefix(message));
 }
@@ -149,6 +152,7 @@ std::optional<std::string> published_failure(const runtime& rt) {
 }
 
 void rethrow_as_job_failure(const runtime& rt, std::exception_ptr error, std::string_view during) {
+  rt.progress().mark_failed();
   try {
     std::rethrow_exception(error);
   } catch (const job_failure&) {
@@ -185,6 +189,7 @@ void run_and_agree(const runtime& rt, std::string_view what, bool mine, const st
   }
   at::Tensor failed = at::full({1}, error ? 1 : 0, at::TensorOptions().dtype(at::kInt).device(rt.device()));
   rt.comm().all_reduce(failed).wait();
+  if (error || failed.item<int>() != 0) rt.progress().mark_failed();
   if (error) std::rethrow_exception(error);
   if (failed.item<int>() != 0) {
     throw job_failure(fmt::format("loom: {}; so {} failed on rank {} too",

@@ -44,6 +44,7 @@ heartbeat::~heartbeat() {
   }
   wake_.notify_all();
   thread_.join();
+  if (progress_.failed()) return;  // its leaving is a consequence of the failure, not the cause
   try {
     store_->set(left_key(rank_), bytes(encode_position(progress_.snapshot().at)));
   } catch (const std::exception&) {

@@ -5,7 +5,7 @@
 // (loom/runtime/progress.hpp) in the rendezvous store every beat, on a store connection of its own,
 // so a rank waiting on a collective still beats. While this rank waits, the same thread runs the
 // hang check (loom/runtime/hang_check.hpp). A rank that ends on purpose says so, and where, so its
-// silence is not taken for a death.
+// silence is not taken for a death; one whose job failed does not, so it is not taken for the cause.
 
 #include <loom/runtime/progress.hpp>
 
@@ -44,7 +44,7 @@ class heartbeat {
   // never).
   heartbeat(const c10::intrusive_ptr<c10d::Store>& store, int rank, int world_size, const job_progress& tracker,
             std::chrono::milliseconds hang_check, hang_handler on_hang);
-  // Stops beating and says that this rank left on purpose.
+  // Stops beating and, unless this rank's job failed, says that it left on purpose.
   ~heartbeat();
   heartbeat(const heartbeat&) = delete;
   heartbeat& operator=(const heartbeat&) = delete;
