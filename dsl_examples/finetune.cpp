@@ -62,8 +62,9 @@ class FineTunedGpt : public models::TinyGpt {
 int run(const options& opts) {
   // Everything from the file is checked before a process group or a model exists.
   const auto& [config, overrides] = opts.run_file;
-  const auto plan = loom::plan_from_file(loom::model<FineTunedGpt>(model_config, opts.pretrained), config, overrides);
-  const loom::train_options train_options = loom::read_train_options(config, overrides);
+  const loom::run_file file = loom::read_run_file(config, overrides);
+  const auto plan = loom::plan_from_file(loom::model<FineTunedGpt>(model_config, opts.pretrained), file);
+  const loom::train_options& train_options = file.train;
   const at::Tensor text = text_data::load_tokens({opts.text});
   const std::int64_t split = text.numel() * 9 / 10;
 

@@ -312,8 +312,9 @@ bool adapt(Job& job, bool has_adapters, const loom::train_options& train_options
 // its loop's options, with train.out defaulting to --out/adapt.
 auto adapt_plan_from_file(const options& opts, const fs::path& weights) {
   const auto& [config, overrides] = opts.adapt_config;
-  auto plan = loom::plan_from_file(loom::model<PretrainedTinyGpt>(model_config, weights), config, overrides);
-  loom::train_options train_options = loom::read_train_options(config, overrides);
+  const loom::run_file file = loom::read_run_file(config, overrides);
+  auto plan = loom::plan_from_file(loom::model<PretrainedTinyGpt>(model_config, weights), file);
+  loom::train_options train_options = file.train;
   if (train_options.out.empty()) train_options.out = fs::path(opts.out) / "adapt";
   if (train_options.name.empty()) train_options.name = "adapt";
   return std::pair{std::move(plan), std::move(train_options)};

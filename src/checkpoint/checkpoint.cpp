@@ -28,6 +28,7 @@
 #include <regex>
 #include <set>
 #include <sstream>
+#include <type_traits>
 
 namespace loom {
 namespace {
@@ -108,6 +109,176 @@ std::string described(const json& value) {
   throw checkpoint_error(fmt::format("loom: the checkpoint '{}' cannot be resumed: {}", checkpoint.string(), problem));
 }
 
+// The kinds of value a manifest's field holds, for the writer and the reader.
+struct count_field {  // a whole number in [min, max], which JSON reads as unsigned
+  std::uint64_t min;
+  std::uint64_t max;
+  const char* kind;
+};
+struct flag_field {};
+struct choice_field {  // true is `yes`, false is `no`
+  const char* yes;
+  const char* no;
+};
+struct text_field {};
+struct json_field {};  // JSON of the caller's, kept as its text
+
+// The manifest's fields, each once: its key, its member of checkpoint_manifest and its kind. The
+// writer and the reader both walk this list ("format" and "files" are the file's own, not the
+// struct's).
+template <class Manifest, class Visit>
+void for_each_manifest_field(Manifest& manifest, Visit&& visit) {
+  visit("step", manifest.step,
+        count_field{0, static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max()), "a step number"});
+  visit("world_size", manifest.world_size,
+        count_field{1, static_cast<std::uint64_t>(std::numeric_limits<int>::max()), "a number of ranks"});
+  visit("sharded", manifest.sharded, flag_field{});
+  visit("parameters", manifest.all_parameters, choice_field{"all", "trainable"});
+  visit("plan", manifest.plan, text_field{});
+  visit("describe", manifest.describe, text_field{});
+  visit("schedule_fingerprint", manifest.schedule_fingerprint, text_field{});
+  visit("libtorch", manifest.libtorch, text_field{});
+  visit("loom", manifest.loom, text_field{});
+  visit("user_state", manifest.user_state, json_field{});
+}
+
+json manifest_json(const checkpoint_manifest& manifest, const json& files) {
+  json out = {{"format", format_name}};
+  for_each_manifest_field(manifest, [&](const char* key, const auto& value, const auto& kind) {
+    using kind_type = std::remove_cvref_t<decltype(kind)>;
+    if constexpr (std::is_same_v<kind_type, choice_field>) {
+      out[key] = value ? kind.yes : kind.no;
+    } else if constexpr (std::is_same_v<kind_type, json_field>) {
+      out[key] = json::parse(value);
+    } else {
+      out[key] = value;
+    }
+  });
+  out["files"] = files;
+  return out;
+}
+
+// The fields of a manifest's JSON, each checked against its kind.
+checkpoint_manifest manifest_fields(const fs::path& path, const json& manifest) {
+  const auto at = [&](const char* key) -> const json& {
+    const auto found = manifest.find(key);
+    if (found == manifest.end()) unusable(path, fmt::format("its manifest has no {}", key));
+    return *found;
+  };
+  const auto wrong = [&](const char* key, const std::string& kind) {
+    unusable(path, fmt::format("its manifest's {} is {}, not {}", key, described(at(key)), kind));
+  };
+  checkpoint_manifest read;
+  for_each_manifest_field(read, [&](const char* key, auto& value, const auto& kind) {
+    using kind_type = std::remove_cvref_t<decltype(kind)>;
+    const json& field = at(key);
+    if constexpr (std::is_same_v<kind_type, count_field>) {
+      if (!field.is_number_unsigned() || field.get<std::uint64_t>() < kind.min ||
+          field.get<std::uint64_t>() > kind.max) {
+        wrong(key, kind.kind);
+      }
+      value = static_cast<std::remove_cvref_t<decltype(value)>>(field.get<std::uint64_t>());
+    } else if constexpr (std::is_same_v<kind_type, flag_field>) {
+      if (!field.is_boolean()) wrong(key, "true or false");
+      value = field.get<bool>();
+    } else if constexpr (std::is_same_v<kind_type, choice_field>) {
+      if (field != kind.yes && field != kind.no) wrong(key, fmt::format(R"("{}" or "{}")", kind.yes, kind.no));
+      value = field == kind.yes;
+    } else if constexpr (std::is_same_v<kind_type, text_field>) {
+      if (!field.is_string()) wrong(key, "a string");
+      value = field.get<std::string>();
+    } else {
+      value = field.dump();
+    }
+  });
+  return read;
+}
+
+// One file a rank, each there and of the size the manifest's "files" records.
+void check_rank_files(const fs::path& path, const json& manifest, int world_size) {
+  const auto listed = manifest.find("files");
+  if (listed == manifest.end()) unusable(path, "its manifest has no files");
+  const json& files = *listed;
+  if (!files.is_object()) unusable(path, fmt::format("its manifest's files is {}, not an object", described(files)));
+  if (files.size() != static_cast<std::size_t>(world_size)) {
+    unusable(path, fmt::format("its manifest lists {} for its world_size of {}",
+                               counted(static_cast<std::int64_t>(files.size()), "file"), world_size));
+  }
+  for (int rank = 0; rank < world_size; ++rank) {
+    const std::string file = rank_file(rank).string();
+    const auto size = files.find(file);
+    if (size == files.end()) unusable(path, fmt::format("its manifest lists no file '{}' for rank {}", file, rank));
+    if (!size->is_number_unsigned()) {
+      unusable(path,
+               fmt::format("its manifest gives the size of '{}' as {}, not a number of bytes", file, described(*size)));
+    }
+    std::error_code error;
+    const auto actual = fs::file_size(path / file, error);
+    if (error) unusable(path, fmt::format("its file '{}' is missing", file));
+    if (actual != size->get<std::uintmax_t>()) {
+      unusable(path, fmt::format("its file '{}' is {} bytes, the manifest says {}: truncated or overwritten", file,
+                                 actual, size->get<std::uintmax_t>()));
+    }
+  }
+}
+
+// The caller's state, which must be JSON.
+void require_json(const std::string& user_state) {
+  try {
+    [[maybe_unused]] const json parsed = json::parse(user_state);
+  } catch (const json::exception& error) {
+    throw std::invalid_argument(fmt::format("loom: checkpoint user_state is not JSON ({})", error.what()));
+  }
+}
+
+// What this rank writes: its share of the model (the trainable parameters and buffers, or all of
+// them) and the optimizer's state when it holds a share of the model, and its generators always.
+std::vector<named_tensor> rank_file_tensors(const runtime& rt, const checkpoint_target& target,
+                                            torch::optim::Optimizer& optimizer, bool all_parameters) {
+  std::vector<named_tensor> tensors;
+  if (target.sharded || rt.rank() == 0) {
+    const std::set<std::string> frozen(target.frozen_names.begin(), target.frozen_names.end());
+    for (const named_tensor& t : target.state()) {
+      if (all_parameters || !frozen.contains(t.name)) tensors.push_back({std::string(model_prefix) + t.name, t.tensor});
+    }
+    tensors.push_back({optimizer_key, bytes_tensor(optimizer_bytes(optimizer))});
+  }
+  for (auto& [device, generator] : generators(rt)) {
+    const std::lock_guard<std::mutex> lock(generator.mutex());
+    tensors.push_back({std::string(rng_prefix) + device, generator.get_state()});
+  }
+  return tensors;
+}
+
+// The manifest, written last into `partial`, which then becomes `final_path`: the checkpoint is
+// complete once the rename is on disk.
+void commit_checkpoint(const fs::path& partial, const fs::path& final_path, const checkpoint_manifest& manifest) {
+  json files = json::object();
+  for (int rank = 0; rank < manifest.world_size; ++rank) {
+    files[rank_file(rank).string()] = fs::file_size(partial / rank_file(rank));
+  }
+  const std::string text = manifest_json(manifest, files).dump(2) + "\n";
+  failpoint("checkpoint.before-manifest");
+  atomic_file out(partial / manifest_file);
+  out.write(text.data(), text.size());
+  out.commit();
+  failpoint("checkpoint.after-manifest");
+  fs::remove_all(final_path);  // a checkpoint of the same step, from a run that is being redone
+  fs::rename(partial, final_path);
+  sync_directory(final_path.parent_path());
+  failpoint("checkpoint.after-rename");
+}
+
+// Keeps the newest `keep` complete checkpoints in `folder`.
+void remove_old_checkpoints(const fs::path& folder, int keep) {
+  std::vector<std::pair<std::int64_t, fs::path>> complete;
+  for (const auto& entry : fs::directory_iterator(folder)) {
+    if (const auto s = step_of(entry.path(), false)) complete.emplace_back(*s, entry.path());
+  }
+  std::sort(complete.begin(), complete.end());
+  for (std::size_t i = 0; i + static_cast<std::size_t>(keep) < complete.size(); ++i) fs::remove_all(complete[i].second);
+}
+
 }  // namespace
 
 checkpointer::checkpointer(const runtime& rt, checkpoint_options options) : rt_(rt), options_(std::move(options)) {
@@ -141,12 +312,7 @@ std::optional<fs::path> checkpointer::latest() const {
 
 void checkpointer::save(const checkpoint_target& target, torch::optim::Optimizer& optimizer, std::int64_t step,
                         const std::string& user_state) {
-  json user;
-  try {
-    user = json::parse(user_state);
-  } catch (const json::exception& error) {
-    throw std::invalid_argument(fmt::format("loom: checkpoint user_state is not JSON ({})", error.what()));
-  }
+  require_json(user_state);
   const fs::path final_path = options_.folder / fmt::format("step-{:08}", step);
   const fs::path partial = fs::path(final_path.string() + ".tmp");
   run_on_rank_zero(rt_, "starting the checkpoint", [&] {
@@ -154,65 +320,25 @@ void checkpointer::save(const checkpoint_target& target, torch::optim::Optimizer
     fs::create_directories(partial);
     sync_directory(options_.folder);
   });
-
-  // Every rank's own file: its share of the model and optimizer, and its generator.
-  const bool writes_model = target.sharded || rt_.rank() == 0;
-  std::vector<named_tensor> tensors;
-  if (writes_model) {
-    const std::set<std::string> frozen(target.frozen_names.begin(), target.frozen_names.end());
-    for (const named_tensor& t : target.state()) {
-      if (options_.all_parameters || !frozen.contains(t.name)) {
-        tensors.push_back({std::string(model_prefix) + t.name, t.tensor});
-      }
-    }
-    tensors.push_back({optimizer_key, bytes_tensor(optimizer_bytes(optimizer))});
-  }
-  for (auto& [device, generator] : generators(rt_)) {
-    const std::lock_guard<std::mutex> lock(generator.mutex());
-    tensors.push_back({std::string(rng_prefix) + device, generator.get_state()});
-  }
+  const std::vector<named_tensor> tensors = rank_file_tensors(rt_, target, optimizer, options_.all_parameters);
   run_on_every_rank(rt_, "writing the checkpoint", [&] {
     failpoint("checkpoint.before-shard");
     save_safetensors(partial / rank_file(rt_.rank()), tensors, {{"step", std::to_string(step)}});
     failpoint("checkpoint.after-shard");
   });
-
+  const checkpoint_manifest manifest{.step = step,
+                                     .world_size = rt_.world_size(),
+                                     .sharded = target.sharded,
+                                     .all_parameters = options_.all_parameters,
+                                     .plan = target.plan,
+                                     .describe = target.describe,
+                                     .schedule_fingerprint = fmt::format("{:016x}", target.schedule_fingerprint),
+                                     .libtorch = TORCH_VERSION,
+                                     .loom = LOOM_VERSION,
+                                     .user_state = user_state};
   run_on_rank_zero(rt_, "finishing the checkpoint", [&] {
-    json files = json::object();
-    for (int rank = 0; rank < rt_.world_size(); ++rank) {
-      files[rank_file(rank).string()] = fs::file_size(partial / rank_file(rank));
-    }
-    const json manifest = {{"format", format_name},
-                           {"step", step},
-                           {"world_size", rt_.world_size()},
-                           {"sharded", target.sharded},
-                           {"parameters", options_.all_parameters ? "all" : "trainable"},
-                           {"plan", target.plan},
-                           {"describe", target.describe},
-                           {"schedule_fingerprint", fmt::format("{:016x}", target.schedule_fingerprint)},
-                           {"libtorch", TORCH_VERSION},
-                           {"loom", LOOM_VERSION},
-                           {"user_state", user},
-                           {"files", files}};
-    const std::string text = manifest.dump(2) + "\n";
-    failpoint("checkpoint.before-manifest");
-    atomic_file out(partial / manifest_file);
-    out.write(text.data(), text.size());
-    out.commit();
-    failpoint("checkpoint.after-manifest");
-    fs::remove_all(final_path);  // a checkpoint of the same step, from a run that is being redone
-    fs::rename(partial, final_path);
-    sync_directory(options_.folder);
-    failpoint("checkpoint.after-rename");
-
-    std::vector<std::pair<std::int64_t, fs::path>> complete;
-    for (const auto& entry : fs::directory_iterator(options_.folder)) {
-      if (const auto s = step_of(entry.path(), false)) complete.emplace_back(*s, entry.path());
-    }
-    std::sort(complete.begin(), complete.end());
-    for (std::size_t i = 0; i + static_cast<std::size_t>(options_.keep) < complete.size(); ++i) {
-      fs::remove_all(complete[i].second);
-    }
+    commit_checkpoint(partial, final_path, manifest);
+    remove_old_checkpoints(options_.folder, options_.keep);
   });
 }
 
@@ -249,66 +375,8 @@ checkpoint_manifest read_checkpoint_manifest(const fs::path& path) {
   if (!manifest.is_object()) unusable(path, fmt::format("its {} is not a JSON object", manifest_file));
   const auto format = manifest.find("format");
   if (format == manifest.end() || *format != format_name) unusable(path, "its manifest is not a loom checkpoint's");
-  // The manifest's value for `key`, and the refusal of one that is not `kind`.
-  const auto at = [&](const char* key) -> const json& {
-    const auto found = manifest.find(key);
-    if (found == manifest.end()) unusable(path, fmt::format("its manifest has no {}", key));
-    return *found;
-  };
-  const auto wrong = [&](const char* key, const char* kind) {
-    unusable(path, fmt::format("its manifest's {} is {}, not {}", key, described(at(key)), kind));
-  };
-  const auto text = [&](const char* key) {
-    if (!at(key).is_string()) wrong(key, "a string");
-    return at(key).get<std::string>();
-  };
-  // A non-negative integer up to `max`, which JSON reads as unsigned.
-  const auto count = [&](const char* key, std::uint64_t min, std::uint64_t max, const char* kind) {
-    const json& value = at(key);
-    if (!value.is_number_unsigned() || value.get<std::uint64_t>() < min || value.get<std::uint64_t>() > max) {
-      wrong(key, kind);
-    }
-    return value.get<std::uint64_t>();
-  };
-  checkpoint_manifest read;
-  read.step = static_cast<std::int64_t>(
-      count("step", 0, static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max()), "a step number"));
-  read.world_size = static_cast<int>(
-      count("world_size", 1, static_cast<std::uint64_t>(std::numeric_limits<int>::max()), "a number of ranks"));
-  if (!at("sharded").is_boolean()) wrong("sharded", "true or false");
-  read.sharded = at("sharded").get<bool>();
-  if (at("parameters") != "all" && at("parameters") != "trainable") wrong("parameters", R"("all" or "trainable")");
-  read.all_parameters = at("parameters") == "all";
-  read.plan = text("plan");
-  read.describe = text("describe");
-  read.schedule_fingerprint = text("schedule_fingerprint");
-  read.libtorch = text("libtorch");
-  read.loom = text("loom");
-  read.user_state = at("user_state").dump();
-
-  // One file a rank, each there and of the size recorded.
-  const json& files = at("files");
-  if (!files.is_object()) wrong("files", "an object");
-  if (files.size() != static_cast<std::size_t>(read.world_size)) {
-    unusable(path, fmt::format("its manifest lists {} for its world_size of {}",
-                               counted(static_cast<std::int64_t>(files.size()), "file"), read.world_size));
-  }
-  for (int rank = 0; rank < read.world_size; ++rank) {
-    const std::string file = rank_file(rank).string();
-    const auto size = files.find(file);
-    if (size == files.end()) unusable(path, fmt::format("its manifest lists no file '{}' for rank {}", file, rank));
-    if (!size->is_number_unsigned()) {
-      unusable(path,
-               fmt::format("its manifest gives the size of '{}' as {}, not a number of bytes", file, described(*size)));
-    }
-    std::error_code error;
-    const auto actual = fs::file_size(path / file, error);
-    if (error) unusable(path, fmt::format("its file '{}' is missing", file));
-    if (actual != size->get<std::uintmax_t>()) {
-      unusable(path, fmt::format("its file '{}' is {} bytes, the manifest says {}: truncated or overwritten", file,
-                                 actual, size->get<std::uintmax_t>()));
-    }
-  }
+  checkpoint_manifest read = manifest_fields(path, manifest);
+  check_rank_files(path, manifest, read.world_size);
   return read;
 }
 
@@ -335,16 +403,30 @@ resume_point checkpointer::load(const fs::path& path, const checkpoint_target& t
   } else {
     sources.push_back(target.sharded ? rt_.rank() : 0);
   }
+  // Each file read once; the generators come from this rank's own (below), which may be one of them.
+  const int own_source = rt_.rank() % saved_world;
   std::vector<tensor_state> models;
   std::vector<at::Tensor> optimizers;
+  std::vector<named_tensor> own_generators;
+  const auto take_generators = [&](std::vector<named_tensor>& tensors) {
+    for (named_tensor& t : tensors) {
+      if (t.name.starts_with(rng_prefix)) own_generators.push_back(std::move(t));
+    }
+  };
   for (int rank : sources) {
     const std::string file = rank_file(rank).string();
+    std::vector<named_tensor> tensors = load_safetensors(path / file).tensors;
     tensor_state& model = models.emplace_back();
-    for (named_tensor& t : load_safetensors(path / file).tensors) {
+    for (named_tensor& t : tensors) {
       if (t.name.starts_with(model_prefix)) model.push_back({t.name.substr(model_prefix.size()), std::move(t.tensor)});
       if (t.name == optimizer_key) optimizers.push_back(std::move(t.tensor));
     }
     if (optimizers.size() != models.size()) bad(fmt::format("its file '{}' holds no optimizer state", file));
+    if (rank == own_source) take_generators(tensors);
+  }
+  if (std::find(sources.begin(), sources.end(), own_source) == sources.end()) {
+    std::vector<named_tensor> tensors = load_safetensors(path / rank_file(own_source)).tensors;
+    take_generators(tensors);
   }
   const std::string described = resharding ? fmt::format("the files of its {} ranks", saved_world)
                                            : fmt::format("its file '{}'", rank_file(sources.front()).string());
@@ -366,12 +448,11 @@ resume_point checkpointer::load(const fs::path& path, const checkpoint_target& t
 
   // The generators: this rank's own; over another number of ranks, those of the old rank of its
   // number modulo theirs (dropout then draws other numbers than a run that was never resharded).
-  const safetensors_content own = load_safetensors(path / rank_file(rt_.rank() % saved_world));
   for (auto& [device, generator] : generators(rt_)) {
     const std::string key = std::string(rng_prefix) + device;  // clang before 16 captures no structured binding
-    const auto saved =
-        std::find_if(own.tensors.begin(), own.tensors.end(), [&](const named_tensor& t) { return t.name == key; });
-    if (saved == own.tensors.end()) bad(fmt::format("it holds no state of the {} generator", device));
+    const auto saved = std::find_if(own_generators.begin(), own_generators.end(),
+                                    [&](const named_tensor& t) { return t.name == key; });
+    if (saved == own_generators.end()) bad(fmt::format("it holds no state of the {} generator", device));
     const std::lock_guard<std::mutex> lock(generator.mutex());
     generator.set_state(saved->tensor);
   }

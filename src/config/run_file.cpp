@@ -1,5 +1,7 @@
 #include <loom/config/run_file.hpp>
 
+#include <loom/dsl/run_plan.hpp>
+
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 #include <toml++/toml.h>
@@ -14,6 +16,9 @@
 #include <optional>
 #include <sstream>
 #include <string_view>
+#include <tuple>
+#include <type_traits>
+#include <variant>
 #include <vector>
 
 namespace loom {
@@ -21,21 +26,34 @@ namespace {
 
 using json = nlohmann::ordered_json;
 
-// The keys each stage takes, for the messages.
-const std::map<std::string, std::vector<std::string>>& accepted_keys() {
-  static const std::map<std::string, std::vector<std::string>> keys{
-      {"lora", {"rank", "alpha", "dropout", "targets", "patterns", "exclude"}},
-      {"ddp",
-       {"name", "bucket_cap_mb", "broadcast_buffers", "find_unused_parameters", "gradient_as_bucket_view",
-        "static_graph"}},
-      {"fsdp", {"name", "reshard_after_forward", "bucket_cap_mb"}},
-      {"local", {"name"}},
-  };
-  return keys;
-}
+const std::vector<std::string> lora_keys{"rank", "alpha", "dropout", "targets", "patterns", "exclude"};
 
 constexpr std::string_view stage_names = "seeded, lora, trainable, strategy";
-constexpr std::string_view strategy_names = "local, ddp, fsdp";
+
+// Calls each(std::type_identity<S>{}) for each strategy stage S a run file can name (run_strategy's).
+template <class F>
+void for_each_strategy(F&& each) {
+  [&]<class... S>(std::type_identity<std::variant<S...>>) {
+    (each(std::type_identity<S>{}), ...);
+  }(std::type_identity<run_strategy>{});
+}
+
+// "local, ddp, fsdp"
+std::string strategy_names() {
+  std::vector<std::string_view> names;
+  for_each_strategy([&]<class S>(std::type_identity<S>) { names.push_back(S::name); });
+  return fmt::format("{}", fmt::join(names, ", "));
+}
+
+// The keys of a strategy's object: its name, and the fields its options struct describes.
+template <class Stage>
+std::vector<std::string> strategy_keys() {
+  std::vector<std::string> keys{"name"};
+  if constexpr (requires { typename Stage::options_type; }) {
+    std::apply([&](const auto&... field) { (keys.emplace_back(field.name), ...); }, Stage::options_type::fields());
+  }
+  return keys;
+}
 
 // Where each key of a run file was written: "lora.rank", "strategy.name", "train.lr.peak", "plan[2]"
 // (a stage's keys are named after the stage, as the messages name them).
@@ -135,49 +153,32 @@ class reader {
     }
   }
 
-  // "lora.rank=16": the value is JSON when it parses as JSON, a string otherwise.
-  void apply_override(json& stages, const std::string& text) {
-    const auto equals = text.find('=');
-    if (equals == std::string::npos || equals == 0) {
-      fail(text, "an override is KEY=VALUE, for example lora.rank=16 or strategy=fsdp");
+  // Applies each override, in order, to the file's tree: "train.<key>=value" to its "train" object,
+  // the others to its "plan" list ("lora.rank=16", "strategy=fsdp", "seeded=7"). The value is JSON
+  // when it parses as JSON, a string otherwise.
+  void apply_overrides(json& root, std::span<const std::string> overrides) {
+    check_top_level(root);
+    for (const std::string& text : overrides) {
+      const auto equals = text.find('=');
+      if (equals == std::string::npos || equals == 0) {
+        fail(text, "an override is KEY=VALUE, for example lora.rank=16, strategy=fsdp or train.steps=100");
+      }
+      const std::string key = text.substr(0, equals);
+      const std::string raw = text.substr(equals + 1);
+      forget_line(key);
+      json value = json::parse(raw, nullptr, /*allow_exceptions=*/false);
+      if (value.is_discarded()) value = raw;
+      if (key.starts_with("train.")) {
+        set_training_key(root, key, std::move(value));
+      } else {
+        set_stage_key(root, key, std::move(value));
+      }
     }
-    const std::string key = text.substr(0, equals);
-    const std::string raw = text.substr(equals + 1);
-    forget_line(key);
-    json value = json::parse(raw, nullptr, /*allow_exceptions=*/false);
-    if (value.is_discarded()) value = raw;
-    const auto dot = key.find('.');
-    const std::string stage = key.substr(0, dot);
-    json* entry = nullptr;
-    for (json& each : stages) {
-      if (each.is_object() && each.contains(stage)) entry = &each[stage];
-    }
-    if (entry == nullptr) {
-      if (dot != std::string::npos) fail(key, fmt::format("the run file has no {} stage to set it in", stage));
-      stages.push_back(json{{stage, value}});
-      return;
-    }
-    if (dot == std::string::npos) {
-      // strategy=fsdp names another strategy: its options start from the defaults.
-      *entry = value;
-      return;
-    }
-    if (entry->is_string()) *entry = json{{"name", *entry}};  // "strategy": "ddp" gains options
-    if (!entry->is_object()) fail(key, fmt::format("{} is not an object in the run file", stage));
-    (*entry)[key.substr(dot + 1)] = value;
   }
 
-  // The overrides that start with "train." go to the loop's options, the others to the stages.
-  static bool for_training(const std::string& text) { return text.starts_with("train."); }
-
-  run_stages stages(const json& root, std::span<const std::string> overrides) {
-    check_top_level(root);
-    json list = root.contains("plan") ? root["plan"] : json::array();
-    if (!list.is_array()) fail("plan", "give a list of stages, each {\"name\": value}");
-    for (const std::string& text : overrides) {
-      if (!for_training(text)) apply_override(list, text);
-    }
-
+  run_stages stages(const json& root) const {
+    const json list = root.contains("plan") ? root["plan"] : json::array();
+    check_plan(list);
     run_stages result;
     for (std::size_t i = 0; i < list.size(); ++i) {
       const json& entry = list[i];
@@ -220,9 +221,9 @@ class reader {
     return list;
   }
 
-  // `stage`'s keys in `value`, named as `prefix`.key in the message.
-  void require_keys(const std::string& stage, const json& value, const std::string& prefix) const {
-    const std::vector<std::string>& keys = accepted_keys().at(stage);
+  // The keys of `value` are all `stage`'s, named as `prefix`.key in the message.
+  void require_keys(std::string_view stage, const std::vector<std::string>& keys, const json& value,
+                    const std::string& prefix) const {
     for (const auto& [key, ignored] : value.items()) {
       if (std::find(keys.begin(), keys.end(), key) == keys.end()) {
         fail(prefix + "." + key, fmt::format("unknown key; {} takes {}", stage, fmt::join(keys, ", ")));
@@ -235,6 +236,7 @@ class reader {
     if (!value.is_number() || (whole && !value.is_number_integer())) {
       fail(key, whole ? "give a whole number" : "give a number");
     }
+    if (std::is_unsigned_v<T> && !value.is_number_unsigned()) fail(key, "give a whole number, 0 or more");
     return value.get<T>();
   }
 
@@ -245,7 +247,7 @@ class reader {
 
   lora_stage lora(const json& value) const {
     if (!value.is_object()) fail("lora", "give {\"rank\": 8, \"targets\": [\"q_proj\", \"v_proj\"], ...}");
-    require_keys("lora", value, "lora");
+    require_keys("lora", lora_keys, value, "lora");
     if (!value.contains("rank")) fail("lora.rank", "missing; give the adapters' rank, e.g. 8");
     lora_options options;
     if (value.contains("alpha")) options.alpha = number<double>("lora.alpha", value["alpha"], false);
@@ -268,41 +270,102 @@ class reader {
     } else if (value.is_object() && value.contains("name") && value["name"].is_string()) {
       name = value["name"].get<std::string>();
     } else {
-      fail("strategy", fmt::format("give a name ({}) or {{\"name\": \"ddp\", options...}}", strategy_names));
+      fail("strategy", fmt::format("give a name ({}) or {{\"name\": \"ddp\", options...}}", strategy_names()));
     }
     // Spelled as people spell them: "DDP", "ddp", "FSDP", "fsdp".
     std::transform(name.begin(), name.end(), name.begin(), [](unsigned char c) { return std::tolower(c); });
-    if (!accepted_keys().contains(name) || name == "lora") {
-      fail("strategy", fmt::format("unknown strategy '{}'; the strategies are {}", name, strategy_names));
-    }
     const json options = value.is_object() ? value : json::object();
-    require_keys(name, options, "strategy");
-    const auto key = [&](const char* field) { return "strategy." + std::string(field); };
-    if (name == "ddp") {
-      ddp_options o;
-      if (options.contains("bucket_cap_mb"))
-        o.bucket_cap_mb = number<std::size_t>(key("bucket_cap_mb"), options["bucket_cap_mb"], true);
-      if (options.contains("broadcast_buffers"))
-        o.broadcast_buffers = boolean(key("broadcast_buffers"), options["broadcast_buffers"]);
-      if (options.contains("find_unused_parameters")) {
-        o.find_unused_parameters = boolean(key("find_unused_parameters"), options["find_unused_parameters"]);
-      }
-      if (options.contains("gradient_as_bucket_view")) {
-        o.gradient_as_bucket_view = boolean(key("gradient_as_bucket_view"), options["gradient_as_bucket_view"]);
-      }
-      if (options.contains("static_graph")) o.static_graph = boolean(key("static_graph"), options["static_graph"]);
-      return ddp(o);
+    const std::optional<run_strategy> chosen = strategy_named(std::type_identity<run_strategy>{}, name, options);
+    if (!chosen) fail("strategy", fmt::format("unknown strategy '{}'; the strategies are {}", name, strategy_names()));
+    return *chosen;
+  }
+
+  // The strategy among `Stages` called `name`, with `options`; none when no stage has that name.
+  template <class... Stages>
+  std::optional<run_strategy> strategy_named(std::type_identity<std::variant<Stages...>>, const std::string& name,
+                                             const json& options) const {
+    std::optional<run_strategy> chosen;
+    ((Stages::name == name ? (void)(chosen = strategy_from<Stages>(name, options)) : void()), ...);
+    return chosen;
+  }
+
+  template <class Stage>
+  Stage strategy_from(const std::string& name, const json& options) const {
+    require_keys(name, strategy_keys<Stage>(), options, "strategy");
+    if constexpr (requires { typename Stage::options_type; }) {
+      return Stage(fields<typename Stage::options_type>(options, "strategy"));
+    } else {
+      return Stage{};
     }
-    if (name == "fsdp") {
-      fsdp_options o;
-      if (options.contains("reshard_after_forward")) {
-        o.reshard_after_forward = boolean(key("reshard_after_forward"), options["reshard_after_forward"]);
-      }
-      if (options.contains("bucket_cap_mb"))
-        o.bucket_cap_mb = number<std::size_t>(key("bucket_cap_mb"), options["bucket_cap_mb"], true);
-      return fsdp(o);
+  }
+
+  // An options struct from the keys of `object` that name its fields (the others keep their defaults).
+  template <class Options>
+  Options fields(const json& object, const std::string& prefix) const {
+    Options options;
+    std::apply([&](const auto&... field) { (read_field(options.*field.member, field.name, object, prefix), ...); },
+               Options::fields());
+    return options;
+  }
+
+  template <class T>
+  void read_field(T& target, std::string_view name, const json& object, const std::string& prefix) const {
+    const std::string key(name);
+    if (!object.contains(key)) return;
+    const std::string where = prefix + "." + key;
+    if constexpr (std::is_same_v<T, bool>) {
+      target = boolean(where, object[key]);
+    } else {
+      target = number<T>(where, object[key], std::is_integral_v<T>);
     }
-    return local();
+  }
+
+  // An override of a stage's key: "lora.rank" sets a key of the file's lora stage, "strategy=fsdp" or
+  // "seeded=7" replaces the stage (or adds it).
+  void set_stage_key(json& root, const std::string& key, json value) const {
+    json& stages = root["plan"];
+    if (stages.is_null()) stages = json::array();
+    check_plan(stages);
+    const auto dot = key.find('.');
+    const std::string stage = key.substr(0, dot);
+    json* entry = nullptr;
+    for (json& each : stages) {
+      if (each.is_object() && each.contains(stage)) entry = &each[stage];
+    }
+    if (entry == nullptr) {
+      if (dot != std::string::npos) fail(key, fmt::format("the run file has no {} stage to set it in", stage));
+      stages.push_back(json{{stage, std::move(value)}});
+      return;
+    }
+    if (dot == std::string::npos) {
+      // strategy=fsdp names another strategy: its options start from the defaults.
+      *entry = std::move(value);
+      return;
+    }
+    if (entry->is_string()) *entry = json{{"name", *entry}};  // "strategy": "ddp" gains options
+    if (!entry->is_object()) fail(key, fmt::format("{} is not an object in the run file", stage));
+    (*entry)[key.substr(dot + 1)] = std::move(value);
+  }
+
+  // An override of the loop's options: "train.lr.peak=3e-4" sets train.lr.peak.
+  void set_training_key(json& root, const std::string& key, json value) const {
+    json* at = &root["train"];
+    if (at->is_null()) *at = json::object();
+    std::string path = "train";
+    std::string rest = key.substr(path.size() + 1);
+    for (auto dot = rest.find('.'); dot != std::string::npos; dot = rest.find('.')) {
+      if (!at->is_object()) fail(path, "give an object here, e.g. {\"steps\": 800}");
+      path += "." + rest.substr(0, dot);
+      at = &(*at)[rest.substr(0, dot)];
+      if (at->is_null()) *at = json::object();
+      rest = rest.substr(dot + 1);
+    }
+    if (!at->is_object()) fail(path, "give an object here, e.g. {\"steps\": 800}");
+    (*at)[rest] = std::move(value);
+  }
+
+  void check_plan(const json& list) const {
+    if (!list.is_array()) fail("plan", "give a list of stages, each {\"name\": value}");
   }
 
   void check_top_level(const json& root) const {
@@ -313,26 +376,10 @@ class reader {
   }
 
  public:
-  // The loop's options: "train" in the file, then the "train.<key>=value" overrides.
-  train_options training(const json& root, std::span<const std::string> overrides) {
-    check_top_level(root);
-    json train = root.contains("train") ? root["train"] : json::object();
+  // The loop's options from the tree's "train" object.
+  train_options training(const json& root) const {
+    const json train = root.contains("train") ? root["train"] : json::object();
     if (!train.is_object()) fail("train", "give the loop's options as an object, e.g. {\"steps\": 800}");
-    for (const std::string& text : overrides) {
-      if (!for_training(text)) continue;
-      const auto equals = text.find('=');
-      if (equals == std::string::npos) fail(text, "an override is KEY=VALUE, for example train.steps=100");
-      forget_line(text.substr(0, equals));
-      json value = json::parse(text.substr(equals + 1), nullptr, /*allow_exceptions=*/false);
-      if (value.is_discarded()) value = text.substr(equals + 1);
-      json* at = &train;
-      std::string rest = text.substr(6, equals - 6);  // after "train."
-      for (auto dot = rest.find('.'); dot != std::string::npos; dot = rest.find('.')) {
-        at = &(*at)[rest.substr(0, dot)];
-        rest = rest.substr(dot + 1);
-      }
-      (*at)[rest] = value;
-    }
     static const std::vector<std::string> keys{"steps",     "accumulate",       "clip_norm",        "lr",
                                                "out",       "checkpoint_every", "keep_checkpoints", "eval_every",
                                                "log_every", "log_seconds"};
@@ -345,7 +392,7 @@ class reader {
     train_options options;
     const auto whole = [&](const char* key, auto& field) {
       if (train.contains(key))
-        field = number<std::remove_reference_t<decltype(field)>>("train." + std::string(key), train[key], true);
+        field = number<std::remove_reference_t<decltype(field)>>("train." + std::string(key), train.at(key), true);
     };
     whole("steps", options.steps);
     whole("accumulate", options.accumulate);
@@ -382,6 +429,9 @@ class reader {
       }
       options.lr = schedule;
     }
+    // What train() would refuse after the model is built is refused now, before anything is.
+    if (!train.contains("steps")) fail("train.steps", "missing; give the number of optimizer steps, e.g. 300");
+    if (const auto found = train_options_problem(options)) fail("train." + found->option, found->problem);
     return options;
   }
 
@@ -397,16 +447,25 @@ class reader {
 
 }  // namespace
 
+run_file read_run_file(const std::filesystem::path& path, std::span<const std::string> overrides) {
+  reader file(path);
+  json root = file.load();
+  file.apply_overrides(root, overrides);
+  return {file.stages(root), file.training(root)};
+}
+
 run_stages read_run_stages(const std::filesystem::path& path, std::span<const std::string> overrides) {
   reader file(path);
-  const json root = file.load();
-  return file.stages(root, overrides);
+  json root = file.load();
+  file.apply_overrides(root, overrides);
+  return file.stages(root);
 }
 
 train_options read_train_options(const std::filesystem::path& path, std::span<const std::string> overrides) {
   reader file(path);
-  const json root = file.load();
-  return file.training(root, overrides);
+  json root = file.load();
+  file.apply_overrides(root, overrides);
+  return file.training(root);
 }
 
 }  // namespace loom

@@ -50,28 +50,41 @@ std::string entries_of(const collective_schedule& schedule, step_phase phase) {
 
 }  // namespace
 
-void job_core::verify_schedule() {
+void job_core::set_up(function_ref<void(strategy_context&)> setup) {
+  setup(*context_);
   verify_schedule_across_ranks(context_->schedule(), context_->rt());
   if (!context_->rt().is_distributed()) return;
   forward_collectives_ = entries_of(context_->schedule(), step_phase::forward);
   backward_collectives_ = entries_of(context_->schedule(), step_phase::backward);
 }
 
-job_core::part_scope::part_scope(job_progress& progress, pass_part part, bool communicates,
-                                 const std::string& collectives)
-    : progress_(progress) {
-  progress_.enter(part, communicates, collectives);
-}
+namespace {
 
-job_core::part_scope::~part_scope() { progress_.leave_part(); }
+// This rank is in a part of a pass until the scope ends.
+class [[nodiscard]] part_scope {
+ public:
+  part_scope(job_progress& progress, pass_part part, const std::string& collectives) : progress_(progress) {
+    progress_.enter(part, !collectives.empty(), collectives);
+  }
+  ~part_scope() { progress_.leave_part(); }
+  part_scope(const part_scope&) = delete;
+  part_scope& operator=(const part_scope&) = delete;
 
-job_core::part_scope job_core::enter(pass_part part) const {
-  const std::string& collectives = part == pass_part::forward ? forward_collectives_ : backward_collectives_;
-  return part_scope(context_->rt().progress(), part, !collectives.empty(), collectives);
-}
+ private:
+  job_progress& progress_;
+};
 
-void job_core::fail_step(std::string_view during) const {
-  rethrow_as_job_failure(context_->rt(), std::current_exception(), during);
+}  // namespace
+
+void job_core::run_part(pass_part part, function_ref<void()> body, function_ref<void(std::exception_ptr)> explain) {
+  const bool forward = part == pass_part::forward;
+  const part_scope in_part(context_->rt().progress(), part, forward ? forward_collectives_ : backward_collectives_);
+  try {
+    body();
+  } catch (...) {
+    if (explain) explain(std::current_exception());
+    rethrow_as_job_failure(context_->rt(), std::current_exception(), forward ? "forward pass" : "backward pass");
+  }
 }
 
 lora_layers& job_core::require_lora(std::string_view what) {
@@ -171,6 +184,14 @@ void job_core::zero_grad(const std::vector<at::Tensor>& parameters, bool set_to_
       grad.zero_();
     }
   }
+}
+
+std::vector<std::string> job_core::frozen_names() const {
+  std::vector<std::string> names;
+  for (const auto& item : context_->module().named_parameters()) {
+    if (!item.value().requires_grad()) names.push_back(item.key());
+  }
+  return names;
 }
 
 std::string job_core::describe() const {

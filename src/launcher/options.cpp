@@ -2,7 +2,6 @@
 
 #include <CLI/CLI.hpp>
 
-#include <algorithm>
 #include <array>
 #include <charconv>
 #include <string>
@@ -120,10 +119,13 @@ std::variant<launch_options, help_requested> parse_command_line(std::span<const 
   }
   if (help) return help_requested{};
 
+  // CLI11 stops at the first word it does not take: the program, the `--` before it, or a flag it
+  // does not know, whatever follows (a `--` further on included).
   std::vector<std::string> program = app.remaining();
-  if (!program.empty() && program.front() == "--") program.erase(program.begin());
-  if (!program.empty() && program.front().starts_with('-') && program.front() != "-" &&
-      std::ranges::find(args, std::string_view{"--"}) == args.end()) {
+  const bool after_separator = !program.empty() && program.front() == "--";
+  if (after_separator) {
+    program.erase(program.begin());
+  } else if (!program.empty() && program.front().starts_with('-') && program.front() != "-") {
     const std::string& written = program.front();
     throw usage_error{"loom-run: unknown flag '" + written.substr(0, written.find('=')) +
                       "'; accepted: --nproc-per-node N, --nnodes M, --node-rank R, --master-addr A, "

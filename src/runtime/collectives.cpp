@@ -21,9 +21,13 @@ at::Tensor flat_contiguous(const at::Tensor& tensor) { return tensor.contiguous(
 
 }  // namespace
 
+pending_collective::pending_collective() = default;
 pending_collective::pending_collective(c10::intrusive_ptr<c10d::Work> work, std::function<void()> then,
                                        collective_label label)
     : work_(std::move(work)), then_(std::move(then)), label_(std::move(label)) {}
+pending_collective::~pending_collective() = default;
+pending_collective::pending_collective(pending_collective&&) noexcept = default;
+pending_collective& pending_collective::operator=(pending_collective&&) noexcept = default;
 
 void pending_collective::wait() {
   if (work_) {

@@ -14,7 +14,10 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
+#include <cstdlib>
 #include <mutex>
+#include <thread>
 #include <vector>
 
 namespace loom {
@@ -22,21 +25,12 @@ namespace {
 
 constexpr std::string_view failure_key = "loom/failure";
 
-// The failure the heartbeat last read while this rank waited (remember_published_failure).
-std::mutex& remembered_mutex() {
-  static std::mutex mutex;
-  return mutex;
-}
-std::optional<std::string>& remembered() {
-  static std::optional<std::string> failure;
-  return failure;
-}
+// How long a rank that publishes its failure and ends the process waits in between: a beat, in which
+// its waiting peers' heartbeats read the failure. Their collectives break when it ends, and they
+// report the failure even when rank 0, and the store with it, is gone by then.
+constexpr std::chrono::milliseconds publish_linger = heartbeat::interval + std::chrono::milliseconds(250);
 
-std::optional<std::string> remembered_failure() {
-  const std::lock_guard lock(remembered_mutex());
-  return remembered();
-}
-
+// The messages given here carry no "loom: " of their own, but an exception's text may.
 std::string without_prefix(std::string text) {
   constexpr std::string_view prefix = "loom: ";
   if (std::string_view(text).starts_with(prefix)) text.erase(0, prefix.size());
@@ -54,6 +48,7 @@ bool is_transport_failure(const std::exception& error) {
 
 [[noreturn]] void throw_lost_peer(const runtime& rt, const std::exception& error, std::string_view during,
                                   bool store_reachable) {
+  job_failures& failures = rt.failures();
   const std::string transport = error_text(error);
   const std::string why = "(its own output, or the launcher's report, says why)";
   const auto window = std::min(heartbeat::silence, rt.timeout());
@@ -69,18 +64,19 @@ bool is_transport_failure(const std::exception& error) {
   }
   // A peer may have been slower to say why than to break the transport.
   if (store_reachable) {
-    if (auto published = published_failure(rt)) throw_published(rt, *published, during);
+    if (auto published = failures.published()) throw_published(rt, *published, during);
   }
   // From here on this rank's finding is published, for the peers that have not found it yet.
   // A peer that left on purpose while this rank still needed it: their collectives differ.
   if (!departed.empty()) {
     const auto& [peer, at] = departed.front();
-    fail_job(rt, fmt::format("rank {}'s {} failed: rank {} left the job {} (its program ended, or its runtime was "
-                             "destroyed) while this rank still waited on it: {}",
-                             rt.rank(), during, peer, at.to_string(), different_collectives));
+    failures.fail(
+        fmt::format("rank {}'s {} failed: rank {} left the job {} (its program ended, or its runtime was "
+                    "destroyed) while this rank still waited on it: {}",
+                    rt.rank(), during, peer, at.to_string(), different_collectives));
   }
   if (!store_reachable) {
-    if (auto published = remembered_failure()) throw_published(rt, *published, during);
+    if (auto published = failures.remembered()) throw_published(rt, *published, during);
     const std::string host = rt.env().agent_store ? "the launcher's agent, which hosts it," : "rank 0, which hosts it,";
     throw job_failure(
         fmt::format("loom: rank {}'s {} failed, and the rendezvous store is unreachable: {} is gone {}. "
@@ -88,23 +84,18 @@ bool is_transport_failure(const std::exception& error) {
                     rt.rank(), during, host, why, transport));
   }
   if (silent.empty()) {
-    fail_job(rt, fmt::format("rank {}'s {} failed, though every rank is alive (each one's heartbeat advanced): the "
-                             "ranks may be waiting on different collectives (docs/schedule.md). The transport "
-                             "reported: {}",
-                             rt.rank(), during, transport));
+    failures.fail(
+        fmt::format("rank {}'s {} failed, though every rank is alive (each one's heartbeat advanced): the "
+                    "ranks may be waiting on different collectives (docs/schedule.md). The transport "
+                    "reported: {}",
+                    rt.rank(), during, transport));
   }
   const bool one = silent.size() == 1;
-  fail_job(
-      rt,
-      fmt::format(
-          "rank {}'s {} failed: {} {} fell silent (no heartbeat in the rendezvous store for {:g} s): {} died or "
-          "{} stopped {}. The transport reported: {}",
-          rt.rank(), during, one ? "rank" : "ranks", fmt::join(silent, ", "),
-          std::chrono::duration<double>(window).count(), one ? "it" : "they", one ? "was" : "were", why, transport));
-}
-
-void publish(const runtime& rt, const std::string& message) {
-  if (rt.store()) publish_failure(*rt.store(), rt.rank(), message);
+  failures.fail(fmt::format(
+      "rank {}'s {} failed: {} {} fell silent (no heartbeat in the rendezvous store for {:g} s): {} died or "
+      "{} stopped {}. The transport reported: {}",
+      rt.rank(), during, one ? "rank" : "ranks", fmt::join(silent, ", "), std::chrono::duration<double>(window).count(),
+      one ? "it" : "they", one ? "was" : "were", why, transport));
 }
 
 }  // namespace
@@ -114,21 +105,82 @@ std::string error_text(const std::exception& error) {
   return error.what();
 }
 
-void fail_job(const runtime& rt, const std::string& message) {
-  rt.progress().mark_failed();
-  publish(rt, message);
+// An exception on a thread where nothing catches it ends the process through std::terminate: Gloo
+// throws so on its own threads when the ranks' collectives differ in size ("Received data size
+// doesn't match expected size"). While it lives, loom's handler first says where this rank was and
+// publishes it, so that every rank's error names the cause; the previous handler then aborts as
+// before.
+class job_failures::terminate_report {
+ public:
+  terminate_report(const job_failures& failures, const job_progress& progress)
+      : failures_(failures), progress_(progress), outer_(active), previous_(std::set_terminate(handle)) {
+    active = this;
+  }
+  ~terminate_report() {
+    active = outer_;
+    std::set_terminate(previous_);
+  }
+  terminate_report(const terminate_report&) = delete;
+  terminate_report& operator=(const terminate_report&) = delete;
+
+ private:
+  [[noreturn]] static void handle() {
+    const terminate_report* report = active;
+    std::terminate_handler next = report ? report->previous_ : nullptr;
+    if (report) report->report();
+    if (next) next();
+    std::abort();
+  }
+
+  void report() const noexcept {
+    std::string what = "no exception (std::terminate was called)";
+    if (const std::exception_ptr error = std::current_exception()) {
+      try {
+        std::rethrow_exception(error);
+      } catch (const std::exception& failure) {
+        what = error_text(failure);
+      } catch (...) {
+        what = "an exception that is not a std::exception";
+      }
+    }
+    try {
+      failures_.say_and_publish(fmt::format("an error where nothing catches it ended the process ({}): {}",
+                                            progress_.snapshot().where(), what));
+    } catch (...) {
+      // Nothing more can be said: the process ends either way.
+    }
+  }
+
+  // std::set_terminate's handler is the process's: the report installed last answers it.
+  static inline terminate_report* active = nullptr;
+  const job_failures& failures_;
+  const job_progress& progress_;
+  terminate_report* outer_;
+  std::terminate_handler previous_;
+};
+
+job_failures::job_failures(int rank) : rank_(rank) {}
+job_failures::~job_failures() = default;
+
+void job_failures::watch(c10::intrusive_ptr<c10d::Store> store, const job_progress& progress) {
+  store_ = std::move(store);
+  terminate_report_ = std::make_unique<terminate_report>(*this, progress);
+}
+
+void job_failures::stop_watching() noexcept { terminate_report_.reset(); }
+
+void job_failures::fail(const std::string& message) {
+  mark_failed();
+  publish(message);
   throw job_failure("loom: " + without_prefix(message));
 }
 
-std::optional<std::string> read_published_failure(c10d::Store& store) {
-  const std::string key(failure_key);
-  if (!store.check({key})) return std::nullopt;
-  auto bytes = store.get(key);
-  return std::string(bytes.begin(), bytes.end());
+void job_failures::publish(const std::string& message) const {
+  if (store_) publish(*store_, message);
 }
 
-void publish_failure(c10d::Store& store, int rank, const std::string& message) {
-  const std::string text = fmt::format("rank {} failed: {}", rank, without_prefix(message));
+void job_failures::publish(c10d::Store& store, const std::string& message) const {
+  const std::string text = fmt::format("rank {} failed: {}", rank_, without_prefix(message));
   try {
     // The first failure published is the cause; later ones are its consequences.
     store.compareSet(std::string(failure_key), {}, std::vector<std::uint8_t>(text.begin(), text.end()));
@@ -137,22 +189,54 @@ void publish_failure(c10d::Store& store, int rank, const std::string& message) {
   }
 }
 
-void remember_published_failure(std::string failure) {
-  const std::lock_guard lock(remembered_mutex());
-  remembered() = std::move(failure);
+std::optional<std::string> job_failures::read(c10d::Store& store) {
+  const std::string key(failure_key);
+  if (!store.check({key})) return std::nullopt;
+  auto bytes = store.get(key);
+  return std::string(bytes.begin(), bytes.end());
 }
 
-std::optional<std::string> published_failure(const runtime& rt) {
-  if (!rt.store()) return std::nullopt;
+std::optional<std::string> job_failures::published() const {
+  if (!store_) return std::nullopt;
   try {
-    return read_published_failure(*rt.store());
+    return read(*store_);
   } catch (const std::exception&) {
     return std::nullopt;
   }
 }
 
+void job_failures::remember(std::string failure) {
+  const std::lock_guard lock(remembered_mutex_);
+  remembered_ = std::move(failure);
+}
+
+std::optional<std::string> job_failures::remembered() const {
+  const std::lock_guard lock(remembered_mutex_);
+  return remembered_;
+}
+
+void job_failures::say_and_publish(const std::string& message) const noexcept {
+  try {
+    fmt::print(stderr, "loom: rank {} failed: {}\n", rank_, without_prefix(message));
+    std::fflush(nullptr);
+    if (store_) publish(*store_->clone(), message);  // a connection of its own: the others may be in use
+    std::this_thread::sleep_for(publish_linger);
+  } catch (...) {
+    // Nothing more can be said: the process ends either way.
+  }
+}
+
+void job_failures::stop_hung_job(c10d::Store& store, const std::string& error) const {
+  publish(store, error);
+  fmt::print(stderr, "loom: rank {} failed: {}\n", rank_, without_prefix(error));
+  std::fflush(nullptr);
+  std::this_thread::sleep_for(publish_linger);
+  std::_Exit(1);
+}
+
 void rethrow_as_job_failure(const runtime& rt, std::exception_ptr error, std::string_view during) {
-  rt.progress().mark_failed();
+  job_failures& failures = rt.failures();
+  failures.mark_failed();
   try {
     std::rethrow_exception(error);
   } catch (const job_failure&) {
@@ -162,14 +246,14 @@ void rethrow_as_job_failure(const runtime& rt, std::exception_ptr error, std::st
     // One look at the store: when it is gone, every further call would wait and log in vain.
     bool store_reachable = true;
     try {
-      if (auto published = read_published_failure(*rt.store())) throw_published(rt, *published, during);
+      if (auto published = job_failures::read(*rt.store())) throw_published(rt, *published, during);
     } catch (const job_failure&) {
       throw;
     } catch (const std::exception&) {
       store_reachable = false;
     }
     if (is_transport_failure(failure)) throw_lost_peer(rt, failure, during, store_reachable);
-    if (store_reachable) publish(rt, error_text(failure));
+    if (store_reachable) failures.publish(error_text(failure));
     throw;
   }
 }
@@ -178,22 +262,23 @@ namespace {
 
 // Runs `work` where `mine`, then tells every rank whether it failed anywhere.
 void run_and_agree(const runtime& rt, std::string_view what, bool mine, const std::function<void()>& work) {
+  job_failures& failures = rt.failures();
   std::exception_ptr error;
   if (mine) {
     try {
       work();
     } catch (const std::exception& failure) {
       error = std::current_exception();
-      publish(rt, error_text(failure));
+      failures.publish(error_text(failure));
     }
   }
   at::Tensor failed = at::full({1}, error ? 1 : 0, at::TensorOptions().dtype(at::kInt).device(rt.device()));
   rt.comm().all_reduce(failed).wait();
-  if (error || failed.item<int>() != 0) rt.progress().mark_failed();
+  if (error || failed.item<int>() != 0) failures.mark_failed();
   if (error) std::rethrow_exception(error);
   if (failed.item<int>() != 0) {
     throw job_failure(fmt::format("loom: {}; so {} failed on rank {} too",
-                                  published_failure(rt).value_or("another rank failed"), what, rt.rank()));
+                                  failures.published().value_or("another rank failed"), what, rt.rank()));
   }
 }
 

@@ -26,13 +26,13 @@ std::optional<std::string> value_of(c10d::Store& store, const std::string& key) 
 }  // namespace
 
 heartbeat::heartbeat(const c10::intrusive_ptr<c10d::Store>& store, int rank, int world_size,
-                     const job_progress& tracker, std::chrono::milliseconds hang_check, hang_handler on_hang)
+                     const job_progress& tracker, job_failures& failures, std::chrono::milliseconds hang_check)
     : store_(store->clone()),
       rank_(rank),
       world_size_(world_size),
       progress_(tracker),
-      hang_check_(hang_check),
-      on_hang_(std::move(on_hang)) {
+      failures_(failures),
+      hang_check_(hang_check) {
   store_->set(progress_key(rank_), bytes(encode_progress(0, progress_.snapshot())));
   thread_ = std::thread([this] { beat_until_stopped(); });
 }
@@ -44,7 +44,7 @@ heartbeat::~heartbeat() {
   }
   wake_.notify_all();
   thread_.join();
-  if (progress_.failed()) return;  // its leaving is a consequence of the failure, not the cause
+  if (failures_.failed()) return;  // its leaving is a consequence of the failure, not the cause
   try {
     store_->set(left_key(rank_), bytes(encode_position(progress_.snapshot().at)));
   } catch (const std::exception&) {
@@ -65,11 +65,12 @@ void heartbeat::beat_until_stopped() {
         continue;
       }
       // Read now: the wait may break when rank 0, which hosts the store, is already gone.
-      const auto published = read_published_failure(*store_);
-      if (published) remember_published_failure(*published);
+      const auto published = job_failures::read(*store_);
+      if (published) failures_.remember(*published);
       if (!watch.due(mine)) continue;
       const auto peers = read_peers(*store_);
-      if (auto error = watch.look(mine, peers, published, hang_watch::clock::now())) on_hang_(*store_, *error);
+      if (auto error = watch.look(mine, peers, published, hang_watch::clock::now()))
+        failures_.stop_hung_job(*store_, *error);
     } catch (const std::exception&) {
       return;  // the store is gone, and with it everyone who could listen
     }

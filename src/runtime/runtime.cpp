@@ -12,6 +12,8 @@
 #endif
 
 #include <ATen/Context.h>
+#include <c10/util/Backtrace.h>
+#include <c10/util/Logging.h>
 #include <fmt/format.h>
 
 #include <arpa/inet.h>
@@ -215,79 +217,6 @@ c10::intrusive_ptr<c10d::Backend> make_nccl(const c10::intrusive_ptr<c10d::Store
 }
 #endif
 
-// How long a rank that publishes its failure and ends the process waits in between: a beat, in which
-// its waiting peers' heartbeats read the failure. Their collectives break when it ends, and they
-// report the failure even when rank 0, and the store with it, is gone by then.
-constexpr std::chrono::milliseconds publish_linger = heartbeat::interval + std::chrono::milliseconds(250);
-
-// The heartbeat's answer to a wait that can never end: the training thread is blocked inside it, so
-// this rank publishes why, says it, and ends the process, as PyTorch's NCCL watchdog does.
-[[noreturn]] void stop_hung_job(c10d::Store& store, const launch_env& env, const std::string& error) {
-  publish_failure(store, env.rank, error);
-  fmt::print(stderr, "loom: rank {} failed: {}\n", env.rank, error);
-  std::fflush(nullptr);
-  std::this_thread::sleep_for(publish_linger);
-  std::_Exit(1);
-}
-
-// An exception on a thread where nothing catches it ends the process through std::terminate: Gloo
-// throws so on its own threads when the ranks' collectives differ in size ("Received data size
-// doesn't match expected size"). While a process group is up, loom's handler first says where this
-// rank was and publishes it, so that every rank's error names the cause; the previous handler then
-// aborts as before.
-class terminate_report {
- public:
-  terminate_report(const job_progress& progress, const c10::intrusive_ptr<c10d::Store>& store, const launch_env& env)
-      : progress_(progress), store_(store), env_(env), outer_(active), previous_(std::set_terminate(handle)) {
-    active = this;
-  }
-  ~terminate_report() {
-    active = outer_;
-    std::set_terminate(previous_);
-  }
-  terminate_report(const terminate_report&) = delete;
-  terminate_report& operator=(const terminate_report&) = delete;
-
- private:
-  [[noreturn]] static void handle() {
-    const terminate_report* report = active;
-    std::terminate_handler next = report ? report->previous_ : nullptr;
-    if (report) report->say_and_publish();
-    if (next) next();
-    std::abort();
-  }
-
-  void say_and_publish() const noexcept {
-    std::string what = "no exception (std::terminate was called)";
-    if (const std::exception_ptr error = std::current_exception()) {
-      try {
-        std::rethrow_exception(error);
-      } catch (const std::exception& failure) {
-        what = error_text(failure);
-      } catch (...) {
-        what = "an exception that is not a std::exception";
-      }
-    }
-    try {
-      const std::string message = fmt::format("an error where nothing catches it ended the process ({}): {}",
-                                              progress_.snapshot().where(), what);
-      fmt::print(stderr, "loom: rank {} failed: {}\n", env_.rank, message);
-      std::fflush(nullptr);
-      publish_failure(*store_->clone(), env_.rank, message);  // a connection of its own: the others may be in use
-      std::this_thread::sleep_for(publish_linger);
-    } catch (...) {
-      // Nothing more can be said: the process ends either way.
-    }
-  }
-
-  static inline terminate_report* active = nullptr;
-  const job_progress& progress_;
-  c10::intrusive_ptr<c10d::Store> store_;
-  launch_env env_;
-  terminate_report* outer_;
-  std::terminate_handler previous_;
-};
-
 }  // namespace
 
 struct runtime::state {
@@ -296,10 +225,10 @@ struct runtime::state {
   c10::Device device = c10::Device(c10::kCPU);
   c10::intrusive_ptr<c10d::Store> store;
   c10::intrusive_ptr<c10d::ProcessGroup> group;
-  job_progress progress;  // before comm and pulse, which hold it
+  job_progress progress;                   // before failures, comm and pulse, which hold it
+  std::unique_ptr<job_failures> failures;  // before pulse, which holds it
   std::unique_ptr<collectives> comm;
   std::unique_ptr<heartbeat> pulse;  // after the store: stops beating before the store goes
-  std::unique_ptr<terminate_report> report_terminate;
 };
 
 runtime runtime::from_env() { return runtime(parse_launch_env()); }
@@ -310,9 +239,27 @@ runtime runtime::single_process() {
   return runtime(env);
 }
 
+namespace {
+
+// c10's errors carry a C++ backtrace in what() (c10d's warnings print it, fifteen "frame #N" lines
+// after their own), which a user reading loom's sentence has no use for: as in PyTorch, the frames
+// are left out unless TORCH_SHOW_CPP_STACKTRACES=1 asks for them. c10 keeps the choice for the
+// process; each runtime makes it anew from its environment.
+void choose_cpp_stack_traces(const launch_env& env) {
+  if (env.show_cpp_stack_traces) {
+    c10::SetStackTraceFetcher([]() -> c10::Backtrace { return c10::get_lazy_backtrace(/*frames_to_skip=*/1); });
+  } else {
+    c10::SetStackTraceFetcher([]() -> std::string { return {}; });
+  }
+}
+
+}  // namespace
+
 runtime::runtime(const launch_env& env) : state_(std::make_shared<state>()) {
+  choose_cpp_stack_traces(env);
   state& s = *state_;
   s.env = env;
+  s.failures = std::make_unique<job_failures>(env.rank);
   s.device = choose_device(env);
   s.backend = choose_backend(env, s.device);
 #ifdef LOOM_HAVE_NCCL
@@ -351,10 +298,8 @@ runtime::runtime(const launch_env& env) : state_(std::make_shared<state>()) {
   s.comm = std::make_unique<collectives>(device_backend, env.rank, env.world_size,
                                          /*stage_through_host=*/s.backend == backend_kind::gloo && s.device.is_cuda(),
                                          &s.progress);
-  s.pulse = std::make_unique<heartbeat>(
-      s.store, env.rank, env.world_size, s.progress, env.hang_check,
-      [env](c10d::Store& store, const std::string& error) { stop_hung_job(store, env, error); });
-  s.report_terminate = std::make_unique<terminate_report>(s.progress, s.store, env);
+  s.failures->watch(s.store, s.progress);
+  s.pulse = std::make_unique<heartbeat>(s.store, env.rank, env.world_size, s.progress, *s.failures, env.hang_check);
 }
 
 int runtime::rank() const noexcept { return state_->env.rank; }
@@ -367,6 +312,7 @@ std::chrono::milliseconds runtime::timeout() const noexcept { return state_->env
 const launch_env& runtime::env() const noexcept { return state_->env; }
 collectives& runtime::comm() const noexcept { return *state_->comm; }
 job_progress& runtime::progress() const noexcept { return state_->progress; }
+job_failures& runtime::failures() const noexcept { return *state_->failures; }
 const c10::intrusive_ptr<c10d::ProcessGroup>& runtime::process_group() const noexcept { return state_->group; }
 const c10::intrusive_ptr<c10d::Store>& runtime::store() const noexcept { return state_->store; }
 

@@ -191,18 +191,18 @@ void ddp_engine::watch_gradients(strategy_context& context) {
   record->produced.assign(params.size(), 0);
   record->recorded.assign(params.size(), 0);
   const bool static_graph = settings_.static_graph;
-  const int rank = context.rt().rank();
+  const strategy_context* job = &context;  // on the heap, for the job's life: the hooks' too
   for (std::size_t i = 0; i < params.size(); ++i) {
     at::Tensor tensor = params[i].tensor;
     // Runs before the gradient is accumulated, so before the Reducer's own hook sees it.
-    tensor.register_hook([record, i, static_graph, rank, name = params[i].name](const at::Tensor&) {
+    tensor.register_hook([record, i, static_graph, job, name = params[i].name](const at::Tensor&) {
       failpoint("step.backward");  // mid backward: the peers go on into the bucket's all-reduce
       record->produced[i] = 1;
       if (static_graph && record->has_recording && !record->recorded[i]) {
-        throw std::runtime_error(fmt::format(
-            "loom: ddp(): parameter '{}' received a gradient on rank {} in step {}, but none in the step that "
-            "recorded the graph; {}",
-            name, rank, record->step + 1, static_graph_contract));
+        job->fail(
+            fmt::format("ddp(): parameter '{}' received a gradient on rank {} in step {}, but none in the step "
+                        "that recorded the graph; {}",
+                        name, job->rt().rank(), record->step + 1, static_graph_contract));
       }
     });
   }

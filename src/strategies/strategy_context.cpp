@@ -23,6 +23,6 @@ void strategy_context::require_process_group(std::string_view strategy) const {
       strategy, runtime_.world_size()));
 }
 
-void strategy_context::fail(const std::string& message) const { fail_job(runtime_, message); }
+void strategy_context::fail(const std::string& message) const { runtime_.failures().fail(message); }
 
 }  // namespace loom

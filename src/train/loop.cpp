@@ -66,22 +66,44 @@ struct train_session::signal_handlers {
   }
 };
 
-train_session::train_session(const runtime& rt, const train_options& options) : rt_(rt), options_(options) {
-  const auto refuse = [](const std::string& reason) { throw std::invalid_argument("loom: train: " + reason); };
-  if (options_.steps < 1) refuse(fmt::format("train_options.steps is {}; give at least 1", options_.steps));
-  if (options_.accumulate < 1) {
-    refuse(fmt::format("train_options.accumulate is {}; give at least 1 micro-batch a step", options_.accumulate));
+std::optional<option_problem> train_options_problem(const train_options& options) {
+  const auto at_least_one = [](std::string_view option, std::int64_t value, std::string_view unit) {
+    return value < 1 ? std::optional<option_problem>(
+                           option_problem{std::string(option), fmt::format("is {}; give at least 1{}", value, unit)})
+                     : std::nullopt;
+  };
+  if (auto found = at_least_one("steps", options.steps, "")) return found;
+  if (auto found = at_least_one("accumulate", options.accumulate, " micro-batch a step")) return found;
+  if (options.clip_norm && !(*options.clip_norm > 0)) {
+    return option_problem{"clip_norm", fmt::format("is {}; give a positive norm, or none", *options.clip_norm)};
   }
-  if (options_.clip_norm && !(*options_.clip_norm > 0)) {
-    refuse(fmt::format("train_options.clip_norm is {}; give a positive norm, or none", *options_.clip_norm));
+  if (auto found = at_least_one("log_every", options.log_every, "")) return found;
+  if (options.checkpoint_every < 0) {
+    return option_problem{"checkpoint_every",
+                          fmt::format("is {}; give 0 (at the end only) or more", options.checkpoint_every)};
   }
-  if (options_.log_every < 1) refuse(fmt::format("train_options.log_every is {}; give at least 1", options_.log_every));
-  if (options_.lr) {
-    options_.lr->check();
-    if (options_.lr->total_steps != options_.steps) {
-      refuse(fmt::format("the lr schedule's total_steps ({}) differs from train_options.steps ({})",
-                         options_.lr->total_steps, options_.steps));
+  if (options.eval_every < 0) {
+    return option_problem{"eval_every", fmt::format("is {}; give 0 (no evaluation) or more", options.eval_every)};
+  }
+  if (options.keep_checkpoints < 1) {
+    return option_problem{"keep_checkpoints", fmt::format("is {}; give at least 1", options.keep_checkpoints)};
+  }
+  if (!(options.log_seconds >= 0)) {
+    return option_problem{"log_seconds", fmt::format("is {}; give 0 or more seconds", options.log_seconds)};
+  }
+  if (options.lr) {
+    if (auto found = options.lr->problem()) return option_problem{"lr." + found->option, found->problem};
+    if (options.lr->total_steps != options.steps) {
+      return option_problem{"lr.total_steps", fmt::format("({}) differs from train_options.steps ({})",
+                                                          options.lr->total_steps, options.steps)};
     }
+  }
+  return std::nullopt;
+}
+
+train_session::train_session(const runtime& rt, const train_options& options) : rt_(rt), options_(options) {
+  if (const auto found = train_options_problem(options_)) {
+    throw std::invalid_argument(fmt::format("loom: train: train_options.{} {}", found->option, found->problem));
   }
   if (!options_.out.empty()) prepare_run_folder();
   handlers_ = std::make_unique<signal_handlers>();

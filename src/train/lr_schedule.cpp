@@ -18,18 +18,29 @@ std::string_view to_string(decay_shape shape) noexcept {
   return "?";
 }
 
-void lr_schedule::check() const {
-  const auto refuse = [](const std::string& reason) { throw std::invalid_argument("loom: lr_schedule: " + reason); };
-  if (!(peak > 0) || !std::isfinite(peak)) refuse(fmt::format("peak is {}; give a positive learning rate", peak));
-  if (total_steps < 1) refuse(fmt::format("total_steps is {}; give the number of optimizer steps", total_steps));
-  if (warmup_steps < 0 || decay_steps < 0) {
-    refuse(fmt::format("warmup_steps ({}) and decay_steps ({}) must not be negative", warmup_steps, decay_steps));
+std::optional<option_problem> lr_schedule::problem() const {
+  if (!(peak > 0) || !std::isfinite(peak)) {
+    return option_problem{"peak", fmt::format("is {}; give a positive learning rate", peak)};
   }
+  if (total_steps < 1) {
+    return option_problem{"total_steps", fmt::format("is {}; give the number of optimizer steps", total_steps)};
+  }
+  if (warmup_steps < 0) return option_problem{"warmup_steps", fmt::format("is {}; give 0 or more", warmup_steps)};
+  if (decay_steps < 0) return option_problem{"decay_steps", fmt::format("is {}; give 0 or more", decay_steps)};
   if (warmup_steps + decay_steps > total_steps) {
-    refuse(fmt::format("warmup_steps ({}) and decay_steps ({}) add up to more than total_steps ({})", warmup_steps,
-                       decay_steps, total_steps));
+    return option_problem{"warmup_steps", fmt::format("({}) and decay_steps ({}) add up to more than total_steps ({})",
+                                                      warmup_steps, decay_steps, total_steps)};
   }
-  if (!(floor >= 0 && floor <= 1)) refuse(fmt::format("floor is {}; give a fraction of the peak in [0, 1]", floor));
+  if (!(floor >= 0 && floor <= 1)) {
+    return option_problem{"floor", fmt::format("is {}; give a fraction of the peak in [0, 1]", floor)};
+  }
+  return std::nullopt;
+}
+
+void lr_schedule::check() const {
+  if (const auto found = problem()) {
+    throw std::invalid_argument(fmt::format("loom: lr_schedule: {} {}", found->option, found->problem));
+  }
 }
 
 double lr_schedule::at(std::int64_t step) const {

@@ -1,6 +1,7 @@
 // The same plan on any device and process group gives the same model. Usage (under loom-run):
-//   device-parity {ddp|fsdp|lora-fsdp} OUT.safetensors STEPS
-// trains a small TinyGpt with loom::train (AdamW, clipping, no run folder) on the runtime's device
+//   device-parity {ddp|fsdp|fsdp-eval|lora-fsdp} OUT.safetensors STEPS
+// trains a small TinyGpt with loom::train (AdamW, clipping, no run folder; fsdp-eval: fsdp() with an
+// evaluation every 2 steps, a forward with no backward) on the runtime's device
 // (LOOM_DEVICE, LOOM_BACKEND), each rank on its own batches drawn on the CPU by (step, rank), and
 // rank 0 writes the whole model (gathered under fsdp()) to OUT. parity.py compares two such files:
 // CUDA against CPU (scripts/gpu-check), one launched rank with its own process group against a
@@ -24,22 +25,25 @@ namespace {
 constexpr models::tiny_gpt_config small{.vocab = 32, .d = 32, .layers = 3, .heads = 2, .ctx = 16};
 
 template <class Plan>
-void run(const Plan& plan, const std::filesystem::path& out, std::int64_t steps) {
+void run(const Plan& plan, const std::filesystem::path& out, std::int64_t steps, std::int64_t eval_every = 0) {
   auto job = loom::build(plan, loom::runtime::from_env());
   const loom::runtime& rt = job.rt();
   torch::optim::AdamW optimizer(job.trainable_parameters(), torch::optim::AdamWOptions(1e-2));
   const auto rank = static_cast<std::uint64_t>(rt.rank());
-  const loom::train_result result =
-      loom::train(job, optimizer,
-                  {.loss =
-                       [&](std::int64_t step, int micro) {
-                         auto gen = at::make_generator<at::CPUGeneratorImpl>(
-                             1000 * static_cast<std::uint64_t>(step) + 10 * rank + static_cast<std::uint64_t>(micro));
-                         const at::Tensor x = torch::randint(0, small.vocab, {4, small.ctx}, gen).to(rt.device());
-                         const at::Tensor y = torch::randint(0, small.vocab, {4, small.ctx}, gen).to(rt.device());
-                         return job.forward(x, y);
-                       }},
-                  {.steps = steps, .accumulate = 2, .clip_norm = 0.5, .log_every = steps});
+  const auto loss = [&](std::uint64_t seed) {
+    auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
+    const at::Tensor x = torch::randint(0, small.vocab, {4, small.ctx}, gen).to(rt.device());
+    const at::Tensor y = torch::randint(0, small.vocab, {4, small.ctx}, gen).to(rt.device());
+    return job.forward(x, y);
+  };
+  const loom::train_result result = loom::train(
+      job, optimizer,
+      {.loss =
+           [&](std::int64_t step, int micro) {
+             return loss(1000 * static_cast<std::uint64_t>(step) + 10 * rank + static_cast<std::uint64_t>(micro));
+           },
+       .eval_loss = [&] { return loss(7 + rank); }},
+      {.steps = steps, .accumulate = 2, .clip_norm = 0.5, .eval_every = eval_every, .log_every = steps});
   if (rank == 0) fmt::print("{}final loss {:.6f}\n", job.describe(), result.last_loss);
   loom::tensor_state state = job.state_dict();
   if (rank == 0) loom::save_safetensors(out, state);
@@ -49,7 +53,7 @@ void run(const Plan& plan, const std::filesystem::path& out, std::int64_t steps)
 
 int main(int argc, char** argv) {
   if (argc != 4) {
-    fmt::print(stderr, "usage: device-parity {{ddp|fsdp|lora-fsdp}} OUT.safetensors STEPS\n");
+    fmt::print(stderr, "usage: device-parity {{ddp|fsdp|fsdp-eval|lora-fsdp}} OUT.safetensors STEPS\n");
     return 2;
   }
   const std::string_view strategy = argv[1];
@@ -61,6 +65,8 @@ int main(int argc, char** argv) {
       run(base | loom::ddp(), out, steps);
     } else if (strategy == "fsdp") {
       run(base | loom::fsdp(), out, steps);
+    } else if (strategy == "fsdp-eval") {
+      run(base | loom::fsdp(), out, steps, /*eval_every=*/2);
     } else if (strategy == "lora-fsdp") {
       run(base | loom::lora(4, {"q_proj", "v_proj"}) | loom::fsdp(), out, steps);
     } else {

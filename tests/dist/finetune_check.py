@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """finetune, the example that trains from a run file alone: it runs with dotted overrides, and a run
-file or override that breaks a rule stops it, before anything is built, with the compiler's sentence.
+file or override that breaks a rule, or gives the loop a value it refuses, stops it before anything is
+built, with the compiler's sentence or the option's.
 
     finetune_check.py LOOM_RUN FINETUNE CONFIG
 """
@@ -36,10 +37,14 @@ def main() -> int:
                 failures.append("the overrides do not show in the plan's description")
     for overrides, sentence in ((["--lora.rank=0"], "loom R5: lora rank must be > 0"),
                                 (["--strategy=zero3"], "unknown strategy 'zero3'; the strategies are local, ddp, fsdp"),
-                                (["--lora.rnak=4"], "lora.rnak: unknown key")):
+                                (["--lora.rnak=4"], "lora.rnak: unknown key"),
+                                (["--train.steps=0"], "train.steps: is 0; give at least 1"),
+                                (["--train.accumulate=0"], "train.accumulate: is 0; give at least 1")):
         refused = run(*overrides)
         if refused.returncode == 0 or sentence not in refused.stderr:
             failures.append(f"{overrides} gave {refused.returncode}: {refused.stderr[-600:]}")
+        if "lora(rank=" in refused.stdout:  # the built job's description: it was refused too late
+            failures.append(f"{overrides} was refused after the job was built")
     helped = subprocess.run([finetune, "--help"], capture_output=True, text=True)
     if helped.returncode != 0 or "--config" not in helped.stdout or "--lora.rank=16" not in helped.stdout:
         failures.append("finetune --help does not print its usage and exit 0")

@@ -38,7 +38,12 @@ class Checker:
         done = subprocess.run([self.loom_run, "--grace-s", str(GRACE_S), "--nproc-per-node", ranks, "--", *command],
                               env=env, capture_output=True, text=True, timeout=120)
         took = time.monotonic() - start
-        lines = [line for line in done.stderr.splitlines() if "loom" in line and "frame #" not in line]
+        lines = [line for line in done.stderr.splitlines() if "loom" in line]
+        # c10's C++ backtraces ("frame #3: ...") appear only when TORCH_SHOW_CPP_STACKTRACES=1 asks for them.
+        frames = [line for line in done.stderr.splitlines() if "frame #" in line]
+        if frames and env.get("TORCH_SHOW_CPP_STACKTRACES") != "1":
+            self.failures.append(f"{case}: {len(frames)} lines of a C++ backtrace reached the output, e.g. "
+                                 f"'{frames[0][:200]}'")
         last = lines[-1] if lines else ""
         print(f"--- {case}: exit {done.returncode} in {took:.1f} s\n" + "\n".join(lines[-6:]))
         if expect_ok:

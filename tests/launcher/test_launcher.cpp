@@ -413,12 +413,18 @@ TEST_CASE("bad flags are rejected naming the flag and its accepted form", "[laun
       {{"--nnodes", "2", "true"}, "--nnodes 2 expects --master-addr HOST"},
       {{"--nproc_per_node=0", "true"}, "--nproc-per-node expects a positive integer"},
       {{"--nproc-per-node", "2", "--frobnicate=1", "true"}, "unknown flag '--frobnicate'"},
+      // A '--' later on does not make an unknown flag before it the program.
+      {{"--bogus", "--nproc-per-node", "1", "--", "true"}, "unknown flag '--bogus'"},
+      {{"--nproc-per-node", "1", "--bogus", "--", "true"}, "unknown flag '--bogus'"},
+      {{"--nproc-per-node", "1", "--max-restarts", "2", "--", "true"}, "unknown flag '--max-restarts'"},
+      {{"--max_restarts=2", "--nproc-per-node", "1", "--", "true"}, "unknown flag '--max_restarts'"},
   };
   for (const auto& [args, message] : cases) {
     CAPTURE(args, message);
     const auto run = run_launcher(args);
     CHECK(run.exit_code == 2);
     CHECK(run.err.find("loom-run: " + message) != std::string::npos);
+    CHECK(run.err.find("[rank") == std::string::npos);  // nothing started
     CHECK(run.out.empty());
   }
 }
@@ -428,6 +434,10 @@ TEST_CASE("a program that cannot be run fails its rank with code 127, saying why
   CHECK(run.exit_code == 1);
   CHECK(run.err.find("[rank 0] loom-run: cannot run '/nonexistent/program'") != std::string::npos);
   CHECK(run.last_err_line() == "loom-run: rank 0 failed first: exited with code 127");
+  // After `--`, a word that starts with '-' is the program.
+  const auto dashed = run_launcher({"--nproc-per-node", "1", "--", "-dashed-program"});
+  CHECK(dashed.exit_code == 1);
+  CHECK(dashed.err.find("[rank 0] loom-run: cannot run '-dashed-program'") != std::string::npos);
 }
 
 TEST_CASE("--help lists the flags and exits 0", "[launcher]") {

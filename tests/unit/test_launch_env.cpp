@@ -106,6 +106,14 @@ TEST_CASE("LOOM_HANG_CHECK_S is a number of seconds, 0 turning the check off", "
   }
 }
 
+TEST_CASE("TORCH_SHOW_CPP_STACKTRACES is read as PyTorch reads it", "[launch_env]") {
+  CHECK_FALSE(parse_launch_env(lookup({})).show_cpp_stack_traces);
+  CHECK_FALSE(parse_launch_env(lookup({{"TORCH_SHOW_CPP_STACKTRACES", "0"}})).show_cpp_stack_traces);
+  CHECK(parse_launch_env(lookup({{"TORCH_SHOW_CPP_STACKTRACES", "1"}})).show_cpp_stack_traces);
+  CHECK_THROWS_WITH(parse_launch_env(lookup({{"TORCH_SHOW_CPP_STACKTRACES", "yes"}})),
+                    ContainsSubstring("TORCH_SHOW_CPP_STACKTRACES") && ContainsSubstring("0 or 1"));
+}
+
 TEST_CASE("LOOM_DEVICE names the CPU, each rank's GPU or one GPU", "[launch_env]") {
   CHECK_FALSE(parse_launch_env(lookup({})).device.has_value());
   const auto cpu = parse_launch_env(lookup({{"LOOM_DEVICE", "cpu"}})).device;

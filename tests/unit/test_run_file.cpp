@@ -41,7 +41,51 @@ fs::path written(const std::string& name, const std::string& text, const std::st
   return file;
 }
 
+// Each field a strategy's options struct lists is a run-file key: set to a value other than its
+// default, it reaches the stage and its description, and the reader's list of keys names it.
+template <class Stage>
+void check_every_option_is_read() {
+  using options = typename Stage::options_type;
+  const std::string strategy(Stage::name);
+  std::string keys = "name";
+  std::apply(
+      [&](const auto&... field) {
+        ((keys += ", " + std::string(field.name)), ...);
+        (
+            [&] {
+              const options defaults{};
+              auto expected = defaults.*field.member;
+              if constexpr (std::is_same_v<decltype(expected), bool>) {
+                expected = !expected;
+              } else {
+                expected += 7;
+              }
+              const std::string value = loom::detail::to_text(expected);
+              CAPTURE(strategy, field.name, value);
+              const fs::path file = written("option", R"({"plan": [{"strategy": ")" + strategy + R"("}]})");
+              const loom::run_stages stages = loom::read_run_stages(
+                  file, std::vector<std::string>{"strategy." + std::string(field.name) + "=" + value});
+              const auto& stage = std::get<Stage>(stages.strategy.value());
+              CHECK(stage.settings().*field.member == expected);
+              CHECK_THAT(stage.describe(), ContainsSubstring(std::string(field.name) + "=" + value));
+            }(),
+            ...);
+      },
+      options::fields());
+  const fs::path file = written("option", R"({"plan": [{"strategy": {"name": ")" + strategy + R"(", "bogus": 1}}]})");
+  CHECK_THROWS_WITH(loom::read_run_stages(file),
+                    ContainsSubstring("strategy.bogus: unknown key; " + strategy + " takes " + keys));
+}
+
 }  // namespace
+
+TEST_CASE("a strategy's options are read from run files as their fields() describe them", "[run_file]") {
+  check_every_option_is_read<loom::ddp_stage>();
+  check_every_option_is_read<loom::fsdp_stage>();
+  CHECK_THROWS_WITH(
+      loom::read_run_stages(written("negative", R"({"plan": [{"strategy": {"name": "ddp", "bucket_cap_mb": -1}}]})")),
+      ContainsSubstring("strategy.bucket_cap_mb: give a whole number, 0 or more"));
+}
 
 TEST_CASE("a run file breaks the rules with the compiler's sentences", "[run_file]") {
   const std::string name = GENERATE(
@@ -193,4 +237,23 @@ TEST_CASE("the loop's options come from the file's train object, with train.* ov
                     ContainsSubstring("train.lr.decay: give \"linear\" or \"cosine\""));
   CHECK_THROWS_WITH(loom::read_train_options(written("steps-type", R"({"train": {"steps": 2.5}})")),
                     ContainsSubstring("train.steps: give a whole number"));
+}
+
+TEST_CASE("the values train() refuses are refused when the run file is read", "[run_file][errors]") {
+  const fs::path zero = written("zero-steps", "[train]\nout = \"x\"\nsteps = 0\n", ".toml");
+  CHECK_THROWS_AS(loom::read_train_options(zero), loom::run_file_error);
+  CHECK_THROWS_WITH(loom::read_train_options(zero), ContainsSubstring(", line 3: train.steps: is 0; give at least 1"));
+  CHECK_THROWS_WITH(loom::read_train_options(written("no-steps", R"({"train": {"out": "x"}})")),
+                    ContainsSubstring("train.steps: missing; give the number of optimizer steps"));
+  const fs::path file = written("fine", R"({"train": {"steps": 10, "lr": {"peak": 0.01, "warmup_steps": 4}}})");
+  CHECK_THROWS_WITH(loom::read_train_options(file, std::vector<std::string>{"train.accumulate=0"}),
+                    ContainsSubstring("train.accumulate: is 0; give at least 1 micro-batch a step"));
+  CHECK_THROWS_WITH(loom::read_train_options(file, std::vector<std::string>{"train.clip_norm=-1"}),
+                    ContainsSubstring("train.clip_norm: is -1; give a positive norm, or none"));
+  CHECK_THROWS_WITH(loom::read_train_options(file, std::vector<std::string>{"train.steps=3"}),
+                    ContainsSubstring("train.lr.warmup_steps: (4) and decay_steps (0) add up to more than "
+                                      "total_steps (3)"));
+  CHECK_THROWS_WITH(loom::read_train_options(file, std::vector<std::string>{"train.lr.peak=0"}),
+                    ContainsSubstring("train.lr.peak: is 0; give a positive learning rate"));
+  CHECK(loom::read_train_options(file).steps == 10);
 }

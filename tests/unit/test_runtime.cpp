@@ -136,13 +136,38 @@ TEST_CASE("one launched rank that names its backend gets a real process group", 
 
 TEST_CASE("one process: a step's own error passes unchanged, a job failure carries loom's prefix", "[runtime]") {
   const auto rt = loom::runtime::single_process();
+  CHECK_FALSE(rt.failures().failed());
   try {
     throw std::out_of_range("the user's own error");
   } catch (...) {
     CHECK_THROWS_AS(loom::rethrow_as_job_failure(rt, std::current_exception(), "forward pass"), std::out_of_range);
   }
-  CHECK_THROWS_MATCHES(loom::fail_job(rt, "loom: ddp(): no gradient"), loom::job_failure,
+  CHECK(rt.failures().failed());  // the step's error ended this rank's job
+  CHECK_THROWS_MATCHES(rt.failures().fail("ddp(): no gradient"), loom::job_failure,
                        Catch::Matchers::Message("loom: ddp(): no gradient"));
+  CHECK(rt.failures().failed());
   CHECK(rt.silent_ranks(std::chrono::milliseconds(1)).empty());
-  CHECK_FALSE(loom::published_failure(rt).has_value());
+  CHECK_FALSE(rt.failures().published().has_value());
+  // Each runtime has its own: what one heard of a failure is not another's.
+  rt.failures().remember("rank 1 failed: out of memory");
+  CHECK(rt.failures().remembered() == "rank 1 failed: out of memory");
+  CHECK_FALSE(loom::runtime::single_process().failures().remembered().has_value());
+}
+
+TEST_CASE("c10's errors carry a C++ backtrace only when TORCH_SHOW_CPP_STACKTRACES=1 asks for one", "[runtime]") {
+  const auto what = [] {
+    try {
+      (void)at::ones({2}).view({3});  // a shape c10 refuses
+    } catch (const c10::Error& error) {
+      return std::string(error.what());
+    }
+    return std::string("no error");
+  };
+  loom::launch_env asked;
+  asked.show_cpp_stack_traces = true;
+  { const loom::runtime rt(asked); }
+  CHECK_THAT(what(), ContainsSubstring("frame #"));
+  { const loom::runtime rt(loom::launch_env{}); }
+  CHECK_THAT(what(), !ContainsSubstring("frame #"));
+  CHECK_THAT(what(), ContainsSubstring("is invalid for input of size 2"));
 }

@@ -184,7 +184,7 @@ TEST_CASE("the loop's options are checked before the first step, naming the opti
                     ContainsSubstring("train_options.accumulate is 0"));
   CHECK_THROWS_WITH(loom::train(job, optimizer, functions,
                                 {.steps = 2, .lr = loom::lr_schedule{.total_steps = 3}, .out = scratch("x")}),
-                    ContainsSubstring("the lr schedule's total_steps (3) differs from train_options.steps (2)"));
+                    ContainsSubstring("train_options.lr.total_steps (3) differs from train_options.steps (2)"));
   CHECK_THROWS_WITH(loom::train(job, optimizer, functions, {.steps = 2, .out = "/sys/kernel/loom-run"}),
                     ContainsSubstring("the output folder '/sys/kernel/loom-run' cannot be created"));
 }

@@ -130,9 +130,7 @@ class checkpointer {
       return job.reshard_local(name, shards);
     };
     target.optimizer_names = job.trainable_names();
-    for (const auto& item : job.module().named_parameters()) {
-      if (!item.value().requires_grad()) target.frozen_names.push_back(item.key());
-    }
+    target.frozen_names = job.frozen_names();
     return target;
   }
 

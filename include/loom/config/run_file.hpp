@@ -7,8 +7,9 @@
 //             {"strategy": {"name": "fsdp", "reshard_after_forward": false}}],
 //    "train": {"steps": 300, "lr": {"peak": 5e-3, "warmup_steps": 30}, "out": "runs/adapt"}}
 //
-//   auto plan = loom::plan_from_file(loom::model<TinyGpt>(config), "run.json", {"lora.rank=16"});
-//   std::visit([&](auto& job) { train(job); }, loom::build(plan, loom::runtime::from_env()));
+//   const loom::run_file file = loom::read_run_file("run.json", {"lora.rank=16"});
+//   auto plan = loom::plan_from_file(loom::model<TinyGpt>(config), file);
+//   std::visit([&](auto& job) { train(job, file.train); }, loom::build(plan, loom::runtime::from_env()));
 
 #include <loom/dsl/run_plan.hpp>
 #include <loom/train/loop.hpp>
@@ -26,20 +27,30 @@ class run_file_error : public std::invalid_argument {
   using std::invalid_argument::invalid_argument;
 };
 
-// Reads the stages of `path`'s "plan" list, in order, with `overrides` ("lora.rank=16",
-// "strategy=fsdp", "strategy.bucket_cap_mb=50", "seeded=7") applied on top. Unknown keys, wrong
-// types and a strategy loom does not have are run_file_errors; a value out of range is the DSL's
-// plan_error with its rule's sentence.
+// A run file read once: the stages of its "plan" list, in order, and the loop's options of its
+// "train" object, with `overrides` applied on top, in order: "lora.rank=16", "strategy=fsdp",
+// "strategy.bucket_cap_mb=50", "seeded=7" to the stages, "train.steps=100", "train.lr.peak=3e-4" to
+// the loop. Unknown keys, wrong types and a strategy loom does not have are run_file_errors; a
+// stage's value out of range is the DSL's plan_error with its rule's sentence, and a loop's option
+// that train() would refuse is a run_file_error now, before anything is built.
+struct run_file {
+  run_stages stages;
+  train_options train;
+};
+
+[[nodiscard]] run_file read_run_file(const std::filesystem::path& path, std::span<const std::string> overrides = {});
+
+// Its stages alone, or its loop's options alone (each reads the file).
 [[nodiscard]] run_stages read_run_stages(const std::filesystem::path& path,
                                          std::span<const std::string> overrides = {});
-
-// The loop's options from the file's "train" object, with the "train.<key>=value" overrides
-// ("train.steps=100", "train.lr.peak=3e-4") on top; unknown keys and wrong types are
-// run_file_errors, and train() checks the values before the first step.
 [[nodiscard]] train_options read_train_options(const std::filesystem::path& path,
                                                std::span<const std::string> overrides = {});
 
 // The model's plan with the file's stages after it; the order rules are checked here (plan_error).
+template <class Model>
+[[nodiscard]] run_plan<Model> plan_from_file(const plan<Model>& model, const run_file& file) {
+  return run_plan<Model>(model, file.stages);
+}
 template <class Model>
 [[nodiscard]] run_plan<Model> plan_from_file(const plan<Model>& model, const std::filesystem::path& path,
                                              std::span<const std::string> overrides = {}) {

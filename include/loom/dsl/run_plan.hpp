@@ -21,6 +21,8 @@
 
 namespace loom {
 
+// The strategies a run file can name: a new built-in strategy's stage is added here, and the run-file
+// reader (its name, its options' fields) and build()'s run_job follow from the list.
 using run_strategy = std::variant<local_stage, ddp_stage, fsdp_stage>;
 
 // The stages after the model, in the order they were given; each kind at most once (a second is

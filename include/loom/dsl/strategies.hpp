@@ -8,6 +8,7 @@
 #include <cstddef>
 #include <string>
 #include <string_view>
+#include <tuple>
 
 namespace loom {
 
@@ -22,6 +23,38 @@ struct local_stage : detail::pipeable {
 
 constexpr local_stage local() noexcept { return {}; }
 
+// A strategy's options struct describes its fields once, in a static fields() beside them: the
+// name each has in describe() and in a run file, and the member. describe(), the run-file reader and
+// its messages all read that list, so an option is one line in one place.
+template <class Options, class T>
+struct option_field {
+  std::string_view name;
+  T Options::*member;
+};
+template <class Options, class T>
+option_field(std::string_view, T Options::*) -> option_field<Options, T>;  // clang before 17 needs it
+
+template <class Options>
+concept described_options = requires {
+  Options::fields();
+};
+
+// The options as describe() prints them, every field spelled out: "bucket_cap_mb=25, ...".
+template <described_options Options>
+std::string options_text(const Options& settings) {
+  std::string text;
+  std::apply(
+      [&](const auto&... field) {
+        ((text.append(text.empty() ? "" : ", ")
+              .append(field.name)
+              .append("=")
+              .append(detail::to_text(settings.*field.member))),
+         ...);
+      },
+      Options::fields());
+  return text;
+}
+
 // Named and defaulted as PyTorch's DistributedDataParallel names them (broadcast_buffers excepted:
 // loom builds bit-identical replicas, so there is nothing to broadcast by default).
 struct ddp_options {
@@ -30,21 +63,21 @@ struct ddp_options {
   bool find_unused_parameters = false;
   bool gradient_as_bucket_view = false;
   bool static_graph = false;
+
+  static constexpr auto fields() {
+    return std::tuple{option_field{"bucket_cap_mb", &ddp_options::bucket_cap_mb},
+                      option_field{"broadcast_buffers", &ddp_options::broadcast_buffers},
+                      option_field{"find_unused_parameters", &ddp_options::find_unused_parameters},
+                      option_field{"gradient_as_bucket_view", &ddp_options::gradient_as_bucket_view},
+                      option_field{"static_graph", &ddp_options::static_graph}};
+  }
 };
 
-// The options as describe() prints them, every field spelled out.
-inline std::string options_text(const ddp_options& o) {
-  return "bucket_cap_mb=" + detail::to_text(o.bucket_cap_mb) +
-         ", broadcast_buffers=" + detail::to_text(o.broadcast_buffers) +
-         ", find_unused_parameters=" + detail::to_text(o.find_unused_parameters) +
-         ", gradient_as_bucket_view=" + detail::to_text(o.gradient_as_bucket_view) +
-         ", static_graph=" + detail::to_text(o.static_graph);
-}
-
 // A built-in strategy with options: ddp(), fsdp().
-template <stage_kind Kind, class Options>
+template <stage_kind Kind, described_options Options>
 class configured_strategy_stage : public detail::pipeable {
  public:
+  using options_type = Options;
   static constexpr stage_kind kind = Kind;
   static constexpr std::string_view name = name_of(Kind);
 
@@ -66,12 +99,12 @@ constexpr ddp_stage ddp(const ddp_options& settings = {}) noexcept { return ddp_
 struct fsdp_options {
   bool reshard_after_forward = true;  // free the gathered parameters after forward, gather again for backward
   std::size_t bucket_cap_mb = 25;     // the replicated adapters' gradient all-reduce, as ddp()'s buckets
-};
 
-inline std::string options_text(const fsdp_options& o) {
-  return "reshard_after_forward=" + detail::to_text(o.reshard_after_forward) +
-         ", bucket_cap_mb=" + detail::to_text(o.bucket_cap_mb);
-}
+  static constexpr auto fields() {
+    return std::tuple{option_field{"reshard_after_forward", &fsdp_options::reshard_after_forward},
+                      option_field{"bucket_cap_mb", &fsdp_options::bucket_cap_mb}};
+  }
+};
 
 using fsdp_stage = configured_strategy_stage<stage_kind::fsdp, fsdp_options>;
 

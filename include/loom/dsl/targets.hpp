@@ -84,9 +84,10 @@ class target_list {
   std::size_t size_ = 0;
 };
 
-// The layers that PEFT and FastVideo adapt by default: attention projections under both spellings.
+// The layers that PEFT and FastVideo adapt by default: attention projections under both spellings,
+// and the gate of FastVideo's compressed attention (its DEFAULT_LORA_TARGET_MODULES).
 inline constexpr target_list default_targets{"q_proj", "k_proj", "v_proj", "o_proj", "to_q",
-                                             "to_k",   "to_v",   "to_out", "to_qkv"};
+                                             "to_k",   "to_v",   "to_out", "to_qkv", "to_gate_compress"};
 
 namespace detail {
 

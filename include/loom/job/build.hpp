@@ -36,6 +36,7 @@ template <class Plan>
 auto build_checked(const Plan& plan, runtime rt) {
   using M = typename Plan::model_type;
   auto engine = make_engine(plan.strategy());
+  LOOM_CHECK_ENGINE_HOOKS(decltype(engine))
 
   // Construction, then the adapters' initial weights, from one forked stream when seeded.
   std::optional<forked_rng> fork;
@@ -75,13 +76,19 @@ struct with_strategy {
 template <class M, class Stage>
 using job_for = job<M, decltype(make_engine(std::declval<const Stage&>()))>;
 
+template <class M, class Strategies>
+struct jobs_for;
+template <class M, class... Stages>
+struct jobs_for<M, std::variant<Stages...>> {
+  using type = std::variant<job_for<M, Stages>...>;
+};
+
 }  // namespace detail
 
-// The job types a run_plan over M can become, one per built-in strategy: visit it to train, with
-// job.module() typed as always.
+// The job types a run_plan over M can become, one per strategy a run file can name (run_strategy):
+// visit it to train, with job.module() typed as always.
 template <class M>
-using run_job =
-    std::variant<detail::job_for<M, local_stage>, detail::job_for<M, ddp_stage>, detail::job_for<M, fsdp_stage>>;
+using run_job = typename detail::jobs_for<M, run_strategy>::type;
 
 // A plan chosen at run time (loom/config/run_file.hpp) becomes the job of its strategy.
 template <class Model>

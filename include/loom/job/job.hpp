@@ -12,11 +12,14 @@
 #include <torch/nn/pimpl.h>
 
 #include <concepts>
+#include <exception>
 #include <filesystem>
 #include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 namespace loom {
@@ -55,6 +58,65 @@ struct module_storage<M> {
   std::shared_ptr<torch::nn::Module> base() const { return held.ptr(); }
 };
 
+// A reference to a callable, for the compiled core to call back into a job's template without a
+// copy or an allocation; it must not outlive the callable.
+template <class Signature>
+class function_ref;
+template <class R, class... A>
+class function_ref<R(A...)> {
+ public:
+  function_ref() = default;
+  template <class F>
+  requires(!std::same_as<std::remove_cvref_t<F>, function_ref> && std::is_invocable_r_v<R, F&, A...>)
+      function_ref(F&& callable)
+  noexcept  // NOLINT(google-explicit-constructor): passed as a lambda
+      : object_(static_cast<void*>(std::addressof(callable))), call_([](void* object, A... args) -> R {
+          return (*static_cast<std::remove_reference_t<F>*>(object))(std::forward<A>(args)...);
+        }) {}
+
+  R operator()(A... args) const { return call_(object_, std::forward<A>(args)...); }
+  explicit operator bool() const noexcept { return call_ != nullptr; }
+
+ private:
+  void* object_ = nullptr;
+  R (*call_)(void*, A...) = nullptr;
+};
+
+// What a call returned, kept across a type-erased call: a value, a reference, or nothing.
+template <class T>
+class returned {
+ public:
+  template <class F>
+  void capture(F&& call) {
+    value_.emplace(std::forward<F>(call)());
+  }
+  T take() { return std::move(*value_); }
+
+ private:
+  std::optional<T> value_;
+};
+template <class T>
+class returned<T&> {
+ public:
+  template <class F>
+  void capture(F&& call) {
+    value_ = &std::forward<F>(call)();
+  }
+  T& take() { return *value_; }
+
+ private:
+  T* value_ = nullptr;
+};
+template <>
+class returned<void> {
+ public:
+  template <class F>
+  void capture(F&& call) {
+    std::forward<F>(call)();
+  }
+  void take() {}
+};
+
 // The part of a job that does not depend on M or the strategy (src/job/job.cpp).
 class job_core {
  public:
@@ -65,25 +127,12 @@ class job_core {
   [[nodiscard]] const strategy_context& context() const noexcept { return *context_; }
   [[nodiscard]] lora_layers* lora() noexcept { return lora_ ? &*lora_ : nullptr; }
 
-  // Checks the schedule the strategy derived against every other rank's, and notes which parts of
-  // a pass communicate.
-  void verify_schedule();
-
-  // This rank is in `part` of a pass until the scope ends (its progress, for the hang check).
-  class [[nodiscard]] part_scope {
-   public:
-    part_scope(job_progress& progress, pass_part part, bool communicates, const std::string& collectives);
-    ~part_scope();
-    part_scope(const part_scope&) = delete;
-    part_scope& operator=(const part_scope&) = delete;
-
-   private:
-    job_progress& progress_;
-  };
-  [[nodiscard]] part_scope enter(pass_part part) const;
-  // Inside a catch block: the exception that ended this rank's `during` becomes the job's error
-  // (a peer's published failure, the ranks that are gone, or this rank's own, published).
-  [[noreturn]] void fail_step(std::string_view during) const;
+  // Runs the strategy's setup, then checks the schedule it derived against every other rank's.
+  void set_up(function_ref<void(strategy_context&)> setup);
+  // Runs `body` as this rank's `part` of a pass (its progress, for the hang check). An exception
+  // that ends it is shown to `explain` first (which may throw a clearer one), then becomes the job's
+  // error: a peer's published failure, the ranks that are gone, or this rank's own, published.
+  void run_part(pass_part part, function_ref<void()> body, function_ref<void(std::exception_ptr)> explain = {});
 
   [[nodiscard]] lora_layers& require_lora(std::string_view what);
 
@@ -98,6 +147,7 @@ class job_core {
   static void zero_grad(const std::vector<at::Tensor>& parameters, bool set_to_none);
   [[nodiscard]] std::string describe() const;
   [[nodiscard]] const std::string& plan_text() const noexcept { return plan_text_; }
+  [[nodiscard]] std::vector<std::string> frozen_names() const;
 
  private:
   // On the heap: engines and hooks keep its address, which must survive moving the job.
@@ -123,8 +173,7 @@ class job {
       : model_(std::move(model)),
         core_(std::move(rt), model_.base(), std::string(detail::type_name<M>()), std::move(lora), std::move(plan_text)),
         engine_(std::move(engine)) {
-    engine_.setup(core_.context());
-    core_.verify_schedule();
+    core_.set_up([this](strategy_context& context) { engine_.setup(context); });
   }
 
   // The user's module, typed.
@@ -135,30 +184,28 @@ class job {
   // M's forward with the strategy around it; returns what M's forward returns.
   template <class... Args>
   decltype(auto) forward(Args&&... args) {
+    using result = decltype(model_->forward(std::forward<Args>(args)...));
     failpoint("step.forward");
-    const auto in_forward = core_.enter(pass_part::forward);
-    try {
-      engine_.before_forward(core_.context());
-      std::optional<lora_layers::forward_guard> adapters;
-      if (lora_layers* lora = core_.lora()) adapters.emplace(*lora);
-      return model_->forward(std::forward<Args>(args)...);
-    } catch (...) {
-      hooks::explain_forward_failure(engine_, core_.context(), std::current_exception());
-      core_.fail_step("forward pass");
-    }
+    detail::returned<result> out;
+    core_.run_part(
+        pass_part::forward,
+        [&] {
+          engine_.before_forward(core_.context());
+          std::optional<lora_layers::forward_guard> adapters;
+          if (lora_layers* lora = core_.lora()) adapters.emplace(*lora);
+          out.capture([&]() -> result { return model_->forward(std::forward<Args>(args)...); });
+        },
+        [this](std::exception_ptr error) { hooks::explain_forward_failure(engine_, core_.context(), error); });
+    return out.take();
   }
 
   // Backward, and the strategy's gradient synchronisation completed.
   void backward(const at::Tensor& loss) {
-    strategy_context& context = core_.context();
-    const auto in_backward = core_.enter(pass_part::backward);
-    try {
-      hooks::before_backward(engine_, context, loss);
+    core_.run_part(pass_part::backward, [&] {
+      hooks::before_backward(engine_, core_.context(), loss);
       loss.backward();
-      engine_.after_backward(context);
-    } catch (...) {
-      core_.fail_step("backward pass");
-    }
+      engine_.after_backward(core_.context());
+    });
   }
 
   // What the optimizer steps: the trainable parameters, or this rank's shards of them (and the
@@ -187,6 +234,8 @@ class job {
     for (const named_tensor& t : core_.context().trainable()) names.push_back(t.name);
     return names;
   }
+  // The names of the parameters that do not train, in registration order.
+  [[nodiscard]] std::vector<std::string> frozen_names() const { return core_.frozen_names(); }
   // Whether each rank holds its own part of the state (fsdp) rather than a replica of the whole.
   [[nodiscard]] static constexpr bool shards_state() noexcept { return hooks::shards_parameters<E>(); }
 

@@ -6,7 +6,6 @@
 
 #include <ATen/core/Tensor.h>
 #include <c10/util/intrusive_ptr.h>
-#include <torch/csrc/distributed/c10d/Work.hpp>
 
 #include <chrono>
 #include <cstdint>
@@ -16,6 +15,7 @@
 
 namespace c10d {
 class Backend;
+class Work;
 }  // namespace c10d
 
 namespace loom {
@@ -33,11 +33,15 @@ struct collective_label {
   std::string what;
 };
 
+// c10d's Work stays behind this class (defined where it is complete), out of every recipe's headers.
 class [[nodiscard]] pending_collective {
  public:
-  pending_collective() = default;  // nothing to wait for
+  pending_collective();  // nothing to wait for
   explicit pending_collective(c10::intrusive_ptr<c10d::Work> work, std::function<void()> then = {},
                               collective_label label = {});
+  ~pending_collective();
+  pending_collective(pending_collective&&) noexcept;
+  pending_collective& operator=(pending_collective&&) noexcept;
 
   void wait();
   [[nodiscard]] bool is_completed() const;

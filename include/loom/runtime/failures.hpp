@@ -5,8 +5,13 @@
 // died or stopped without a word (SIGKILL, a segfault, the OOM killer): the ranks that still answer
 // take a roll call in the store and name the ranks that did not.
 
+#include <c10/util/intrusive_ptr.h>
+
+#include <atomic>
 #include <exception>
 #include <functional>
+#include <memory>
+#include <mutex>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -19,6 +24,7 @@ class Store;
 namespace loom {
 
 class runtime;
+class job_progress;
 
 // loom's error for a failure of the job, thrown on every rank whichever rank it began on.
 class job_failure : public std::runtime_error {
@@ -29,22 +35,65 @@ class job_failure : public std::runtime_error {
 // An exception's message without the C++ backtrace that c10::Error's what() carries.
 [[nodiscard]] std::string error_text(const std::exception& error);
 
-// Publishes `message` for the other ranks (the first failure published is the one they report),
-// then throws job_failure("loom: " + message).
-[[noreturn]] void fail_job(const runtime& rt, const std::string& message);
+// This rank's part in the job's failures, and the one owner of them: whether its job has failed,
+// its failure published in the rendezvous store for the other ranks (the first one published is the
+// cause the others report), the failure its heartbeat last read there while it waited, its answer to
+// a wait that can never end, and its report of an exception that nothing catches. The runtime holds
+// one (rt.failures()); the heartbeat's thread takes it by reference. Messages are given without
+// "loom: ", which the failure's error starts with.
+class job_failures {
+ public:
+  explicit job_failures(int rank);
+  ~job_failures();
+  job_failures(const job_failures&) = delete;
+  job_failures& operator=(const job_failures&) = delete;
 
-// The failure a rank published, as "rank R failed: ...".
-[[nodiscard]] std::optional<std::string> published_failure(const runtime& rt);
+  // Once the rendezvous is up: the store failures are published in, and, while the process group
+  // lives, the report of an exception nothing catches (Gloo throws so on its own threads), which
+  // says where `progress` was and publishes it before the process aborts.
+  void watch(c10::intrusive_ptr<c10d::Store> store, const job_progress& progress);
+  // The process group is going: uncaught exceptions are reported as before.
+  void stop_watching() noexcept;
 
-// The same on a store connection of one's own (the heartbeat's); throws when the store is gone.
-[[nodiscard]] std::optional<std::string> read_published_failure(c10d::Store& store);
-// Publishes `message` as rank `rank`'s failure, unless one is published already; quiet when the
-// store is gone.
-void publish_failure(c10d::Store& store, int rank, const std::string& message);
+  // This rank's job has failed: when it ends, it is not leaving on purpose, and its peers must not
+  // take it for the cause.
+  void mark_failed() noexcept { failed_.store(true, std::memory_order_relaxed); }
+  [[nodiscard]] bool failed() const noexcept { return failed_.load(std::memory_order_relaxed); }
 
-// A failure the heartbeat read in the store while this rank waited: rethrow_as_job_failure reports
-// it when the wait breaks because rank 0, which hosts the store, is gone with it.
-void remember_published_failure(std::string failure);
+  // Marks the job failed, publishes `message` and throws job_failure("loom: " + message).
+  [[noreturn]] void fail(const std::string& message);
+  // Publishes `message` as this rank's failure, unless one is published already; quiet when the
+  // store is gone. On the runtime's store connection, or on `store` (one of the caller's own).
+  void publish(const std::string& message) const;
+  void publish(c10d::Store& store, const std::string& message) const;
+  // The failure a rank published ("rank R failed: ..."), or none, also when the store is gone.
+  [[nodiscard]] std::optional<std::string> published() const;
+  // The same on `store`; throws when the store is gone.
+  [[nodiscard]] static std::optional<std::string> read(c10d::Store& store);
+
+  // What the heartbeat read in the store while this rank waited: reported when the wait breaks
+  // because rank 0, which hosts the store, is gone with it.
+  void remember(std::string failure);
+  [[nodiscard]] std::optional<std::string> remembered() const;
+
+  // The heartbeat's answer to a wait that can never end (on its thread, with its connection): the
+  // training thread is blocked inside the wait, so this rank publishes why, says it, and ends the
+  // process, as PyTorch's NCCL watchdog does.
+  [[noreturn]] void stop_hung_job(c10d::Store& store, const std::string& error) const;
+  // Says `message` and publishes it on a connection of its own, then lingers a beat so that waiting
+  // peers read it before this process ends.
+  void say_and_publish(const std::string& message) const noexcept;
+
+ private:
+  class terminate_report;
+
+  int rank_;
+  c10::intrusive_ptr<c10d::Store> store_;
+  std::atomic<bool> failed_ = false;
+  mutable std::mutex remembered_mutex_;
+  std::optional<std::string> remembered_;
+  std::unique_ptr<terminate_report> terminate_report_;
+};
 
 // Rethrows `error`, which ended this rank's `during` (e.g. "backward pass"), as the job's
 // error on this rank:

@@ -7,13 +7,13 @@
 // hang check (loom/runtime/hang_check.hpp). A rank that ends on purpose says so, and where, so its
 // silence is not taken for a death; one whose job failed does not, so it is not taken for the cause.
 
+#include <loom/runtime/failures.hpp>
 #include <loom/runtime/progress.hpp>
 
 #include <c10/util/intrusive_ptr.h>
 
 #include <chrono>
 #include <condition_variable>
-#include <functional>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -34,16 +34,12 @@ class heartbeat {
   // Five beats: a live rank, however busy, beats in that time.
   static constexpr std::chrono::milliseconds silence = 5 * interval;
 
-  // Called on the heartbeat's thread, with the beat's own store connection and the job's error
-  // (without "loom: "), when this rank's wait can never end. It should not return: the training
-  // thread is blocked in the wait.
-  using hang_handler = std::function<void(c10d::Store& store, const std::string& error)>;
-
   // Starts beating for `rank` on a clone of `store` (which must already hold the job's key space),
-  // publishing `tracker`'s snapshots; checks for hangs once a wait has lasted `hang_check` (zero:
-  // never).
+  // publishing `tracker`'s snapshots and telling `failures` what it reads of the job's failure;
+  // checks for hangs once a wait has lasted `hang_check` (zero: never), and stops the job through
+  // `failures` when a wait can never end.
   heartbeat(const c10::intrusive_ptr<c10d::Store>& store, int rank, int world_size, const job_progress& tracker,
-            std::chrono::milliseconds hang_check, hang_handler on_hang);
+            job_failures& failures, std::chrono::milliseconds hang_check);
   // Stops beating and, unless this rank's job failed, says that it left on purpose.
   ~heartbeat();
   heartbeat(const heartbeat&) = delete;
@@ -65,8 +61,8 @@ class heartbeat {
   int rank_;
   int world_size_;
   const job_progress& progress_;
+  job_failures& failures_;
   std::chrono::milliseconds hang_check_;
-  hang_handler on_hang_;
   std::mutex mutex_;
   std::condition_variable wake_;
   bool stopping_ = false;

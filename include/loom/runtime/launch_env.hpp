@@ -49,6 +49,9 @@ struct launch_env {
   std::chrono::milliseconds hang_check = default_hang_check;
   std::optional<backend_kind> backend;   // LOOM_BACKEND; unset: chosen by device
   std::optional<device_request> device;  // LOOM_DEVICE; unset: CUDA when NCCL can serve it
+  // TORCH_SHOW_CPP_STACKTRACES, as PyTorch reads it: whether c10's errors keep their C++ backtrace
+  // (the "frame #N" lines that c10d's warnings print); loom's own messages never carry one.
+  bool show_cpp_stack_traces = false;
 
   [[nodiscard]] bool is_distributed() const noexcept { return world_size > 1; }
   [[nodiscard]] bool is_launched() const noexcept { return !master_addr.empty(); }
@@ -65,8 +68,8 @@ using env_lookup = std::function<std::optional<std::string>(const char* name)>;
 [[nodiscard]] std::optional<std::string> process_env(const char* name);
 
 // Reads RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT,
-// TORCHELASTIC_USE_AGENT_STORE, TORCHELASTIC_RESTART_COUNT, LOOM_BACKEND, LOOM_DEVICE, LOOM_TIMEOUT_S and
-// LOOM_HANG_CHECK_S.
+// TORCHELASTIC_USE_AGENT_STORE, TORCHELASTIC_RESTART_COUNT, LOOM_BACKEND, LOOM_DEVICE, LOOM_TIMEOUT_S,
+// LOOM_HANG_CHECK_S and TORCH_SHOW_CPP_STACKTRACES.
 // None of the launcher's variables set means a single process. Throws launch_error.
 [[nodiscard]] launch_env parse_launch_env(const env_lookup& lookup = process_env);
 

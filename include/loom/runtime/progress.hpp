@@ -3,7 +3,6 @@
 // thread marks the parts of each pass and each wait on one of loom's collectives (a few stores under
 // an uncontended lock, nothing sent), and the heartbeat thread publishes a snapshot with every beat.
 
-#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <mutex>
@@ -83,11 +82,6 @@ class job_progress {
 
   [[nodiscard]] progress_snapshot snapshot(clock::time_point now = clock::now()) const;
 
-  // This rank's job has failed (loom/runtime/failures.hpp): when it ends, it is not leaving on
-  // purpose, and its peers must not take it for the cause.
-  void mark_failed() noexcept { failed_.store(true, std::memory_order_relaxed); }
-  [[nodiscard]] bool failed() const noexcept { return failed_.load(std::memory_order_relaxed); }
-
  private:
   mutable std::mutex mutex_;
   job_position at_;
@@ -96,7 +90,6 @@ class job_progress {
   clock::time_point part_since_;
   std::optional<std::pair<std::int64_t, std::string>> collective_;  // number and description
   clock::time_point collective_since_;
-  std::atomic<bool> failed_ = false;
 };
 
 }  // namespace loom

@@ -21,6 +21,8 @@ class Store;
 
 namespace loom {
 
+class job_failures;
+
 class runtime {
  public:
   // Reads the launcher's variables (see launch_env) and joins the job; a single process when
@@ -44,6 +46,9 @@ class runtime {
   // Where this rank is in its job, which the heartbeat publishes for the hang check: a job marks
   // its passes, the collectives their waits.
   [[nodiscard]] job_progress& progress() const noexcept;
+  // This rank's part in the job's failures: publishing its own, reading a peer's
+  // (loom/runtime/failures.hpp).
+  [[nodiscard]] job_failures& failures() const noexcept;
   // The world group, for c10d components such as the Reducer; null for a single process.
   [[nodiscard]] const c10::intrusive_ptr<c10d::ProcessGroup>& process_group() const noexcept;
   [[nodiscard]] const c10::intrusive_ptr<c10d::Store>& store() const noexcept;

@@ -11,10 +11,6 @@
 #include <string_view>
 #include <vector>
 
-namespace c10d {
-class Reducer;
-}
-
 namespace loom {
 
 class ddp_engine {

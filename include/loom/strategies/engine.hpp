@@ -29,9 +29,13 @@
 //         this rank's shard of `name` from its shards over another number of ranks
 //     tensor_state strategy_state(strategy_context&)                          none
 //     void load_strategy_state(strategy_context&, const tensor_state&)       only an empty state
-// A sharding strategy overrides the state hooks: full_state gathers, local_state is this rank's
-// shards, and its own state (say, a step counter) goes in strategy_state.
+// A hook's member of another signature is a compile error (rule R14, with the signature), never a
+// silent default; a sharding strategy must override the state hooks (R14 names the missing one):
+// optimizer_parameters, clip_grad_norm, with_full_parameters, full_state (gathers), local_state (this
+// rank's shards), load_full_state, load_local_state and reshard_local; its own state (say, a step
+// counter) goes in strategy_state.
 
+#include <loom/dsl/rule_table.hpp>
 #include <loom/dsl/strategy.hpp>
 #include <loom/runtime/tensors.hpp>
 #include <loom/strategies/strategy_context.hpp>
@@ -60,12 +64,84 @@ S make_engine(const strategy_stage<S>& stage) {
   return stage.get();
 }
 
-// Calls an optional hook, or does what the job does without one.
+// Each optional hook as the job calls it: overrides_<hook><E> when E has it with its signature.
 namespace hooks {
+
+template <class E>
+concept overrides_before_backward = requires(E& engine, strategy_context& context, const at::Tensor& loss) {
+  engine.before_backward(context, loss);
+};
+template <class E>
+concept overrides_optimizer_parameters = requires(const E& engine, const strategy_context& context) {
+  { engine.optimizer_parameters(context) } -> std::convertible_to<std::vector<at::Tensor>>;
+};
+template <class E>
+concept overrides_clip_grad_norm = requires(E& engine, strategy_context& context, double max_norm, double p) {
+  { engine.clip_grad_norm(context, max_norm, p) } -> std::convertible_to<double>;
+};
+template <class E>
+concept overrides_explain_forward_failure = requires(E& engine, strategy_context& context, std::exception_ptr error) {
+  engine.explain_forward_failure(context, error);
+};
+template <class E>
+concept overrides_with_full_parameters = requires(E& engine, strategy_context& context,
+                                                  const std::function<void()>& change) {
+  engine.with_full_parameters(context, change);
+};
+template <class E>
+concept overrides_full_state = requires(E& engine, strategy_context& context) {
+  { engine.full_state(context) } -> std::convertible_to<tensor_state>;
+};
+template <class E>
+concept overrides_local_state = requires(E& engine, strategy_context& context) {
+  { engine.local_state(context) } -> std::convertible_to<tensor_state>;
+};
+template <class E>
+concept overrides_load_full_state = requires(E& engine, strategy_context& context, const tensor_state& state) {
+  engine.load_full_state(context, state);
+};
+template <class E>
+concept overrides_load_local_state = requires(E& engine, strategy_context& context, const tensor_state& state) {
+  engine.load_local_state(context, state);
+};
+template <class E>
+concept overrides_reshard_local = requires(E& engine, strategy_context& context, const std::string& name,
+                                           const std::vector<at::Tensor>& shards) {
+  { engine.reshard_local(context, name, shards) } -> std::convertible_to<std::optional<at::Tensor>>;
+};
+template <class E>
+concept overrides_strategy_state = requires(E& engine, strategy_context& context) {
+  { engine.strategy_state(context) } -> std::convertible_to<tensor_state>;
+};
+template <class E>
+concept overrides_load_strategy_state = requires(E& engine, strategy_context& context, const tensor_state& state) {
+  engine.load_strategy_state(context, state);
+};
+
+// names_<hook><E>: E has a member of the hook's name, whatever it takes (one that is not overloaded).
+#define LOOM_DETAIL_NAMES_HOOK(hook, ...) \
+  template <class E>                      \
+  concept names_##hook = requires {       \
+    &E::hook;                             \
+  };
+LOOM_ENGINE_HOOKS(LOOM_DETAIL_NAMES_HOOK)
+#undef LOOM_DETAIL_NAMES_HOOK
+
+// Whether each rank holds its own part of the parameters (so each saves its own), or a replica.
+template <Engine E>
+constexpr bool shards_parameters() {
+  if constexpr (requires { E::shards_parameters; }) {
+    return E::shards_parameters;
+  } else {
+    return false;
+  }
+}
+
+// Calls an optional hook, or does what the job does without one.
 
 template <Engine E>
 void before_backward(E& engine, strategy_context& context, const at::Tensor& loss) {
-  if constexpr (requires { engine.before_backward(context, loss); }) engine.before_backward(context, loss);
+  if constexpr (overrides_before_backward<E>) engine.before_backward(context, loss);
 }
 
 // What the optimizer steps: the trainable parameters, or their shards under a sharding strategy.
@@ -73,7 +149,7 @@ void before_backward(E& engine, strategy_context& context, const at::Tensor& los
 
 template <Engine E>
 std::vector<at::Tensor> optimizer_parameters(const E& engine, const strategy_context& context) {
-  if constexpr (requires { engine.optimizer_parameters(context); }) {
+  if constexpr (overrides_optimizer_parameters<E>) {
     return engine.optimizer_parameters(context);
   } else {
     return trainable_tensors(context);
@@ -86,7 +162,7 @@ double clip_local_grad_norm(const std::vector<at::Tensor>& parameters, double ma
 
 template <Engine E>
 double clip_grad_norm(E& engine, strategy_context& context, double max_norm, double norm_type) {
-  if constexpr (requires { engine.clip_grad_norm(context, max_norm, norm_type); }) {
+  if constexpr (overrides_clip_grad_norm<E>) {
     return engine.clip_grad_norm(context, max_norm, norm_type);
   } else {
     return clip_local_grad_norm(optimizer_parameters(engine, context), max_norm, norm_type);
@@ -95,13 +171,12 @@ double clip_grad_norm(E& engine, strategy_context& context, double max_norm, dou
 
 template <Engine E>
 void explain_forward_failure(E& engine, strategy_context& context, std::exception_ptr error) {
-  if constexpr (requires { engine.explain_forward_failure(context, error); })
-    engine.explain_forward_failure(context, error);
+  if constexpr (overrides_explain_forward_failure<E>) engine.explain_forward_failure(context, error);
 }
 
 template <Engine E>
 void with_full_parameters(E& engine, strategy_context& context, const std::function<void()>& change) {
-  if constexpr (requires { engine.with_full_parameters(context, change); }) {
+  if constexpr (overrides_with_full_parameters<E>) {
     engine.with_full_parameters(context, change);
   } else {
     change();
@@ -110,7 +185,7 @@ void with_full_parameters(E& engine, strategy_context& context, const std::funct
 
 template <Engine E>
 tensor_state full_state(E& engine, strategy_context& context) {
-  if constexpr (requires { engine.full_state(context); }) {
+  if constexpr (overrides_full_state<E>) {
     return engine.full_state(context);
   } else {
     return module_state(context.module());
@@ -119,7 +194,7 @@ tensor_state full_state(E& engine, strategy_context& context) {
 
 template <Engine E>
 tensor_state local_state(E& engine, strategy_context& context) {
-  if constexpr (requires { engine.local_state(context); }) {
+  if constexpr (overrides_local_state<E>) {
     return engine.local_state(context);
   } else {
     return full_state(engine, context);
@@ -128,7 +203,7 @@ tensor_state local_state(E& engine, strategy_context& context) {
 
 template <Engine E>
 void load_full_state(E& engine, strategy_context& context, const tensor_state& state) {
-  if constexpr (requires { engine.load_full_state(context, state); }) {
+  if constexpr (overrides_load_full_state<E>) {
     engine.load_full_state(context, state);
   } else {
     loom::load_module_state(context.module(), state);
@@ -138,27 +213,17 @@ void load_full_state(E& engine, strategy_context& context, const tensor_state& s
 // Takes back what local_state gave on this rank (a checkpoint of the same world size).
 template <Engine E>
 void load_local_state(E& engine, strategy_context& context, const tensor_state& state) {
-  if constexpr (requires { engine.load_local_state(context, state); }) {
+  if constexpr (overrides_load_local_state<E>) {
     engine.load_local_state(context, state);
   } else {
     load_full_state(engine, context, state);
   }
 }
 
-// Whether each rank holds its own part of the parameters (so each saves its own), or a replica.
-template <Engine E>
-constexpr bool shards_parameters() {
-  if constexpr (requires { E::shards_parameters; }) {
-    return E::shards_parameters;
-  } else {
-    return false;
-  }
-}
-
 template <Engine E>
 std::optional<at::Tensor> reshard_local(E& engine, strategy_context& context, const std::string& name,
                                         const std::vector<at::Tensor>& old_shards) {
-  if constexpr (requires { engine.reshard_local(context, name, old_shards); }) {
+  if constexpr (overrides_reshard_local<E>) {
     return engine.reshard_local(context, name, old_shards);
   } else {
     return std::nullopt;
@@ -167,7 +232,7 @@ std::optional<at::Tensor> reshard_local(E& engine, strategy_context& context, co
 
 template <Engine E>
 tensor_state strategy_state(E& engine, strategy_context& context) {
-  if constexpr (requires { engine.strategy_state(context); }) {
+  if constexpr (overrides_strategy_state<E>) {
     return engine.strategy_state(context);
   } else {
     return {};
@@ -179,7 +244,7 @@ void require_no_strategy_state(std::string_view engine_name, const tensor_state&
 
 template <Engine E>
 void load_strategy_state(E& engine, strategy_context& context, const tensor_state& state) {
-  if constexpr (requires { engine.load_strategy_state(context, state); }) {
+  if constexpr (overrides_load_strategy_state<E>) {
     engine.load_strategy_state(context, state);
   } else {
     require_no_strategy_state(E::name, state);

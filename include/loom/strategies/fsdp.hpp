@@ -9,7 +9,6 @@
 // root, gathered for the whole step.
 
 #include <loom/dsl/strategies.hpp>
-#include <loom/nn/unit.hpp>
 #include <loom/strategies/engine.hpp>
 #include <loom/strategies/strategy_context.hpp>
 
@@ -23,13 +22,17 @@
 
 namespace loom {
 
+namespace sharding {
+class fsdp_state;
+}
+
 class fsdp_engine {
  public:
   static constexpr std::string_view name = "fsdp";
   static constexpr bool shards_parameters = true;
 
   explicit fsdp_engine(const fsdp_options& settings);
-  // Moved, never copied: the units and the pre-backward hooks point at its state.
+  // Moved, never copied: the units and the pre-backward hooks point at its state, on the heap.
   fsdp_engine(fsdp_engine&&) noexcept = default;
   fsdp_engine& operator=(fsdp_engine&&) noexcept = default;
 
@@ -60,12 +63,10 @@ class fsdp_engine {
   void load_full_state(strategy_context& context, const tensor_state& state);
 
  private:
-  struct state;
   // Notes for job.describe(): the units, their gathered sizes, the bytes at rest on this rank.
   void describe_layout(strategy_context& context) const;
 
-  fsdp_options settings_;
-  std::shared_ptr<state> state_;  // shared_ptr: its deleter is made where state is complete
+  std::shared_ptr<sharding::fsdp_state> state_;  // shared_ptr: its deleter is made where it is complete
 };
 
 inline fsdp_engine make_engine(const fsdp_stage& stage) { return fsdp_engine(stage.settings()); }

@@ -21,6 +21,7 @@
 #include <loom/runtime/runtime.hpp>
 #include <loom/train/lr_schedule.hpp>
 
+#include <ATen/TensorOperators.h>
 #include <ATen/core/Tensor.h>
 #include <c10/core/GradMode.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
@@ -55,6 +56,11 @@ struct train_options {
   std::string name{};                       // starts the progress lines ("pretrain step 80/800 ...")
   bool set_to_none = true;                  // zero_grad drops the gradients (PyTorch's default) or zeroes them
 };
+
+// The first option loom::train refuses, if any ("steps", "is 0; give at least 1"; the schedule's as
+// "lr.peak"): what train() throws for before it builds anything, and what a run file's reader
+// refuses when it reads the file.
+[[nodiscard]] std::optional<option_problem> train_options_problem(const train_options& options);
 
 struct step_report {
   std::int64_t step = 0;

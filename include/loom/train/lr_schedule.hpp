@@ -8,6 +8,8 @@
 //   apply_learning_rate(optimizer, lr.at(step));
 
 #include <cstdint>
+#include <optional>
+#include <string>
 #include <string_view>
 
 namespace torch::optim {
@@ -17,6 +19,13 @@ class Optimizer;
 namespace loom {
 
 enum class decay_shape { linear, cosine };
+
+// An option out of range: its name ("peak", "steps") and what is wrong with it, in words that
+// follow the name ("is 0; give at least 1").
+struct option_problem {
+  std::string option;
+  std::string problem;
+};
 
 [[nodiscard]] std::string_view to_string(decay_shape shape) noexcept;
 
@@ -35,6 +44,8 @@ struct lr_schedule {
   // field that is out of range (check() says it before the first step).
   [[nodiscard]] double at(std::int64_t step) const;
   void check() const;
+  // The first field out of range, if any: what check() throws for.
+  [[nodiscard]] std::optional<option_problem> problem() const;
 };
 
 // Sets the learning rate of every parameter group.

@@ -3,7 +3,6 @@
 #include <loom/runtime/failpoints.hpp>
 
 #include <ATen/ATen.h>
-#include <c10/util/Exception.h>
 
 #include <map>
 
@@ -45,12 +44,15 @@ void param_group::start_gather(collectives& comm) {
     at::Tensor packed = at::cat(shards);
     at::Tensor all = at::empty({comm.world_size(), packed.numel()}, packed.options());
     pending_collective work = comm.all_gather(packed, all);
-    gathers_.push_back({std::move(indices), std::move(all), std::move(work)});
+    gathers_.push_back({std::move(indices), std::move(all), std::move(work), {}});
   }
 }
 
 void param_group::finish_gather() {
   if (gathers_.empty()) return;  // none issued: whole already, or left at rest
+  if (!whole_) {
+    for (const sharded_param& p : params_) p.alloc_storage();
+  }
   for (in_flight& gather : gathers_) {
     gather.work.wait();
     std::int64_t offset = 0;
@@ -61,7 +63,7 @@ void param_group::finish_gather() {
     }
   }
   gathers_.clear();
-  gathered_ = true;
+  whole_ = true;
 }
 
 void param_group::gather_now(collectives& comm) {
@@ -70,52 +72,41 @@ void param_group::gather_now(collectives& comm) {
 }
 
 void param_group::reshard() {
-  if (!gathered_) return;
-  for (const sharded_param& p : params_) p.release();
-  gathered_ = false;
+  if (!whole_) return;
+  for (const sharded_param& p : params_) p.free_storage();
+  whole_ = false;
 }
 
 void param_group::start_reduce_scatter(collectives& comm) {
-  const std::int64_t world = comm.world_size();
   for (auto& indices : batches(true)) {
-    const auto flags = static_cast<std::int64_t>(indices.size());
-    std::int64_t per_rank = flags;
-    for (std::size_t i : indices) per_rank += params_[i].shard_numel();
-    const at::Tensor input = at::zeros({world, per_rank}, params_[indices.front()].shard().options());
-    std::int64_t offset = 0;
-    for (std::size_t k = 0; k < indices.size(); ++k) {
-      const sharded_param& p = params_[indices[k]];
-      if (p.move_grad_into(input.narrow(1, offset, p.shard_numel()))) {
-        input.select(1, per_rank - flags + static_cast<std::int64_t>(k)).fill_(1);
-      }
-      offset += p.shard_numel();
-    }
-    at::Tensor output = at::empty({per_rank}, input.options());
+    std::vector<std::int64_t> sizes;
+    for (std::size_t i : indices) sizes.push_back(params_[i].shard_numel());
+    flagged_gradients layout(std::move(sizes));
+    const at::Tensor input = layout.pack(
+        comm.world_size(), params_[indices.front()].shard().options(),
+        [&](std::size_t k, const at::Tensor& by_rank) { return params_[indices[k]].move_grad_into(by_rank); });
+    at::Tensor output = at::empty({layout.row_numel()}, input.options());
     pending_collective work = comm.reduce_scatter(input.view(-1), output, reduce_op::mean);
     failpoint("step.backward");  // mid backward, with a reduce-scatter under way
-    reductions_.push_back({std::move(indices), std::move(output), std::move(work)});
+    reductions_.push_back({std::move(indices), std::move(output), std::move(work), std::move(layout)});
   }
+}
+
+const sharded_param* param_group::late_gradient() const {
+  for (const in_flight& reduction : reductions_) {
+    for (std::size_t i : reduction.indices) {
+      if (params_[i].full().grad().defined()) return &params_[i];
+    }
+  }
+  return nullptr;
 }
 
 void param_group::finish_reduce_scatter() {
   for (in_flight& reduction : reductions_) {
     reduction.work.wait();
-    const at::Tensor& reduced = reduction.buffer;
-    const auto flags = static_cast<std::int64_t>(reduction.indices.size());
-    // Which parameters had a gradient on some rank: a few flags, read on the host.
-    const at::Tensor used_by = reduced.narrow(0, reduced.numel() - flags, flags).to(at::kDouble).cpu();
-    const auto* used = used_by.const_data_ptr<double>();
-    std::int64_t offset = 0;
-    for (std::size_t k = 0; k < reduction.indices.size(); ++k) {
-      const sharded_param& p = params_[reduction.indices[k]];
-      // A gradient after the reduce-scatter began would be lost: never silently.
-      TORCH_CHECK(!p.full().grad().defined(), "loom: fsdp(): '", p.name(), "' received a gradient after ", name_,
-                  "'s reduce-scatter began. fsdp() reduces a unit's gradients once the gradient of the previous "
-                  "unit's output is complete, which holds when the units form a chain (each unit's output feeds "
-                  "the next, as a transformer's blocks do); hold units whose backward passes interleave as one unit");
-      if (used[k] > 0) p.accumulate_grad(reduced.narrow(0, offset, p.shard_numel()));
-      offset += p.shard_numel();
-    }
+    reduction.layout.unpack(reduction.buffer, [&](std::size_t k, const at::Tensor& reduced) {
+      params_[reduction.indices[k]].accumulate_grad(reduced);
+    });
   }
   reductions_.clear();
 }

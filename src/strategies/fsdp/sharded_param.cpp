@@ -1,7 +1,6 @@
 #include <loom/strategies/fsdp/sharded_param.hpp>
 
 #include <ATen/ATen.h>
-#include <ATen/native/Resize.h>
 #include <c10/util/Exception.h>
 
 #include <algorithm>
@@ -47,14 +46,27 @@ tensor_spec sharded_param::shard_spec() const { return {name_, {shard_numel()}, 
 
 at::Tensor sharded_param::full_rows() const { return full_.variable_data().view({rows_, row_numel_}); }
 
-void sharded_param::release() const { at::native::resize_bytes_cpu(full_.storage().unsafeGetStorageImpl(), 0); }
+bool sharded_param::allocated() const noexcept { return full_.storage().nbytes() == full_.nbytes(); }
 
-void sharded_param::restore() const {
-  at::native::resize_bytes_cpu(full_.storage().unsafeGetStorageImpl(), full_.nbytes());
+// As FSDP2's free_storage / alloc_storage: the storage object, and so every view and autograd handle
+// of the parameter, stays; only its bytes come and go. An empty parameter has no bytes either way.
+void sharded_param::free_storage() const {
+  if (full_.nbytes() == 0) return;
+  TORCH_INTERNAL_ASSERT(allocated(), "fsdp(): '", name_, "' freed while at rest");
+  c10::StorageImpl& storage = *full_.storage().unsafeGetStorageImpl();
+  storage.set_data_ptr_noswap(c10::DataPtr(nullptr, storage.device()));
+  storage.set_nbytes(0);
+}
+
+void sharded_param::alloc_storage() const {
+  if (full_.nbytes() == 0) return;
+  c10::StorageImpl& storage = *full_.storage().unsafeGetStorageImpl();
+  TORCH_INTERNAL_ASSERT(storage.nbytes() == 0, "fsdp(): '", name_, "' given bytes while whole");
+  storage.set_data_ptr_noswap(storage.allocator()->allocate(full_.nbytes()));
+  storage.set_nbytes(full_.nbytes());
 }
 
 void sharded_param::unshard_from(const at::Tensor& by_rank) const {
-  restore();
   const at::Tensor blocks = by_rank.view({by_rank.size(0), shard_rows_, row_numel_});
   for (const auto& [rows, padded] : matching_rows(full_rows(), blocks)) rows.copy_(padded);
 }
@@ -73,10 +85,14 @@ void sharded_param::accumulate_grad(const at::Tensor& reduced) const {
   grad = grad.defined() ? grad.add_(reduced) : reduced.clone();
 }
 
+sharded_param::row_range sharded_param::rows_of(int rank) const noexcept {
+  const std::int64_t first = std::min(rows_, rank * shard_rows_);
+  return {first, std::min(rows_, first + shard_rows_) - first};
+}
+
 void sharded_param::reshard_values(int rank) const {
   const at::Tensor mine = shard_.detach().view({shard_rows_, row_numel_});
-  const std::int64_t first = std::min(rows_, rank * shard_rows_);
-  const std::int64_t count = std::min(rows_, first + shard_rows_) - first;
+  const auto [first, count] = rows_of(rank);
   if (count > 0) mine.narrow(0, 0, count).copy_(full_rows().narrow(0, first, count));
 }
 
@@ -87,8 +103,7 @@ at::Tensor sharded_param::rows_from_shards(const std::vector<at::Tensor>& shards
   TORCH_CHECK(all_rows.size(0) >= rows_, "loom: fsdp(): the shards of '", name_, "' hold ", all_rows.size(0),
               " rows, fewer than its ", rows_);
   at::Tensor mine = at::zeros({shard_rows_, row_numel_}, shard_.options().requires_grad(false));
-  const std::int64_t first = std::min(rows_, rank * shard_rows_);
-  const std::int64_t count = std::min(rows_, first + shard_rows_) - first;
+  const auto [first, count] = rows_of(rank);
   if (count > 0) mine.narrow(0, 0, count).copy_(all_rows.narrow(0, first, count));
   return mine.view(-1);
 }

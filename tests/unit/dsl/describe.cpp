@@ -31,7 +31,7 @@ TEST_CASE("describe fills in defaults, the strategy included", "[dsl][describe]"
   CHECK(plan.describe() ==
         "model<demo::TinyGpt>(0 args)\n"
         "lora(rank=8, alpha=0.5, dropout=0.05, targets=[q_proj, k_proj, v_proj, o_proj, to_q, to_k, to_v, "
-        "to_out, to_qkv], exclude=[lm_head, pattern(\"blocks\\.0\\..*\")])\n"
+        "to_out, to_qkv, to_gate_compress], exclude=[lm_head, pattern(\"blocks\\.0\\..*\")])\n"
         "trainable(patterns=[norm, pattern(\".*\\.bias\")])\n"
         "local()\n");
 }

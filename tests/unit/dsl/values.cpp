@@ -66,6 +66,9 @@ TEST_CASE("lora(...) with constants, lora_stage::checked with run-time values", 
   STATIC_REQUIRE(fixed.targets() == attention);
   STATIC_REQUIRE(fixed.exclude().empty());
   STATIC_REQUIRE(loom::lora(4).targets() == loom::default_targets);
+  // FastVideo's DEFAULT_LORA_TARGET_MODULES, in its order.
+  STATIC_REQUIRE(loom::default_targets == loom::target_list{"q_proj", "k_proj", "v_proj", "o_proj", "to_q", "to_k",
+                                                            "to_v", "to_out", "to_qkv", "to_gate_compress"});
   STATIC_REQUIRE(loom::lora(4).alpha() == 4);  // alpha defaults to the rank
 
   const int rank = static_cast<int>(std::string("12").size()) * 6;  // a value the compiler cannot see

@@ -29,11 +29,15 @@ class sharded_param {
   [[nodiscard]] std::int64_t shard_numel() const noexcept { return shard_rows_ * row_numel_; }
   [[nodiscard]] tensor_spec shard_spec() const;
 
-  // Frees the full parameter's bytes (at rest), and gives them back.
-  void release() const;
-  void restore() const;
+  // Whether the full parameter holds its bytes (whole), or none (at rest).
+  [[nodiscard]] bool allocated() const noexcept;
+  // Frees the full parameter's bytes, and gives it new, unwritten ones of its full size, through its
+  // storage's own allocator (the device's: no copy, no host code). Only a whole parameter is freed
+  // and only one at rest is given bytes; anything else is a bug in the caller (an internal error).
+  void free_storage() const;
+  void alloc_storage() const;
 
-  // Writes every rank's rows into the full parameter: `by_rank` is N × shard_numel(), rank-major.
+  // Writes every rank's rows into the whole full parameter: `by_rank` is N × shard_numel(), rank-major.
   void unshard_from(const at::Tensor& by_rank) const;
   // Writes the full parameter's gradient, rank-major, into `by_rank` (N × shard_numel(), zeroed by
   // the caller) and drops it; false, writing nothing, when there is none.
@@ -47,6 +51,12 @@ class sharded_param {
   [[nodiscard]] at::Tensor rows_from_shards(const std::vector<at::Tensor>& shards, int rank) const;
 
  private:
+  struct row_range {
+    std::int64_t first = 0;
+    std::int64_t count = 0;  // fewer than shard rows for the last ranks, or none
+  };
+  // The rows of the full parameter that rank `rank` owns.
+  [[nodiscard]] row_range rows_of(int rank) const noexcept;
   // The full parameter as rows × row_numel, sharing its storage but not its version counter, so that
   // writing a gather into it does not invalidate what autograd saved for backward.
   [[nodiscard]] at::Tensor full_rows() const;

@@ -1,0 +1,90 @@
+#pragma once
+// fsdp()'s state across a step (FSDP2's per-module state): the root's and the units' parameter
+// groups, the replicated adapters, the step's collectives in the order every rank issues them, and
+// the unit hooks that issue them around each unit's forward and backward (gathers prefetched one
+// unit ahead, reduce-scatters as each unit's backward completes).
+
+#include <loom/dsl/strategies.hpp>
+#include <loom/nn/unit.hpp>
+#include <loom/schedule/cursor.hpp>
+#include <loom/strategies/fsdp/param_group.hpp>
+#include <loom/strategies/fsdp/replicated_adapters.hpp>
+#include <loom/strategies/strategy_context.hpp>
+
+#include <cstddef>
+#include <vector>
+
+namespace loom::sharding {
+
+class fsdp_state : public nn::unit_hooks {
+ public:
+  explicit fsdp_state(const fsdp_options& settings) : settings_(settings) {}
+  ~fsdp_state() override;
+  fsdp_state(const fsdp_state&) = delete;
+  fsdp_state& operator=(const fsdp_state&) = delete;
+
+  // Finds the units and attaches their hooks, shards every parameter but the adapters into its
+  // group, and declares the step's collectives in the schedule. Once, in the engine's setup.
+  void shard(strategy_context& context);
+
+  [[nodiscard]] const fsdp_options& settings() const noexcept { return settings_; }
+  [[nodiscard]] collectives& comm() const { return context_->rt().comm(); }
+  [[nodiscard]] const replicated_adapters& adapters() const noexcept { return adapters_; }
+  // The shards and the adapters, in the module's registration order: what the optimizer steps.
+  [[nodiscard]] const std::vector<at::Tensor>& optimizer_order() const noexcept { return optimizer_order_; }
+  [[nodiscard]] const param_group& root() const noexcept { return root_; }
+  [[nodiscard]] const std::vector<param_group>& units() const noexcept { return units_; }
+
+  // The root, then the units in registration order.
+  template <class F>
+  void for_each_group(F&& each) {
+    each(root_);
+    for (param_group& unit : units_) each(unit);
+  }
+  template <class F>
+  void for_each_group(F&& each) const {
+    each(root_);
+    for (const param_group& unit : units_) each(unit);
+  }
+
+  // The step: the root gathered before the forward; after the backward, everything not yet issued
+  // issued, the groups resharded and, when gradients synchronise, every reduction finished.
+  void begin_step();
+  void end_backward();
+  // The unit whose forward the step expects next, if any (for the messages).
+  [[nodiscard]] const param_group* next_unit() const noexcept {
+    return next_unit_ < units_.size() ? &units_[next_unit_] : nullptr;
+  }
+
+  void before_forward(std::size_t unit) override;
+  void after_forward(std::size_t unit, const std::vector<at::Tensor>& outputs) override;
+
+ private:
+  // A unit's collectives in the step: indices into the cursor.
+  struct unit_collectives {
+    static constexpr std::size_t none = static_cast<std::size_t>(-1);
+    std::size_t forward_gather = none;
+    std::size_t backward_gather = none;  // none when the unit stays whole into its backward
+    std::size_t reduce_scatter = none;
+  };
+
+  void declare_collectives(collective_schedule& schedule);
+  void issue_through(std::size_t collective);
+  // The gradient of the unit's output is complete: its successor's backward is done.
+  void before_backward(std::size_t unit);
+  [[noreturn]] void fail_out_of_order(std::size_t unit) const;
+
+  fsdp_options settings_;
+  strategy_context* context_ = nullptr;
+  param_group root_{"(root)"};
+  std::vector<param_group> units_;
+  std::vector<nn::unit_base*> unit_modules_;
+  replicated_adapters adapters_;
+  std::vector<at::Tensor> optimizer_order_;
+  schedule_cursor cursor_;
+  std::size_t root_gather_ = unit_collectives::none;
+  std::vector<unit_collectives> unit_steps_;
+  std::size_t next_unit_ = 0;  // the unit whose forward comes next in this step
+};
+
+}  // namespace loom::sharding

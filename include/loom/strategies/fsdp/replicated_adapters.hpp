@@ -1,0 +1,48 @@
+#pragma once
+// The trainable parameters fsdp() does not shard (LoRA's adapters over a frozen, sharded base):
+// replicated on every rank, identical at creation, their gradients averaged after backward bucket by
+// bucket in name order, flagged (flagged_gradients): a rank that did not use an adapter contributes
+// zeros, and an adapter that no rank used keeps no gradient.
+
+#include <loom/runtime/collectives.hpp>
+#include <loom/runtime/tensors.hpp>
+#include <loom/schedule/schedule.hpp>
+#include <loom/strategies/fsdp/flagged_gradients.hpp>
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+namespace loom::sharding {
+
+class replicated_adapters {
+ public:
+  replicated_adapters() = default;
+  replicated_adapters(std::vector<named_tensor> adapters, std::int64_t bucket_cap_bytes);
+
+  // Sorted by name.
+  [[nodiscard]] const std::vector<named_tensor>& tensors() const noexcept { return adapters_; }
+  [[nodiscard]] std::size_t bucket_count() const noexcept { return buckets_.size(); }
+  [[nodiscard]] schedule_entry bucket_entry(std::size_t bucket) const;
+
+  // Packs the bucket's gradients and issues their mean, without waiting.
+  void start_all_reduce(std::size_t bucket, collectives& comm);
+  // Waits for what was issued and sets each used adapter's gradient to its mean.
+  void finish_all_reduces();
+
+ private:
+  struct bucket {
+    std::vector<std::size_t> members;  // indices into adapters_
+    flagged_gradients layout;
+  };
+  struct reduction {
+    std::size_t bucket;
+    at::Tensor packed;
+    pending_collective work;
+  };
+  std::vector<named_tensor> adapters_;
+  std::vector<bucket> buckets_;
+  std::vector<reduction> in_flight_;
+};
+
+}  // namespace loom::sharding

@@ -1,0 +1,169 @@
+#include <loom/strategies/fsdp/fsdp_state.hpp>
+
+#include <loom/strategies/fsdp/init_checks.hpp>
+
+#include <ATen/ATen.h>
+#include <c10/core/GradMode.h>
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <string>
+#include <utility>
+
+namespace loom::sharding {
+namespace {
+
+constexpr std::int64_t mib = 1024 * 1024;
+
+}  // namespace
+
+fsdp_state::~fsdp_state() {
+  for (nn::unit_base* unit : unit_modules_) unit->detach();
+}
+
+void fsdp_state::shard(strategy_context& context) {
+  context_ = &context;
+  const runtime& rt = context.rt();
+  const std::vector<unit_module> found = find_units(context.module());
+  for (const unit_module& unit : found) {
+    unit.module->attach(this, units_.size());
+    unit_modules_.push_back(unit.module);
+    units_.emplace_back(unit.name);
+  }
+  std::vector<named_tensor> adapters;
+  for (placed_parameter& p : place_parameters(context.module(), found)) {
+    if (p.replicated) {
+      optimizer_order_.push_back(p.tensor);
+      adapters.push_back({std::move(p.name), std::move(p.tensor)});
+      continue;
+    }
+    param_group& group = p.group == root_group ? root_ : units_[p.group - 1];
+    group.add(sharded_param(std::move(p.name), std::move(p.tensor), rt.rank(), rt.world_size()));
+    if (group.params().back().trainable()) optimizer_order_.push_back(group.params().back().shard());
+  }
+  for_each_group([](param_group& group) { group.reshard(); });
+  adapters_ = replicated_adapters(std::move(adapters), static_cast<std::int64_t>(settings_.bucket_cap_mb) * mib);
+  declare_collectives(context.schedule());
+}
+
+void fsdp_state::issue_through(std::size_t collective) {
+  if (collective != unit_collectives::none) cursor_.issue_through(collective, context_->sync_gradients());
+}
+
+// The collectives of a step, declared in the order every rank issues them; the schedule gets their
+// entries in that order. Forward: the root's gather, then each unit's (the next one prefetched during
+// a unit's forward). Backward, as each unit's output gradient is complete (its successor's backward
+// done): the successor's reduce-scatter, then the gather of the unit before it (prefetched; the last
+// unit stays whole from its forward). After backward: the first unit's and the root's
+// reduce-scatters, and the adapters' all-reduces.
+void fsdp_state::declare_collectives(collective_schedule& schedule) {
+  const auto declare = [&](std::vector<schedule_entry> entries, schedule_cursor::issue_fn issue, bool gradient_sync) {
+    return cursor_.declare(schedule, std::move(entries), std::move(issue), gradient_sync);
+  };
+  const auto gather = [&](param_group& group, step_phase phase) {
+    return declare(
+        group.gather_entries(phase), [this, &group] { group.start_gather(comm()); }, false);
+  };
+  const auto reduce_scatter = [&](param_group& group) {
+    return declare(
+        group.reduce_scatter_entries(), [this, &group] { group.start_reduce_scatter(comm()); }, true);
+  };
+  const std::size_t count = units_.size();
+  unit_steps_.assign(count, {});
+  root_gather_ = gather(root_, step_phase::forward);
+  for (std::size_t u = 0; u < count; ++u) unit_steps_[u].forward_gather = gather(units_[u], step_phase::forward);
+  for (std::size_t u = count; u-- > 0;) {
+    if (u + 1 < count) unit_steps_[u + 1].reduce_scatter = reduce_scatter(units_[u + 1]);
+    if (settings_.reshard_after_forward && u > 0) {
+      unit_steps_[u - 1].backward_gather = gather(units_[u - 1], step_phase::backward);
+    }
+  }
+  if (count > 0) unit_steps_[0].reduce_scatter = reduce_scatter(units_[0]);
+  reduce_scatter(root_);
+  for (std::size_t b = 0; b < adapters_.bucket_count(); ++b) {
+    declare(
+        {adapters_.bucket_entry(b)}, [this, b] { adapters_.start_all_reduce(b, comm()); }, true);
+  }
+}
+
+void fsdp_state::begin_step() {
+  cursor_.begin_step();
+  next_unit_ = 0;
+  issue_through(root_gather_);
+  root_.finish_gather();
+}
+
+void fsdp_state::end_backward() {
+  if (next_unit_ != units_.size()) {
+    context_->fail(fmt::format(
+        "fsdp(): unit '{}' was not entered through loom::nn::Unit in this step: call its forward through the "
+        "Unit type (blocks[i]->as<loom::nn::Unit<Block>>()->forward(x)), not the inner block's",
+        units_[next_unit_].name()));
+  }
+  // What the units' hooks did not issue (a unit whose output needed no gradient on this rank).
+  cursor_.issue_rest(context_->sync_gradients());
+  for (param_group& unit : units_) {
+    unit.finish_gather();
+    unit.reshard();
+  }
+  root_.reshard();
+  if (!context_->sync_gradients()) return;
+  for_each_group([this](const param_group& group) {
+    // A gradient after the reduce-scatter began would be lost: never silently.
+    if (const sharded_param* late = group.late_gradient()) {
+      context_->fail(fmt::format(
+          "fsdp(): '{}' received a gradient after {}'s reduce-scatter began. fsdp() reduces a unit's gradients "
+          "once the gradient of the previous unit's output is complete, which holds when the units form a chain "
+          "(each unit's output feeds the next, as a transformer's blocks do); hold units whose backward passes "
+          "interleave as one unit",
+          late->name(), group.name()));
+    }
+  });
+  for (std::size_t u = units_.size(); u-- > 0;) units_[u].finish_reduce_scatter();
+  root_.finish_reduce_scatter();
+  adapters_.finish_all_reduces();
+}
+
+void fsdp_state::before_forward(std::size_t unit) {
+  if (unit != next_unit_) fail_out_of_order(unit);
+  ++next_unit_;
+  issue_through(unit_steps_[unit].forward_gather);
+  units_[unit].finish_gather();
+  if (unit + 1 < units_.size()) issue_through(unit_steps_[unit + 1].forward_gather);
+}
+
+void fsdp_state::fail_out_of_order(std::size_t unit) const {
+  const std::string expected = next_unit_ < units_.size()
+                                   ? fmt::format("unit '{}' next, {}", units_[next_unit_].name(),
+                                                 cursor_.describe(unit_steps_[next_unit_].forward_gather))
+                                   : std::string("no more units in this step");
+  context_->fail(fmt::format(
+      "fsdp(): unit '{}' ran its forward where the schedule has {}; this rank would have waited on {} instead. "
+      "Every rank must run every unit, in the order the model registers them, once a step (a unit that a rank "
+      "skips would leave the others waiting in its all-gather)",
+      units_[unit].name(), expected, cursor_.describe(unit_steps_[unit].forward_gather)));
+}
+
+void fsdp_state::after_forward(std::size_t unit, const std::vector<at::Tensor>& outputs) {
+  const bool backward_follows =
+      at::GradMode::is_enabled() &&
+      std::any_of(outputs.begin(), outputs.end(), [](const at::Tensor& t) { return t.defined() && t.requires_grad(); });
+  for (const at::Tensor& output : outputs) {
+    if (!backward_follows || !output.defined() || !output.requires_grad()) continue;
+    at::Tensor(output).register_hook([this, unit](const at::Tensor&) { before_backward(unit); });
+  }
+  if (!settings_.reshard_after_forward) return;
+  if (outputs.empty() && at::GradMode::is_enabled()) return;  // nothing to hang a pre-backward gather on
+  // The last unit's backward comes first: FSDP2 keeps it whole rather than gather it again.
+  if (backward_follows && unit + 1 == units_.size()) return;
+  units_[unit].reshard();
+}
+
+void fsdp_state::before_backward(std::size_t unit) {
+  if (unit + 1 < units_.size()) issue_through(unit_steps_[unit + 1].reduce_scatter);
+  if (unit > 0) issue_through(unit_steps_[unit - 1].backward_gather);
+  issue_through(unit_steps_[unit].backward_gather);
+  units_[unit].finish_gather();
+}
+
+}  // namespace loom::sharding

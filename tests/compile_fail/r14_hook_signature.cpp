@@ -1,0 +1,26 @@
+// expect: loom R14: the strategy's clip_grad_norm does not match the hook of that name: declare it as double
+// A user-written strategy's clip_grad_norm without norm_type: the job cannot call it, and used to fall
+// back in silence to the local norm.
+#include <loom/loom.hpp>
+
+struct Net : torch::nn::Module {
+  Net() { register_parameter("w", torch::zeros({4})); }
+};
+
+struct clipped {
+  static constexpr std::string_view name = "clipped";
+  std::string options() const { return {}; }
+  void setup(loom::strategy_context&) {}
+  void before_forward(loom::strategy_context&) {}
+  void after_backward(loom::strategy_context&) {}
+#ifdef LOOM_CF_PASS
+  double clip_grad_norm(loom::strategy_context&, double, double) { return 0; }
+#else
+  double clip_grad_norm(loom::strategy_context&, double) { return 0; }
+#endif
+};
+
+void build_it() {
+  auto job = loom::build(loom::model<Net>() | loom::strategy(clipped{}), loom::runtime::single_process());
+  (void)job;
+}
