@@ -106,7 +106,7 @@ std::string described(const json& value) {
 }
 
 [[noreturn]] void unusable(const fs::path& checkpoint, const std::string& problem) {
-  throw checkpoint_error(fmt::format("loom: the checkpoint '{}' cannot be resumed: {}", checkpoint.string(), problem));
+  throw_error<checkpoint_error>("the checkpoint '{}' cannot be resumed: {}", checkpoint.string(), problem);
 }
 
 // The kinds of value a manifest's field holds, for the writer and the reader.
@@ -227,7 +227,7 @@ void require_json(const std::string& user_state) {
   try {
     [[maybe_unused]] const json parsed = json::parse(user_state);
   } catch (const json::exception& error) {
-    throw std::invalid_argument(fmt::format("loom: checkpoint user_state is not JSON ({})", error.what()));
+    throw_error<std::invalid_argument>("checkpoint user_state is not JSON ({})", error.what());
   }
 }
 
@@ -283,14 +283,14 @@ void remove_old_checkpoints(const fs::path& folder, int keep) {
 
 checkpointer::checkpointer(const runtime& rt, checkpoint_options options) : rt_(rt), options_(std::move(options)) {
   if (options_.keep < 1) {
-    throw std::invalid_argument(fmt::format("loom: checkpoint_options.keep is {}; keep at least 1", options_.keep));
+    throw_error<std::invalid_argument>("checkpoint_options.keep is {}; keep at least 1", options_.keep);
   }
   run_on_rank_zero(rt_, "preparing the checkpoint folder", [&] {
     std::error_code error;
     fs::create_directories(options_.folder, error);
     if (error || !fs::is_directory(options_.folder)) {
-      throw file_error(fmt::format("loom: the checkpoint folder '{}' cannot be created: {}", options_.folder.string(),
-                                   error ? error.message() : "it is not a folder"));
+      throw_error<file_error>("the checkpoint folder '{}' cannot be created: {}", options_.folder.string(),
+                              error ? error.message() : "it is not a folder");
     }
     for (const auto& entry : fs::directory_iterator(options_.folder)) {
       if (step_of(entry.path(), /*temporary=*/true)) fs::remove_all(entry.path());  // an interrupted save
@@ -356,8 +356,8 @@ std::optional<resume_point> checkpointer::resume(const checkpoint_target& target
   require_agreement(
       rt_, "checkpoint", std::span<const std::uint64_t>(&hash, 1), [&](std::size_t) { return loaded; },
       [&](const disagreement& d) {
-        return fmt::format(
-            "loom: the ranks resumed from different checkpoints in '{}': rank 0 loaded {}, rank {} "
+        return error_message(
+            "the ranks resumed from different checkpoints in '{}': rank 0 loaded {}, rank {} "
             "loaded {}; every rank must see the same folder",
             options_.folder.string(), d.rank0_item, d.rank, d.other_item);
       });
@@ -470,13 +470,11 @@ tensor_state checkpointer::with_current(const checkpoint_target& target, const t
       t.tensor = *found->second;
       by_name.erase(found);
     } else if (!frozen.contains(t.name)) {
-      throw checkpoint_error(
-          fmt::format("loom: '{}' trains or is a buffer here, but the checkpoint does not hold it", t.name));
+      throw_error<checkpoint_error>("'{}' trains or is a buffer here, but the checkpoint does not hold it", t.name);
     }
   }
   if (!by_name.empty()) {
-    throw checkpoint_error(
-        fmt::format("loom: the checkpoint holds '{}', which this model lacks", by_name.begin()->first));
+    throw_error<checkpoint_error>("the checkpoint holds '{}', which this model lacks", by_name.begin()->first);
   }
   return state;
 }
@@ -488,7 +486,7 @@ tensor_state checkpointer::resharded_model(const checkpoint_target& target, cons
     std::vector<at::Tensor> shards;
     for (const tensor_state& rank_state : old) {
       if (i >= rank_state.size() || rank_state[i].name != name) {
-        throw checkpoint_error(fmt::format("loom: the old ranks' files list different tensors at '{}'", name));
+        throw_error<checkpoint_error>("the old ranks' files list different tensors at '{}'", name);
       }
       shards.push_back(rank_state[i].tensor);
     }
@@ -505,8 +503,8 @@ void checkpointer::load_resharded_optimizer(const checkpoint_target& target, tor
     for (const at::Tensor& p : group.params()) parameters.push_back(p);
   }
   if (parameters.size() != target.optimizer_names.size()) {
-    throw checkpoint_error(fmt::format("loom: the optimizer steps {} tensors, the job trains {}", parameters.size(),
-                                       target.optimizer_names.size()));
+    throw_error<checkpoint_error>("the optimizer steps {} tensors, the job trains {}", parameters.size(),
+                                  target.optimizer_names.size());
   }
   // Each old rank's state, loaded in turn (the optimizer maps it to the parameters by position), to
   // collect every field's shards.

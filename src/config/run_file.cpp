@@ -1,6 +1,7 @@
 #include <loom/config/run_file.hpp>
 
 #include <loom/dsl/run_plan.hpp>
+#include <loom/runtime/text.hpp>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -122,9 +123,9 @@ class reader {
   // Names the file, the key's line where the file gave the key (TOML), the key and the problem.
   [[noreturn]] void fail(const std::string& key, const std::string& problem) const {
     const auto line = lines_.find(key);
-    throw run_file_error(fmt::format("loom: run file '{}'{}: {}{}", path_.string(),
-                                     line == lines_.end() ? "" : fmt::format(", line {}", line->second),
-                                     key.empty() ? "" : key + ": ", problem));
+    throw_error<run_file_error>("run file '{}'{}: {}{}", path_.string(),
+                                line == lines_.end() ? "" : fmt::format(", line {}", line->second),
+                                key.empty() ? "" : key + ": ", problem);
   }
 
   // The file as a JSON tree: TOML (with each key's line noted) or JSON, by its extension.
@@ -355,7 +356,7 @@ class reader {
     std::string rest = key.substr(path.size() + 1);
     for (auto dot = rest.find('.'); dot != std::string::npos; dot = rest.find('.')) {
       if (!at->is_object()) fail(path, "give an object here, e.g. {\"steps\": 800}");
-      path += "." + rest.substr(0, dot);
+      path.append(".").append(rest, 0, dot);
       at = &(*at)[rest.substr(0, dot)];
       if (at->is_null()) *at = json::object();
       rest = rest.substr(dot + 1);

@@ -1,6 +1,7 @@
 #include <loom/io/files.hpp>
 
 #include <loom/runtime/failpoints.hpp>
+#include <loom/runtime/text.hpp>
 
 #include <fmt/format.h>
 
@@ -14,7 +15,7 @@
 namespace loom {
 
 file_error file_error_from_errno(const std::string& what, const std::filesystem::path& path) {
-  return file_error(fmt::format("loom: could not {} '{}': {}", what, path.string(), std::strerror(errno)));
+  return file_error(error_message("could not {} '{}': {}", what, path.string(), std::strerror(errno)));
 }
 
 atomic_file::atomic_file(std::filesystem::path path) : path_(std::move(path)) {

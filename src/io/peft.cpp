@@ -2,6 +2,7 @@
 
 #include <loom/io/files.hpp>
 #include <loom/io/safetensors.hpp>
+#include <loom/runtime/text.hpp>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -35,7 +36,7 @@ void write_text(const std::filesystem::path& path, const std::string& text) {
 }
 
 [[noreturn]] void refuse(const std::filesystem::path& folder, const std::string& reason) {
-  throw peft_error(fmt::format("loom: the PEFT adapter in '{}' {}", folder.string(), reason));
+  throw_error<peft_error>("the PEFT adapter in '{}' {}", folder.string(), reason);
 }
 
 // Whether a config value is absent, null or empty: PEFT writes defaults as null, {} or [].

@@ -2,6 +2,7 @@
 
 #include <loom/io/files.hpp>
 #include <loom/runtime/failpoints.hpp>
+#include <loom/runtime/text.hpp>
 
 #include <ATen/ATen.h>
 #include <fmt/format.h>
@@ -107,7 +108,7 @@ class reader {
 
  private:
   [[noreturn]] void fail(const std::string& problem) const {
-    throw safetensors_error(fmt::format("loom: '{}' is not a valid safetensors file: {}", path_.string(), problem));
+    throw_error<safetensors_error>("'{}' is not a valid safetensors file: {}", path_.string(), problem);
   }
 
   std::vector<entry> parse_header(const std::string& text, std::map<std::string, std::string>& metadata) const {
@@ -218,7 +219,7 @@ std::string safetensors_dtype(c10::ScalarType dtype) {
   for (const dtype_name& d : dtypes) {
     if (d.type == dtype) return d.name;
   }
-  throw safetensors_error(fmt::format("loom: safetensors has no dtype for {}", c10::toString(dtype)));
+  throw_error<safetensors_error>("safetensors has no dtype for {}", c10::toString(dtype));
 }
 
 void save_safetensors(const std::filesystem::path& path, const std::vector<named_tensor>& tensors,
@@ -229,8 +230,7 @@ void save_safetensors(const std::filesystem::path& path, const std::vector<named
   std::uint64_t offset = 0;
   for (const named_tensor& t : tensors) {
     if (header.contains(t.name)) {
-      throw safetensors_error(
-          fmt::format("loom: cannot save '{}': the tensor name '{}' is given twice", path.string(), t.name));
+      throw_error<safetensors_error>("cannot save '{}': the tensor name '{}' is given twice", path.string(), t.name);
     }
     at::Tensor bytes = t.tensor.detach().to(at::kCPU).contiguous();
     const std::uint64_t size = bytes.nbytes();

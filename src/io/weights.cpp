@@ -2,6 +2,7 @@
 
 #include <loom/io/files.hpp>
 #include <loom/io/safetensors.hpp>
+#include <loom/runtime/text.hpp>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -29,16 +30,16 @@ std::vector<named_tensor> load_index(const std::filesystem::path& index_path) {
   try {
     index = json::parse(in);
   } catch (const json::exception& error) {
-    throw std::invalid_argument(fmt::format("loom: '{}' is not JSON ({})", index_path.string(), error.what()));
+    throw_error<std::invalid_argument>("'{}' is not JSON ({})", index_path.string(), error.what());
   }
   if (!index.is_object() || !index.contains("weight_map") || !index["weight_map"].is_object()) {
-    throw std::invalid_argument(fmt::format("loom: '{}' has no weight_map", index_path.string()));
+    throw_error<std::invalid_argument>("'{}' has no weight_map", index_path.string());
   }
   std::map<std::string, std::set<std::string>> names_by_file;
   for (const auto& [name, file] : index["weight_map"].items()) {
     if (!file.is_string()) {
-      throw std::invalid_argument(
-          fmt::format("loom: '{}' maps '{}' to something other than a file name", index_path.string(), name));
+      throw_error<std::invalid_argument>("'{}' maps '{}' to something other than a file name", index_path.string(),
+                                         name);
     }
     names_by_file[file.get<std::string>()].insert(name);
   }
@@ -49,8 +50,8 @@ std::vector<named_tensor> load_index(const std::filesystem::path& index_path) {
       if (names.erase(t.name) == 1) tensors.push_back(std::move(t));
     }
     if (!names.empty()) {
-      throw std::invalid_argument(fmt::format("loom: '{}' puts '{}' in '{}', which does not hold it",
-                                              index_path.string(), *names.begin(), shard.string()));
+      throw_error<std::invalid_argument>("'{}' puts '{}' in '{}', which does not hold it", index_path.string(),
+                                         *names.begin(), shard.string());
     }
   }
   return tensors;
@@ -94,8 +95,7 @@ std::vector<named_tensor> load_weights(const std::filesystem::path& path) {
   if (std::filesystem::is_directory(path)) {
     if (std::filesystem::exists(path / index_file)) return load_index(path / index_file);
     if (std::filesystem::exists(path / single_file)) return load_safetensors(path / single_file).tensors;
-    throw std::invalid_argument(
-        fmt::format("loom: '{}' holds neither {} nor {}", path.string(), single_file, index_file));
+    throw_error<std::invalid_argument>("'{}' holds neither {} nor {}", path.string(), single_file, index_file);
   }
   if (path.extension() == ".json") return load_index(path);
   return load_safetensors(path).tensors;
@@ -117,18 +117,18 @@ weights_report copy_weights(torch::nn::Module& module, const std::vector<named_t
     const tensor_spec want = target.spec();
     const tensor_spec have{target.name, found->second->sizes().vec(), found->second->scalar_type()};
     if (want.shape != have.shape || want.dtype != have.dtype) {
-      throw std::invalid_argument(fmt::format("loom: load_weights: '{}' is {} in the weights but {} in the model",
-                                              target.name, have.layout(), want.layout()));
+      throw_error<std::invalid_argument>("load_weights: '{}' is {} in the weights but {} in the model", target.name,
+                                         have.layout(), want.layout());
     }
     copies.emplace_back(target.tensor, found->second);
     given.erase(found);
   }
   for (const auto& [name, tensor] : given) report.unexpected.push_back(name);
   if (strict && (!report.missing.empty() || !report.unexpected.empty())) {
-    throw std::invalid_argument(fmt::format(
-        "loom: load_weights: the weights do not match the model: missing [{}], unexpected [{}] (pass strict = false "
+    throw_error<std::invalid_argument>(
+        "load_weights: the weights do not match the model: missing [{}], unexpected [{}] (pass strict = false "
         "to load what matches)",
-        fmt::join(report.missing, ", "), fmt::join(report.unexpected, ", ")));
+        fmt::join(report.missing, ", "), fmt::join(report.unexpected, ", "));
   }
   torch::NoGradGuard no_grad;
   for (auto& [destination, source] : copies) destination.copy_(*source);

@@ -89,14 +89,14 @@ void job_core::run_part(pass_part part, function_ref<void()> body, function_ref<
 
 lora_layers& job_core::require_lora(std::string_view what) {
   if (lora_) return *lora_;
-  throw std::logic_error(fmt::format("loom: job.{}() needs a plan with lora(...)", what));
+  throw_error<std::logic_error>("job.{}() needs a plan with lora(...)", what);
 }
 
 void job_core::save_adapter(const std::filesystem::path& folder) {
   const lora_layers& lora = require_lora("save_adapter");
   if (lora.merged()) {
-    throw std::logic_error(
-        "loom: job.save_adapter(): the adapters are merged into the base weights, so a model that loads this "
+    throw_error<std::logic_error>(
+        "job.save_adapter(): the adapters are merged into the base weights, so a model that loads this "
         "adapter would apply it twice; call job.unmerge() first, or save the merged model with job.save_weights()");
   }
   std::vector<std::string> not_adapters;
@@ -109,10 +109,10 @@ void job_core::save_adapter(const std::filesystem::path& folder) {
     }
   }
   if (!not_adapters.empty()) {
-    throw std::logic_error(fmt::format(
-        "loom: job.save_adapter(): trainable(...) also trains {} ({}), which a PEFT LoRA adapter cannot carry: a "
+    throw_error<std::logic_error>(
+        "job.save_adapter(): trainable(...) also trains {} ({}), which a PEFT LoRA adapter cannot carry: a "
         "model loading it would keep its own values for them. Save the whole model with job.save_weights() as well",
-        counted(static_cast<std::int64_t>(not_adapters.size()), "parameter"), fmt::join(not_adapters, ", ")));
+        counted(static_cast<std::int64_t>(not_adapters.size()), "parameter"), fmt::join(not_adapters, ", "));
   }
   std::sort(adapter.target_modules.begin(), adapter.target_modules.end());
   run_on_rank_zero(context_->rt(), "saving the adapter", [&] { save_peft_adapter(folder, adapter); });
@@ -121,13 +121,13 @@ void job_core::save_adapter(const std::filesystem::path& folder) {
 void job_core::load_adapter(const std::filesystem::path& folder) {
   lora_layers& lora = require_lora("load_adapter");
   if (lora.merged()) {
-    throw std::logic_error(
-        "loom: job.load_adapter(): the adapters are merged into the base weights; call "
+    throw_error<std::logic_error>(
+        "job.load_adapter(): the adapters are merged into the base weights; call "
         "job.unmerge() first");
   }
   const peft_lora_adapter adapter = load_peft_adapter(folder);
   const auto refuse = [&](const std::string& reason) {
-    throw std::invalid_argument(fmt::format("loom: job.load_adapter('{}'): {}", folder.string(), reason));
+    throw_error<std::invalid_argument>("job.load_adapter('{}'): {}", folder.string(), reason);
   };
   if (adapter.r != lora.rank()) {
     refuse(fmt::format("the adapter has rank r = {}, the plan lora({}, ...)", adapter.r, lora.rank()));

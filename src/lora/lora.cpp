@@ -1,6 +1,7 @@
 #include <loom/lora/lora.hpp>
 
 #include <loom/dsl/describe.hpp>
+#include <loom/runtime/text.hpp>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -71,27 +72,27 @@ lora_layers lora_layers::inject(torch::nn::Module& root, std::string_view model_
       layers.fast_.push_back(fast);
     } else if (auto plain = std::dynamic_pointer_cast<torch::nn::LinearImpl>(module)) {
       if (spec.dropout() > 0) {
-        throw std::invalid_argument(fmt::format(
-            "loom: lora dropout {} needs loom::nn::Linear, but '{}' is a torch::nn::Linear, whose adapter runs "
+        throw_error<std::invalid_argument>(
+            "lora dropout {} needs loom::nn::Linear, but '{}' is a torch::nn::Linear, whose adapter runs "
             "as an effective weight W + scale·B·A that cannot drop the adapter's input alone: build the model "
             "with loom::nn::Linear, or set dropout to 0",
-            spec.dropout(), name));
+            spec.dropout(), name);
       }
       auto added = lora_adapter::attach(*plain, plain->options.in_features(), plain->options.out_features(), adapter);
       layers.fallback_.push_back({plain, plain->weight, std::move(added)});
     } else {
-      throw std::invalid_argument(fmt::format(
-          "loom: lora target selects '{}', a {}, which is not a linear layer: LoRA adapts torch::nn::Linear "
+      throw_error<std::invalid_argument>(
+          "lora target selects '{}', a {}, which is not a linear layer: LoRA adapts torch::nn::Linear "
           "and loom::nn::Linear; target the linear layers inside it or add it to lora_options::exclude",
-          name, module->name()));
+          name, module->name());
     }
     layers.adapted_.push_back(name);
   }
   if (layers.adapted_.empty()) {
-    throw std::invalid_argument(
-        fmt::format("loom: lora(targets={}) matched no layer of {}; its linear layers are: {}. Name one of them, the "
-                    "end of its dotted name (e.g. 'q_proj'), or a loom::pattern(\"regex\")",
-                    detail::to_text(spec.targets()), model_name, some_of(linear_layer_names(root))));
+    throw_error<std::invalid_argument>(
+        "lora(targets={}) matched no layer of {}; its linear layers are: {}. Name one of them, the "
+        "end of its dotted name (e.g. 'q_proj'), or a loom::pattern(\"regex\")",
+        detail::to_text(spec.targets()), model_name, some_of(linear_layer_names(root)));
   }
   return layers;
 }
@@ -142,9 +143,9 @@ void set_trainable(torch::nn::Module& root, std::string_view model_name, bool ha
     if (!selected) {
       std::vector<std::string> names;
       for (const auto& module : root.named_modules("", false)) names.push_back(module.key());
-      throw std::invalid_argument(
-          fmt::format("loom: trainable pattern '{}' selects no module or parameter of {}; its modules are: {}",
-                      pattern.text, model_name, some_of(names)));
+      throw_error<std::invalid_argument>(
+          "trainable pattern '{}' selects no module or parameter of {}; its modules are: {}", pattern.text, model_name,
+          some_of(names));
     }
   }
 }

@@ -3,6 +3,7 @@
 #include <loom/runtime/agreement.hpp>
 #include <loom/runtime/runtime.hpp>
 #include <loom/runtime/tensors.hpp>
+#include <loom/runtime/text.hpp>
 
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
@@ -26,8 +27,8 @@ void agree(const runtime& rt, const std::vector<named_tensor>& tensors, bool wit
   require_agreement(
       rt, "replicas", sums, [&](std::size_t i) { return tensors[i].spec().to_string(); },
       [&](const disagreement& d) {
-        return fmt::format(
-            "loom: {}, but tensor #{} differs between rank 0 ('{}') and rank {} ('{}'){}", what, d.index, d.rank0_item,
+        return error_message(
+            "{}, but tensor #{} differs between rank 0 ('{}') and rank {} ('{}'){}", what, d.index, d.rank0_item,
             d.rank, d.other_item,
             d.rank0_item == d.other_item
                 ? " in its values: the model's constructor draws from something other than the forked generator"

@@ -1,5 +1,6 @@
 #include <loom/runtime/collectives.hpp>
 #include <loom/runtime/tensors.hpp>
+#include <loom/runtime/text.hpp>
 
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 #include <torch/csrc/distributed/c10d/Work.hpp>
@@ -57,7 +58,7 @@ collectives::collectives(c10::intrusive_ptr<c10d::Backend> backend, int rank, in
       stage_through_host_(stage_through_host),
       progress_(progress) {
   if (world_size_ > 1 && !backend_) {
-    throw std::invalid_argument("loom: collectives over more than one rank need a c10d backend");
+    throw_error<std::invalid_argument>("collectives over more than one rank need a c10d backend");
   }
 }
 
@@ -106,8 +107,8 @@ pending_collective collectives::broadcast(at::Tensor& tensor, int root) {
 std::int64_t collectives::checked_shard_size(std::string_view what, std::int64_t numel, const at::Tensor& shard) const {
   const std::int64_t shard_size = shard_numel(numel);
   if (shard.numel() != shard_size) {
-    throw std::invalid_argument(fmt::format("loom: {} {} elements over {} ranks needs shards of {} elements, got {}",
-                                            what, numel, world_size_, shard_size, shard.numel()));
+    throw_error<std::invalid_argument>("{} {} elements over {} ranks needs shards of {} elements, got {}", what, numel,
+                                       world_size_, shard_size, shard.numel());
   }
   return shard_size;
 }

@@ -3,6 +3,7 @@
 #include <loom/runtime/hang_check.hpp>
 #include <loom/runtime/heartbeat.hpp>
 #include <loom/runtime/runtime.hpp>
+#include <loom/runtime/text.hpp>
 
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
@@ -32,8 +33,7 @@ constexpr std::chrono::milliseconds publish_linger = heartbeat::interval + std::
 
 // The messages given here carry no "loom: " of their own, but an exception's text may.
 std::string without_prefix(std::string text) {
-  constexpr std::string_view prefix = "loom: ";
-  if (std::string_view(text).starts_with(prefix)) text.erase(0, prefix.size());
+  if (std::string_view(text).starts_with(message_prefix)) text.erase(0, message_prefix.size());
   return text;
 }
 
@@ -43,7 +43,7 @@ bool is_transport_failure(const std::exception& error) {
 }
 
 [[noreturn]] void throw_published(const runtime& rt, const std::string& published, std::string_view during) {
-  throw job_failure(fmt::format("loom: {}; then rank {}'s {} failed", published, rt.rank(), during));
+  throw_error<job_failure>("{}; then rank {}'s {} failed", published, rt.rank(), during);
 }
 
 [[noreturn]] void throw_lost_peer(const runtime& rt, const std::exception& error, std::string_view during,
@@ -78,10 +78,10 @@ bool is_transport_failure(const std::exception& error) {
   if (!store_reachable) {
     if (auto published = failures.remembered()) throw_published(rt, *published, during);
     const std::string host = rt.env().agent_store ? "the launcher's agent, which hosts it," : "rank 0, which hosts it,";
-    throw job_failure(
-        fmt::format("loom: rank {}'s {} failed, and the rendezvous store is unreachable: {} is gone {}. "
-                    "The transport reported: {}",
-                    rt.rank(), during, host, why, transport));
+    throw_error<job_failure>(
+        "rank {}'s {} failed, and the rendezvous store is unreachable: {} is gone {}. "
+        "The transport reported: {}",
+        rt.rank(), during, host, why, transport);
   }
   if (silent.empty()) {
     failures.fail(
@@ -172,7 +172,7 @@ void job_failures::stop_watching() noexcept { terminate_report_.reset(); }
 void job_failures::fail(const std::string& message) {
   mark_failed();
   publish(message);
-  throw job_failure("loom: " + without_prefix(message));
+  throw_error<job_failure>("{}", without_prefix(message));
 }
 
 void job_failures::publish(const std::string& message) const {
@@ -217,7 +217,7 @@ std::optional<std::string> job_failures::remembered() const {
 
 void job_failures::say_and_publish(const std::string& message) const noexcept {
   try {
-    fmt::print(stderr, "loom: rank {} failed: {}\n", rank_, without_prefix(message));
+    fmt::print(stderr, "{}\n", error_message("rank {} failed: {}", rank_, without_prefix(message)));
     std::fflush(nullptr);
     if (store_) publish(*store_->clone(), message);  // a connection of its own: the others may be in use
     std::this_thread::sleep_for(publish_linger);
@@ -228,7 +228,7 @@ void job_failures::say_and_publish(const std::string& message) const noexcept {
 
 void job_failures::stop_hung_job(c10d::Store& store, const std::string& error) const {
   publish(store, error);
-  fmt::print(stderr, "loom: rank {} failed: {}\n", rank_, without_prefix(error));
+  fmt::print(stderr, "{}\n", error_message("rank {} failed: {}", rank_, without_prefix(error)));
   std::fflush(nullptr);
   std::this_thread::sleep_for(publish_linger);
   std::_Exit(1);
@@ -277,8 +277,8 @@ void run_and_agree(const runtime& rt, std::string_view what, bool mine, const st
   if (error || failed.item<int>() != 0) failures.mark_failed();
   if (error) std::rethrow_exception(error);
   if (failed.item<int>() != 0) {
-    throw job_failure(fmt::format("loom: {}; so {} failed on rank {} too",
-                                  failures.published().value_or("another rank failed"), what, rt.rank()));
+    throw_error<job_failure>("{}; so {} failed on rank {} too", failures.published().value_or("another rank failed"),
+                             what, rt.rank());
   }
 }
 

@@ -1,5 +1,7 @@
 #include <loom/runtime/launch_env.hpp>
 
+#include <loom/runtime/text.hpp>
+
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -14,7 +16,7 @@ namespace {
 constexpr std::array launcher_variables{"RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"};
 
 [[noreturn]] void reject(const char* name, std::string_view value, std::string_view expected) {
-  throw launch_error(fmt::format("loom: {}=\"{}\" is invalid: expected {}", name, value, expected));
+  throw_error<launch_error>("{}=\"{}\" is invalid: expected {}", name, value, expected);
 }
 
 long long parse_integer(const char* name, std::string_view text, long long low, long long high,
@@ -36,8 +38,8 @@ class reader {
   std::string require(const char* name, std::string_view why) const {
     auto value = lookup_(name);
     if (!value || value->empty()) {
-      throw launch_error(fmt::format(
-          "loom: {} is not set, but {}: start the program with loom-run or torchrun, which set it", name, why));
+      throw_error<launch_error>("{} is not set, but {}: start the program with loom-run or torchrun, which set it",
+                                name, why);
     }
     return *value;
   }
@@ -133,8 +135,8 @@ launch_env parse_launch_env(const env_lookup& lookup) {
   result.rank =
       env.integer("RANK", 0, max_world, "a non-negative integer: this process's global rank", std::nullopt, why);
   if (result.rank >= result.world_size) {
-    throw launch_error(fmt::format("loom: RANK={} is not below WORLD_SIZE={}: ranks are numbered 0 to WORLD_SIZE-1",
-                                   result.rank, result.world_size));
+    throw_error<launch_error>("RANK={} is not below WORLD_SIZE={}: ranks are numbered 0 to WORLD_SIZE-1", result.rank,
+                              result.world_size);
   }
   result.local_world_size = env.integer("LOCAL_WORLD_SIZE", 1, result.world_size,
                                         "a positive integer no larger than WORLD_SIZE", result.world_size, why);

@@ -1,6 +1,7 @@
 #include <loom/runtime/failures.hpp>
 #include <loom/runtime/heartbeat.hpp>
 #include <loom/runtime/runtime.hpp>
+#include <loom/runtime/text.hpp>
 
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
@@ -58,21 +59,21 @@ c10::Device choose_device(const launch_env& env) {
   if (!cuda) return c10::Device(c10::kCPU);
   const std::string asked = env.device ? "LOOM_DEVICE=cuda" : "LOOM_BACKEND=nccl";
   if (!compiled_with_nccl()) {
-    throw launch_error(fmt::format(
-        "loom: {}, but this loom was built without CUDA and NCCL (a CPU LibTorch, or -Dnccl=disabled): use {}, or "
+    throw_error<launch_error>(
+        "{}, but this loom was built without CUDA and NCCL (a CPU LibTorch, or -Dnccl=disabled): use {}, or "
         "rebuild against a CUDA LibTorch (docs/gpu.md)",
-        asked, env.device ? "LOOM_DEVICE=cpu" : "LOOM_BACKEND=gloo"));
+        asked, env.device ? "LOOM_DEVICE=cpu" : "LOOM_BACKEND=gloo");
   }
   const int visible = at::hasCUDA() ? static_cast<int>(at::getNumGPUs()) : 0;
   const int index = env.device && env.device->names_index() ? env.device->index : env.local_rank;
   if (index >= visible) {
     throw launch_error(
         env.device && env.device->names_index()
-            ? fmt::format("loom: LOOM_DEVICE=cuda:{}, but {} CUDA device(s) are visible (CUDA_VISIBLE_DEVICES)", index,
-                          visible)
-            : fmt::format("loom: local rank {} would use cuda:{}, but {} CUDA device(s) are visible: run at most {} "
-                          "rank(s) per node, or share one device with LOOM_DEVICE=cuda:0 LOOM_BACKEND=gloo",
-                          env.local_rank, index, visible, visible));
+            ? error_message("LOOM_DEVICE=cuda:{}, but {} CUDA device(s) are visible (CUDA_VISIBLE_DEVICES)", index,
+                            visible)
+            : error_message("local rank {} would use cuda:{}, but {} CUDA device(s) are visible: run at most {} "
+                            "rank(s) per node, or share one device with LOOM_DEVICE=cuda:0 LOOM_BACKEND=gloo",
+                            env.local_rank, index, visible, visible));
   }
   return c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(index));
 }
@@ -81,15 +82,15 @@ c10::Device choose_device(const launch_env& env) {
 backend_kind choose_backend(const launch_env& env, c10::Device device) {
   const backend_kind backend = env.backend.value_or(device.is_cuda() ? backend_kind::nccl : backend_kind::gloo);
   if (backend == backend_kind::nccl && !device.is_cuda()) {
-    throw launch_error(
-        "loom: LOOM_BACKEND=nccl reduces CUDA tensors, but LOOM_DEVICE=cpu: use LOOM_BACKEND=gloo, "
+    throw_error<launch_error>(
+        "LOOM_BACKEND=nccl reduces CUDA tensors, but LOOM_DEVICE=cpu: use LOOM_BACKEND=gloo, "
         "or LOOM_DEVICE=cuda");
   }
   if (backend == backend_kind::nccl && env.device && env.device->names_index() && env.local_world_size > 1) {
-    throw launch_error(fmt::format(
-        "loom: LOOM_DEVICE=cuda:{} puts all {} local ranks on one device, which NCCL refuses: use LOOM_DEVICE=cuda "
+    throw_error<launch_error>(
+        "LOOM_DEVICE=cuda:{} puts all {} local ranks on one device, which NCCL refuses: use LOOM_DEVICE=cuda "
         "(one device a rank), or LOOM_BACKEND=gloo to share it",
-        env.device->index, env.local_world_size));
+        env.device->index, env.local_world_size);
   }
   return backend;
 }
@@ -101,8 +102,8 @@ void check_rendezvous_address(const launch_env& env) {
   hints.ai_socktype = SOCK_STREAM;
   addrinfo* found = nullptr;
   if (const int error = ::getaddrinfo(env.master_addr.c_str(), nullptr, &hints, &found); error != 0) {
-    throw launch_error(fmt::format("loom: MASTER_ADDR={} does not resolve ({}): give node 0's host name or IP address",
-                                   env.master_addr, ::gai_strerror(error)));
+    throw_error<launch_error>("MASTER_ADDR={} does not resolve ({}): give node 0's host name or IP address",
+                              env.master_addr, ::gai_strerror(error));
   }
   ::freeaddrinfo(found);
   if (env.agent_store || env.rank != 0) return;
@@ -118,11 +119,11 @@ void check_rendezvous_address(const launch_env& env) {
       ::bind(probe, reinterpret_cast<const sockaddr*>(&address), sizeof address) != 0 && errno == EADDRINUSE;
   ::close(probe);
   if (taken) {
-    throw launch_error(
-        fmt::format("loom: MASTER_PORT={} is already in use on rank 0's host, where the rendezvous "
-                    "listens: choose another port (loom-run picks a free one when --master-port is not "
-                    "given), or stop the program that holds it",
-                    env.master_port));
+    throw_error<launch_error>(
+        "MASTER_PORT={} is already in use on rank 0's host, where the rendezvous "
+        "listens: choose another port (loom-run picks a free one when --master-port is not "
+        "given), or stop the program that holds it",
+        env.master_port);
   }
 }
 
@@ -138,10 +139,10 @@ c10::intrusive_ptr<c10d::Store> rendezvous(const launch_env& env) {
   try {
     store = c10::make_intrusive<c10d::TCPStore>(env.master_addr, options);
   } catch (const std::exception& error) {
-    throw launch_error(
-        fmt::format("loom: rank {} could not rendezvous at MASTER_ADDR={} MASTER_PORT={} within {} (LOOM_TIMEOUT_S): "
-                    "{}; check that rank 0 is running and that this address and port are reachable",
-                    env.rank, env.master_addr, env.master_port, seconds(env.timeout), error_text(error)));
+    throw_error<launch_error>(
+        "rank {} could not rendezvous at MASTER_ADDR={} MASTER_PORT={} within {} (LOOM_TIMEOUT_S): "
+        "{}; check that rank 0 is running and that this address and port are reachable",
+        env.rank, env.master_addr, env.master_port, seconds(env.timeout), error_text(error));
   }
   if (env.agent_store) {
     // torchrun's agent hosts the store; each restart of the workers gets a fresh key space.
@@ -287,9 +288,8 @@ runtime::runtime(const launch_env& env) : state_(std::make_shared<state>()) {
     }
 #endif
   } catch (const std::exception& error) {
-    throw launch_error(fmt::format("loom: rank {} could not create the {} process group of {} ranks within {}: {}",
-                                   env.rank, to_string(s.backend), env.world_size, seconds(env.timeout),
-                                   error_text(error)));
+    throw_error<launch_error>("rank {} could not create the {} process group of {} ranks within {}: {}", env.rank,
+                              to_string(s.backend), env.world_size, seconds(env.timeout), error_text(error));
   }
   s.group->setDefaultBackend(s.backend == backend_kind::nccl ? c10d::ProcessGroup::BackendType::NCCL
                                                              : c10d::ProcessGroup::BackendType::GLOO);

@@ -1,5 +1,7 @@
 #include <loom/runtime/tensors.hpp>
 
+#include <loom/runtime/text.hpp>
+
 #include <torch/nn/module.h>
 #include <torch/types.h>
 
@@ -42,25 +44,25 @@ void load_module_state(torch::nn::Module& module, const std::vector<named_tensor
   for (const named_tensor& target : module_state(module)) {
     auto found = given.find(target.name);
     if (found == given.end()) {
-      throw std::invalid_argument(fmt::format(
-          "loom: load_state_dict: the state has no tensor '{}', which the module has: it was saved from another "
+      throw_error<std::invalid_argument>(
+          "load_state_dict: the state has no tensor '{}', which the module has: it was saved from another "
           "model or plan",
-          target.name));
+          target.name);
     }
     const tensor_spec want = target.spec();
     const tensor_spec have = found->second->spec();
     if (want.shape != have.shape || want.dtype != have.dtype) {
-      throw std::invalid_argument(fmt::format("loom: load_state_dict: '{}' is {} in the state but {} in the module",
-                                              target.name, have.layout(), want.layout()));
+      throw_error<std::invalid_argument>("load_state_dict: '{}' is {} in the state but {} in the module", target.name,
+                                         have.layout(), want.layout());
     }
     copies.emplace_back(target.tensor, found->second->tensor);
     given.erase(found);
   }
   if (!given.empty()) {
-    throw std::invalid_argument(fmt::format(
-        "loom: load_state_dict: the state has a tensor '{}' that the module lacks: it was saved from another model "
+    throw_error<std::invalid_argument>(
+        "load_state_dict: the state has a tensor '{}' that the module lacks: it was saved from another model "
         "or plan",
-        given.begin()->first));
+        given.begin()->first);
   }
   torch::NoGradGuard no_grad;
   for (auto& [destination, source] : copies) destination.copy_(source);

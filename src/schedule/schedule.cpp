@@ -1,6 +1,7 @@
 #include <loom/schedule/schedule.hpp>
 
 #include <loom/runtime/agreement.hpp>
+#include <loom/runtime/text.hpp>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -68,8 +69,8 @@ void verify_schedule_across_ranks(const collective_schedule& schedule, const run
   require_agreement(
       rt, "schedule", hashes, [&](std::size_t i) { return entries[i].to_string(); },
       [](const disagreement& d) {
-        return fmt::format(
-            "loom: the ranks' collective schedules differ, so their collectives would not match (a hang); first "
+        return error_message(
+            "the ranks' collective schedules differ, so their collectives would not match (a hang); first "
             "difference at entry #{}: rank 0 has '{}', rank {} has '{}'. Every rank must build the same plan on the "
             "same model; compare job.schedule() across ranks",
             d.index, d.rank0_item, d.rank, d.other_item);

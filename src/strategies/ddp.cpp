@@ -115,8 +115,8 @@ void ddp_engine::setup(strategy_context& context) {
   const runtime& rt = context.rt();
   const auto& params = context.trainable();
   if (params.empty()) {
-    throw std::invalid_argument(
-        "loom: ddp(): the plan leaves no trainable parameter: there is nothing to synchronise. Check that "
+    throw_error<std::invalid_argument>(
+        "ddp(): the plan leaves no trainable parameter: there is nothing to synchronise. Check that "
         "lora(...) matches layers or that trainable(...) names parameters, or use local()");
   }
   if (!rt.is_distributed()) {

@@ -1,5 +1,7 @@
 #include <loom/strategies/engine.hpp>
 
+#include <loom/runtime/text.hpp>
+
 #include <torch/nn/module.h>
 #include <torch/nn/utils/clip_grad.h>
 #include <torch/types.h>
@@ -23,10 +25,10 @@ double clip_local_grad_norm(const std::vector<at::Tensor>& parameters, double ma
 
 void require_no_strategy_state(std::string_view engine_name, const tensor_state& state) {
   if (state.empty()) return;
-  throw std::invalid_argument(fmt::format(
-      "loom: {}() keeps no state of its own, but was given {} tensor(s) starting with '{}': the state was saved "
+  throw_error<std::invalid_argument>(
+      "{}() keeps no state of its own, but was given {} tensor(s) starting with '{}': the state was saved "
       "under another strategy",
-      engine_name, state.size(), state.front().name));
+      engine_name, state.size(), state.front().name);
 }
 
 }  // namespace loom::hooks

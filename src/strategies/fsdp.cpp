@@ -77,10 +77,10 @@ std::vector<at::Tensor> fsdp_engine::optimizer_parameters(const strategy_context
 double fsdp_engine::clip_grad_norm(strategy_context& context, double max_norm, double norm_type) {
   const bool infinity = std::isinf(norm_type) && norm_type > 0;
   if (!infinity && norm_type != 2.0) {
-    throw std::invalid_argument(fmt::format(
-        "loom: fsdp(): clip_grad_norm supports norm_type 2 and infinity (std::numeric_limits<double>::infinity()), "
+    throw_error<std::invalid_argument>(
+        "fsdp(): clip_grad_norm supports norm_type 2 and infinity (std::numeric_limits<double>::infinity()), "
         "got {}",
-        norm_type));
+        norm_type);
   }
   // Shards add up across ranks; the replicated adapters, identical on every rank, count once.
   const auto contribution = [&](const at::Tensor& grad) {
@@ -137,14 +137,14 @@ void fsdp_engine::load_local_state(strategy_context& context, const tensor_state
     const auto found = given.find(target.name);
     if (found == given.end() || !found->second->sizes().equals(target.tensor.sizes()) ||
         found->second->scalar_type() != target.tensor.scalar_type()) {
-      throw std::invalid_argument(fmt::format(
-          "loom: fsdp(): this rank's state has no {} '{}' of the layout it holds ({}); it was saved from another "
+      throw_error<std::invalid_argument>(
+          "fsdp(): this rank's state has no {} '{}' of the layout it holds ({}); it was saved from another "
           "model or over another number of ranks",
-          found == given.end() ? "tensor" : "matching", target.name, target.spec().layout()));
+          found == given.end() ? "tensor" : "matching", target.name, target.spec().layout());
     }
   }
   if (given.size() != mine.size()) {
-    throw std::invalid_argument("loom: fsdp(): this rank's state holds tensors the model does not");
+    throw_error<std::invalid_argument>("fsdp(): this rank's state holds tensors the model does not");
   }
   torch::NoGradGuard no_grad;
   for (const named_tensor& target : mine) at::Tensor(target.tensor).detach().copy_(*given.at(target.name));

@@ -1,6 +1,7 @@
 #include <loom/strategies/strategy_context.hpp>
 
 #include <loom/runtime/failures.hpp>
+#include <loom/runtime/text.hpp>
 
 #include <fmt/format.h>
 
@@ -17,10 +18,10 @@ strategy_context::strategy_context(runtime rt, std::shared_ptr<torch::nn::Module
 
 void strategy_context::require_process_group(std::string_view strategy) const {
   if (runtime_.world_size() == 1 || runtime_.process_group()) return;
-  throw std::invalid_argument(fmt::format(
-      "loom: {}(): world size {} needs a process group: create the runtime with loom::runtime::from_env() in a "
+  throw_error<std::invalid_argument>(
+      "{}(): world size {} needs a process group: create the runtime with loom::runtime::from_env() in a "
       "program started by loom-run or torchrun",
-      strategy, runtime_.world_size()));
+      strategy, runtime_.world_size());
 }
 
 void strategy_context::fail(const std::string& message) const { runtime_.failures().fail(message); }

@@ -4,6 +4,7 @@
 #include <loom/io/optimizer_state.hpp>
 #include <loom/runtime/collectives.hpp>
 #include <loom/runtime/failures.hpp>
+#include <loom/runtime/text.hpp>
 
 #include <ATen/ATen.h>
 #include <fmt/format.h>
@@ -103,7 +104,7 @@ std::optional<option_problem> train_options_problem(const train_options& options
 
 train_session::train_session(const runtime& rt, const train_options& options) : rt_(rt), options_(options) {
   if (const auto found = train_options_problem(options_)) {
-    throw std::invalid_argument(fmt::format("loom: train: train_options.{} {}", found->option, found->problem));
+    throw_error<std::invalid_argument>("train: train_options.{} {}", found->option, found->problem);
   }
   if (!options_.out.empty()) prepare_run_folder();
   handlers_ = std::make_unique<signal_handlers>();
@@ -119,8 +120,8 @@ void train_session::prepare_run_folder() {
     std::error_code error;
     std::filesystem::create_directories(options_.out, error);
     if (error) {
-      throw std::invalid_argument(fmt::format("loom: train: the output folder '{}' cannot be created: {}",
-                                              options_.out.string(), error.message()));
+      throw_error<std::invalid_argument>("train: the output folder '{}' cannot be created: {}", options_.out.string(),
+                                         error.message());
     }
     atomic_file probe(options_.out / ".loom-writable");
     probe.write("ok", 2);
@@ -165,10 +166,10 @@ void train_session::end_step(std::int64_t step, double loss_sum, std::optional<d
   shared = shared.cpu();
   const double loss = shared[0].item<double>() / rt_.world_size();
   if (!std::isfinite(loss)) {
-    throw std::runtime_error(fmt::format(
-        "loom: train: the loss of step {} is {} (averaged over the ranks); the run stops before that step's "
+    throw_error<std::runtime_error>(
+        "train: the loss of step {} is {} (averaged over the ranks); the run stops before that step's "
         "update, and the newest checkpoint in '{}' is the last good state",
-        step, loss, (options_.out / "checkpoints").string()));
+        step, loss, (options_.out / "checkpoints").string());
   }
   preempted_ = shared[1].item<double>() > 0;
   last_loss_ = loss;

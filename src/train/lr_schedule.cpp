@@ -1,5 +1,7 @@
 #include <loom/train/lr_schedule.hpp>
 
+#include <loom/runtime/text.hpp>
+
 #include <fmt/format.h>
 #include <torch/optim/optimizer.h>
 
@@ -39,14 +41,14 @@ std::optional<option_problem> lr_schedule::problem() const {
 
 void lr_schedule::check() const {
   if (const auto found = problem()) {
-    throw std::invalid_argument(fmt::format("loom: lr_schedule: {} {}", found->option, found->problem));
+    throw_error<std::invalid_argument>("lr_schedule: {} {}", found->option, found->problem);
   }
 }
 
 double lr_schedule::at(std::int64_t step) const {
   check();
   if (step < 1 || step > total_steps) {
-    throw std::invalid_argument(fmt::format("loom: lr_schedule: step {} is outside 1 … {}", step, total_steps));
+    throw_error<std::invalid_argument>("lr_schedule: step {} is outside 1 … {}", step, total_steps);
   }
   if (step <= warmup_steps) return peak * static_cast<double>(step) / static_cast<double>(warmup_steps + 1);
   const std::int64_t decay_from = total_steps - decay_steps;

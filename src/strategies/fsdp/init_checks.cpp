@@ -1,6 +1,7 @@
 #include <loom/strategies/fsdp/init_checks.hpp>
 
 #include <loom/lora/adapter.hpp>
+#include <loom/runtime/text.hpp>
 
 #include <c10/core/GradMode.h>
 #include <fmt/format.h>
@@ -27,10 +28,10 @@ std::size_t group_of(const std::string& parameter, const std::vector<unit_module
 void require_own_storage(const std::string& name, const at::Tensor& parameter) {
   if (!parameter.is_contiguous() || parameter.storage_offset() != 0 ||
       parameter.storage().nbytes() != parameter.nbytes()) {
-    throw std::invalid_argument(fmt::format(
-        "loom: fsdp(): parameter '{}' does not own its storage (a view or a slice of another tensor), so it "
+    throw_error<std::invalid_argument>(
+        "fsdp(): parameter '{}' does not own its storage (a view or a slice of another tensor), so it "
         "cannot be sharded: register it as a tensor of its own",
-        name));
+        name);
   }
   if (!parameter.storage().resizable()) {
     // Loaded from an archive, say: give it bytes of its own (the tensor, and so every handle to it,
@@ -59,10 +60,10 @@ std::vector<placed_parameter> place_parameters(torch::nn::Module& model, const s
     const std::size_t group = group_of(name, units);
     const auto [seen, first] = owner.emplace(parameter.unsafeGetTensorImpl(), group);
     if (!first) {
-      throw std::invalid_argument(fmt::format(
-          "loom: fsdp(): parameter '{}' is shared by {} and {}: a unit must own its parameters; tie them inside "
+      throw_error<std::invalid_argument>(
+          "fsdp(): parameter '{}' is shared by {} and {}: a unit must own its parameters; tie them inside "
           "one unit, or leave both users in the root",
-          name, group_name(seen->second, units), group_name(group, units)));
+          name, group_name(seen->second, units), group_name(group, units));
     }
     const bool replicated = parameter.requires_grad() && lora_adapter::is_adapter_parameter(name);
     if (!replicated) require_own_storage(name, parameter);

@@ -1,9 +1,12 @@
 #include <loom/strategies/fsdp/sharded_param.hpp>
 
+#include <loom/runtime/text.hpp>
+
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
 
 #include <algorithm>
+#include <stdexcept>
 #include <utility>
 #include <vector>
 
@@ -100,8 +103,10 @@ at::Tensor sharded_param::rows_from_shards(const std::vector<at::Tensor>& shards
   std::vector<at::Tensor> blocks;
   for (const at::Tensor& shard : shards) blocks.push_back(shard.reshape({-1, row_numel_}));
   const at::Tensor all_rows = at::cat(blocks);
-  TORCH_CHECK(all_rows.size(0) >= rows_, "loom: fsdp(): the shards of '", name_, "' hold ", all_rows.size(0),
-              " rows, fewer than its ", rows_);
+  if (all_rows.size(0) < rows_) {
+    throw_error<std::invalid_argument>("fsdp(): the shards of '{}' hold {} rows, fewer than its {}", name_,
+                                       all_rows.size(0), rows_);
+  }
   at::Tensor mine = at::zeros({shard_rows_, row_numel_}, shard_.options().requires_grad(false));
   const auto [first, count] = rows_of(rank);
   if (count > 0) mine.narrow(0, 0, count).copy_(all_rows.narrow(0, first, count));
