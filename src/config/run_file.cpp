@@ -379,7 +379,9 @@ class reader {
  public:
   // The loop's options from the tree's "train" object.
   train_options training(const json& root) const {
-    const json train = root.contains("train") ? root["train"] : json::object();
+    // A file without "train" (and no train.* override) leaves the loop's options to the program.
+    if (!root.contains("train")) return {};
+    const json& train = root["train"];
     if (!train.is_object()) fail("train", "give the loop's options as an object, e.g. {\"steps\": 800}");
     static const std::vector<std::string> keys{"steps",     "accumulate",       "clip_norm",        "lr",
                                                "out",       "checkpoint_every", "keep_checkpoints", "eval_every",

@@ -256,4 +256,8 @@ TEST_CASE("the values train() refuses are refused when the run file is read", "[
   CHECK_THROWS_WITH(loom::read_train_options(file, std::vector<std::string>{"train.lr.peak=0"}),
                     ContainsSubstring("train.lr.peak: is 0; give a positive learning rate"));
   CHECK(loom::read_train_options(file).steps == 10);
+  // A file of stages alone leaves the loop's options to the program.
+  const loom::run_file stages_only = loom::read_run_file(written("stages-only", R"({"plan": [{"seeded": 3}]})"));
+  CHECK(stages_only.stages.seeded.has_value());
+  CHECK(stages_only.train.steps == 0);
 }
