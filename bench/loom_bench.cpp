@@ -38,8 +38,8 @@ struct bench_options {
   std::int64_t batch = 0;  // unset: the workload's own
 };
 
-constexpr std::array workloads{"mlp-ddp",      "gpt-local", "gpt-ddp",      "gpt-lora-local",
-                               "gpt-lora-ddp", "gpt-fsdp",  "gpt-lora-fsdp"};
+constexpr std::array workloads{"mlp-ddp",  "gpt-local",     "gpt-ddp",      "gpt-lora-local", "gpt-lora-ddp",
+                               "gpt-fsdp", "gpt-lora-fsdp", "gpt-bf16-ddp", "gpt-bf16-fsdp",  "gpt-lora-bf16-fsdp"};
 
 // The options, or the exit code to end with (--help, a bad command line).
 std::variant<bench_options, int> parse_options(int argc, char** argv) {
@@ -269,6 +269,14 @@ void run_workload(const bench_options& options) {
   if (name == "gpt-lora-ddp") return run<gpt_workload>(gpt | adapters | loom::ddp(), options);
   if (name == "gpt-fsdp") return run<gpt_workload>(gpt | loom::fsdp(), options);
   if (name == "gpt-lora-fsdp") return run<gpt_workload>(gpt | adapters | loom::fsdp(), options);
+  // fp32 parameters, the forward under autocast(bf16); fp32 shards gathered in bf16, reduced in fp32.
+  constexpr auto bf16 = loom::mixed_precision({.param = loom::bf16, .reduce = loom::fp32});
+  if (name == "gpt-bf16-ddp") return run<gpt_workload>(gpt | bf16 | loom::ddp(), options);
+  if (name == "gpt-bf16-fsdp") return run<gpt_workload>(gpt | bf16 | loom::fsdp(), options);
+  if (name == "gpt-lora-bf16-fsdp") {
+    // The frozen base held in bf16 (the anchor's model.to(bfloat16)), the adapters in fp32.
+    return run<gpt_workload>(gpt | loom::default_dtype(loom::bf16) | adapters | bf16 | loom::fsdp(), options);
+  }
   throw std::logic_error(fmt::format("workload '{}' has no plan", name));  // --workload's check lists them
 }
 

@@ -12,10 +12,14 @@
 // First, so that a rule's diagnostic reaches the table in one include step (docs/rules.md's budget).
 #include <loom/dsl/rule_table.hpp>
 
+#include <loom/dsl/default_dtype.hpp>
 #include <loom/dsl/describe.hpp>
 #include <loom/dsl/diagnostics.hpp>
+#include <loom/dsl/dtype.hpp>
 #include <loom/dsl/lora.hpp>
+#include <loom/dsl/mixed_precision.hpp>
 #include <loom/dsl/model.hpp>
+#include <loom/dsl/options.hpp>
 #include <loom/dsl/pipe.hpp>
 #include <loom/dsl/plan.hpp>
 #include <loom/dsl/rules.hpp>

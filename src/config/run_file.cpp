@@ -29,7 +29,7 @@ using json = nlohmann::ordered_json;
 
 const std::vector<std::string> lora_keys{"rank", "alpha", "dropout", "targets", "patterns", "exclude"};
 
-constexpr std::string_view stage_names = "seeded, lora, trainable, strategy";
+constexpr std::string_view stage_names = "seeded, default_dtype, mixed_precision, lora, trainable, strategy";
 
 // Calls each(std::type_identity<S>{}) for each strategy stage S a run file can name (run_strategy's).
 template <class F>
@@ -46,14 +46,29 @@ std::string strategy_names() {
   return fmt::format("{}", fmt::join(names, ", "));
 }
 
+// The fields an options struct describes, by name.
+template <class Options>
+std::vector<std::string> field_names() {
+  std::vector<std::string> keys;
+  std::apply([&](const auto&... field) { (keys.emplace_back(field.name), ...); }, Options::fields());
+  return keys;
+}
+
 // The keys of a strategy's object: its name, and the fields its options struct describes.
 template <class Stage>
 std::vector<std::string> strategy_keys() {
   std::vector<std::string> keys{"name"};
   if constexpr (requires { typename Stage::options_type; }) {
-    std::apply([&](const auto&... field) { (keys.emplace_back(field.name), ...); }, Stage::options_type::fields());
+    for (std::string& key : field_names<typename Stage::options_type>()) keys.push_back(std::move(key));
   }
   return keys;
+}
+
+// "fp32, bf16, ...": the dtypes a run file can name.
+std::string dtype_list() {
+  std::vector<std::string_view> names;
+  for (const dtype_name& entry : dtype_names) names.push_back(entry.short_name);
+  return fmt::format("{}", fmt::join(names, ", "));
 }
 
 // Where each key of a run file was written: "lora.rank", "strategy.name", "train.lr.peak", "plan[2]"
@@ -193,6 +208,17 @@ class reader {
         result.kinds.push_back(stage_kind::seeded);
         if (!value.is_number_unsigned()) fail(name, "give the seed as a whole number, e.g. \"seeded\": 42");
         if (!result.seeded) result.seeded = seeded(value.get<std::uint64_t>());
+      } else if (name == "default_dtype") {
+        result.kinds.push_back(stage_kind::default_dtype);
+        if (!result.default_dtype) result.default_dtype = default_dtype_stage::checked(type_of(name, value));
+      } else if (name == "mixed_precision") {
+        result.kinds.push_back(stage_kind::mixed_precision);
+        if (!value.is_object())
+          fail(name, "give {\"param\": \"bf16\", \"reduce\": \"fp32\"} (any of them may be left out)");
+        require_keys(name, field_names<mixed_precision_options>(), value, name);
+        if (!result.mixed_precision) {
+          result.mixed_precision = mixed_precision_stage::checked(fields<mixed_precision_options>(value, name));
+        }
       } else if (name == "lora") {
         result.kinds.push_back(stage_kind::lora);
         if (!result.lora) result.lora = lora(value);
@@ -239,6 +265,14 @@ class reader {
     }
     if (std::is_unsigned_v<T> && !value.is_number_unsigned()) fail(key, "give a whole number, 0 or more");
     return value.get<T>();
+  }
+
+  // "bf16" or PyTorch's "bfloat16"; whether the dtype suits the key is the DSL's rule to say.
+  dtype type_of(const std::string& key, const json& value) const {
+    const std::optional<dtype> named =
+        value.is_string() ? dtype_named(value.get<std::string>()) : std::optional<dtype>();
+    if (!named) fail(key, fmt::format("give a dtype as a string, one of {}", dtype_list()));
+    return *named;
   }
 
   bool boolean(const std::string& key, const json& value) const {
@@ -316,6 +350,8 @@ class reader {
     const std::string where = prefix + "." + key;
     if constexpr (std::is_same_v<T, bool>) {
       target = boolean(where, object[key]);
+    } else if constexpr (std::is_same_v<T, dtype> || std::is_same_v<T, std::optional<dtype>>) {
+      target = type_of(where, object[key]);
     } else {
       target = number<T>(where, object[key], std::is_integral_v<T>);
     }

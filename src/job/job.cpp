@@ -18,11 +18,36 @@ namespace loom {
 namespace detail {
 
 job_core::job_core(runtime rt, std::shared_ptr<torch::nn::Module> module, std::string model_name,
-                   std::optional<lora_layers> lora, std::string plan_text)
-    : context_(std::make_unique<strategy_context>(std::move(rt), std::move(module))),
+                   std::optional<lora_layers> lora, std::string plan_text, const built_precision& precision)
+    : context_(std::make_unique<strategy_context>(std::move(rt), std::move(module), precision.policy)),
       model_name_(std::move(model_name)),
       lora_(std::move(lora)),
-      plan_text_(std::move(plan_text)) {}
+      plan_text_(std::move(plan_text)) {
+  if (precision.built_in) {
+    built_text_ = fmt::format("built in {}", name_of(*precision.built_in));
+    if (precision.trainable_held_in_fp32 > 0) {
+      built_text_ += fmt::format(", the {} that train held in fp32",
+                                 counted(static_cast<std::int64_t>(precision.trainable_held_in_fp32), "parameter"));
+    }
+  }
+}
+
+std::optional<at::ScalarType> job_core::input_dtype(bool engine_casts) const noexcept {
+  const std::optional<precision_policy>& policy = context_->precision();
+  if (!engine_casts || !policy || !policy->cast_forward_inputs) return std::nullopt;
+  return policy->param;
+}
+
+std::optional<at::ScalarType> job_core::output_dtype() const noexcept {
+  const std::optional<precision_policy>& policy = context_->precision();
+  return policy ? policy->output : std::nullopt;
+}
+
+std::optional<at::ScalarType> job_core::autocast_dtype(bool engine_casts) const noexcept {
+  const std::optional<precision_policy>& policy = context_->precision();
+  if (engine_casts || !policy) return std::nullopt;
+  return policy->param;
+}
 
 namespace {
 
@@ -50,7 +75,17 @@ std::string entries_of(const collective_schedule& schedule, step_phase phase) {
 
 }  // namespace
 
-void job_core::set_up(function_ref<void(strategy_context&)> setup) {
+void job_core::set_up(function_ref<void(strategy_context&)> setup, bool engine_casts) {
+  if (const std::optional<precision_policy>& policy = context_->precision()) {
+    context_->note(
+        fmt::format("mixed precision: {}, gradients reduced in {}{}",
+                    engine_casts ? fmt::format("the strategy casts the parameters to {} for forward and backward",
+                                               c10::toString(policy->param))
+                                 : fmt::format("the forward under autocast({})", c10::toString(policy->param)),
+                    c10::toString(policy->reduce),
+                    policy->output ? fmt::format(", the forward's result cast to {}", c10::toString(*policy->output))
+                                   : std::string()));
+  }
   setup(*context_);
   verify_schedule_across_ranks(context_->schedule(), context_->rt());
   if (!context_->rt().is_distributed()) return;
@@ -215,6 +250,7 @@ std::string job_core::describe() const {
   }
   text += fmt::format("build: {} of {} parameters trainable ({})\n", trainable, total,
                       counted(static_cast<std::int64_t>(context_->trainable().size()), "tensor"));
+  if (!built_text_.empty()) text += "build: " + built_text_ + '\n';
   for (const std::string& line : context_->notes()) text += "build: " + line + '\n';
   const collective_schedule& schedule = context_->schedule();
   text += fmt::format("build: schedule {} a step, {} bytes, fingerprint {:016x}\n",

@@ -13,8 +13,10 @@ namespace loom {
 lora_adapter lora_adapter::attach(torch::nn::Module& layer, std::int64_t in_features, std::int64_t out_features,
                                   const lora_adapter_options& options) {
   lora_adapter adapter{options, {}, {}};
-  adapter.lora_A = layer.register_parameter(std::string(a_name), torch::empty({options.rank, in_features}));
-  adapter.lora_B = layer.register_parameter(std::string(b_name), torch::zeros({out_features, options.rank}));
+  // fp32 whatever the model was built in (PEFT's autocast_adapter_dtype): they train.
+  const auto fp32 = torch::TensorOptions(torch::kFloat);
+  adapter.lora_A = layer.register_parameter(std::string(a_name), torch::empty({options.rank, in_features}, fp32));
+  adapter.lora_B = layer.register_parameter(std::string(b_name), torch::zeros({out_features, options.rank}, fp32));
   torch::nn::init::kaiming_uniform_(adapter.lora_A, std::sqrt(5));
   return adapter;
 }
@@ -25,13 +27,17 @@ bool lora_adapter::is_adapter_parameter(std::string_view name) noexcept {
 
 at::Tensor lora_adapter::add_update(at::Tensor output, const at::Tensor& input, bool training) const {
   namespace F = torch::nn::functional;
+  const at::ScalarType type = compute_dtype.value_or(lora_A.scalar_type());
   const at::Tensor adapter_input =
       dropout > 0 ? F::dropout(input, F::DropoutFuncOptions().p(dropout).training(training)) : input;
-  return output.add_(F::linear(F::linear(adapter_input, lora_A), lora_B), scaling);
+  // In-place: the update is added to the base output in the output's dtype.
+  return output.add_(F::linear(F::linear(adapter_input.to(type), lora_A.to(type)), lora_B.to(type)), scaling);
 }
 
 at::Tensor lora_adapter::effective_weight(const at::Tensor& weight) const {
-  return at::addmm(weight, lora_B, lora_A, /*beta=*/1, /*alpha=*/scaling);
+  const at::ScalarType type = compute_dtype.value_or(lora_A.scalar_type());
+  return at::addmm(weight.to(type), lora_B.to(type), lora_A.to(type), /*beta=*/1, /*alpha=*/scaling)
+      .to(weight.scalar_type());
 }
 
 void lora_adapter::merge_into(at::Tensor& weight) const {

@@ -57,8 +57,9 @@ bool matches_any(const target_list& targets, std::string_view name) {
   return false;
 }
 
-lora_layers lora_layers::inject(torch::nn::Module& root, std::string_view model_name, const lora_stage& spec) {
-  const lora_adapter_options adapter{spec.rank(), spec.scaling(), spec.dropout()};
+lora_layers lora_layers::inject(torch::nn::Module& root, std::string_view model_name, const lora_stage& spec,
+                                std::optional<at::ScalarType> compute_dtype) {
+  const lora_adapter_options adapter{spec.rank(), spec.scaling(), spec.dropout(), compute_dtype};
   lora_layers layers;
   layers.rank_ = spec.rank();
   layers.alpha_ = spec.alpha();

@@ -124,6 +124,16 @@ void ddp_engine::setup(strategy_context& context) {
     return;
   }
   context.require_process_group(name);
+  if (const std::optional<precision_policy>& precision = context.precision()) {
+    for (const named_tensor& p : params) {
+      if (p.tensor.scalar_type() == precision->reduce) continue;
+      throw_error<std::invalid_argument>(
+          "ddp(): mixed_precision reduce = {} differs from the dtype of the gradients ('{}' is {}), which the "
+          "Reducer's buckets reduce as they are: keep reduce = fp32 under ddp() (fp32 parameters have fp32 "
+          "gradients under autocast), or use fsdp(), which reduce-scatters in the reduce dtype",
+          c10::toString(precision->reduce), p.name, c10::toString(p.tensor.scalar_type()));
+    }
+  }
 
   const auto cap = static_cast<std::int64_t>(settings_.bucket_cap_mb) * mib;
   // Reverse registration order, the order in which backward produces gradients.

@@ -162,11 +162,18 @@ std::optional<at::Tensor> fsdp_engine::reshard_local(strategy_context& context, 
 }
 
 tensor_state fsdp_engine::full_state(strategy_context& context) {
+  // The shards' own dtype, gathered: the master weights, not the compute copies of mixed precision.
   sharding::fsdp_state& s = *state_;
-  s.for_each_group([&](param_group& group) { group.gather_now(s.comm()); });
+  std::unordered_map<std::string, at::Tensor> masters;
+  s.for_each_group([&](const param_group& group) {
+    std::vector<at::Tensor> whole = group.gather_masters(s.comm());
+    for (std::size_t i = 0; i < whole.size(); ++i) masters.emplace(group.params()[i].name(), std::move(whole[i]));
+  });
   tensor_state full;
-  for (const named_tensor& t : module_state(context.module())) full.push_back({t.name, t.tensor.detach().clone()});
-  s.for_each_group([](param_group& group) { group.reshard(); });
+  for (const named_tensor& t : module_state(context.module())) {
+    const auto master = masters.find(t.name);
+    full.push_back({t.name, master != masters.end() ? master->second : t.tensor.detach().clone()});
+  }
   return full;
 }
 
@@ -191,14 +198,12 @@ void fsdp_engine::explain_forward_failure(strategy_context& context, std::except
 }
 
 void fsdp_engine::with_full_parameters(strategy_context& context, const std::function<void()>& change) {
+  // On the master weights in their own dtype, so that a change (merge, loading) loses no precision.
   sharding::fsdp_state& s = *state_;
-  s.for_each_group([&](param_group& group) { group.gather_now(s.comm()); });
+  s.for_each_group([&](param_group& group) { group.hold_masters(s.comm()); });
   change();
   const int rank = context.rt().rank();
-  s.for_each_group([rank](param_group& group) {
-    for (const sharded_param& p : group.params()) p.reshard_values(rank);
-    group.reshard();
-  });
+  s.for_each_group([rank](param_group& group) { group.release_masters(rank); });
 }
 
 void fsdp_engine::load_full_state(strategy_context& context, const tensor_state& full) {

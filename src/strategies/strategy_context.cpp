@@ -9,8 +9,9 @@
 
 namespace loom {
 
-strategy_context::strategy_context(runtime rt, std::shared_ptr<torch::nn::Module> module)
-    : runtime_(std::move(rt)), module_(std::move(module)) {
+strategy_context::strategy_context(runtime rt, std::shared_ptr<torch::nn::Module> module,
+                                   std::optional<precision_policy> precision)
+    : runtime_(std::move(rt)), module_(std::move(module)), precision_(precision) {
   for (const auto& item : module_->named_parameters()) {
     if (item.value().requires_grad()) trainable_.push_back({item.key(), item.value()});
   }

@@ -1,7 +1,8 @@
 // The same plan on any device and process group gives the same model. Usage (under loom-run):
-//   device-parity {ddp|fsdp|fsdp-eval|lora-fsdp} OUT.safetensors STEPS
+//   device-parity {ddp|fsdp|fsdp-eval|lora-fsdp|bf16-ddp|bf16-fsdp|lora-bf16-fsdp} OUT.safetensors STEPS
 // trains a small TinyGpt with loom::train (AdamW, clipping, no run folder; fsdp-eval: fsdp() with an
-// evaluation every 2 steps, a forward with no backward) on the runtime's device
+// evaluation every 2 steps, a forward with no backward; bf16-*: under mixed_precision(), the
+// lora one over a base built in bf16) on the runtime's device
 // (LOOM_DEVICE, LOOM_BACKEND), each rank on its own batches drawn on the CPU by (step, rank), and
 // rank 0 writes the whole model (gathered under fsdp()) to OUT. parity.py compares two such files:
 // CUDA against CPU (scripts/gpu-check), one launched rank with its own process group against a
@@ -53,7 +54,9 @@ void run(const Plan& plan, const std::filesystem::path& out, std::int64_t steps,
 
 int main(int argc, char** argv) {
   if (argc != 4) {
-    fmt::print(stderr, "usage: device-parity {{ddp|fsdp|fsdp-eval|lora-fsdp}} OUT.safetensors STEPS\n");
+    fmt::print(stderr,
+               "usage: device-parity {{ddp|fsdp|fsdp-eval|lora-fsdp|bf16-ddp|bf16-fsdp|lora-bf16-fsdp}} "
+               "OUT.safetensors STEPS\n");
     return 2;
   }
   const std::string_view strategy = argv[1];
@@ -69,6 +72,14 @@ int main(int argc, char** argv) {
       run(base | loom::fsdp(), out, steps, /*eval_every=*/2);
     } else if (strategy == "lora-fsdp") {
       run(base | loom::lora(4, {"q_proj", "v_proj"}) | loom::fsdp(), out, steps);
+    } else if (strategy == "bf16-ddp") {
+      run(base | loom::mixed_precision() | loom::ddp(), out, steps);
+    } else if (strategy == "bf16-fsdp") {
+      run(base | loom::mixed_precision() | loom::fsdp(), out, steps);
+    } else if (strategy == "lora-bf16-fsdp") {
+      run(base | loom::default_dtype(loom::bf16) | loom::lora(4, {"q_proj", "v_proj"}) | loom::mixed_precision() |
+              loom::fsdp(),
+          out, steps);
     } else {
       fmt::print(stderr, "device-parity: unknown strategy '{}'\n", strategy);
       return 2;

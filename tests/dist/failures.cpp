@@ -134,6 +134,18 @@ const std::map<std::string, scenario>& scenarios() {
         },
         "the ranks' collective schedules differ.*first difference at entry #1: rank 0 has 'all_reduce backward "
         "world \\d+ B \\[layers.2.bias"}},
+      {"different-precision",
+       {[] {
+          // The last rank leaves mixed_precision out: its gathers would carry fp32, the others' bf16.
+          const auto plan = loom::model<models::Mlp>(512, 4) | loom::seeded(3);
+          if (last_rank()) {
+            auto job = loom::build(plan | loom::fsdp(), world());
+          } else {
+            auto job = loom::build(plan | loom::mixed_precision() | loom::fsdp(), world());
+          }
+        },
+        "the ranks' collective schedules differ.*first difference at entry #0: rank 0 has 'all_gather forward "
+        "world \\d+ B \\[layers.0.weight BFloat16"}},
       {"static-graph-stops-using",
        {[] {
           // The last rank leaves `extra` out in the third step: a graph that static_graph promised is fixed.

@@ -17,7 +17,8 @@ def main() -> int:
     short = ["--train.steps=4", "--train.eval_every=2", "--train.log_every=2", "--train.checkpoint_every=2",
              "--train.lr.warmup_steps=1", "--train.lr.decay_steps=2"]
     with tempfile.TemporaryDirectory() as out:
-        for config, strategy in (("tiny-gpt-adapt-fsdp.toml", "fsdp("), ("tiny-gpt-adapt-ddp.toml", "ddp(")):
+        for config, strategy in (("tiny-gpt-adapt-fsdp.toml", "fsdp("), ("tiny-gpt-adapt-ddp.toml", "ddp("),
+                                 ("tiny-gpt-adapt-bf16-fsdp.toml", "mixed_precision(param=bf16, reduce=fp32")):
             done = subprocess.run([loom_run, "--nproc-per-node", "3", "--", tiny_gpt, "--steps-pretrain", "4",
                                    "--out", out, "--config", str(configs / config), *short, "--lora.rank=2"],
                                   capture_output=True, text=True, timeout=240)

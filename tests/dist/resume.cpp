@@ -1,5 +1,5 @@
 // Resuming from a checkpoint continues bit for bit. Usage (under loom-run):
-//   dist-resume {ddp|fsdp|lora-fsdp} DIR STEPS [STOP_AFTER]
+//   dist-resume {ddp|fsdp|lora-fsdp|lora-bf16-fsdp} DIR STEPS [STOP_AFTER]
 // trains a small TinyGpt for STEPS AdamW steps with a checkpoint every 4 in DIR/checkpoints,
 // resuming from the newest one; with STOP_AFTER it exits after that step's checkpoint. At the end
 // each rank writes DIR/final-rank-R.safetensors: the whole model and its optimizer's state.
@@ -71,7 +71,7 @@ int run(const Plan& plan, const fs::path& dir, std::int64_t steps, std::int64_t 
 
 int main(int argc, char** argv) {
   if (argc != 4 && argc != 5) {
-    std::cerr << "usage: dist-resume {ddp|fsdp|lora-fsdp} DIR STEPS [STOP_AFTER]\n";
+    std::cerr << "usage: dist-resume {ddp|fsdp|lora-fsdp|lora-bf16-fsdp} DIR STEPS [STOP_AFTER]\n";
     return 2;
   }
   const std::string strategy = argv[1];
@@ -84,6 +84,12 @@ int main(int argc, char** argv) {
     if (strategy == "fsdp") return run(model | loom::fsdp(), dir, steps, stop_after);
     if (strategy == "lora-fsdp") {
       return run(model | loom::lora(4, {"q_proj", "v_proj"}, {.dropout = 0.1}) | loom::fsdp(), dir, steps, stop_after);
+    }
+    if (strategy == "lora-bf16-fsdp") {
+      // A frozen bf16 base, fp32 adapters, bf16 compute: the checkpoint holds each in its own dtype.
+      return run(model | loom::default_dtype(loom::bf16) | loom::lora(4, {"q_proj", "v_proj"}, {.dropout = 0.1}) |
+                     loom::mixed_precision() | loom::fsdp(),
+                 dir, steps, stop_after);
     }
   } catch (const std::exception& error) {
     std::cerr << error.what() << '\n';

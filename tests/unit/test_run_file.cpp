@@ -88,11 +88,14 @@ TEST_CASE("a strategy's options are read from run files as their fields() descri
 }
 
 TEST_CASE("a run file breaks the rules with the compiler's sentences", "[run_file]") {
-  const std::string name = GENERATE(
-      "r2_stage_after_strategy", "r2_two_strategies", "r3_lora_after_ddp", "r3_trainable_after_fsdp", "r4_seeded_twice",
-      "r4_seeded_not_after_model", "r5_rank_zero", "r5_negative_alpha", "r5_dropout_one", "r5_empty_targets",
-      "r5_empty_target_name", "r5_duplicate_target", "r5_duplicate_exclude", "r6_two_loras",
-      "r9_trainable_without_lora", "r10_trainable_twice", "r11_no_patterns", "r12_too_many_targets");
+  const std::string name =
+      GENERATE("r2_stage_after_strategy", "r2_two_strategies", "r3_lora_after_ddp", "r3_trainable_after_fsdp",
+               "r4_seeded_twice", "r4_seeded_not_after_model", "r5_rank_zero", "r5_negative_alpha", "r5_dropout_one",
+               "r5_empty_targets", "r5_empty_target_name", "r5_duplicate_target", "r5_duplicate_exclude",
+               "r6_two_loras", "r9_trainable_without_lora", "r10_trainable_twice", "r11_no_patterns",
+               "r12_too_many_targets", "r15_two_mixed_precisions", "r15_mixed_precision_after_fsdp", "r16_param_int8",
+               "r16_param_fp32", "r16_param_fp16", "r16_reduce_bool", "r16_output_int64", "r17_default_dtype_int32",
+               "r17_default_dtype_twice", "r17_default_dtype_after_lora");
   CAPTURE(name);
   const fs::path file = source / "tests" / "run_files" / (name + ".json");
   try {
@@ -142,8 +145,8 @@ TEST_CASE("a run file's own mistakes name the file, the key and the accepted for
                                       "bucket_cap_mb"));
   CHECK_THROWS_WITH(
       read("stage", R"({"plan": [{"dropout": 0.1}]})"),
-      ContainsSubstring("unknown stage 'dropout'; the stages after the model are seeded, lora, trainable, "
-                        "strategy"));
+      ContainsSubstring("unknown stage 'dropout'; the stages after the model are seeded, default_dtype, "
+                        "mixed_precision, lora, trainable, strategy"));
   CHECK_THROWS_WITH(read("top", R"({"plan": [], "steps": 3})"), ContainsSubstring("steps: unknown key"));
   CHECK_THROWS_WITH(read("json", "{\"plan\": [\n  {\"seeded\": }\n]}"),
                     ContainsSubstring("it is not JSON") && ContainsSubstring("line 2"));
@@ -260,4 +263,30 @@ TEST_CASE("the values train() refuses are refused when the run file is read", "[
   const loom::run_file stages_only = loom::read_run_file(written("stages-only", R"({"plan": [{"seeded": 3}]})"));
   CHECK(stages_only.stages.seeded.has_value());
   CHECK(stages_only.train.steps == 0);
+}
+
+TEST_CASE("default_dtype and mixed_precision are read from run files, with overrides", "[run_file]") {
+  const fs::path file = written("precision", R"({"plan": [{"seeded": 1}, {"default_dtype": "bfloat16"},
+      {"mixed_precision": {"param": "bf16", "output": "fp32"}}, {"strategy": "fsdp"}]})");
+  const std::vector<std::string> overrides{"mixed_precision.cast_forward_inputs=false"};
+  const loom::run_stages stages = loom::read_run_stages(file, overrides);
+  CHECK(stages.default_dtype->type() == loom::bf16);
+  CHECK(stages.mixed_precision->settings().param == loom::bf16);
+  CHECK(stages.mixed_precision->settings().output == loom::fp32);
+  CHECK(!stages.mixed_precision->settings().cast_forward_inputs);
+  const auto typed = loom::model<models::TinyGpt>(small) | loom::seeded(1) | loom::default_dtype(loom::bf16) |
+                     loom::mixed_precision({.output = loom::fp32, .cast_forward_inputs = false}) | loom::fsdp();
+  CHECK(loom::plan_from_file(loom::model<models::TinyGpt>(small), file, overrides).describe() == typed.describe());
+
+  const fs::path toml = written("precision", "plan = [{ mixed_precision = { param = \"bf16\" } }]\n", ".toml");
+  CHECK(loom::read_run_stages(toml).mixed_precision->settings().reduce == loom::fp32);
+
+  CHECK_THROWS_WITH(loom::read_run_stages(written("bad-dtype", R"({"plan": [{"mixed_precision": {"param": "bf8"}}]})")),
+                    ContainsSubstring("mixed_precision.param: give a dtype as a string, one of fp32, bf16, fp16"));
+  CHECK_THROWS_WITH(
+      loom::read_run_stages(written("bad-key", R"({"plan": [{"mixed_precision": {"compute": "bf16"}}]})")),
+      ContainsSubstring("mixed_precision.compute: unknown key; mixed_precision takes param, reduce, "
+                        "output, cast_forward_inputs"));
+  CHECK_THROWS_WITH(loom::read_run_stages(written("bad-type", R"({"plan": [{"default_dtype": 16}]})")),
+                    ContainsSubstring("default_dtype: give a dtype as a string"));
 }

@@ -1,10 +1,12 @@
 // Pieces of describe(): a stable, locale-independent text for each option value.
 #pragma once
 
+#include <loom/dsl/dtype.hpp>
 #include <loom/dsl/targets.hpp>
 
 #include <charconv>
 #include <cstddef>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <type_traits>
@@ -34,6 +36,11 @@ inline std::string to_text(double value) {
 
 template <class Integer>
 requires std::is_integral_v<Integer> std::string to_text(Integer value) { return std::to_string(value); }
+
+inline std::string to_text(dtype value) { return std::string(name_of(value)); }
+
+// An option left unset prints as "none".
+inline std::string to_text(const std::optional<dtype>& value) { return value ? to_text(*value) : "none"; }
 
 // [q_proj, pattern("blocks\.\d+\.attn")]
 inline std::string to_text(const target_list& list) {

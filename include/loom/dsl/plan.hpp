@@ -2,7 +2,10 @@
 // constexpr when its arguments are. What the runtime reads of it is below.
 #pragma once
 
+#include <loom/dsl/default_dtype.hpp>
+#include <loom/dsl/dtype.hpp>
 #include <loom/dsl/lora.hpp>
+#include <loom/dsl/mixed_precision.hpp>
 #include <loom/dsl/pipe.hpp>
 #include <loom/dsl/rule_table.hpp>
 #include <loom/dsl/seeded.hpp>
@@ -70,6 +73,24 @@ class plan : public detail::pipeable {
   [[nodiscard]] constexpr std::optional<std::uint64_t> seed() const {
     if constexpr (constexpr std::size_t i = detail::index_of(kinds, is<stage_kind::seeded>); i != kinds.size()) {
       return std::get<i>(stages_).seed();
+    } else {
+      return std::nullopt;
+    }
+  }
+
+  // The dtype the model is built in; none: LibTorch's default, fp32.
+  [[nodiscard]] constexpr std::optional<dtype> default_dtype() const {
+    if constexpr (constexpr std::size_t i = detail::index_of(kinds, is<stage_kind::default_dtype>); i != kinds.size()) {
+      return std::get<i>(stages_).type();
+    } else {
+      return std::nullopt;
+    }
+  }
+
+  [[nodiscard]] constexpr std::optional<mixed_precision_options> mixed_precision() const {
+    if constexpr (constexpr std::size_t i = detail::index_of(kinds, is<stage_kind::mixed_precision>);
+                  i != kinds.size()) {
+      return std::get<i>(stages_).settings();
     } else {
       return std::nullopt;
     }

@@ -113,91 +113,123 @@
   LOOM_SHARDING_HOOKS(LOOM_DETAIL_R14_SHARDING_ROW, X)
 
 // X(id, sentence) for every rule, in the order of docs/rules.md.
-#define LOOM_RULES(X)                                                                                   \
-  /* R1: a plan starts with exactly one model<M>(). */                                                  \
-  X(r1_no_model,                                                                                        \
-    "loom R1: the plan has no model: start it with loom::model<M>(args...) "                            \
-    "(there is nothing to build without one)")                                                          \
-  X(r1_model_not_first,                                                                                 \
-    "loom R1: model<M>(...) is not the first stage: start the plan with the model "                     \
-    "and pipe the other stages into it")                                                                \
-  X(r1_two_models,                                                                                      \
-    "loom R1: the plan has two models: keep one model<M>(...) (a plan builds exactly "                  \
-    "one model)")                                                                                       \
-  /* R2: at most one strategy, and it is the last stage. */                                             \
-  X(r2_two_strategies,                                                                                  \
-    "loom R2: the plan has two strategies: keep one of local(), ddp(), fsdp() or "                      \
-    "strategy(...) (one strategy wraps the whole model)")                                               \
-  X(r2_seeded_after_strategy,                                                                           \
-    "loom R2: seeded(...) comes after the strategy: the strategy is the "                               \
-    "last stage, so move seeded directly after model<M>(...)")                                          \
-  /* R3: lora / trainable come before the strategy. */                                                  \
-  LOOM_DETAIL_R3_ROWS(X, lora)                                                                          \
-  LOOM_DETAIL_R3_ROWS(X, trainable)                                                                     \
-  /* R4: seeded at most once, directly after model. */                                                  \
-  X(r4_seeded_twice,                                                                                    \
-    "loom R4: seeded(...) appears twice: keep one seed (it governs the model's "                        \
-    "construction, which happens once)")                                                                \
-  X(r4_seeded_not_after_model,                                                                          \
-    "loom R4: seeded(...) is not directly after model<M>(...): move it "                                \
-    "there (the seed governs the model's construction, which comes first)")                             \
-  /* R5: the values of lora(...). */                                                                    \
-  X(r5_rank_not_positive, "loom R5: lora rank must be > 0: pass a positive rank, e.g. lora(8)")         \
-  X(r5_alpha_not_positive,                                                                              \
-    "loom R5: lora alpha must be > 0: pass .alpha > 0, or leave it out to use "                         \
-    "the rank")                                                                                         \
-  X(r5_dropout_out_of_range,                                                                            \
-    "loom R5: lora dropout must be in [0, 1): pass .dropout >= 0 and < 1 "                              \
-    "(dropout 1 zeroes the adapter's input)")                                                           \
-  X(r5_no_targets,                                                                                      \
-    "loom R5: lora targets are empty: name at least one module, or leave targets out "                  \
-    "to use loom::default_targets")                                                                     \
-  X(r5_empty_target, "loom R5: a lora target is empty: remove it or name a module")                     \
-  X(r5_duplicate_target, "loom R5: a lora target is listed twice: remove the duplicate")                \
-  X(r5_empty_exclude, "loom R5: a lora exclude entry is empty: remove it or name a module")             \
-  X(r5_duplicate_exclude, "loom R5: a lora exclude entry is listed twice: remove the duplicate")        \
-  /* R6: at most one lora. */                                                                           \
-  X(r6_two_loras,                                                                                       \
-    "loom R6: the plan has two lora(...) stages: keep one and list every target in it "                 \
-    "(a plan carries one adapter set)")                                                                 \
-  /* R7: M is a LibTorch module constructible from the arguments; the DSL checks that it is a class. */ \
-  X(r7_model_not_class,                                                                                 \
-    "loom R7: model<M>(...) needs a class type M: pass the module type, e.g. "                          \
-    "model<TinyGpt>(config)")                                                                           \
-  X(r7_not_a_module, LOOM_R7_NOT_A_MODULE)                                                              \
-  X(r7_not_constructible, LOOM_R7_NOT_CONSTRUCTIBLE)                                                    \
-  /* R8: a user-written strategy models loom::Strategy; one sentence per requirement. */                \
-  X(r8_no_name, LOOM_R8_NO_NAME)                                                                        \
-  X(r8_no_options, LOOM_R8_NO_OPTIONS)                                                                  \
-  X(r8_no_setup, LOOM_R8_NO_SETUP)                                                                      \
-  X(r8_no_before_forward, LOOM_R8_NO_BEFORE_FORWARD)                                                    \
-  X(r8_no_after_backward, LOOM_R8_NO_AFTER_BACKWARD)                                                    \
-  X(r8_not_copyable, LOOM_R8_NOT_COPYABLE)                                                              \
-  /* R9: trainable needs a lora before it. */                                                           \
-  X(r9_trainable_without_lora,                                                                          \
-    "loom R9: trainable(...) has no lora(...) before it: put lora first "                               \
-    "(lora freezes the base model and trainable keeps more of it "                                      \
-    "trainable; without lora every parameter is trainable already)")                                    \
-  /* R10: at most one trainable. */                                                                     \
-  X(r10_trainable_twice,                                                                                \
-    "loom R10: trainable(...) appears twice: list every pattern in one "                                \
-    "trainable(...)")                                                                                   \
-  /* R11: the values of trainable(...). */                                                              \
-  X(r11_no_patterns,                                                                                    \
-    "loom R11: trainable() has no patterns: name at least one module or parameter, "                    \
-    "or remove the stage")                                                                              \
-  X(r11_empty_pattern, "loom R11: a trainable pattern is empty: remove it or name a module")            \
-  X(r11_duplicate_pattern, "loom R11: a trainable pattern is listed twice: remove the duplicate")       \
-  /* R12: a target list is stored inline, so it has a fixed capacity. */                                \
-  X(r12_too_many_targets,                                                                               \
-    "loom R12: a target list holds at most 16 entries: match several modules "                          \
-    "with one loom::pattern(regex)")                                                                    \
-  /* R13: the right side of | is a stage. */                                                            \
-  X(r13_not_a_stage,                                                                                    \
-    "loom R13: the right side of | is not a loom stage: call the stage function, "                      \
-    "e.g. loom::ddp() rather than loom::ddp")                                                           \
-  /* R14: an engine's optional hooks have their signatures; a sharding one has its state hooks. */      \
-  LOOM_DETAIL_R14_ROWS(X)
+#define LOOM_RULES(X)                                                                                          \
+  /* R1: a plan starts with exactly one model<M>(). */                                                         \
+  X(r1_no_model,                                                                                               \
+    "loom R1: the plan has no model: start it with loom::model<M>(args...) "                                   \
+    "(there is nothing to build without one)")                                                                 \
+  X(r1_model_not_first,                                                                                        \
+    "loom R1: model<M>(...) is not the first stage: start the plan with the model "                            \
+    "and pipe the other stages into it")                                                                       \
+  X(r1_two_models,                                                                                             \
+    "loom R1: the plan has two models: keep one model<M>(...) (a plan builds exactly "                         \
+    "one model)")                                                                                              \
+  /* R2: at most one strategy, and it is the last stage. */                                                    \
+  X(r2_two_strategies,                                                                                         \
+    "loom R2: the plan has two strategies: keep one of local(), ddp(), fsdp() or "                             \
+    "strategy(...) (one strategy wraps the whole model)")                                                      \
+  X(r2_seeded_after_strategy,                                                                                  \
+    "loom R2: seeded(...) comes after the strategy: the strategy is the "                                      \
+    "last stage, so move seeded directly after model<M>(...)")                                                 \
+  /* R3: lora / trainable come before the strategy. */                                                         \
+  LOOM_DETAIL_R3_ROWS(X, lora)                                                                                 \
+  LOOM_DETAIL_R3_ROWS(X, trainable)                                                                            \
+  /* R4: seeded at most once, directly after model. */                                                         \
+  X(r4_seeded_twice,                                                                                           \
+    "loom R4: seeded(...) appears twice: keep one seed (it governs the model's "                               \
+    "construction, which happens once)")                                                                       \
+  X(r4_seeded_not_after_model,                                                                                 \
+    "loom R4: seeded(...) is not directly after model<M>(...): move it "                                       \
+    "there (the seed governs the model's construction, which comes first)")                                    \
+  /* R5: the values of lora(...). */                                                                           \
+  X(r5_rank_not_positive, "loom R5: lora rank must be > 0: pass a positive rank, e.g. lora(8)")                \
+  X(r5_alpha_not_positive,                                                                                     \
+    "loom R5: lora alpha must be > 0: pass .alpha > 0, or leave it out to use "                                \
+    "the rank")                                                                                                \
+  X(r5_dropout_out_of_range,                                                                                   \
+    "loom R5: lora dropout must be in [0, 1): pass .dropout >= 0 and < 1 "                                     \
+    "(dropout 1 zeroes the adapter's input)")                                                                  \
+  X(r5_no_targets,                                                                                             \
+    "loom R5: lora targets are empty: name at least one module, or leave targets out "                         \
+    "to use loom::default_targets")                                                                            \
+  X(r5_empty_target, "loom R5: a lora target is empty: remove it or name a module")                            \
+  X(r5_duplicate_target, "loom R5: a lora target is listed twice: remove the duplicate")                       \
+  X(r5_empty_exclude, "loom R5: a lora exclude entry is empty: remove it or name a module")                    \
+  X(r5_duplicate_exclude, "loom R5: a lora exclude entry is listed twice: remove the duplicate")               \
+  /* R6: at most one lora. */                                                                                  \
+  X(r6_two_loras,                                                                                              \
+    "loom R6: the plan has two lora(...) stages: keep one and list every target in it "                        \
+    "(a plan carries one adapter set)")                                                                        \
+  /* R7: M is a LibTorch module constructible from the arguments; the DSL checks that it is a class. */        \
+  X(r7_model_not_class,                                                                                        \
+    "loom R7: model<M>(...) needs a class type M: pass the module type, e.g. "                                 \
+    "model<TinyGpt>(config)")                                                                                  \
+  X(r7_not_a_module, LOOM_R7_NOT_A_MODULE)                                                                     \
+  X(r7_not_constructible, LOOM_R7_NOT_CONSTRUCTIBLE)                                                           \
+  /* R8: a user-written strategy models loom::Strategy; one sentence per requirement. */                       \
+  X(r8_no_name, LOOM_R8_NO_NAME)                                                                               \
+  X(r8_no_options, LOOM_R8_NO_OPTIONS)                                                                         \
+  X(r8_no_setup, LOOM_R8_NO_SETUP)                                                                             \
+  X(r8_no_before_forward, LOOM_R8_NO_BEFORE_FORWARD)                                                           \
+  X(r8_no_after_backward, LOOM_R8_NO_AFTER_BACKWARD)                                                           \
+  X(r8_not_copyable, LOOM_R8_NOT_COPYABLE)                                                                     \
+  /* R9: trainable needs a lora before it. */                                                                  \
+  X(r9_trainable_without_lora,                                                                                 \
+    "loom R9: trainable(...) has no lora(...) before it: put lora first "                                      \
+    "(lora freezes the base model and trainable keeps more of it "                                             \
+    "trainable; without lora every parameter is trainable already)")                                           \
+  /* R10: at most one trainable. */                                                                            \
+  X(r10_trainable_twice,                                                                                       \
+    "loom R10: trainable(...) appears twice: list every pattern in one "                                       \
+    "trainable(...)")                                                                                          \
+  /* R11: the values of trainable(...). */                                                                     \
+  X(r11_no_patterns,                                                                                           \
+    "loom R11: trainable() has no patterns: name at least one module or parameter, "                           \
+    "or remove the stage")                                                                                     \
+  X(r11_empty_pattern, "loom R11: a trainable pattern is empty: remove it or name a module")                   \
+  X(r11_duplicate_pattern, "loom R11: a trainable pattern is listed twice: remove the duplicate")              \
+  /* R12: a target list is stored inline, so it has a fixed capacity. */                                       \
+  X(r12_too_many_targets,                                                                                      \
+    "loom R12: a target list holds at most 16 entries: match several modules "                                 \
+    "with one loom::pattern(regex)")                                                                           \
+  /* R13: the right side of | is a stage. */                                                                   \
+  X(r13_not_a_stage,                                                                                           \
+    "loom R13: the right side of | is not a loom stage: call the stage function, "                             \
+    "e.g. loom::ddp() rather than loom::ddp")                                                                  \
+  /* R14: an engine's optional hooks have their signatures; a sharding one has its state hooks. */             \
+  LOOM_DETAIL_R14_ROWS(X)                                                                                      \
+  /* R15: at most one mixed_precision, before the strategy. */                                                 \
+  X(r15_two_mixed_precisions,                                                                                  \
+    "loom R15: the plan has two mixed_precision(...) stages: keep one (one policy sets the dtypes of "         \
+    "the whole model)")                                                                                        \
+  X(r15_mixed_precision_after_strategy,                                                                        \
+    "loom R15: mixed_precision(...) comes after the strategy: put it before the strategy (the "                \
+    "strategy decides, when it wraps the model, the dtype of each collective)")                                \
+  /* R16: the values of mixed_precision(...). */                                                               \
+  X(r16_param_not_floating,                                                                                    \
+    "loom R16: mixed_precision param is not a floating dtype: pass .param = loom::bf16 (forward and "          \
+    "backward compute in it)")                                                                                 \
+  X(r16_param_full_precision,                                                                                  \
+    "loom R16: mixed_precision param is fp32 or wider, which computes in full precision already: pass "        \
+    ".param = loom::bf16, or remove the stage")                                                                \
+  X(r16_fp16_without_loss_scaling,                                                                             \
+    "loom R16: mixed_precision param fp16 needs loss scaling, which loom::train does not do: pass "            \
+    ".param = loom::bf16 (fp16 gradients below 6e-8 underflow to zero unless the loss is scaled up; "          \
+    "bf16 has fp32's range and needs no scaling)")                                                             \
+  X(r16_reduce_not_floating,                                                                                   \
+    "loom R16: mixed_precision reduce is not a floating dtype: pass .reduce = loom::fp32, the default "        \
+    "(gradients are averaged in it)")                                                                          \
+  X(r16_output_not_floating,                                                                                   \
+    "loom R16: mixed_precision output is not a floating dtype: pass .output = loom::fp32, or leave it "        \
+    "out to keep the dtype the forward computes in")                                                           \
+  /* R17: default_dtype: floating, once, where the model is built. */                                          \
+  X(r17_not_floating,                                                                                          \
+    "loom R17: default_dtype(...) is not a floating dtype: pass loom::bf16, loom::fp16 or loom::fp32 "         \
+    "(the model's parameters are built in it)")                                                                \
+  X(r17_default_dtype_twice, "loom R17: default_dtype(...) appears twice: keep one (the model is built once)") \
+  X(r17_default_dtype_not_after_model,                                                                         \
+    "loom R17: default_dtype(...) is not directly after model<M>(...) or seeded(...): move it there "          \
+    "(it sets the dtype the model is built in, and the model is built first)")
 
 // Stops compilation, with the sentence of its argument (a constant loom::violation) on the first
 // error line, unless that is violation::none: a static_assert per row, each with its sentence.

@@ -5,7 +5,9 @@
 // describe() prints what the equivalent typed plan prints.
 #pragma once
 
+#include <loom/dsl/default_dtype.hpp>
 #include <loom/dsl/lora.hpp>
+#include <loom/dsl/mixed_precision.hpp>
 #include <loom/dsl/plan.hpp>
 #include <loom/dsl/rules.hpp>
 #include <loom/dsl/seeded.hpp>
@@ -30,6 +32,8 @@ using run_strategy = std::variant<local_stage, ddp_stage, fsdp_stage>;
 struct run_stages {
   std::vector<stage_kind> kinds;
   std::optional<seeded_stage> seeded;
+  std::optional<default_dtype_stage> default_dtype;
+  std::optional<mixed_precision_stage> mixed_precision;
   std::optional<lora_stage> lora;
   std::optional<trainable_stage> trainable;
   std::optional<run_strategy> strategy;  // none: local()
@@ -52,6 +56,12 @@ class run_plan {
   [[nodiscard]] std::optional<std::uint64_t> seed() const {
     return stages_.seeded ? std::optional(stages_.seeded->seed()) : std::nullopt;
   }
+  [[nodiscard]] std::optional<dtype> default_dtype() const {
+    return stages_.default_dtype ? std::optional(stages_.default_dtype->type()) : std::nullopt;
+  }
+  [[nodiscard]] std::optional<mixed_precision_options> mixed_precision() const {
+    return stages_.mixed_precision ? std::optional(stages_.mixed_precision->settings()) : std::nullopt;
+  }
   [[nodiscard]] const std::optional<lora_stage>& lora() const noexcept { return stages_.lora; }
   [[nodiscard]] target_list trainable_patterns() const {
     return stages_.trainable ? stages_.trainable->patterns() : target_list{};
@@ -70,6 +80,8 @@ class run_plan {
   [[nodiscard]] std::string describe_stage(stage_kind kind) const {
     switch (kind) {
       case stage_kind::seeded: return stages_.seeded->describe();
+      case stage_kind::default_dtype: return stages_.default_dtype->describe();
+      case stage_kind::mixed_precision: return stages_.mixed_precision->describe();
       case stage_kind::lora: return stages_.lora->describe();
       case stage_kind::trainable: return stages_.trainable->describe();
       default: return std::visit([](const auto& stage) { return stage.describe(); }, *stages_.strategy);

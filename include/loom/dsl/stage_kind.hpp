@@ -10,6 +10,8 @@ namespace loom {
 enum class stage_kind : unsigned char {
   model,
   seeded,
+  default_dtype,
+  mixed_precision,
   lora,
   trainable,
   local,
@@ -25,6 +27,8 @@ constexpr std::string_view name_of(stage_kind k) noexcept {
   switch (k) {
     case stage_kind::model: return "model";
     case stage_kind::seeded: return "seeded";
+    case stage_kind::default_dtype: return "default_dtype";
+    case stage_kind::mixed_precision: return "mixed_precision";
     case stage_kind::lora: return "lora";
     case stage_kind::trainable: return "trainable";
     case stage_kind::local: return "local";

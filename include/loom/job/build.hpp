@@ -3,6 +3,7 @@
 
 #include <loom/dsl.hpp>
 #include <loom/job/job.hpp>
+#include <loom/precision/precision.hpp>
 #include <loom/replicas/replicas.hpp>
 #include <loom/strategies/ddp.hpp>
 #include <loom/strategies/engine.hpp>
@@ -38,24 +39,36 @@ auto build_checked(const Plan& plan, runtime rt) {
   auto engine = make_engine(plan.strategy());
   LOOM_CHECK_ENGINE_HOOKS(decltype(engine))
 
-  // Construction, then the adapters' initial weights, from one forked stream when seeded.
+  built_precision precision{plan.default_dtype(), 0, std::nullopt};
+  if (auto policy = plan.mixed_precision()) precision.policy = precision_policy::from(*policy);
+
+  // Construction (in the plan's default_dtype), then the adapters' initial weights (in fp32), from
+  // one forked stream when seeded.
   std::optional<forked_rng> fork;
   if (auto seed = plan.seed()) fork.emplace(*seed);
-  auto model = std::apply([](const auto&... args) { return module_storage<M>::make(args...); }, plan.model_args());
+  auto model = [&] {
+    const default_dtype_scope built_in(precision.built_in);
+    return std::apply([](const auto&... args) { return module_storage<M>::make(args...); }, plan.model_args());
+  }();
   auto base = model.base();
   std::optional<lora_layers> lora;
   constexpr std::string_view model_name = type_name<M>();
-  if (auto spec = plan.lora()) lora = lora_layers::inject(*base, model_name, *spec);
+  if (auto spec = plan.lora()) {
+    lora = lora_layers::inject(*base, model_name, *spec,
+                               precision.policy ? std::optional(precision.policy->param) : std::nullopt);
+  }
   fork.reset();
 
   set_trainable(*base, model_name, lora.has_value(), plan.trainable_patterns());
+  if (precision.built_in) precision.trainable_held_in_fp32 = hold_trainable_in_fp32(*base);
   base->to(rt.device());
   if (auto seed = plan.seed()) {
     verify_identical_replicas(rt, *base, *seed);
   } else {
     broadcast_replicas(rt, *base);
   }
-  return job<M, decltype(engine)>(std::move(model), std::move(rt), std::move(lora), plan.describe(), std::move(engine));
+  return job<M, decltype(engine)>(std::move(model), std::move(rt), std::move(lora), plan.describe(), std::move(engine),
+                                  precision);
 }
 
 // A run_plan seen with one of its strategies fixed: what build_checked reads of a plan.
@@ -67,6 +80,8 @@ struct with_strategy {
   using model_type = typename Model::model_type;
   [[nodiscard]] const auto& model_args() const noexcept { return plan.model_args(); }
   [[nodiscard]] auto seed() const { return plan.seed(); }
+  [[nodiscard]] auto default_dtype() const { return plan.default_dtype(); }
+  [[nodiscard]] auto mixed_precision() const { return plan.mixed_precision(); }
   [[nodiscard]] auto lora() const { return plan.lora(); }
   [[nodiscard]] auto trainable_patterns() const { return plan.trainable_patterns(); }
   [[nodiscard]] std::string describe() const { return plan.describe(); }

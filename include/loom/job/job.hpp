@@ -4,6 +4,7 @@
 
 #include <loom/io/weights.hpp>
 #include <loom/lora/lora.hpp>
+#include <loom/precision/precision.hpp>
 #include <loom/runtime/failpoints.hpp>
 #include <loom/strategies/engine.hpp>
 #include <loom/strategies/strategy_context.hpp>
@@ -117,18 +118,33 @@ class returned<void> {
   void take() {}
 };
 
+// The dtypes a plan builds its model in and computes in (loom/precision): what build() decided.
+struct built_precision {
+  std::optional<dtype> built_in;           // default_dtype(...), if any
+  std::size_t trainable_held_in_fp32 = 0;  // parameters built narrower that train, held in fp32
+  std::optional<precision_policy> policy;  // mixed_precision(...), if any
+};
+
 // The part of a job that does not depend on M or the strategy (src/job/job.cpp).
 class job_core {
  public:
   job_core(runtime rt, std::shared_ptr<torch::nn::Module> module, std::string model_name,
-           std::optional<lora_layers> lora, std::string plan_text);
+           std::optional<lora_layers> lora, std::string plan_text, const built_precision& precision);
 
   [[nodiscard]] strategy_context& context() noexcept { return *context_; }
   [[nodiscard]] const strategy_context& context() const noexcept { return *context_; }
   [[nodiscard]] lora_layers* lora() noexcept { return lora_ ? &*lora_ : nullptr; }
 
   // Runs the strategy's setup, then checks the schedule it derived against every other rank's.
-  void set_up(function_ref<void(strategy_context&)> setup);
+  // `engine_casts`: the engine carries out mixed precision itself (else the job, under autocast).
+  void set_up(function_ref<void(strategy_context&)> setup, bool engine_casts);
+
+  // Under mixed_precision(...), what the forward's floating arguments are cast to (an engine that
+  // casts parameters computes in param from its inputs on), and its result; none: as they are.
+  [[nodiscard]] std::optional<at::ScalarType> input_dtype(bool engine_casts) const noexcept;
+  [[nodiscard]] std::optional<at::ScalarType> output_dtype() const noexcept;
+  // What the forward runs under torch.autocast in (the policy's param), when the job casts.
+  [[nodiscard]] std::optional<at::ScalarType> autocast_dtype(bool engine_casts) const noexcept;
   // Runs `body` as this rank's `part` of a pass (its progress, for the hang check). An exception
   // that ends it is shown to `explain` first (which may throw a clearer one), then becomes the job's
   // error: a peer's published failure, the ranks that are gone, or this rank's own, published.
@@ -155,6 +171,7 @@ class job_core {
   std::string model_name_;
   std::optional<lora_layers> lora_;
   std::string plan_text_;
+  std::string built_text_;  // how the model was built: its dtype, the parameters held in fp32
   // For the forward and the backward: the schedule's entries there ("schedule entries #0-#2:
   // all_reduce"), or nothing when the part communicates nothing.
   std::string forward_collectives_;
@@ -169,11 +186,13 @@ concept TorchModule = detail::module_holder<M> || std::derived_from<M, torch::nn
 template <class M, Engine E>
 class job {
  public:
-  job(detail::module_storage<M> model, runtime rt, std::optional<lora_layers> lora, std::string plan_text, E engine)
+  job(detail::module_storage<M> model, runtime rt, std::optional<lora_layers> lora, std::string plan_text, E engine,
+      const detail::built_precision& precision = {})
       : model_(std::move(model)),
-        core_(std::move(rt), model_.base(), std::string(detail::type_name<M>()), std::move(lora), std::move(plan_text)),
+        core_(std::move(rt), model_.base(), std::string(detail::type_name<M>()), std::move(lora), std::move(plan_text),
+              precision),
         engine_(std::move(engine)) {
-    core_.set_up([this](strategy_context& context) { engine_.setup(context); });
+    core_.set_up([this](strategy_context& context) { engine_.setup(context); }, engine_casts);
   }
 
   // The user's module, typed.
@@ -193,7 +212,22 @@ class job {
           engine_.before_forward(core_.context());
           std::optional<lora_layers::forward_guard> adapters;
           if (lora_layers* lora = core_.lora()) adapters.emplace(*lora);
-          out.capture([&]() -> result { return model_->forward(std::forward<Args>(args)...); });
+          if (!core_.context().precision()) {
+            out.capture([&]() -> result { return model_->forward(std::forward<Args>(args)...); });
+            return;
+          }
+          // mixed_precision(...): under autocast, or with the inputs and the result cast.
+          std::optional<autocast_scope> autocast;
+          if (const auto type = core_.autocast_dtype(engine_casts)) autocast.emplace(rt().device().type(), *type);
+          const std::optional<at::ScalarType> inputs = core_.input_dtype(engine_casts);
+          out.capture([&]() -> result {
+            if constexpr (std::is_void_v<result> || std::is_reference_v<result>) {
+              return model_->forward(cast_floating(std::forward<Args>(args), inputs)...);
+            } else {
+              return cast_floating(model_->forward(cast_floating(std::forward<Args>(args), inputs)...),
+                                   core_.output_dtype());
+            }
+          });
         },
         [this](std::exception_ptr error) { hooks::explain_forward_failure(engine_, core_.context(), error); });
     return out.take();
@@ -303,6 +337,8 @@ class job {
   }
 
  private:
+  static constexpr bool engine_casts = hooks::casts_parameters<E>();
+
   detail::module_storage<M> model_;
   detail::job_core core_;
   E engine_;

@@ -5,8 +5,10 @@
 // the same scaling · B·A into W.
 
 #include <ATen/core/Tensor.h>
+#include <c10/core/ScalarType.h>
 
 #include <cstdint>
+#include <optional>
 #include <string_view>
 
 namespace torch::nn {
@@ -19,6 +21,9 @@ struct lora_adapter_options {
   std::int64_t rank;
   double scaling;  // alpha / rank
   double dropout;  // on the adapter branch's input only
+  // What the update is computed in: mixed_precision's param, so that the adapters compute as the
+  // base does; none: the adapter's own dtype, the input cast to it (PEFT's), the result cast back.
+  std::optional<at::ScalarType> compute_dtype{};
 };
 
 struct lora_adapter : lora_adapter_options {
@@ -38,7 +43,7 @@ struct lora_adapter : lora_adapter_options {
   [[nodiscard]] at::Tensor add_update(at::Tensor output, const at::Tensor& input, bool training) const;
   // The fallback path: W + scaling · B·A, differentiable in A and B.
   [[nodiscard]] at::Tensor effective_weight(const at::Tensor& weight) const;
-  // W += scaling · B·A, and back.
+  // W += scaling · B·A, and back, in W's dtype.
   void merge_into(at::Tensor& weight) const;
   void unmerge_from(at::Tensor& weight) const;
 

@@ -12,6 +12,7 @@
 #include <torch/nn/modules/linear.h>
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -30,8 +31,10 @@ class lora_layers {
   // Adapts every linear layer under `root` that a target of `spec` selects and no exclusion does,
   // drawing A from the current default generator (the forked one under seeded). Throws
   // std::invalid_argument when nothing matches or a target selects a module that is not linear.
-  // `model_name` names the model in errors.
-  static lora_layers inject(torch::nn::Module& root, std::string_view model_name, const lora_stage& spec);
+  // `model_name` names the model in errors. `compute_dtype`: what the updates compute in
+  // (mixed_precision's param), none for each adapter's own (lora_adapter_options).
+  static lora_layers inject(torch::nn::Module& root, std::string_view model_name, const lora_stage& spec,
+                            std::optional<at::ScalarType> compute_dtype = std::nullopt);
 
   [[nodiscard]] std::size_t fast_path_count() const noexcept { return fast_.size(); }
   [[nodiscard]] std::size_t fallback_count() const noexcept { return fallback_.size(); }

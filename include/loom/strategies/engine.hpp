@@ -24,6 +24,9 @@
 //     void load_full_state(strategy_context&, const tensor_state&)           copied into the module
 //     void load_local_state(strategy_context&, const tensor_state&)  load_full_state: it is the whole
 //     static constexpr bool shards_parameters                         false: ranks hold replicas
+//     static constexpr bool casts_parameters    false: under mixed_precision(...) the job runs the
+//         forward under autocast; true: the engine casts the parameters itself (fsdp() gathers them
+//         in the policy's param dtype), reading context.precision() in setup
 //     std::optional<at::Tensor> reshard_local(strategy_context&, const std::string& name,
 //                                             const std::vector<at::Tensor>& old_shards)    nothing
 //         this rank's shard of `name` from its shards over another number of ranks
@@ -132,6 +135,17 @@ template <Engine E>
 constexpr bool shards_parameters() {
   if constexpr (requires { E::shards_parameters; }) {
     return E::shards_parameters;
+  } else {
+    return false;
+  }
+}
+
+// Whether the engine carries out mixed_precision(...) by casting the parameters itself, rather than
+// the job by running the forward under autocast.
+template <Engine E>
+constexpr bool casts_parameters() {
+  if constexpr (requires { E::casts_parameters; }) {
+    return E::casts_parameters;
   } else {
     return false;
   }

@@ -30,6 +30,9 @@ class fsdp_engine {
  public:
   static constexpr std::string_view name = "fsdp";
   static constexpr bool shards_parameters = true;
+  // Under mixed_precision(...), FSDP2's: the shards stay in their dtype (the master copy), the
+  // gathers carry and compute in param, the gradients are reduced in reduce (docs/precision.md).
+  static constexpr bool casts_parameters = true;
 
   explicit fsdp_engine(const fsdp_options& settings);
   // Moved, never copied: the units and the pre-backward hooks point at its state, on the heap.

@@ -1,8 +1,9 @@
 #pragma once
 // What a strategy sees of the job it runs (the definition behind the DSL's forward declaration):
-// the runtime, the built module, its trainable parameters in registration order, and the schedule
-// it fills in during setup.
+// the runtime, the built module, its trainable parameters in registration order, the plan's
+// mixed-precision policy, and the schedule it fills in during setup.
 
+#include <loom/precision/precision.hpp>
 #include <loom/runtime/runtime.hpp>
 #include <loom/runtime/tensors.hpp>
 #include <loom/schedule/schedule.hpp>
@@ -10,6 +11,7 @@
 #include <torch/nn/module.h>
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -18,12 +20,15 @@ namespace loom {
 
 class strategy_context {
  public:
-  strategy_context(runtime rt, std::shared_ptr<torch::nn::Module> module);
+  strategy_context(runtime rt, std::shared_ptr<torch::nn::Module> module, std::optional<precision_policy> precision);
 
   [[nodiscard]] const runtime& rt() const noexcept { return runtime_; }
   [[nodiscard]] torch::nn::Module& module() noexcept { return *module_; }
   [[nodiscard]] const torch::nn::Module& module() const noexcept { return *module_; }
   [[nodiscard]] const std::vector<named_tensor>& trainable() const noexcept { return trainable_; }
+  // The plan's mixed_precision(...), if any: an engine that casts parameters (fsdp) reads it in
+  // setup; for the others the job runs the forward under autocast.
+  [[nodiscard]] const std::optional<precision_policy>& precision() const noexcept { return precision_; }
 
   [[nodiscard]] collective_schedule& schedule() noexcept { return schedule_; }
   [[nodiscard]] const collective_schedule& schedule() const noexcept { return schedule_; }
@@ -48,6 +53,7 @@ class strategy_context {
   runtime runtime_;
   std::shared_ptr<torch::nn::Module> module_;
   std::vector<named_tensor> trainable_;
+  std::optional<precision_policy> precision_;
   collective_schedule schedule_;
   std::vector<std::string> notes_;
   bool sync_gradients_ = true;

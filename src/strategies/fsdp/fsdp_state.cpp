@@ -24,11 +24,14 @@ fsdp_state::~fsdp_state() {
 void fsdp_state::shard(strategy_context& context) {
   context_ = &context;
   const runtime& rt = context.rt();
+  const std::optional<precision_policy>& precision = context.precision();
+  const std::optional<at::ScalarType> reduce = precision ? std::optional(precision->reduce) : std::nullopt;
+  root_ = param_group("(root)", reduce);
   const std::vector<unit_module> found = find_units(context.module());
   for (const unit_module& unit : found) {
     unit.module->attach(this, units_.size());
     unit_modules_.push_back(unit.module);
-    units_.emplace_back(unit.name);
+    units_.emplace_back(unit.name, reduce);
   }
   std::vector<named_tensor> adapters;
   for (placed_parameter& p : place_parameters(context.module(), found)) {
@@ -38,11 +41,14 @@ void fsdp_state::shard(strategy_context& context) {
       continue;
     }
     param_group& group = p.group == root_group ? root_ : units_[p.group - 1];
-    group.add(sharded_param(std::move(p.name), std::move(p.tensor), rt.rank(), rt.world_size()));
+    const std::optional<at::ScalarType> compute =
+        precision ? std::optional(precision->compute_dtype(p.tensor.scalar_type())) : std::nullopt;
+    group.add(sharded_param(std::move(p.name), std::move(p.tensor), rt.rank(), rt.world_size(), compute));
     if (group.params().back().trainable()) optimizer_order_.push_back(group.params().back().shard());
   }
   for_each_group([](param_group& group) { group.reshard(); });
-  adapters_ = replicated_adapters(std::move(adapters), static_cast<std::int64_t>(settings_.bucket_cap_mb) * mib);
+  adapters_ =
+      replicated_adapters(std::move(adapters), static_cast<std::int64_t>(settings_.bucket_cap_mb) * mib, reduce);
   declare_collectives(context.schedule());
 }
 
@@ -107,7 +113,10 @@ void fsdp_state::end_backward() {
     unit.reshard();
   }
   root_.reshard();
-  if (!context_->sync_gradients()) return;
+  if (!context_->sync_gradients()) {
+    for_each_group([](param_group& group) { group.stash_grads(); });
+    return;
+  }
   for_each_group([this](const param_group& group) {
     // A gradient after the reduce-scatter began would be lost: never silently.
     if (const sharded_param* late = group.late_gradient()) {

@@ -8,39 +8,45 @@
 
 namespace loom::sharding {
 
-std::vector<std::vector<std::size_t>> param_group::batches(bool trainable_only) const {
+at::ScalarType param_group::carried_dtype(std::size_t i, bool reduction) const {
+  const at::ScalarType computed = params_[i].full().scalar_type();
+  return reduction ? reduce_.value_or(computed) : computed;
+}
+
+std::vector<std::vector<std::size_t>> param_group::batches(bool reduction) const {
   std::map<c10::ScalarType, std::vector<std::size_t>> by_dtype;
   for (std::size_t i = 0; i < params_.size(); ++i) {
-    if (!trainable_only || params_[i].trainable()) by_dtype[params_[i].full().scalar_type()].push_back(i);
+    if (!reduction || params_[i].trainable()) by_dtype[carried_dtype(i, reduction)].push_back(i);
   }
   std::vector<std::vector<std::size_t>> batches;
   for (auto& [dtype, indices] : by_dtype) batches.push_back(std::move(indices));
   return batches;
 }
 
-std::vector<schedule_entry> param_group::gather_entries(step_phase phase) const {
+std::vector<schedule_entry> param_group::entries(collective_op op, step_phase phase, bool reduction) const {
   std::vector<schedule_entry> entries;
-  for (const auto& indices : batches(false)) {
-    schedule_entry& entry = entries.emplace_back(schedule_entry{collective_op::all_gather, phase, {}, "world"});
-    for (std::size_t i : indices) entry.tensors.push_back(params_[i].shard_spec());
+  for (const auto& indices : batches(reduction)) {
+    schedule_entry& entry = entries.emplace_back(schedule_entry{op, phase, {}, "world"});
+    for (std::size_t i : indices) {
+      entry.tensors.push_back({params_[i].name(), {params_[i].shard_numel()}, carried_dtype(i, reduction)});
+    }
   }
   return entries;
 }
 
+std::vector<schedule_entry> param_group::gather_entries(step_phase phase) const {
+  return entries(collective_op::all_gather, phase, false);
+}
+
 std::vector<schedule_entry> param_group::reduce_scatter_entries() const {
-  std::vector<schedule_entry> entries;
-  for (const auto& indices : batches(true)) {
-    schedule_entry& entry =
-        entries.emplace_back(schedule_entry{collective_op::reduce_scatter, step_phase::backward, {}, "world"});
-    for (std::size_t i : indices) entry.tensors.push_back(params_[i].shard_spec());
-  }
-  return entries;
+  return entries(collective_op::reduce_scatter, step_phase::backward, true);
 }
 
 void param_group::start_gather(collectives& comm) {
   for (auto& indices : batches(false)) {
     std::vector<at::Tensor> shards;
-    for (std::size_t i : indices) shards.push_back(params_[i].shard().detach());
+    // Cast to what the parameters compute in: mixed precision's gathers move half the bytes.
+    for (std::size_t i : indices) shards.push_back(params_[i].shard().detach().to(carried_dtype(i, false)));
     at::Tensor packed = at::cat(shards);
     at::Tensor all = at::empty({comm.world_size(), packed.numel()}, packed.options());
     pending_collective work = comm.all_gather(packed, all);
@@ -66,11 +72,6 @@ void param_group::finish_gather() {
   whole_ = true;
 }
 
-void param_group::gather_now(collectives& comm) {
-  start_gather(comm);
-  finish_gather();
-}
-
 void param_group::reshard() {
   if (!whole_) return;
   for (const sharded_param& p : params_) p.free_storage();
@@ -83,7 +84,7 @@ void param_group::start_reduce_scatter(collectives& comm) {
     for (std::size_t i : indices) sizes.push_back(params_[i].shard_numel());
     flagged_gradients layout(std::move(sizes));
     const at::Tensor input = layout.pack(
-        comm.world_size(), params_[indices.front()].shard().options(),
+        comm.world_size(), params_[indices.front()].shard().options().dtype(carried_dtype(indices.front(), true)),
         [&](std::size_t k, const at::Tensor& by_rank) { return params_[indices[k]].move_grad_into(by_rank); });
     at::Tensor output = at::empty({layout.row_numel()}, input.options());
     pending_collective work = comm.reduce_scatter(input.view(-1), output, reduce_op::mean);
@@ -109,6 +110,42 @@ void param_group::finish_reduce_scatter() {
     });
   }
   reductions_.clear();
+}
+
+void param_group::stash_grads() {
+  if (!reduce_) return;
+  for (sharded_param& p : params_) {
+    if (p.trainable()) p.stash_grad(*reduce_);
+  }
+}
+
+std::vector<at::Tensor> param_group::gather_masters(collectives& comm) const {
+  std::map<c10::ScalarType, std::vector<std::size_t>> by_dtype;
+  for (std::size_t i = 0; i < params_.size(); ++i) by_dtype[params_[i].shard().scalar_type()].push_back(i);
+  std::vector<at::Tensor> masters(params_.size());
+  for (const auto& [dtype, indices] : by_dtype) {
+    std::vector<at::Tensor> shards;
+    for (std::size_t i : indices) shards.push_back(params_[i].shard().detach());
+    const at::Tensor packed = at::cat(shards);
+    at::Tensor all = at::empty({comm.world_size(), packed.numel()}, packed.options());
+    comm.all_gather(packed, all).wait();
+    std::int64_t offset = 0;
+    for (std::size_t i : indices) {
+      masters[i] = params_[i].whole_from(all.narrow(1, offset, params_[i].shard_numel()));
+      offset += params_[i].shard_numel();
+    }
+  }
+  return masters;
+}
+
+void param_group::hold_masters(collectives& comm) {
+  const std::vector<at::Tensor> masters = gather_masters(comm);
+  for (std::size_t i = 0; i < params_.size(); ++i) params_[i].hold_whole(masters[i]);
+}
+
+void param_group::release_masters(int rank) {
+  for (const sharded_param& p : params_) p.release_whole(rank);
+  whole_ = false;
 }
 
 }  // namespace loom::sharding

@@ -34,7 +34,8 @@ std::vector<std::pair<at::Tensor, at::Tensor>> matching_rows(const at::Tensor& r
 
 }  // namespace
 
-sharded_param::sharded_param(std::string name, at::Tensor parameter, int rank, int world)
+sharded_param::sharded_param(std::string name, at::Tensor parameter, int rank, int world,
+                             std::optional<at::ScalarType> compute)
     : name_(std::move(name)), full_(std::move(parameter)) {
   rows_ = full_.dim() == 0 ? 1 : full_.size(0);
   row_numel_ = rows_ == 0 ? 0 : full_.numel() / rows_;
@@ -43,9 +44,12 @@ sharded_param::sharded_param(std::string name, at::Tensor parameter, int rank, i
   shard_ = at::zeros({shard_numel()}, full_.options().requires_grad(false));
   reshard_values(rank);
   shard_.requires_grad_(trainable_);
+  compute_dtype_ = compute.value_or(full_.scalar_type());
+  if (compute_dtype_ != full_.scalar_type()) {
+    // The same parameter (every handle to it sees the change), its bytes now the compute dtype's.
+    at::Tensor(full_).set_data(at::empty(full_.sizes(), full_.options().dtype(compute_dtype_).requires_grad(false)));
+  }
 }
-
-tensor_spec sharded_param::shard_spec() const { return {name_, {shard_numel()}, full_.scalar_type()}; }
 
 at::Tensor sharded_param::full_rows() const { return full_.variable_data().view({rows_, row_numel_}); }
 
@@ -74,18 +78,43 @@ void sharded_param::unshard_from(const at::Tensor& by_rank) const {
   for (const auto& [rows, padded] : matching_rows(full_rows(), blocks)) rows.copy_(padded);
 }
 
-bool sharded_param::move_grad_into(const at::Tensor& by_rank) const {
-  const at::Tensor& grad = full_.grad();
-  if (!grad.defined()) return false;
+at::Tensor sharded_param::whole_from(const at::Tensor& by_rank) const {
+  at::Tensor whole = at::empty(full_.sizes(), shard_.options().requires_grad(false));
   const at::Tensor blocks = by_rank.view({by_rank.size(0), shard_rows_, row_numel_});
-  for (const auto& [rows, padded] : matching_rows(grad.reshape({rows_, row_numel_}), blocks)) padded.copy_(rows);
+  for (const auto& [rows, padded] : matching_rows(whole.view({rows_, row_numel_}), blocks)) rows.copy_(padded);
+  return whole;
+}
+
+bool sharded_param::move_grad_into(const at::Tensor& by_rank) {
+  const at::Tensor& grad = full_.grad();
+  if (!grad.defined() && !stashed_grad_.defined()) return false;
+  // Both when no_sync stashed some (a parameter used in an earlier micro-batch, this one, or both).
+  const at::Tensor total = !stashed_grad_.defined() ? grad : grad.defined() ? stashed_grad_.add_(grad) : stashed_grad_;
+  const at::Tensor blocks = by_rank.view({by_rank.size(0), shard_rows_, row_numel_});
+  for (const auto& [rows, padded] : matching_rows(total.reshape({rows_, row_numel_}), blocks)) padded.copy_(rows);
   full_.mutable_grad().reset();
+  stashed_grad_.reset();
   return true;
+}
+
+void sharded_param::stash_grad(at::ScalarType reduce) {
+  const at::Tensor& grad = full_.grad();
+  if (!grad.defined() || grad.scalar_type() == reduce) return;
+  stashed_grad_ = stashed_grad_.defined() ? stashed_grad_.add_(grad) : grad.to(reduce);
+  full_.mutable_grad().reset();
 }
 
 void sharded_param::accumulate_grad(const at::Tensor& reduced) const {
   at::Tensor& grad = shard_.mutable_grad();
-  grad = grad.defined() ? grad.add_(reduced) : reduced.clone();
+  grad = grad.defined() ? grad.add_(reduced) : reduced.to(shard_.scalar_type(), /*non_blocking=*/false, /*copy=*/true);
+}
+
+void sharded_param::hold_whole(const at::Tensor& whole) const { at::Tensor(full_).set_data(whole); }
+
+void sharded_param::release_whole(int rank) const {
+  reshard_values(rank);
+  at::Tensor(full_).set_data(at::empty(full_.sizes(), full_.options().dtype(compute_dtype_).requires_grad(false)));
+  free_storage();
 }
 
 sharded_param::row_range sharded_param::rows_of(int rank) const noexcept {

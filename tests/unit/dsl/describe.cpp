@@ -48,3 +48,19 @@ TEST_CASE("a type's name, read at compile time", "[dsl][describe]") {
   STATIC_REQUIRE(loom::detail::type_name<demo::TinyGpt>() == "demo::TinyGpt");
   STATIC_REQUIRE(loom::detail::type_name<int>() == "int");
 }
+
+TEST_CASE("describe the dtype stages", "[dsl][describe]") {
+  constexpr auto plan = loom::model<demo::TinyGpt>() | loom::seeded(1) | loom::default_dtype(loom::bf16) |
+                        loom::mixed_precision({.output = loom::fp32}) | loom::fsdp();
+  CHECK(plan.describe() ==
+        "model<demo::TinyGpt>(0 args)\n"
+        "seeded(1)\n"
+        "default_dtype(bf16)\n"
+        "mixed_precision(param=bf16, reduce=fp32, output=fp32, cast_forward_inputs=true)\n"
+        "fsdp(reshard_after_forward=true, bucket_cap_mb=25)\n");
+  CHECK(loom::mixed_precision().describe() ==
+        "mixed_precision(param=bf16, reduce=fp32, output=none, cast_forward_inputs=true)");
+  STATIC_REQUIRE(*plan.default_dtype() == loom::bf16);
+  STATIC_REQUIRE(plan.mixed_precision()->reduce == loom::fp32);
+  STATIC_REQUIRE(!(loom::model<demo::TinyGpt>() | loom::ddp()).mixed_precision());
+}

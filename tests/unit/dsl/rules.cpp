@@ -29,6 +29,8 @@ TEST_CASE("valid plans break no rule", "[dsl][rules]") {
   STATIC_REQUIRE(first({model, lora, fsdp}) == violation::none);
   STATIC_REQUIRE(first({model, seeded, custom_strategy}) == violation::none);
   STATIC_REQUIRE(first({model, local}) == violation::none);
+  STATIC_REQUIRE(first({model, seeded, default_dtype, lora, mixed_precision, fsdp}) == violation::none);
+  STATIC_REQUIRE(first({model, default_dtype, mixed_precision, lora, trainable, ddp}) == violation::none);
 }
 
 TEST_CASE("each order rule, as the first violation", "[dsl][rules]") {
@@ -50,6 +52,12 @@ TEST_CASE("each order rule, as the first violation", "[dsl][rules]") {
   STATIC_REQUIRE(first({model, lora, lora}) == violation::r6_two_loras);
   STATIC_REQUIRE(first({model, trainable}) == violation::r9_trainable_without_lora);
   STATIC_REQUIRE(first({model, lora, trainable, trainable}) == violation::r10_trainable_twice);
+  STATIC_REQUIRE(first({model, mixed_precision, lora, mixed_precision}) == violation::r15_two_mixed_precisions);
+  STATIC_REQUIRE(first({model, ddp, mixed_precision}) == violation::r15_mixed_precision_after_strategy);
+  STATIC_REQUIRE(first({model, default_dtype, seeded}) == violation::r4_seeded_not_after_model);
+  STATIC_REQUIRE(first({model, seeded, default_dtype, default_dtype}) == violation::r17_default_dtype_twice);
+  STATIC_REQUIRE(first({model, mixed_precision, default_dtype}) == violation::r17_default_dtype_not_after_model);
+  STATIC_REQUIRE(first({model, fsdp, default_dtype}) == violation::r17_default_dtype_not_after_model);
 }
 
 TEST_CASE("the first violation from the left wins", "[dsl][rules]") {

@@ -109,3 +109,32 @@ TEST_CASE("target_list: capacity (R12) and run-time text that outlives its sourc
   CHECK(patterns[0].kind == loom::target_kind::pattern);
   CHECK(patterns[0].text.data() != from_file[0].data());  // a copy, not a view of the caller's string
 }
+
+TEST_CASE("mixed_precision_violation and default_dtype: each R16 and R17 check", "[dsl][values]") {
+  using loom::mixed_precision_violation;
+  STATIC_REQUIRE(mixed_precision_violation({}) == violation::none);
+  STATIC_REQUIRE(mixed_precision_violation({.reduce = loom::bf16, .output = loom::fp32}) == violation::none);
+  STATIC_REQUIRE(mixed_precision_violation({.param = loom::dtype::int8}) == violation::r16_param_not_floating);
+  STATIC_REQUIRE(mixed_precision_violation({.param = loom::fp32}) == violation::r16_param_full_precision);
+  STATIC_REQUIRE(mixed_precision_violation({.param = loom::fp64}) == violation::r16_param_full_precision);
+  STATIC_REQUIRE(mixed_precision_violation({.param = loom::fp16}) == violation::r16_fp16_without_loss_scaling);
+  STATIC_REQUIRE(mixed_precision_violation({.reduce = loom::dtype::int32}) == violation::r16_reduce_not_floating);
+  STATIC_REQUIRE(mixed_precision_violation({.output = loom::dtype::boolean}) == violation::r16_output_not_floating);
+  plan_error_of([] { (void)loom::mixed_precision_stage::checked({.param = loom::fp16}); },
+                violation::r16_fp16_without_loss_scaling);
+  plan_error_of([] { (void)loom::default_dtype_stage::checked(loom::dtype::uint8); }, violation::r17_not_floating);
+  CHECK(loom::default_dtype_stage::checked(loom::fp16).type() == loom::fp16);
+}
+
+TEST_CASE("dtype names: loom's and PyTorch's", "[dsl][values]") {
+  STATIC_REQUIRE(loom::dtype_named("bf16") == loom::bf16);
+  STATIC_REQUIRE(loom::dtype_named("bfloat16") == loom::bf16);
+  STATIC_REQUIRE(loom::dtype_named("float32") == loom::fp32);
+  STATIC_REQUIRE(loom::dtype_named("int8") == loom::dtype::int8);
+  STATIC_REQUIRE(!loom::dtype_named("float"));
+  STATIC_REQUIRE(loom::name_of(loom::fp16) == "fp16");
+  for (const loom::dtype_name& entry : loom::dtype_names) {
+    CHECK(loom::dtype_named(entry.short_name) == entry.type);
+    CHECK(loom::name_of(entry.type) == entry.short_name);
+  }
+}

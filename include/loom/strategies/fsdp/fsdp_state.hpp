@@ -76,7 +76,7 @@ class fsdp_state : public nn::unit_hooks {
 
   fsdp_options settings_;
   strategy_context* context_ = nullptr;
-  param_group root_{"(root)"};
+  param_group root_{"(root)"};  // with the policy's reduce dtype, once shard() knows it
   std::vector<param_group> units_;
   std::vector<nn::unit_base*> unit_modules_;
   replicated_adapters adapters_;

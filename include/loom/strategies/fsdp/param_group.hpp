@@ -1,7 +1,9 @@
 #pragma once
 // A unit's parameters, or the root's, under fsdp(): gathered and resharded together, their
 // gradients reduce-scattered together (FSDP2's per-group part, with its collectives). Each
-// collective carries one dtype's parameters packed rank-major, so a group issues one per dtype.
+// collective carries one dtype's parameters packed rank-major, so a group issues one per dtype: a
+// gather carries what the parameters compute in, a reduce-scatter the reduce dtype (mixed
+// precision's; without it, the parameters' own).
 
 #include <loom/runtime/collectives.hpp>
 #include <loom/schedule/schedule.hpp>
@@ -11,6 +13,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <cstddef>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -18,7 +21,9 @@ namespace loom::sharding {
 
 class param_group {
  public:
-  explicit param_group(std::string name) : name_(std::move(name)) {}
+  // `reduce`: what gradients are reduce-scattered in; none: each parameter's own dtype.
+  explicit param_group(std::string name, std::optional<at::ScalarType> reduce = std::nullopt)
+      : name_(std::move(name)), reduce_(reduce) {}
 
   [[nodiscard]] const std::string& name() const noexcept { return name_; }
   [[nodiscard]] const std::vector<sharded_param>& params() const noexcept { return params_; }
@@ -40,7 +45,6 @@ class param_group {
   void start_gather(collectives& comm);
   // Waits for the issued all-gathers, if any, and writes every rank's rows into the full parameters.
   void finish_gather();
-  void gather_now(collectives& comm);
   [[nodiscard]] bool whole() const noexcept { return whole_; }
   // Frees the full parameters' bytes.
   void reshard();
@@ -54,10 +58,25 @@ class param_group {
   // Waits for it and adds each parameter's reduced rows to its shard's gradient (adding, as after
   // no_sync).
   void finish_reduce_scatter();
+  // After a backward under no_sync: the gradients computed narrower than the reduce dtype are kept
+  // in it until the reduce-scatter (sharded_param::stash_grad).
+  void stash_grads();
+
+  // Every parameter's master weights (the shards' dtype), gathered whole, in params() order.
+  [[nodiscard]] std::vector<at::Tensor> gather_masters(collectives& comm) const;
+  // Around a change to the whole parameters: the module's parameters hold the gathered masters, then
+  // each shard takes its rows back and the group is at rest.
+  void hold_masters(collectives& comm);
+  void release_masters(int rank);
 
  private:
-  // Indices of params by dtype, in registration order.
-  [[nodiscard]] std::vector<std::vector<std::size_t>> batches(bool trainable_only) const;
+  // What a collective carries of params_[i]: a gather, the dtype it computes in; a reduction, the
+  // reduce dtype.
+  [[nodiscard]] at::ScalarType carried_dtype(std::size_t i, bool reduction) const;
+  // Indices of params by the dtype their collective carries, in registration order; a reduction's
+  // of the trainable ones only.
+  [[nodiscard]] std::vector<std::vector<std::size_t>> batches(bool reduction) const;
+  [[nodiscard]] std::vector<schedule_entry> entries(collective_op op, step_phase phase, bool reduction) const;
 
   struct in_flight {
     std::vector<std::size_t> indices;
@@ -67,6 +86,7 @@ class param_group {
   };
 
   std::string name_;
+  std::optional<at::ScalarType> reduce_;
   std::vector<sharded_param> params_;
   bool whole_ = true;  // until the first reshard
   std::vector<in_flight> gathers_;

@@ -11,6 +11,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <vector>
 
 namespace loom::sharding {
@@ -18,7 +19,9 @@ namespace loom::sharding {
 class replicated_adapters {
  public:
   replicated_adapters() = default;
-  replicated_adapters(std::vector<named_tensor> adapters, std::int64_t bucket_cap_bytes);
+  // `reduce`: what the gradients are averaged in (mixed precision's); none: their own dtype.
+  replicated_adapters(std::vector<named_tensor> adapters, std::int64_t bucket_cap_bytes,
+                      std::optional<at::ScalarType> reduce = std::nullopt);
 
   // Sorted by name.
   [[nodiscard]] const std::vector<named_tensor>& tensors() const noexcept { return adapters_; }
@@ -40,7 +43,10 @@ class replicated_adapters {
     at::Tensor packed;
     pending_collective work;
   };
+  [[nodiscard]] at::ScalarType reduce_dtype(std::size_t bucket) const;
+
   std::vector<named_tensor> adapters_;
+  std::optional<at::ScalarType> reduce_;
   std::vector<bucket> buckets_;
   std::vector<reduction> in_flight_;
 };

@@ -3,12 +3,18 @@
 // forward and backward (FSDP2's per-parameter part). Rank r owns rows [r·s, min(rows, (r+1)·s)),
 // s = ceil(rows / N), kept as s rows, zero-padded past the end, flat; a 0-d parameter counts as one
 // row. Collectives carry a parameter rank-major: N blocks of s rows, one per rank.
+//
+// Under mixed precision (FSDP2's) the shard keeps the parameter's dtype and is the master copy the
+// optimizer steps, while the module's parameter (full) is held in the compute dtype: gathers carry
+// and write that, and its gradient is reduced in the reduce dtype and added to the shard's in its own.
 
 #include <loom/runtime/tensors.hpp>
 
 #include <ATen/core/Tensor.h>
+#include <c10/core/ScalarType.h>
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -17,8 +23,10 @@ namespace loom::sharding {
 class sharded_param {
  public:
   // Takes rank `rank`'s rows of `parameter` (of `world` ranks) into a shard of its own; `parameter`
-  // must own its storage, all of it.
-  sharded_param(std::string name, at::Tensor parameter, int rank, int world);
+  // must own its storage, all of it. From then on the parameter is held in `compute` (a floating
+  // parameter under mixed precision) or in its own dtype (none).
+  sharded_param(std::string name, at::Tensor parameter, int rank, int world,
+                std::optional<at::ScalarType> compute = std::nullopt);
 
   [[nodiscard]] const std::string& name() const noexcept { return name_; }
   // The module's parameter: its identity, full shape and autograd metadata stay; its bytes do not.
@@ -27,7 +35,6 @@ class sharded_param {
   [[nodiscard]] const at::Tensor& shard() const noexcept { return shard_; }
   [[nodiscard]] bool trainable() const noexcept { return trainable_; }
   [[nodiscard]] std::int64_t shard_numel() const noexcept { return shard_rows_ * row_numel_; }
-  [[nodiscard]] tensor_spec shard_spec() const;
 
   // Whether the full parameter holds its bytes (whole), or none (at rest).
   [[nodiscard]] bool allocated() const noexcept;
@@ -39,11 +46,23 @@ class sharded_param {
 
   // Writes every rank's rows into the whole full parameter: `by_rank` is N × shard_numel(), rank-major.
   void unshard_from(const at::Tensor& by_rank) const;
-  // Writes the full parameter's gradient, rank-major, into `by_rank` (N × shard_numel(), zeroed by
-  // the caller) and drops it; false, writing nothing, when there is none.
-  [[nodiscard]] bool move_grad_into(const at::Tensor& by_rank) const;
-  // Adds this rank's reduced gradient (shard_numel() elements) to the shard's.
+  // Every rank's rows as a new whole tensor of the shard's dtype (the master weights, gathered).
+  [[nodiscard]] at::Tensor whole_from(const at::Tensor& by_rank) const;
+  // Writes the full parameter's gradient (with what stash_grad kept of earlier backwards), rank-major,
+  // into `by_rank` (N × shard_numel(), zeroed by the caller, in the reduce dtype) and drops it; false,
+  // writing nothing, when there is none.
+  [[nodiscard]] bool move_grad_into(const at::Tensor& by_rank);
+  // Between the backwards of no_sync accumulation: moves the full parameter's gradient into a
+  // gradient of `reduce`'s dtype, when it is computed narrower, so that the micro-batches add up in
+  // `reduce` rather than in the compute dtype.
+  void stash_grad(at::ScalarType reduce);
+  // Adds this rank's reduced gradient (shard_numel() elements) to the shard's, in the shard's dtype.
   void accumulate_grad(const at::Tensor& reduced) const;
+  // Around a change made to the whole parameters (merge, loading weights): the full parameter holds
+  // `whole`, the master weights of the shard's dtype; then this rank's rows of it go back into the
+  // shard and the full parameter is at rest again, in the compute dtype.
+  void hold_whole(const at::Tensor& whole) const;
+  void release_whole(int rank) const;
   // Takes this rank's rows of the full parameter's current values (after a change made to it whole).
   void reshard_values(int rank) const;
   // This rank's rows, flat and padded as shard() is, of a tensor laid out as this parameter but
@@ -64,6 +83,8 @@ class sharded_param {
   std::string name_;
   at::Tensor full_;
   at::Tensor shard_;
+  at::ScalarType compute_dtype_ = at::kFloat;  // what the full parameter is held in
+  at::Tensor stashed_grad_;                    // no_sync's gradients so far, in the reduce dtype (stash_grad)
   std::int64_t rows_ = 1;
   std::int64_t row_numel_ = 1;
   std::int64_t shard_rows_ = 1;
