@@ -1,6 +1,6 @@
 #include <loom/nn/linear.hpp>
 
-#include <torch/nn/functional/linear.h>
+#include <ATen/ATen.h>
 #include <torch/nn/init.h>
 
 #include <cmath>
@@ -40,7 +40,9 @@ void LinearImpl::pretty_print(std::ostream& stream) const {
 }
 
 at::Tensor LinearImpl::forward(const at::Tensor& input) {
-  at::Tensor output = torch::nn::functional::linear(input, weight, bias);
+  // at::linear, as PyTorch's nn.Linear calls it: a batch of rows and the bias in one addmm, rounded
+  // once (torch::nn::functional::linear adds the bias after a matmul, a second rounding in bf16).
+  at::Tensor output = at::linear(input, weight, bias);
   if (!adapter_ || merged_) return output;
   return adapter_->add_update(std::move(output), input, is_training());
 }

@@ -85,11 +85,15 @@ pending_collective collectives::all_reduce(at::Tensor& tensor, reduce_op op) {
     at::Tensor host = tensor.cpu();
     return all_reduce(host, op).and_then([tensor, host]() mutable { tensor.copy_(host); });
   }
-  if (op == reduce_op::mean) tensor.div_(world_size_);
   std::vector<at::Tensor> tensors{tensor};
   c10d::AllreduceOptions options;
   options.reduceOp = sum();
-  return issued(backend_->allreduce(tensors, options), "all_reduce", tensor);
+  return issued(backend_->allreduce(tensors, options), "all_reduce", tensor, divided_after(tensor, op));
+}
+
+std::function<void()> collectives::divided_after(const at::Tensor& sum, reduce_op op) const {
+  if (op != reduce_op::mean) return {};
+  return [sum, world = world_size_]() mutable { sum.div_(world); };
 }
 
 pending_collective collectives::broadcast(at::Tensor& tensor, int root) {
@@ -136,32 +140,37 @@ pending_collective collectives::all_gather(const at::Tensor& shard, at::Tensor& 
 pending_collective collectives::reduce_scatter(const at::Tensor& flat, at::Tensor& shard, reduce_op op) {
   const std::int64_t numel = flat.numel();
   const std::int64_t shard_size = checked_shard_size("reduce_scatter of", numel, shard);
-  // The input is the caller's: pad or pre-divide a copy, never the original.
+  // The input is the caller's: pad a copy, never the original.
   at::Tensor input = flat_contiguous(flat);
   if (shard_size * world_size_ != numel) {
     at::Tensor padded = at::zeros({shard_size * world_size_}, flat.options());
     padded.narrow(0, 0, numel).copy_(input);
     input = std::move(padded);
   }
-  if (op == reduce_op::mean) input = input.div(world_size_);
   if (!backend_) {
-    shard.copy_(input.view(shard.sizes()));
+    shard.copy_(input.view(shard.sizes()));  // the sum and the mean of one rank's
     return {};
   }
   if (staged(input)) {
     at::Tensor host = at::empty(shard.sizes(), shard.options().device(c10::kCPU));
-    return reduce_scatter(input.cpu(), host, reduce_op::sum).and_then([shard, host]() mutable { shard.copy_(host); });
+    return reduce_scatter(input.cpu(), host, op).and_then([shard, host]() mutable { shard.copy_(host); });
   }
-  if (emulate_reduce_scatter_) return emulated_reduce_scatter(input, shard);
+  if (emulate_reduce_scatter_) {
+    pending_collective work = emulated_reduce_scatter(input, shard);
+    if (op == reduce_op::mean) return std::move(work).and_then(divided_after(shard, op));
+    return work;
+  }
 
   const bool direct = shard.is_contiguous();
   at::Tensor output = direct ? shard.view(-1) : at::empty({shard_size}, shard.options());
   c10d::ReduceScatterOptions options;
   options.reduceOp = sum();
   auto work = backend_->_reduce_scatter_base(output, input, options);
-  if (direct) return issued(std::move(work), "reduce_scatter", input);
-  return issued(std::move(work), "reduce_scatter", input,
-                [shard, output]() mutable { shard.copy_(output.view(shard.sizes())); });
+  if (direct) return issued(std::move(work), "reduce_scatter", input, divided_after(shard, op));
+  return issued(std::move(work), "reduce_scatter", input, [shard, output, mean = divided_after(shard, op)]() mutable {
+    shard.copy_(output.view(shard.sizes()));
+    if (mean) mean();
+  });
 }
 
 pending_collective collectives::emulated_reduce_scatter(const at::Tensor& padded, at::Tensor& shard) {

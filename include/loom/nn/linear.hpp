@@ -1,6 +1,7 @@
 #pragma once
-// loom::nn::Linear: a drop-in for torch::nn::Linear (same options, parameter names, initialisation
-// and results) that can carry a LoRA adapter on the fast unmerged path
+// loom::nn::Linear: a drop-in for torch::nn::Linear (same options, parameter names and
+// initialisation; results as PyTorch's nn.Linear computes them, at::linear) that can carry a LoRA
+// adapter on the fast unmerged path
 //   y = base(x) + scaling · B(A(dropout(x))).
 
 #include <loom/lora/adapter.hpp>

@@ -69,7 +69,8 @@ class collectives {
   [[nodiscard]] int rank() const noexcept { return rank_; }
   [[nodiscard]] int world_size() const noexcept { return world_size_; }
 
-  // In place. mean divides first and then sums: Gloo has no AVG.
+  // In place. mean sums, then divides the sum by the world size once it is there (as c10d's AVG,
+  // which FSDP2 reduces with): dividing first would round every rank's part before the sum.
   pending_collective all_reduce(at::Tensor& tensor, reduce_op op = reduce_op::sum);
   pending_collective broadcast(at::Tensor& tensor, int root = 0);
 
@@ -93,6 +94,8 @@ class collectives {
 
  private:
   pending_collective emulated_reduce_scatter(const at::Tensor& padded, at::Tensor& shard);
+  // What finishes a mean once the sum is in `sum`; nothing for a sum.
+  [[nodiscard]] std::function<void()> divided_after(const at::Tensor& sum, reduce_op op) const;
   // `work`, issued now as this rank's next collective, an `op` of `tensor`.
   pending_collective issued(c10::intrusive_ptr<c10d::Work> work, std::string_view op, const at::Tensor& tensor,
                             std::function<void()> then = {});
