@@ -143,10 +143,9 @@ TEST_CASE("a run file's own mistakes name the file, the key and the accepted for
   CHECK_THROWS_WITH(read("option", R"({"plan": [{"strategy": {"name": "fsdp", "bucket_cap": 5}}]})"),
                     ContainsSubstring("strategy.bucket_cap: unknown key; fsdp takes name, reshard_after_forward, "
                                       "bucket_cap_mb"));
-  CHECK_THROWS_WITH(
-      read("stage", R"({"plan": [{"dropout": 0.1}]})"),
-      ContainsSubstring("unknown stage 'dropout'; the stages after the model are seeded, default_dtype, "
-                        "mixed_precision, lora, trainable, strategy"));
+  CHECK_THROWS_WITH(read("stage", R"({"plan": [{"dropout": 0.1}]})"),
+                    ContainsSubstring("unknown stage 'dropout'; the stages after the model are seeded, default_dtype, "
+                                      "mixed_precision, lora, trainable, strategy"));
   CHECK_THROWS_WITH(read("top", R"({"plan": [], "steps": 3})"), ContainsSubstring("steps: unknown key"));
   CHECK_THROWS_WITH(read("json", "{\"plan\": [\n  {\"seeded\": }\n]}"),
                     ContainsSubstring("it is not JSON") && ContainsSubstring("line 2"));
