@@ -56,7 +56,7 @@ class [[nodiscard]] default_dtype_scope {
 std::size_t hold_trainable_in_fp32(torch::nn::Module& module);
 
 // torch.autocast(device, dtype) for a scope: LibTorch's op lists cast each op's inputs (matmuls to
-// the lower precision, reductions and softmax to fp32).
+// the lower precision, losses and the rest of the device's fp32 list to fp32).
 class [[nodiscard]] autocast_scope {
  public:
   autocast_scope(c10::DeviceType device, at::ScalarType type);
