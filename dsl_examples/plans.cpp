@@ -46,6 +46,11 @@ constexpr auto data_parallel = loom::model<TinyGpt>(gpt_config{}) | loom::seeded
 constexpr auto sharded = loom::model<TinyGpt>(gpt_config{.layers = 24}) | loom::seeded(42) | loom::lora(16) |
                          loom::fsdp({.reshard_after_forward = false});
 
+// default_dtype and mixed_precision: the frozen base built in bf16, forward and backward in bf16,
+// the fp32 shards and adapters stepped, gradients reduced in fp32 (docs/precision.md).
+constexpr auto bf16 = loom::model<TinyGpt>(gpt_config{}) | loom::seeded(42) | loom::default_dtype(loom::bf16) |
+                      loom::lora(8) | loom::mixed_precision({.reduce = loom::fp32}) | loom::fsdp();
+
 // A partial pipeline is a value too: write the adapter setup once, pipe it into several models.
 constexpr auto adapters = loom::lora(8, {"q_proj", "v_proj"}) | loom::trainable({"norm"}) | loom::ddp();
 constexpr auto small = loom::model<TinyGpt>(gpt_config{.layers = 2}) | loom::seeded(1) | adapters;
@@ -97,6 +102,7 @@ int main(int argc, char** argv) {
   print("lora and norms", recipes::lora_and_norms);
   print("ddp", recipes::data_parallel);
   print("fsdp", recipes::sharded);
+  print("bf16", recipes::bf16);
   print("a reusable closure", recipes::adapters);
   print("... piped into a small model", recipes::small);
   print("... and into a large one", recipes::large);
