@@ -11,6 +11,7 @@
 // init=FILE it starts from that file's weights, each converted to the dtype this plan holds it in:
 // a run with an fp32 base then starts from the very values of a bf16 one, so only the arithmetic
 // differs.
+#include "key_value_arguments.hpp"
 #include "world.hpp"
 
 #include <loom/loom.hpp>
@@ -34,17 +35,6 @@ using arguments_map = std::map<std::string, std::string>;
 
 constexpr models::tiny_gpt_config config{.vocab = 32, .d = 32, .layers = 2, .heads = 2, .ctx = 16};
 constexpr std::int64_t rows = 4;
-
-arguments_map parse_arguments(int argc, char** argv) {
-  arguments_map arguments;
-  for (int i = 1; i < argc; ++i) {
-    const std::string item = argv[i];
-    const auto equals = item.find('=');
-    if (equals == std::string::npos) throw std::invalid_argument("expected key=value, got '" + item + "'");
-    arguments[item.substr(0, equals)] = item.substr(equals + 1);
-  }
-  return arguments;
-}
 
 // The batch of (step, rank), drawn as the reference draws it with torch.Generator().manual_seed.
 std::pair<at::Tensor, at::Tensor> batch(int step) {
@@ -118,7 +108,7 @@ void train_with(const Strategy& strategy, const arguments_map& arguments) {
 
 int main(int argc, char** argv) {
   try {
-    const auto arguments = parse_arguments(argc, argv);
+    const auto arguments = loom::testing::key_value_arguments(argc, argv);
     const std::string& strategy = arguments.at("strategy");
     if (strategy == "fsdp") {
       train_with(loom::fsdp(), arguments);

@@ -7,6 +7,7 @@
 //
 // S lists "step:rank:block" triples separated by commas, rank being an index or '*' (every rank).
 #include "gated_stack.hpp"
+#include "key_value_arguments.hpp"
 #include "world.hpp"
 
 #include <loom/loom.hpp>
@@ -25,17 +26,6 @@ using loom::testing::gated_stack;
 using loom::testing::world;
 
 namespace {
-
-std::map<std::string, std::string> parse_arguments(int argc, char** argv) {
-  std::map<std::string, std::string> arguments;
-  for (int i = 1; i < argc; ++i) {
-    const std::string item = argv[i];
-    const auto equals = item.find('=');
-    if (equals == std::string::npos) throw std::invalid_argument("expected key=value, got '" + item + "'");
-    arguments[item.substr(0, equals)] = item.substr(equals + 1);
-  }
-  return arguments;
-}
 
 struct skip {
   int step;
@@ -104,7 +94,7 @@ void train(const Plan& plan, const std::map<std::string, std::string>& arguments
 
 int main(int argc, char** argv) {
   try {
-    const auto arguments = parse_arguments(argc, argv);
+    const auto arguments = loom::testing::key_value_arguments(argc, argv);
     const std::int64_t width = std::stol(arguments.at("width"));
     const std::int64_t depth = std::stol(arguments.at("depth"));
     const auto model = loom::model<gated_stack>(width, depth) | loom::seeded(11);
