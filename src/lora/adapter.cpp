@@ -1,7 +1,7 @@
 #include <loom/lora/adapter.hpp>
+#include <loom/precision/linear.hpp>
 
 #include <torch/nn/functional/dropout.h>
-#include <torch/nn/functional/linear.h>
 #include <torch/nn/init.h>
 #include <torch/nn/module.h>
 
@@ -31,7 +31,7 @@ at::Tensor lora_adapter::add_update(at::Tensor output, const at::Tensor& input, 
   const at::Tensor adapter_input =
       dropout > 0 ? F::dropout(input, F::DropoutFuncOptions().p(dropout).training(training)) : input;
   // In-place: the update is added to the base output in the output's dtype.
-  return output.add_(F::linear(F::linear(adapter_input.to(type), lora_A.to(type)), lora_B.to(type)), scaling);
+  return output.add_(loom::linear(loom::linear(adapter_input.to(type), lora_A.to(type)), lora_B.to(type)), scaling);
 }
 
 at::Tensor lora_adapter::effective_weight(const at::Tensor& weight) const {

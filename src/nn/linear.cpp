@@ -1,4 +1,5 @@
 #include <loom/nn/linear.hpp>
+#include <loom/precision/linear.hpp>
 
 #include <ATen/ATen.h>
 #include <torch/nn/init.h>
@@ -41,8 +42,9 @@ void LinearImpl::pretty_print(std::ostream& stream) const {
 
 at::Tensor LinearImpl::forward(const at::Tensor& input) {
   // at::linear, as PyTorch's nn.Linear calls it: a batch of rows and the bias in one addmm, rounded
-  // once (torch::nn::functional::linear adds the bias after a matmul, a second rounding in bf16).
-  at::Tensor output = at::linear(input, weight, bias);
+  // once (torch::nn::functional::linear adds the bias after a matmul, a second rounding in bf16);
+  // in bf16 on a CPU without bf16 instructions, through the fp32 GEMM (loom/precision/linear.hpp).
+  at::Tensor output = loom::linear(input, weight, bias);
   if (!adapter_ || merged_) return output;
   return adapter_->add_update(std::move(output), input, is_training());
 }

@@ -1,6 +1,7 @@
 // build() and the job on a single process: seeded construction, LoRA on both linear paths, freezing,
 // merge, describe, and the errors a user meets first.
 #include <loom/loom.hpp>
+#include <loom/precision/linear.hpp>
 #include <models/mlp.hpp>
 #include <models/tiny_gpt.hpp>
 
@@ -80,6 +81,85 @@ TEST_CASE("loom::nn::Linear is a drop-in for torch::nn::Linear", "[nn]") {
   for (const auto& name : fast_params.keys()) CHECK(torch::equal(fast_params[name], plain_params[name]));
   auto [x, y] = tokens(1);
   CHECK(torch::equal(fast.forward(x, y), plain.forward(x, y)));
+}
+
+namespace {
+
+struct linear_operands {
+  at::Tensor input, weight, bias;
+};
+
+// Odd sizes, so that a transposed or misshapen product cannot pass; requires_grad on all three.
+linear_operands bf16_operands(std::uint64_t seed) {
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
+  const auto bf16 = torch::TensorOptions(torch::kBFloat16);
+  return {torch::randn({3, 5, 33}, gen).to(bf16).requires_grad_(),
+          torch::randn({17, 33}, gen).to(bf16).requires_grad_(), torch::randn({17}, gen).to(bf16).requires_grad_()};
+}
+
+// The output and the three gradients of sum(linear(...) * probe).
+std::vector<at::Tensor> linear_and_grads(const linear_operands& operands, bool with_loom) {
+  const auto& [input, weight, bias] = operands;
+  for (const auto& each : {input, weight, bias}) each.mutable_grad() = at::Tensor();
+  const at::Tensor output = with_loom ? loom::linear(input, weight, bias) : at::linear(input, weight, bias);
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(3);
+  (output.to(torch::kFloat) * torch::randn(output.sizes(), gen)).sum().backward();
+  return {output.detach(), input.grad(), weight.grad(), bias.grad()};
+}
+
+}  // namespace
+
+TEST_CASE("loom::linear in bf16 equals ATen's bf16 linear: products summed in fp32, rounded once", "[nn][precision]") {
+  const auto operands = bf16_operands(21);
+  const auto ours = linear_and_grads(operands, true);
+  const auto aten = linear_and_grads(operands, false);
+  for (std::size_t i = 0; i < ours.size(); ++i) {
+    INFO("output, then the gradients of input, weight and bias: " << i);
+    CHECK(ours[i].scalar_type() == torch::kBFloat16);
+    CHECK(ours[i].sizes() == aten[i].sizes());
+    // The order of the fp32 sums may differ: one bf16 rounding step apart at most.
+    CHECK(torch::allclose(ours[i].to(torch::kFloat), aten[i].to(torch::kFloat), /*rtol=*/1.0 / 128, /*atol=*/1e-6));
+  }
+  if (!loom::cpu_has_bf16_products()) {
+    // Through the fp32 GEMM: exactly the fp32 product of the bf16 values, rounded.
+    const auto& [input, weight, bias] = operands;
+    const at::Tensor wide = at::linear(input.to(torch::kFloat), weight.to(torch::kFloat), bias.to(torch::kFloat));
+    CHECK(torch::equal(ours[0], wide.detach().to(torch::kBFloat16)));
+  }
+}
+
+TEST_CASE("loom::linear under autocast rounds its operands to bf16 and trains the fp32 leaves", "[nn][precision]") {
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(8);
+  const at::Tensor input = torch::randn({4, 9}, gen);
+  const at::Tensor weight = torch::randn({6, 9}, gen).requires_grad_();
+  at::Tensor ours, aten;
+  {
+    const loom::autocast_scope autocast(c10::DeviceType::CPU, torch::kBFloat16);
+    ours = loom::linear(input, weight);
+    aten = at::linear(input, weight);
+  }
+  CHECK(ours.scalar_type() == torch::kBFloat16);
+  CHECK(torch::allclose(ours.to(torch::kFloat), aten.to(torch::kFloat), 1.0 / 128, 1e-6));
+  ours.to(torch::kFloat).sum().backward();
+  const at::Tensor ours_grad = weight.grad().clone();
+  weight.mutable_grad() = at::Tensor();
+  aten.to(torch::kFloat).sum().backward();
+  CHECK(ours_grad.scalar_type() == torch::kFloat);
+  CHECK(torch::allclose(ours_grad, weight.grad(), 1.0 / 128, 1e-6));
+}
+
+TEST_CASE("loom::linear leaves fp32 and a frozen bf16 weight as ATen has them", "[nn][precision]") {
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(4);
+  const at::Tensor input = torch::randn({2, 7}, gen).requires_grad_();
+  const at::Tensor weight = torch::randn({3, 7}, gen);
+  CHECK(torch::equal(loom::linear(input, weight), at::linear(input, weight)));
+
+  const at::Tensor frozen = weight.to(torch::kBFloat16);
+  const at::Tensor narrow_input = input.detach().to(torch::kBFloat16).requires_grad_();
+  loom::linear(narrow_input, frozen).to(torch::kFloat).sum().backward();
+  CHECK_FALSE(frozen.grad().defined());
+  REQUIRE(narrow_input.grad().defined());
+  CHECK(narrow_input.grad().scalar_type() == torch::kBFloat16);
 }
 
 TEST_CASE("right after build, a LoRA model computes exactly what its base does", "[lora]") {

@@ -1,0 +1,88 @@
+#include <loom/precision/linear.hpp>
+
+#include <ATen/ATen.h>
+#include <ATen/autocast_mode.h>
+#include <ATen/cpu/Utils.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
+#include <torch/csrc/autograd/custom_function.h>
+
+#include <optional>
+#include <string>
+
+namespace loom {
+namespace {
+
+bool detect_bf16_products() {
+  const auto capabilities = at::cpu::get_cpu_capabilities();
+  const auto flag = [&](const std::string& name) {
+    const auto found = capabilities.find(name);
+    return found != capabilities.end() && found->second.isBool() && found->second.toBool();
+  };
+  const auto architecture = capabilities.find("architecture");
+  // Off x86 (Arm's BF16 extension, through oneDNN or KleidiAI) ATen's choice stands.
+  if (architecture == capabilities.end() || architecture->second.toStringRef() != "x86_64") return true;
+  return flag("avx512_bf16") || flag("amx_bf16");
+}
+
+// The bf16 product, its gradients too, through the fp32 GEMM. The operands are saved in bf16, so the
+// activations kept for backward weigh what ATen's bf16 linear keeps. The bias is optional, the form
+// in which autograd takes an input that may be absent.
+struct widened_linear : torch::autograd::Function<widened_linear> {
+  static at::Tensor forward(torch::autograd::AutogradContext* context, const at::Tensor& input,
+                            const at::Tensor& weight, const std::optional<at::Tensor>& bias) {
+    const c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
+    context->save_for_backward({input, weight});
+    context->saved_data["has_bias"] = bias.has_value();
+    const at::Tensor wide_bias = bias ? bias->to(at::kFloat) : at::Tensor();
+    return at::linear(input.to(at::kFloat), weight.to(at::kFloat), wide_bias).to(at::kBFloat16);
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* context,
+                                                 const torch::autograd::variable_list& grad_outputs) {
+    const c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
+    const auto saved = context->get_saved_variables();
+    const at::Tensor& input = saved[0];
+    const at::Tensor& weight = saved[1];
+    const at::Tensor grad = grad_outputs[0].to(at::kFloat);
+    const at::Tensor grad_rows = grad.reshape({-1, grad.size(-1)});
+    torch::autograd::variable_list grads(3);
+    if (context->needs_input_grad(0)) grads[0] = grad.matmul(weight.to(at::kFloat)).to(at::kBFloat16);
+    if (context->needs_input_grad(1)) {
+      grads[1] = grad_rows.t().mm(input.reshape({-1, input.size(-1)}).to(at::kFloat)).to(at::kBFloat16);
+    }
+    if (context->saved_data["has_bias"].toBool() && context->needs_input_grad(2))
+      grads[2] = grad_rows.sum(0).to(at::kBFloat16);
+    return grads;
+  }
+};
+
+at::Tensor widened(const at::Tensor& input, const at::Tensor& weight, const at::Tensor& bias) {
+  return widened_linear::apply(input, weight, bias.defined() ? std::optional<at::Tensor>(bias) : std::nullopt);
+}
+
+bool all_bf16(const at::Tensor& input, const at::Tensor& weight, const at::Tensor& bias) {
+  return input.scalar_type() == at::kBFloat16 && weight.scalar_type() == at::kBFloat16 &&
+         (!bias.defined() || bias.scalar_type() == at::kBFloat16);
+}
+
+at::Tensor to_bf16(const at::Tensor& value) { return value.defined() ? value.to(at::kBFloat16) : value; }
+
+}  // namespace
+
+bool cpu_has_bf16_products() {
+  // A fact of the hardware, read once.
+  static const bool has = detect_bf16_products();
+  return has;
+}
+
+at::Tensor linear(const at::Tensor& input, const at::Tensor& weight, const at::Tensor& bias) {
+  if (!input.is_cpu() || cpu_has_bf16_products()) return at::linear(input, weight, bias);
+  const bool autocast_to_bf16 = at::autocast::is_autocast_enabled(at::kCPU) &&
+                                at::autocast::get_autocast_dtype(at::kCPU) == at::kBFloat16 &&
+                                input.is_floating_point() && weight.is_floating_point();
+  if (autocast_to_bf16) return widened(to_bf16(input), to_bf16(weight), to_bf16(bias));
+  if (all_bf16(input, weight, bias)) return widened(input, weight, bias);
+  return at::linear(input, weight, bias);
+}
+
+}  // namespace loom
