@@ -1,18 +1,32 @@
 #include <loom/precision/linear.hpp>
 
+#include <loom/runtime/text.hpp>
+
 #include <ATen/ATen.h>
 #include <ATen/autocast_mode.h>
 #include <ATen/cpu/Utils.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <torch/csrc/autograd/custom_function.h>
 
+#include <cstdlib>
 #include <optional>
+#include <stdexcept>
 #include <string>
+#include <string_view>
 
 namespace loom {
 namespace {
 
 bool detect_bf16_products() {
+  if (const char* choice = std::getenv("LOOM_BF16_PRODUCTS")) {
+    if (std::string_view(choice) == "aten") return true;
+    if (std::string_view(choice) != "auto") {
+      throw_error<std::invalid_argument>(
+          "LOOM_BF16_PRODUCTS is '{}': set it to 'aten' (ATen's bf16 kernel on every CPU) or 'auto' (the fp32 "
+          "GEMM on a CPU without bf16 instructions), or unset it",
+          choice);
+    }
+  }
   const auto capabilities = at::cpu::get_cpu_capabilities();
   const auto flag = [&](const std::string& name) {
     const auto found = capabilities.find(name);
@@ -69,14 +83,14 @@ at::Tensor to_bf16(const at::Tensor& value) { return value.defined() ? value.to(
 
 }  // namespace
 
-bool cpu_has_bf16_products() {
-  // A fact of the hardware, read once.
-  static const bool has = detect_bf16_products();
-  return has;
+bool uses_aten_bf16_products() {
+  // A fact of the hardware and of the environment the process started with: read once.
+  static const bool aten = detect_bf16_products();
+  return aten;
 }
 
 at::Tensor linear(const at::Tensor& input, const at::Tensor& weight, const at::Tensor& bias) {
-  if (!input.is_cpu() || cpu_has_bf16_products()) return at::linear(input, weight, bias);
+  if (!input.is_cpu() || uses_aten_bf16_products()) return at::linear(input, weight, bias);
   const bool autocast_to_bf16 = at::autocast::is_autocast_enabled(at::kCPU) &&
                                 at::autocast::get_autocast_dtype(at::kCPU) == at::kBFloat16 &&
                                 input.is_floating_point() && weight.is_floating_point();

@@ -34,7 +34,10 @@ separates the two kinds of run by orders of magnitude:
   differences of the steps. Measured after 4 steps: fp32, 0.16 to 0.58 (the most in LoRA's B,
   which starts at zero); bf16-reduce, 6.7e-3 (LoRA) and 1.1e-2 on 2 ranks (a sum of two bf16
   values is often exact in bf16), 0.15 to 0.25 on 3.
-Longer runs blur the line: once one rounding to bf16 goes the other way, the difference spreads
+loom's runs use ATen's own bf16 product (LOOM_BF16_PRODUCTS=aten): on a CPU without bf16
+instructions loom::linear otherwise takes it through the fp32 GEMM, whose sums run in another order,
+so that a few roundings to bf16 go the other way from the first step (test-job [precision] checks
+that product against ATen's, op by op; mixed-precision-* train with it). Longer runs blur the line: once one rounding to bf16 goes the other way, the difference spreads
 through the next forward like a run with other roundings (the matched run, 2 ranks: 1.4e-3 after
 12 steps, against bf16-reduce's 1.3e-2), hence STEPS = 4.
 """
@@ -178,7 +181,7 @@ def reference(arguments: dict[str, str]) -> None:
 # ------------------------------------------------------------------ driver
 def run(command: list[str]) -> None:
     print("$", " ".join(command), flush=True)
-    result = subprocess.run(command, timeout=120)
+    result = subprocess.run(command, timeout=120, env={**os.environ, "LOOM_BF16_PRODUCTS": "aten"})
     if result.returncode != 0:
         sys.exit(f"FAILED: exit code {result.returncode}")
 

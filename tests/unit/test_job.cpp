@@ -120,7 +120,7 @@ TEST_CASE("loom::linear in bf16 equals ATen's bf16 linear: products summed in fp
     // The order of the fp32 sums may differ: one bf16 rounding step apart at most.
     CHECK(torch::allclose(ours[i].to(torch::kFloat), aten[i].to(torch::kFloat), /*rtol=*/1.0 / 128, /*atol=*/1e-6));
   }
-  if (!loom::cpu_has_bf16_products()) {
+  if (!loom::uses_aten_bf16_products()) {
     // Through the fp32 GEMM: exactly the fp32 product of the bf16 values, rounded.
     const auto& [input, weight, bias] = operands;
     const at::Tensor wide = at::linear(input.to(torch::kFloat), weight.to(torch::kFloat), bias.to(torch::kFloat));

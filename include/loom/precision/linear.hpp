@@ -11,7 +11,8 @@ namespace loom {
 
 [[nodiscard]] at::Tensor linear(const at::Tensor& input, const at::Tensor& weight, const at::Tensor& bias = {});
 
-// Whether this CPU multiplies bf16 natively (ATen then runs its own bf16 GEMM).
-[[nodiscard]] bool cpu_has_bf16_products();
+// Whether ATen's bf16 GEMM runs: on a CPU that multiplies bf16 natively, or where the environment
+// says LOOM_BF16_PRODUCTS=aten (to compare with PyTorch kernel for kernel). Read once.
+[[nodiscard]] bool uses_aten_bf16_products();
 
 }  // namespace loom
