@@ -40,11 +40,14 @@ def main() -> None:
 
     family, *rest = args.workload.split("-")
     strategy = rest[-1]
+    ctx = 512 if "long" in rest else 128
     torch.manual_seed(1234)
-    model = anchor.Mlp() if family == "mlp" else anchor.TinyGpt()
-    batch = args.batch or (32 if family == "mlp" else 8)
+    model = anchor.Mlp() if family == "mlp" else anchor.TinyGpt(ctx=ctx)
+    batch = args.batch or (32 if family == "mlp" else 4 if "long" in rest else 8)
     if "lora" in rest:
         anchor.add_lora(model, 8, ("q_proj", "k_proj", "v_proj", "o_proj"))
+    if "recompute" in rest:
+        anchor.recompute_blocks(model)
     model = model.to(device)  # built on the CPU from the seed, as the anchor's and loom's are
     torch.set_default_device(device)  # the anchor's TinyGpt makes its positions with torch.arange(t)
     if strategy == "fsdp":
@@ -69,8 +72,8 @@ def main() -> None:
             x = torch.randn(batch, 1024, generator=gen, device=cpu)
             y = torch.randn(batch, 1024, generator=gen, device=cpu)
         else:
-            x = torch.randint(0, 128, (batch, 128), generator=gen, device=cpu)
-            y = torch.randint(0, 128, (batch, 128), generator=gen, device=cpu)
+            x = torch.randint(0, 128, (batch, ctx), generator=gen, device=cpu)
+            y = torch.randint(0, 128, (batch, ctx), generator=gen, device=cpu)
         x, y = x.to(device), y.to(device)
         torch.cuda.synchronize()
         t0 = time.perf_counter()
@@ -94,6 +97,7 @@ def main() -> None:
         "step_ms_median": round(statistics.median(times), 3),
         "final_loss": round(loss_value, 5),
         "trainable_params": sum(p.numel() for p in params),
+        "device_peak_mb": round(torch.cuda.max_memory_allocated(device) / 2**20, 1),
     }))
     if dist.is_initialized():
         dist.destroy_process_group()

@@ -1,7 +1,8 @@
 // loom-bench: the workloads of ../shared/BENCHMARKS.md on loom. It does what the Python anchor
 // (../shared/bench/torch_anchor.py) does, step for step, and rank 0 prints one JSON line with the
 // anchor's keys, so that bench/compare can pair the two, and one of its own: `step_ms_max`, the
-// slowest step of any rank, warm-up included (tests/dist/load_check.py sets it against the timeout).
+// slowest step of any rank, warm-up included (tests/dist/load_check.py sets it against the timeout),
+// and on CUDA `device_peak_mb`, rank 0's peak of allocated device memory.
 //
 //   build/loom-run --nproc-per-node 2 -- build/bench/loom-bench --workload gpt-lora-ddp --steps 30
 
@@ -11,6 +12,7 @@
 #include <models/tiny_gpt.hpp>
 
 #include <ATen/CPUGeneratorImpl.h>
+#include <c10/core/CachingDeviceAllocator.h>
 #include <fmt/format.h>
 #include <sys/resource.h>
 #include <torch/torch.h>
@@ -38,8 +40,19 @@ struct bench_options {
   std::int64_t batch = 0;  // unset: the workload's own
 };
 
-constexpr std::array workloads{"mlp-ddp",  "gpt-local",     "gpt-ddp",      "gpt-lora-local", "gpt-lora-ddp",
-                               "gpt-fsdp", "gpt-lora-fsdp", "gpt-bf16-ddp", "gpt-bf16-fsdp",  "gpt-lora-bf16-fsdp"};
+constexpr std::array workloads{"mlp-ddp",
+                               "gpt-local",
+                               "gpt-ddp",
+                               "gpt-lora-local",
+                               "gpt-lora-ddp",
+                               "gpt-fsdp",
+                               "gpt-lora-fsdp",
+                               "gpt-bf16-ddp",
+                               "gpt-bf16-fsdp",
+                               "gpt-lora-bf16-fsdp",
+                               "gpt-long-fsdp",
+                               "gpt-long-recompute-fsdp",
+                               "gpt-lora-long-recompute-fsdp"};
 
 // The options, or the exit code to end with (--help, a bad command line).
 std::variant<bench_options, int> parse_options(int argc, char** argv) {
@@ -135,12 +148,13 @@ struct mlp_workload {
   }
 };
 
-// TinyGpt, next-token cross-entropy on random tokens, AdamW.
-struct gpt_workload {
-  static constexpr std::int64_t default_batch = 8;
+// TinyGpt of context `Context`, next-token cross-entropy on random tokens, AdamW.
+template <std::int64_t Context, std::int64_t Batch>
+struct tiny_gpt_workload {
+  static constexpr std::int64_t default_batch = Batch;
+  static constexpr models::tiny_gpt_config config{.ctx = Context};
 
   static std::pair<at::Tensor, at::Tensor> draw(const at::Generator& gen, std::int64_t batch) {
-    const models::tiny_gpt_config config;
     at::Tensor x = torch::randint(0, config.vocab, {batch, config.ctx}, gen, torch::kLong);
     at::Tensor y = torch::randint(0, config.vocab, {batch, config.ctx}, gen, torch::kLong);
     return {x, y};
@@ -153,6 +167,8 @@ struct gpt_workload {
     return torch::optim::AdamW(params, torch::optim::AdamWOptions(3e-4));
   }
 };
+using gpt_workload = tiny_gpt_workload<128, 8>;
+using gpt_long_workload = tiny_gpt_workload<512, 4>;  // the gpt-long-* workloads
 
 // One rank's figures, in the order they travel in the all-gather.
 struct rank_figures {
@@ -192,16 +208,26 @@ struct run_result {
   std::int64_t local_batch;
 };
 
+// On CUDA, this rank's peak of allocated device memory (the caching allocator's statistics, as
+// torch.cuda.max_memory_allocated), as one more key; nothing on the CPU.
+std::string device_peak_field(const loom::runtime& rt) {
+  if (!rt.device().is_cuda()) return {};
+  const auto stats = c10::getDeviceAllocator(c10::kCUDA)->getDeviceStats(rt.device().index());
+  const auto aggregate = static_cast<std::size_t>(c10::CachingAllocator::StatType::AGGREGATE);
+  return fmt::format(", \"device_peak_mb\": {:.1f}",
+                     static_cast<double>(stats.allocated_bytes[aggregate].peak) / (1 << 20));
+}
+
 void print_json(const bench_options& options, const loom::runtime& rt, const run_result& result,
                 const std::vector<rank_figures>& all) {
   fmt::print(
       "{{\"impl\": \"loom\", \"torch\": \"{}\", \"workload\": \"{}\", \"world\": {}, \"local_batch\": {}, "
       "\"steps\": {}, \"step_ms_median\": {:.3f}, \"state_mb_per_rank_max\": {:.3f}, \"rss_peak_mb_max\": {:.1f}, "
-      "\"final_loss\": {:.5f}, \"trainable_params\": {}, \"step_ms_max\": {:.3f}}}\n",
+      "\"final_loss\": {:.5f}, \"trainable_params\": {}, \"step_ms_max\": {:.3f}{}}}\n",
       TORCH_VERSION, options.workload, rt.world_size(), result.local_batch, options.steps,
       max_over_ranks(all, &rank_figures::step_ms_median), max_over_ranks(all, &rank_figures::state_bytes) / (1 << 20),
       max_over_ranks(all, &rank_figures::rss_peak_mb), result.final_loss, result.trainable_params,
-      max_over_ranks(all, &rank_figures::step_ms_max));
+      max_over_ranks(all, &rank_figures::step_ms_max), device_peak_field(rt));
   std::fflush(stdout);
 }
 
@@ -258,7 +284,7 @@ void run(const Plan& plan, const bench_options& options) {
 
 // Plans are typed, so each workload is its own plan expression.
 void run_workload(const bench_options& options) {
-  const auto gpt = loom::model<models::TinyGpt>(models::tiny_gpt_config{}) | loom::seeded(1234);
+  const auto gpt = loom::model<models::TinyGpt>(gpt_workload::config) | loom::seeded(1234);
   const auto adapters = loom::lora(8, {"q_proj", "k_proj", "v_proj", "o_proj"});
   const std::string_view name = options.workload;
   if (name == "mlp-ddp")
@@ -276,6 +302,15 @@ void run_workload(const bench_options& options) {
   if (name == "gpt-lora-bf16-fsdp") {
     // The frozen base held in bf16 (the anchor's model.to(bfloat16)), the adapters in fp32.
     return run<gpt_workload>(gpt | loom::default_dtype(loom::bf16) | adapters | bf16 | loom::fsdp(), options);
+  }
+  // A context of 512; every block recomputed in backward (the anchor's checkpoint_wrapper on each).
+  const auto gpt_long = loom::model<models::TinyGpt>(gpt_long_workload::config) | loom::seeded(1234);
+  if (name == "gpt-long-fsdp") return run<gpt_long_workload>(gpt_long | loom::fsdp(), options);
+  if (name == "gpt-long-recompute-fsdp") {
+    return run<gpt_long_workload>(gpt_long | loom::recompute() | loom::fsdp(), options);
+  }
+  if (name == "gpt-lora-long-recompute-fsdp") {
+    return run<gpt_long_workload>(gpt_long | adapters | loom::recompute() | loom::fsdp(), options);
   }
   throw std::logic_error(fmt::format("workload '{}' has no plan", name));  // --workload's check lists them
 }

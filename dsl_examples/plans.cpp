@@ -51,6 +51,11 @@ constexpr auto sharded = loom::model<TinyGpt>(gpt_config{.layers = 24}) | loom::
 constexpr auto bf16 = loom::model<TinyGpt>(gpt_config{}) | loom::seeded(42) | loom::default_dtype(loom::bf16) |
                       loom::lora(8) | loom::mixed_precision({.reduce = loom::fp32}) | loom::fsdp();
 
+// recompute: every second block runs its forward again in backward instead of keeping its
+// activations (docs/recompute.md); names, files and gradients are those of the plan without it.
+constexpr auto deep = loom::model<TinyGpt>(gpt_config{.layers = 48}) | loom::seeded(42) | loom::lora(8) |
+                      loom::recompute({.every = 2}) | loom::fsdp();
+
 // A partial pipeline is a value too: write the adapter setup once, pipe it into several models.
 constexpr auto adapters = loom::lora(8, {"q_proj", "v_proj"}) | loom::trainable({"norm"}) | loom::ddp();
 constexpr auto small = loom::model<TinyGpt>(gpt_config{.layers = 2}) | loom::seeded(1) | adapters;
@@ -103,6 +108,7 @@ int main(int argc, char** argv) {
   print("ddp", recipes::data_parallel);
   print("fsdp", recipes::sharded);
   print("bf16", recipes::bf16);
+  print("recompute", recipes::deep);
   print("a reusable closure", recipes::adapters);
   print("... piped into a small model", recipes::small);
   print("... and into a large one", recipes::large);

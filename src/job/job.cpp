@@ -18,17 +18,22 @@ namespace loom {
 namespace detail {
 
 job_core::job_core(runtime rt, std::shared_ptr<torch::nn::Module> module, std::string model_name,
-                   std::optional<lora_layers> lora, std::string plan_text, const built_precision& precision)
-    : context_(std::make_unique<strategy_context>(std::move(rt), std::move(module), precision.policy)),
+                   std::optional<lora_layers> lora, std::string plan_text, const build_decisions& decided)
+    : context_(std::make_unique<strategy_context>(std::move(rt), std::move(module), decided.policy)),
       model_name_(std::move(model_name)),
       lora_(std::move(lora)),
       plan_text_(std::move(plan_text)) {
-  if (precision.built_in) {
-    built_text_ = fmt::format("built in {}", name_of(*precision.built_in));
-    if (precision.trainable_held_in_fp32 > 0) {
+  if (decided.built_in) {
+    built_text_ = fmt::format("built in {}", name_of(*decided.built_in));
+    if (decided.trainable_held_in_fp32 > 0) {
       built_text_ += fmt::format(", the {} that train held in fp32",
-                                 counted(static_cast<std::int64_t>(precision.trainable_held_in_fp32), "parameter"));
+                                 counted(static_cast<std::int64_t>(decided.trainable_held_in_fp32), "parameter"));
     }
+  }
+  if (!decided.recomputed_units.empty()) {
+    context_->note(fmt::format("recompute: {} in backward: {}",
+                               counted(static_cast<std::int64_t>(decided.recomputed_units.size()), "unit"),
+                               fmt::join(decided.recomputed_units, ", ")));
   }
 }
 

@@ -1,10 +1,13 @@
 // The same plan on any device and process group gives the same model. Usage (under loom-run):
-//   device-parity {ddp|fsdp|fsdp-eval|lora-fsdp|bf16-ddp|bf16-fsdp|lora-bf16-fsdp} OUT.safetensors STEPS
+//   device-parity {ddp|fsdp|fsdp-eval|recompute-ddp|recompute-fsdp|lora-fsdp|bf16-ddp|bf16-fsdp|lora-bf16-fsdp}
+//                 OUT.safetensors STEPS
 // trains a small TinyGpt with loom::train (AdamW, clipping, no run folder; fsdp-eval: fsdp() with an
-// evaluation every 2 steps, a forward with no backward; bf16-*: under mixed_precision(), the
-// lora one over a base built in bf16) on the runtime's device
+// evaluation every 2 steps, a forward with no backward; recompute-*: every block recomputed in
+// backward; bf16-*: under mixed_precision(), the lora one over a base built in bf16) on the runtime's
+// device
 // (LOOM_DEVICE, LOOM_BACKEND), each rank on its own batches drawn on the CPU by (step, rank), and
-// rank 0 writes the whole model (gathered under fsdp()) to OUT. parity.py compares two such files:
+// rank 0 writes the whole model (gathered under fsdp()) to OUT; on CUDA each rank prints its peak
+// allocated memory. parity.py compares two such files:
 // CUDA against CPU (scripts/gpu-check), one launched rank with its own process group against a
 // plain single process (CI).
 #include <loom/io/safetensors.hpp>
@@ -12,6 +15,7 @@
 #include <models/tiny_gpt.hpp>
 
 #include <ATen/CPUGeneratorImpl.h>
+#include <c10/core/CachingDeviceAllocator.h>
 #include <fmt/format.h>
 #include <torch/optim/adamw.h>
 
@@ -46,6 +50,13 @@ void run(const Plan& plan, const std::filesystem::path& out, std::int64_t steps,
        .eval_loss = [&] { return loss(7 + rank); }},
       {.steps = steps, .accumulate = 2, .clip_norm = 0.5, .eval_every = eval_every, .log_every = steps});
   if (rank == 0) fmt::print("{}final loss {:.6f}\n", job.describe(), result.last_loss);
+  if (rt.device().is_cuda()) {
+    // CUDA's caching allocator's high-water mark of allocated bytes: what recompute lowers.
+    const auto stats = c10::getDeviceAllocator(c10::kCUDA)->getDeviceStats(rt.device().index());
+    const auto aggregate = static_cast<std::size_t>(c10::CachingAllocator::StatType::AGGREGATE);
+    fmt::print("rank {}: peak allocated {:.2f} MiB\n", rank,
+               static_cast<double>(stats.allocated_bytes[aggregate].peak) / (1 << 20));
+  }
   loom::tensor_state state = job.state_dict();
   if (rank == 0) loom::save_safetensors(out, state);
 }
@@ -55,7 +66,8 @@ void run(const Plan& plan, const std::filesystem::path& out, std::int64_t steps,
 int main(int argc, char** argv) {
   if (argc != 4) {
     fmt::print(stderr,
-               "usage: device-parity {{ddp|fsdp|fsdp-eval|lora-fsdp|bf16-ddp|bf16-fsdp|lora-bf16-fsdp}} "
+               "usage: device-parity "
+               "{{ddp|fsdp|fsdp-eval|recompute-ddp|recompute-fsdp|lora-fsdp|bf16-ddp|bf16-fsdp|lora-bf16-fsdp}} "
                "OUT.safetensors STEPS\n");
     return 2;
   }
@@ -70,6 +82,10 @@ int main(int argc, char** argv) {
       run(base | loom::fsdp(), out, steps);
     } else if (strategy == "fsdp-eval") {
       run(base | loom::fsdp(), out, steps, /*eval_every=*/2);
+    } else if (strategy == "recompute-ddp") {
+      run(base | loom::recompute() | loom::ddp(), out, steps);
+    } else if (strategy == "recompute-fsdp") {
+      run(base | loom::recompute() | loom::fsdp(), out, steps);
     } else if (strategy == "lora-fsdp") {
       run(base | loom::lora(4, {"q_proj", "v_proj"}) | loom::fsdp(), out, steps);
     } else if (strategy == "bf16-ddp") {

@@ -88,14 +88,14 @@ TEST_CASE("a strategy's options are read from run files as their fields() descri
 }
 
 TEST_CASE("a run file breaks the rules with the compiler's sentences", "[run_file]") {
-  const std::string name =
-      GENERATE("r2_stage_after_strategy", "r2_two_strategies", "r3_lora_after_ddp", "r3_trainable_after_fsdp",
-               "r4_seeded_twice", "r4_seeded_not_after_model", "r5_rank_zero", "r5_negative_alpha", "r5_dropout_one",
-               "r5_empty_targets", "r5_empty_target_name", "r5_duplicate_target", "r5_duplicate_exclude",
-               "r6_two_loras", "r9_trainable_without_lora", "r10_trainable_twice", "r11_no_patterns",
-               "r12_too_many_targets", "r15_two_mixed_precisions", "r15_mixed_precision_after_fsdp", "r16_param_int8",
-               "r16_param_fp32", "r16_param_fp16", "r16_reduce_bool", "r16_output_int64", "r17_default_dtype_int32",
-               "r17_default_dtype_twice", "r17_default_dtype_after_lora");
+  const std::string name = GENERATE(
+      "r2_stage_after_strategy", "r2_two_strategies", "r3_lora_after_ddp", "r3_trainable_after_fsdp", "r4_seeded_twice",
+      "r4_seeded_not_after_model", "r5_rank_zero", "r5_negative_alpha", "r5_dropout_one", "r5_empty_targets",
+      "r5_empty_target_name", "r5_duplicate_target", "r5_duplicate_exclude", "r6_two_loras",
+      "r9_trainable_without_lora", "r10_trainable_twice", "r11_no_patterns", "r12_too_many_targets",
+      "r15_two_mixed_precisions", "r15_mixed_precision_after_fsdp", "r16_param_int8", "r16_param_fp32",
+      "r16_param_fp16", "r16_reduce_bool", "r16_output_int64", "r17_default_dtype_int32", "r17_default_dtype_twice",
+      "r17_default_dtype_after_lora", "r18_two_recomputes", "r18_recompute_after_fsdp", "r18_every_zero");
   CAPTURE(name);
   const fs::path file = source / "tests" / "run_files" / (name + ".json");
   try {
@@ -145,7 +145,7 @@ TEST_CASE("a run file's own mistakes name the file, the key and the accepted for
                                       "bucket_cap_mb"));
   CHECK_THROWS_WITH(read("stage", R"({"plan": [{"dropout": 0.1}]})"),
                     ContainsSubstring("unknown stage 'dropout'; the stages after the model are seeded, default_dtype, "
-                                      "mixed_precision, lora, trainable, strategy"));
+                                      "mixed_precision, recompute, lora, trainable, strategy"));
   CHECK_THROWS_WITH(read("top", R"({"plan": [], "steps": 3})"), ContainsSubstring("steps: unknown key"));
   CHECK_THROWS_WITH(read("json", "{\"plan\": [\n  {\"seeded\": }\n]}"),
                     ContainsSubstring("it is not JSON") && ContainsSubstring("line 2"));
@@ -288,4 +288,23 @@ TEST_CASE("default_dtype and mixed_precision are read from run files, with overr
                         "output, cast_forward_inputs"));
   CHECK_THROWS_WITH(loom::read_run_stages(written("bad-type", R"({"plan": [{"default_dtype": 16}]})")),
                     ContainsSubstring("default_dtype: give a dtype as a string"));
+}
+
+TEST_CASE("recompute is read from run files, with overrides", "[run_file]") {
+  const fs::path file = written("recompute", R"({"plan": [{"seeded": 1}, {"recompute": {"every": 3}},
+      {"strategy": "fsdp"}]})");
+  const std::vector<std::string> overrides{"recompute.every=2"};
+  CHECK(loom::read_run_stages(file).recompute->settings().every == 3);
+  const auto typed =
+      loom::model<models::TinyGpt>(small) | loom::seeded(1) | loom::recompute({.every = 2}) | loom::fsdp();
+  CHECK(loom::plan_from_file(loom::model<models::TinyGpt>(small), file, overrides).describe() == typed.describe());
+
+  const fs::path toml = written("recompute", "plan = [{ recompute = {} }]\n", ".toml");
+  CHECK(loom::read_run_stages(toml).recompute->settings().every == 1);
+
+  CHECK_THROWS_WITH(
+      loom::read_run_stages(written("recompute-bool", R"({"plan": [{"recompute": true}]})")),
+      ContainsSubstring("recompute: give {\"every\": 1} to recompute every unit, or k for every k-th one"));
+  CHECK_THROWS_WITH(loom::read_run_stages(written("recompute-key", R"({"plan": [{"recompute": {"mode": "full"}}]})")),
+                    ContainsSubstring("recompute.mode: unknown key; recompute takes every"));
 }

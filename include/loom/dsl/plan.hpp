@@ -7,6 +7,7 @@
 #include <loom/dsl/lora.hpp>
 #include <loom/dsl/mixed_precision.hpp>
 #include <loom/dsl/pipe.hpp>
+#include <loom/dsl/recompute.hpp>
 #include <loom/dsl/rule_table.hpp>
 #include <loom/dsl/seeded.hpp>
 #include <loom/dsl/stage_kind.hpp>
@@ -90,6 +91,14 @@ class plan : public detail::pipeable {
   [[nodiscard]] constexpr std::optional<mixed_precision_options> mixed_precision() const {
     if constexpr (constexpr std::size_t i = detail::index_of(kinds, is<stage_kind::mixed_precision>);
                   i != kinds.size()) {
+      return std::get<i>(stages_).settings();
+    } else {
+      return std::nullopt;
+    }
+  }
+
+  [[nodiscard]] constexpr std::optional<recompute_options> recompute() const {
+    if constexpr (constexpr std::size_t i = detail::index_of(kinds, is<stage_kind::recompute>); i != kinds.size()) {
       return std::get<i>(stages_).settings();
     } else {
       return std::nullopt;

@@ -229,7 +229,17 @@
   X(r17_default_dtype_twice, "loom R17: default_dtype(...) appears twice: keep one (the model is built once)") \
   X(r17_default_dtype_not_after_model,                                                                         \
     "loom R17: default_dtype(...) is not directly after model<M>(...) or seeded(...): move it there "          \
-    "(it sets the dtype the model is built in, and the model is built first)")
+    "(it sets the dtype the model is built in, and the model is built first)")                                 \
+  /* R18: recompute: once, before the strategy, every k >= 1. */                                               \
+  X(r18_two_recomputes,                                                                                        \
+    "loom R18: the plan has two recompute(...) stages: keep one (one choice of units recomputes in the "       \
+    "whole model)")                                                                                            \
+  X(r18_recompute_after_strategy,                                                                              \
+    "loom R18: recompute(...) comes after the strategy: put it before the strategy (the strategy wraps the "   \
+    "units' forward and backward as the stages before it leave them)")                                         \
+  X(r18_every_zero,                                                                                            \
+    "loom R18: recompute every is 0: pass .every = 1 to recompute every unit, or k for every k-th "            \
+    "one")
 
 // Stops compilation, with the sentence of its argument (a constant loom::violation) on the first
 // error line, unless that is violation::none: a static_assert per row, each with its sentence.

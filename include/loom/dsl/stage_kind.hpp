@@ -12,6 +12,7 @@ enum class stage_kind : unsigned char {
   seeded,
   default_dtype,
   mixed_precision,
+  recompute,
   lora,
   trainable,
   local,
@@ -29,6 +30,7 @@ constexpr std::string_view name_of(stage_kind k) noexcept {
     case stage_kind::seeded: return "seeded";
     case stage_kind::default_dtype: return "default_dtype";
     case stage_kind::mixed_precision: return "mixed_precision";
+    case stage_kind::recompute: return "recompute";
     case stage_kind::lora: return "lora";
     case stage_kind::trainable: return "trainable";
     case stage_kind::local: return "local";

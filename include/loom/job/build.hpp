@@ -3,6 +3,7 @@
 
 #include <loom/dsl.hpp>
 #include <loom/job/job.hpp>
+#include <loom/nn/recompute.hpp>
 #include <loom/precision/precision.hpp>
 #include <loom/replicas/replicas.hpp>
 #include <loom/strategies/ddp.hpp>
@@ -39,15 +40,15 @@ auto build_checked(const Plan& plan, runtime rt) {
   auto engine = make_engine(plan.strategy());
   LOOM_CHECK_ENGINE_HOOKS(decltype(engine))
 
-  built_precision precision{plan.default_dtype(), 0, std::nullopt};
-  if (auto policy = plan.mixed_precision()) precision.policy = precision_policy::from(*policy);
+  build_decisions decided{plan.default_dtype(), 0, std::nullopt, {}};
+  if (auto policy = plan.mixed_precision()) decided.policy = precision_policy::from(*policy);
 
   // Construction (in the plan's default_dtype), then the adapters' initial weights (in fp32), from
   // one forked stream when seeded.
   std::optional<forked_rng> fork;
   if (auto seed = plan.seed()) fork.emplace(*seed);
   auto model = [&] {
-    const default_dtype_scope built_in(precision.built_in);
+    const default_dtype_scope built_in(decided.built_in);
     return std::apply([](const auto&... args) { return module_storage<M>::make(args...); }, plan.model_args());
   }();
   auto base = model.base();
@@ -55,12 +56,13 @@ auto build_checked(const Plan& plan, runtime rt) {
   constexpr std::string_view model_name = type_name<M>();
   if (auto spec = plan.lora()) {
     lora = lora_layers::inject(*base, model_name, *spec,
-                               precision.policy ? std::optional(precision.policy->param) : std::nullopt);
+                               decided.policy ? std::optional(decided.policy->param) : std::nullopt);
   }
   fork.reset();
 
   set_trainable(*base, model_name, lora.has_value(), plan.trainable_patterns());
-  if (precision.built_in) precision.trainable_held_in_fp32 = hold_trainable_in_fp32(*base);
+  if (decided.built_in) decided.trainable_held_in_fp32 = hold_trainable_in_fp32(*base);
+  if (auto spec = plan.recompute()) decided.recomputed_units = nn::recompute_units(*base, *spec);
   base->to(rt.device());
   if (auto seed = plan.seed()) {
     verify_identical_replicas(rt, *base, *seed);
@@ -68,7 +70,7 @@ auto build_checked(const Plan& plan, runtime rt) {
     broadcast_replicas(rt, *base);
   }
   return job<M, decltype(engine)>(std::move(model), std::move(rt), std::move(lora), plan.describe(), std::move(engine),
-                                  precision);
+                                  decided);
 }
 
 // A run_plan seen with one of its strategies fixed: what build_checked reads of a plan.
@@ -82,6 +84,7 @@ struct with_strategy {
   [[nodiscard]] auto seed() const { return plan.seed(); }
   [[nodiscard]] auto default_dtype() const { return plan.default_dtype(); }
   [[nodiscard]] auto mixed_precision() const { return plan.mixed_precision(); }
+  [[nodiscard]] auto recompute() const { return plan.recompute(); }
   [[nodiscard]] auto lora() const { return plan.lora(); }
   [[nodiscard]] auto trainable_patterns() const { return plan.trainable_patterns(); }
   [[nodiscard]] std::string describe() const { return plan.describe(); }

@@ -118,18 +118,20 @@ class returned<void> {
   void take() {}
 };
 
-// The dtypes a plan builds its model in and computes in (loom/precision): what build() decided.
-struct built_precision {
-  std::optional<dtype> built_in;           // default_dtype(...), if any
-  std::size_t trainable_held_in_fp32 = 0;  // parameters built narrower that train, held in fp32
-  std::optional<precision_policy> policy;  // mixed_precision(...), if any
+// What build() decided from the plan's stages before the strategy: the dtypes the model is built
+// in and computes in (loom/precision), and the units that recompute (loom/nn/recompute.hpp).
+struct build_decisions {
+  std::optional<dtype> built_in;              // default_dtype(...), if any
+  std::size_t trainable_held_in_fp32 = 0;     // parameters built narrower that train, held in fp32
+  std::optional<precision_policy> policy;     // mixed_precision(...), if any
+  std::vector<std::string> recomputed_units;  // recompute(...)'s choice, by name; empty without it
 };
 
 // The part of a job that does not depend on M or the strategy (src/job/job.cpp).
 class job_core {
  public:
   job_core(runtime rt, std::shared_ptr<torch::nn::Module> module, std::string model_name,
-           std::optional<lora_layers> lora, std::string plan_text, const built_precision& precision);
+           std::optional<lora_layers> lora, std::string plan_text, const build_decisions& decided);
 
   [[nodiscard]] strategy_context& context() noexcept { return *context_; }
   [[nodiscard]] const strategy_context& context() const noexcept { return *context_; }
@@ -187,10 +189,10 @@ template <class M, Engine E>
 class job {
  public:
   job(detail::module_storage<M> model, runtime rt, std::optional<lora_layers> lora, std::string plan_text, E engine,
-      const detail::built_precision& precision = {})
+      const detail::build_decisions& decided = {})
       : model_(std::move(model)),
         core_(std::move(rt), model_.base(), std::string(detail::type_name<M>()), std::move(lora), std::move(plan_text),
-              precision),
+              decided),
         engine_(std::move(engine)) {
     core_.set_up([this](strategy_context& context) { engine_.setup(context); }, engine_casts);
   }

@@ -7,15 +7,28 @@
 //   x = blocks[i]->as<loom::nn::Unit<BlockImpl>>()->forward(x);
 //
 // Unit<B> is a B: it takes B's constructor arguments and registers nothing of its own (parameter
-// names and seeded draws are B's). Under local() and ddp() it is transparent.
+// names and seeded draws are B's). Under local() and ddp() it is transparent, but for recompute(...):
+// a unit chosen to recompute runs its forward keeping no activations and again in backward
+// (loom/nn/recompute.hpp). A unit that recomputes takes tensors, std::optional tensors and plain
+// values (numbers, enums) as its forward's arguments, and returns a tensor or a std::tuple of them.
+
+#include <loom/nn/recompute.hpp>
 
 #include <ATen/core/Tensor.h>
+#include <c10/core/GradMode.h>
 
 #include <cstddef>
+#include <optional>
+#include <string>
 #include <tuple>
 #include <type_traits>
+#include <typeinfo>
 #include <utility>
 #include <vector>
+
+namespace torch::nn {
+class Module;
+}
 
 namespace loom::nn {
 
@@ -36,6 +49,8 @@ class unit_base {
     index_ = index;
   }
   void detach() noexcept { hooks_ = nullptr; }
+  void set_recompute(bool recompute) noexcept { recompute_ = recompute; }
+  [[nodiscard]] bool recomputes() const noexcept { return recompute_; }
 
  protected:
   unit_base() = default;
@@ -73,7 +88,73 @@ class unit_base {
 
   unit_hooks* hooks_ = nullptr;
   std::size_t index_ = 0;
+  bool recompute_ = false;
 };
+
+// Each loom::nn::Unit in `model` (not the model itself), in registration order, by its dotted name.
+struct unit_module {
+  std::string name;
+  unit_base* module = nullptr;
+};
+[[nodiscard]] std::vector<unit_module> find_units(torch::nn::Module& model);
+
+namespace detail {
+
+template <class T>
+inline constexpr bool is_tensor = std::is_same_v<std::remove_cvref_t<T>, at::Tensor>;
+template <class T>
+inline constexpr bool is_optional_tensor = std::is_same_v<std::remove_cvref_t<T>, std::optional<at::Tensor>>;
+
+// An argument a recomputation can pass again: a tensor (its detached copy), or a copy of a value.
+template <class T>
+inline constexpr bool replayable_argument =
+    is_tensor<T> || is_optional_tensor<T> || std::is_arithmetic_v<std::remove_cvref_t<T>> ||
+    std::is_enum_v<std::remove_cvref_t<T>>;
+
+template <class R>
+inline constexpr bool replayable_result = is_tensor<R> && !std::is_reference_v<R>;
+template <class... T>
+inline constexpr bool replayable_result<std::tuple<T...>> = (is_tensor<T> && ...);
+
+inline void add_input(std::vector<at::Tensor>& inputs, const at::Tensor& value) {
+  if (value.defined()) inputs.push_back(value);
+}
+inline void add_input(std::vector<at::Tensor>& inputs, const std::optional<at::Tensor>& value) {
+  if (value && value->defined()) inputs.push_back(*value);
+}
+template <class T>
+void add_input(std::vector<at::Tensor>&, const T&) {}
+
+inline void put_input(at::Tensor& value, const std::vector<at::Tensor>& inputs, std::size_t& next) {
+  if (value.defined()) value = inputs[next++];
+}
+inline void put_input(std::optional<at::Tensor>& value, const std::vector<at::Tensor>& inputs, std::size_t& next) {
+  if (value && value->defined()) value = inputs[next++];
+}
+template <class T>
+void put_input(T&, const std::vector<at::Tensor>&, std::size_t&) {}
+
+inline std::vector<at::Tensor> result_tensors(at::Tensor output) { return {std::move(output)}; }
+template <class... T>
+std::vector<at::Tensor> result_tensors(std::tuple<T...> outputs) {
+  return std::apply([](auto&... each) { return std::vector<at::Tensor>{std::move(each)...}; }, outputs);
+}
+
+template <class R>
+R result_from(std::vector<at::Tensor>& outputs) {
+  if constexpr (is_tensor<R>) {
+    return std::move(outputs.front());
+  } else {
+    return [&]<std::size_t... I>(std::index_sequence<I...>) { return R(std::move(outputs[I])...); }
+    (std::make_index_sequence<std::tuple_size_v<R>>());
+  }
+}
+
+// The unit's trainable parameters, which a recomputed backward differentiates.
+[[nodiscard]] std::vector<at::Tensor> trainable_parameters(torch::nn::Module& unit);
+[[noreturn]] void fail_not_replayable(const std::type_info& block);
+
+}  // namespace detail
 
 template <class B>
 class Unit : public B, public unit_base {
@@ -82,7 +163,33 @@ class Unit : public B, public unit_base {
 
   template <class... Args>
   decltype(auto) forward(Args&&... args) {
-    return run([&]() -> decltype(auto) { return B::forward(std::forward<Args>(args)...); });
+    return run([&]() -> decltype(auto) {
+      using result = decltype(B::forward(std::forward<Args>(args)...));
+      if (recomputes() && at::GradMode::is_enabled()) {
+        if constexpr (detail::replayable_result<result> && (detail::replayable_argument<Args> && ...)) {
+          return recomputed<result>(args...);
+        } else {
+          detail::fail_not_replayable(typeid(B));
+        }
+      }
+      return B::forward(std::forward<Args>(args)...);
+    });
+  }
+
+ private:
+  template <class Result, class... Args>
+  Result recomputed(const Args&... args) {
+    std::vector<at::Tensor> inputs;
+    (detail::add_input(inputs, args), ...);
+    replay_forward replay =
+        [this, arguments = std::tuple<std::remove_cvref_t<Args>...>(args...)](const std::vector<at::Tensor>& tensors) {
+          auto call = arguments;
+          std::size_t next = 0;
+          std::apply([&](auto&... each) { (detail::put_input(each, tensors, next), ...); }, call);
+          return detail::result_tensors(std::apply([this](auto&... each) { return B::forward(each...); }, call));
+        };
+    std::vector<at::Tensor> outputs = run_recomputed(replay, inputs, detail::trainable_parameters(*this));
+    return detail::result_from<Result>(outputs);
   }
 };
 

@@ -43,14 +43,6 @@ void require_own_storage(const std::string& name, const at::Tensor& parameter) {
 
 }  // namespace
 
-std::vector<unit_module> find_units(torch::nn::Module& model) {
-  std::vector<unit_module> units;
-  for (const auto& item : model.named_modules("", /*include_self=*/false)) {
-    if (auto* unit = dynamic_cast<nn::unit_base*>(item.value().get())) units.push_back({item.key(), unit});
-  }
-  return units;
-}
-
 std::vector<placed_parameter> place_parameters(torch::nn::Module& model, const std::vector<unit_module>& units) {
   std::vector<placed_parameter> placed;
   std::unordered_map<const c10::TensorImpl*, std::size_t> owner;

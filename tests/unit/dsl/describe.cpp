@@ -44,6 +44,18 @@ TEST_CASE("describe the other strategies and a closure", "[dsl][describe]") {
         "seeded(7)\nfsdp(reshard_after_forward=false, bucket_cap_mb=25)\n");
 }
 
+TEST_CASE("describe the recompute stage", "[dsl][describe]") {
+  constexpr auto plan = loom::model<demo::TinyGpt>() | loom::recompute({.every = 2}) | loom::ddp();
+  CHECK(plan.describe() ==
+        "model<demo::TinyGpt>(0 args)\n"
+        "recompute(every=2)\n"
+        "ddp(bucket_cap_mb=25, broadcast_buffers=false, find_unused_parameters=false, "
+        "gradient_as_bucket_view=false, static_graph=false)\n");
+  CHECK(loom::recompute().describe() == "recompute(every=1)");
+  STATIC_REQUIRE(plan.recompute()->every == 2);
+  STATIC_REQUIRE(!(loom::model<demo::TinyGpt>() | loom::ddp()).recompute());
+}
+
 TEST_CASE("a type's name, read at compile time", "[dsl][describe]") {
   STATIC_REQUIRE(loom::detail::type_name<demo::TinyGpt>() == "demo::TinyGpt");
   STATIC_REQUIRE(loom::detail::type_name<int>() == "int");

@@ -31,6 +31,8 @@ TEST_CASE("valid plans break no rule", "[dsl][rules]") {
   STATIC_REQUIRE(first({model, local}) == violation::none);
   STATIC_REQUIRE(first({model, seeded, default_dtype, lora, mixed_precision, fsdp}) == violation::none);
   STATIC_REQUIRE(first({model, default_dtype, mixed_precision, lora, trainable, ddp}) == violation::none);
+  STATIC_REQUIRE(first({model, seeded, recompute, lora, mixed_precision, fsdp}) == violation::none);
+  STATIC_REQUIRE(first({model, lora, trainable, recompute, ddp}) == violation::none);
 }
 
 TEST_CASE("each order rule, as the first violation", "[dsl][rules]") {
@@ -58,6 +60,9 @@ TEST_CASE("each order rule, as the first violation", "[dsl][rules]") {
   STATIC_REQUIRE(first({model, seeded, default_dtype, default_dtype}) == violation::r17_default_dtype_twice);
   STATIC_REQUIRE(first({model, mixed_precision, default_dtype}) == violation::r17_default_dtype_not_after_model);
   STATIC_REQUIRE(first({model, fsdp, default_dtype}) == violation::r17_default_dtype_not_after_model);
+  STATIC_REQUIRE(first({model, recompute, lora, recompute}) == violation::r18_two_recomputes);
+  STATIC_REQUIRE(first({model, fsdp, recompute}) == violation::r18_recompute_after_strategy);
+  STATIC_REQUIRE(first({model, recompute, default_dtype}) == violation::r17_default_dtype_not_after_model);
 }
 
 TEST_CASE("the first violation from the left wins", "[dsl][rules]") {

@@ -126,6 +126,17 @@ TEST_CASE("mixed_precision_violation and default_dtype: each R16 and R17 check",
   CHECK(loom::default_dtype_stage::checked(loom::fp16).type() == loom::fp16);
 }
 
+TEST_CASE("recompute: which units every k chooses, and R18's value check", "[dsl][values]") {
+  constexpr loom::recompute_options every{};
+  STATIC_REQUIRE(every.recomputes(0) && every.recomputes(1) && every.recomputes(7));
+  constexpr loom::recompute_options second{.every = 2};  // torchtitan's layer selective "2": units 2, 4, ...
+  STATIC_REQUIRE(!second.recomputes(0) && second.recomputes(1) && !second.recomputes(2) && second.recomputes(3));
+  constexpr loom::recompute_options third{.every = 3};
+  STATIC_REQUIRE(!third.recomputes(0) && !third.recomputes(1) && third.recomputes(2) && third.recomputes(5));
+  plan_error_of([] { (void)loom::recompute_stage::checked({.every = 0}); }, violation::r18_every_zero);
+  CHECK(loom::recompute_stage::checked({.every = 4}).settings().every == 4);
+}
+
 TEST_CASE("dtype names: loom's and PyTorch's", "[dsl][values]") {
   STATIC_REQUIRE(loom::dtype_named("bf16") == loom::bf16);
   STATIC_REQUIRE(loom::dtype_named("bfloat16") == loom::bf16);

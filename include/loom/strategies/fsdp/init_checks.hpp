@@ -20,12 +20,8 @@ namespace loom::sharding {
 
 inline constexpr std::size_t root_group = 0;  // a parameter outside every unit; unit u is group u + 1
 
-struct unit_module {
-  std::string name;  // its dotted name in the model
-  nn::unit_base* module = nullptr;
-};
-
-[[nodiscard]] std::vector<unit_module> find_units(torch::nn::Module& model);
+using nn::find_units;
+using nn::unit_module;
 
 struct placed_parameter {
   std::string name;
