@@ -1,0 +1,304 @@
+#include <loom/models/llama.hpp>
+
+#include <loom/precision/linear.hpp>
+#include <loom/runtime/text.hpp>
+
+#include <ATen/ATen.h>
+#include <torch/nn/functional/loss.h>
+#include <nlohmann/json.hpp>
+
+#include <cmath>
+#include <fstream>
+#include <numbers>
+#include <sstream>
+#include <stdexcept>
+
+namespace loom::models {
+namespace {
+
+using json = nlohmann::json;
+
+// Reads config.json's keys with the file's name in every message.
+class config_reader {
+ public:
+  config_reader(const json& root, std::string source) : root_(root), source_(std::move(source)) {}
+
+  template <class... Args>
+  [[noreturn]] void fail(fmt::format_string<Args...> format, Args&&... args) const {
+    throw_error<std::invalid_argument>("loom: Llama config '{}': {}", source_,
+                                       fmt::format(format, std::forward<Args>(args)...));
+  }
+
+  [[nodiscard]] const json* find(const json& object, const std::string& key) const {
+    const auto found = object.find(key);
+    return found == object.end() || found->is_null() ? nullptr : &*found;
+  }
+
+  std::int64_t whole(const json& object, const std::string& key, std::optional<std::int64_t> fallback) const {
+    const json* value = find(object, key);
+    if (!value) {
+      if (fallback) return *fallback;
+      fail("'{}' is missing: a Llama config.json gives it as a positive whole number", key);
+    }
+    if (!value->is_number_integer() || value->get<std::int64_t>() <= 0) {
+      fail("'{}' is {}: give a positive whole number", key, value->dump());
+    }
+    return value->get<std::int64_t>();
+  }
+
+  double number(const json& object, const std::string& key, double fallback) const {
+    const json* value = find(object, key);
+    if (!value) return fallback;
+    if (!value->is_number() || value->get<double>() <= 0)
+      fail("'{}' is {}: give a positive number", key, value->dump());
+    return value->get<double>();
+  }
+
+  bool flag(const std::string& key, bool fallback) const {
+    const json* value = find(root_, key);
+    if (!value) return fallback;
+    if (!value->is_boolean()) fail("'{}' is {}: give true or false", key, value->dump());
+    return value->get<bool>();
+  }
+
+  // transformers 5 writes rope_parameters {rope_type, rope_theta, ...}; earlier versions rope_theta
+  // and rope_scaling {rope_type or type, ...}.
+  void rope(llama_config& config) const {
+    const json* parameters = find(root_, "rope_parameters");
+    const json* scaling = parameters ? parameters : find(root_, "rope_scaling");
+    config.rope_theta = number(parameters ? *parameters : root_, "rope_theta", 10000);
+    if (!scaling) return;
+    if (!scaling->is_object())
+      fail("'{}' is {}: give an object", parameters ? "rope_parameters" : "rope_scaling", scaling->dump());
+    const json* type = find(*scaling, "rope_type");
+    if (!type) type = find(*scaling, "type");
+    const std::string kind = type && type->is_string() ? type->get<std::string>() : "default";
+    if (kind == "default") return;
+    if (kind != "llama3") {
+      fail(
+          "rope scaling of type '{}' is not supported: loom's Llama computes the default rotary embedding and "
+          "llama3's",
+          kind);
+    }
+    config.rope_scaling = llama3_rope_scaling{
+        .factor = number(*scaling, "factor", 8),
+        .low_freq_factor = number(*scaling, "low_freq_factor", 1),
+        .high_freq_factor = number(*scaling, "high_freq_factor", 4),
+        .original_max_position_embeddings = whole(*scaling, "original_max_position_embeddings", 8192)};
+  }
+
+  const json& root() const noexcept { return root_; }
+
+ private:
+  const json& root_;
+  std::string source_;
+};
+
+// The rotary embedding's inverse frequencies, as transformers' rope init functions compute them.
+at::Tensor inverse_frequencies(const llama_config& config) {
+  const auto options = at::TensorOptions(at::kFloat);
+  at::Tensor inv_freq =
+      1.0 / at::pow(config.rope_theta, at::arange(0, config.head_dim, 2, at::TensorOptions(at::kLong)).to(at::kFloat) /
+                                           static_cast<double>(config.head_dim));
+  if (!config.rope_scaling) return inv_freq.to(options);
+  const llama3_rope_scaling& scaling = *config.rope_scaling;
+  const auto old_context = static_cast<double>(scaling.original_max_position_embeddings);
+  const double low_freq_wavelen = old_context / scaling.low_freq_factor;
+  const double high_freq_wavelen = old_context / scaling.high_freq_factor;
+  const at::Tensor wavelen = 2 * std::numbers::pi / inv_freq;
+  at::Tensor scaled = at::where(wavelen > low_freq_wavelen, inv_freq / scaling.factor, inv_freq);
+  const at::Tensor smooth =
+      (old_context / wavelen - scaling.low_freq_factor) / (scaling.high_freq_factor - scaling.low_freq_factor);
+  const at::Tensor smoothed = (1 - smooth) * scaled / scaling.factor + smooth * scaled;
+  const at::Tensor medium = (wavelen >= high_freq_wavelen).logical_and(wavelen <= low_freq_wavelen);
+  return at::where(medium, smoothed, scaled).to(options);
+}
+
+at::Tensor rotate_half(const at::Tensor& x) {
+  const std::int64_t half = x.size(-1) / 2;
+  return at::cat({-x.narrow(-1, half, half), x.narrow(-1, 0, half)}, -1);
+}
+
+}  // namespace
+
+llama_config llama_config::from_pretrained(const std::filesystem::path& path) {
+  const std::filesystem::path file = std::filesystem::is_directory(path) ? path / "config.json" : path;
+  std::ifstream in(file);
+  if (!in) {
+    throw_error<std::invalid_argument>(
+        "loom: Llama config '{}' cannot be read: give a checkpoint folder holding config.json, or the file",
+        file.string());
+  }
+  std::stringstream text;
+  text << in.rdbuf();
+  return from_json(text.str(), file.string());
+}
+
+llama_config llama_config::from_json(std::string_view text, const std::string& source) {
+  const json root = json::parse(text, nullptr, /*allow_exceptions=*/false);
+  const config_reader read(root, source);
+  if (root.is_discarded() || !root.is_object()) read.fail("not a JSON object: give the config.json of a checkpoint");
+  if (const json* architectures = read.find(root, "architectures")) {
+    const bool llama =
+        architectures->is_array() && std::any_of(architectures->begin(), architectures->end(), [](const json& a) {
+          return a.is_string() && (a == "LlamaForCausalLM" || a == "LlamaModel");
+        });
+    if (!llama)
+      read.fail("'architectures' is {}: loom::models::Llama reads LlamaForCausalLM checkpoints", architectures->dump());
+  } else if (const json* type = read.find(root, "model_type"); type && *type != "llama") {
+    read.fail("'model_type' is {}: loom::models::Llama reads model_type \"llama\"", type->dump());
+  }
+  llama_config config;
+  config.vocab_size = read.whole(root, "vocab_size", std::nullopt);
+  config.hidden_size = read.whole(root, "hidden_size", std::nullopt);
+  config.intermediate_size = read.whole(root, "intermediate_size", std::nullopt);
+  config.num_hidden_layers = read.whole(root, "num_hidden_layers", std::nullopt);
+  config.num_attention_heads = read.whole(root, "num_attention_heads", std::nullopt);
+  config.num_key_value_heads = read.whole(root, "num_key_value_heads", config.num_attention_heads);
+  if (!read.find(root, "head_dim") && config.hidden_size % config.num_attention_heads != 0) {
+    read.fail("num_attention_heads = {} does not divide hidden_size = {}: give head_dim, or heads that divide it",
+              config.num_attention_heads, config.hidden_size);
+  }
+  config.head_dim = read.whole(root, "head_dim", config.hidden_size / config.num_attention_heads);
+  if (config.head_dim % 2 != 0) read.fail("head_dim = {} is odd: the rotary embedding rotates pairs", config.head_dim);
+  if (config.num_attention_heads % config.num_key_value_heads != 0) {
+    read.fail(
+        "num_key_value_heads = {} does not divide num_attention_heads = {}: each key-value head serves a whole "
+        "group of query heads",
+        config.num_key_value_heads, config.num_attention_heads);
+  }
+  config.max_position_embeddings = read.whole(root, "max_position_embeddings", config.max_position_embeddings);
+  config.rms_norm_eps = read.number(root, "rms_norm_eps", config.rms_norm_eps);
+  read.rope(config);
+  config.attention_bias = read.flag("attention_bias", false);
+  config.mlp_bias = read.flag("mlp_bias", false);
+  config.tie_word_embeddings = read.flag("tie_word_embeddings", false);
+  if (const json* act = read.find(root, "hidden_act"); act && *act != "silu") {
+    read.fail("'hidden_act' is {}: Llama's MLP is SwiGLU, silu", act->dump());
+  }
+  return config;
+}
+
+LlamaRMSNormImpl::LlamaRMSNormImpl(std::int64_t size, double eps)
+    : weight(register_parameter("weight", at::ones({size}))), eps_(eps) {}
+
+at::Tensor LlamaRMSNormImpl::forward(const at::Tensor& x) {
+  const at::Tensor wide = x.to(at::kFloat);
+  const at::Tensor normed = wide * at::rsqrt(wide.pow(2).mean(-1, /*keepdim=*/true) + eps_);
+  return weight * normed.to(x.scalar_type());
+}
+
+LlamaAttentionImpl::LlamaAttentionImpl(const llama_config& config)
+    : q_proj(register_module(
+          "q_proj",
+          loom::nn::Linear(torch::nn::LinearOptions(config.hidden_size, config.num_attention_heads * config.head_dim)
+                               .bias(config.attention_bias)))),
+      k_proj(register_module(
+          "k_proj",
+          loom::nn::Linear(torch::nn::LinearOptions(config.hidden_size, config.num_key_value_heads * config.head_dim)
+                               .bias(config.attention_bias)))),
+      v_proj(register_module(
+          "v_proj",
+          loom::nn::Linear(torch::nn::LinearOptions(config.hidden_size, config.num_key_value_heads * config.head_dim)
+                               .bias(config.attention_bias)))),
+      o_proj(register_module(
+          "o_proj",
+          loom::nn::Linear(torch::nn::LinearOptions(config.num_attention_heads * config.head_dim, config.hidden_size)
+                               .bias(config.attention_bias)))),
+      heads_(config.num_attention_heads),
+      kv_heads_(config.num_key_value_heads),
+      head_dim_(config.head_dim) {}
+
+at::Tensor LlamaAttentionImpl::forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+  const std::int64_t batch = x.size(0), seq = x.size(1);
+  const auto heads_of = [&](const at::Tensor& y, std::int64_t count) {
+    return y.view({batch, seq, count, head_dim_}).transpose(1, 2);
+  };
+  const at::Tensor q = heads_of(q_proj(x), heads_);
+  const at::Tensor k = heads_of(k_proj(x), kv_heads_);
+  at::Tensor v = heads_of(v_proj(x), kv_heads_);
+  const at::Tensor c = cos.to(q.scalar_type());
+  const at::Tensor s = sin.to(q.scalar_type());
+  const at::Tensor q_rotated = q * c + rotate_half(q) * s;
+  at::Tensor k_rotated = k * c + rotate_half(k) * s;
+  if (kv_heads_ != heads_) {  // each key-value head serves heads / kv_heads query heads, in order
+    k_rotated = k_rotated.repeat_interleave(heads_ / kv_heads_, 1);
+    v = v.repeat_interleave(heads_ / kv_heads_, 1);
+  }
+  const at::Tensor attended = at::scaled_dot_product_attention(q_rotated, k_rotated, v, /*attn_mask=*/{},
+                                                               /*dropout_p=*/0.0, /*is_causal=*/true);
+  return o_proj(attended.transpose(1, 2).reshape({batch, seq, heads_ * head_dim_}));
+}
+
+LlamaMLPImpl::LlamaMLPImpl(const llama_config& config)
+    : gate_proj(register_module(
+          "gate_proj",
+          loom::nn::Linear(
+              torch::nn::LinearOptions(config.hidden_size, config.intermediate_size).bias(config.mlp_bias)))),
+      up_proj(register_module(
+          "up_proj",
+          loom::nn::Linear(
+              torch::nn::LinearOptions(config.hidden_size, config.intermediate_size).bias(config.mlp_bias)))),
+      down_proj(register_module(
+          "down_proj",
+          loom::nn::Linear(
+              torch::nn::LinearOptions(config.intermediate_size, config.hidden_size).bias(config.mlp_bias)))) {}
+
+at::Tensor LlamaMLPImpl::forward(const at::Tensor& x) { return down_proj(at::silu(gate_proj(x)) * up_proj(x)); }
+
+LlamaDecoderLayerImpl::LlamaDecoderLayerImpl(const llama_config& config)
+    : self_attn(register_module("self_attn", LlamaAttention(config))),
+      mlp(register_module("mlp", LlamaMLP(config))),
+      input_layernorm(register_module("input_layernorm", LlamaRMSNorm(config.hidden_size, config.rms_norm_eps))),
+      post_attention_layernorm(
+          register_module("post_attention_layernorm", LlamaRMSNorm(config.hidden_size, config.rms_norm_eps))) {}
+
+at::Tensor LlamaDecoderLayerImpl::forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+  const at::Tensor h = x + self_attn(input_layernorm(x), cos, sin);
+  return h + mlp(post_attention_layernorm(h));
+}
+
+LlamaModelImpl::LlamaModelImpl(const llama_config& config)
+    : embed_tokens(register_module("embed_tokens", torch::nn::Embedding(config.vocab_size, config.hidden_size))),
+      layers(register_module("layers", torch::nn::ModuleList())),
+      norm(register_module("norm", LlamaRMSNorm(config.hidden_size, config.rms_norm_eps))),
+      inv_freq_(inverse_frequencies(config)) {
+  for (std::int64_t i = 0; i < config.num_hidden_layers; ++i)
+    layers->push_back(std::make_shared<LlamaDecoderLayer>(config));
+}
+
+at::Tensor LlamaModelImpl::forward(const at::Tensor& ids) {
+  const std::int64_t seq = ids.size(1);
+  // In fp32 whatever the model computes in, as transformers computes them with autocast off.
+  const at::Tensor positions = at::arange(seq, ids.options().dtype(at::kFloat));
+  const at::Tensor freqs = at::outer(positions, inv_freq_.to(ids.device()));
+  const at::Tensor angles = at::cat({freqs, freqs}, -1);
+  const at::Tensor cos = angles.cos();
+  const at::Tensor sin = angles.sin();
+  at::Tensor h = embed_tokens(ids);
+  for (const auto& layer : *layers) h = layer->as<LlamaDecoderLayer>()->forward(h, cos, sin);
+  return norm(h);
+}
+
+LlamaImpl::LlamaImpl(const llama_config& config_)
+    : config(config_), model(register_module("model", LlamaModel(config))) {
+  if (!config.tie_word_embeddings) {
+    lm_head = register_module(
+        "lm_head", loom::nn::Linear(torch::nn::LinearOptions(config.hidden_size, config.vocab_size).bias(false)));
+  }
+}
+
+at::Tensor LlamaImpl::forward(const at::Tensor& ids) {
+  const at::Tensor hidden = model(ids);
+  return lm_head ? lm_head(hidden) : loom::linear(hidden, model->embed_tokens->weight);
+}
+
+at::Tensor causal_lm_loss(const at::Tensor& logits, const at::Tensor& labels) {
+  const std::int64_t seq = logits.size(1);
+  const at::Tensor predicted = logits.narrow(1, 0, seq - 1).to(at::kFloat).flatten(0, 1);
+  const at::Tensor targets = labels.narrow(1, 1, seq - 1).flatten();
+  return torch::nn::functional::cross_entropy(predicted, targets,
+                                              torch::nn::functional::CrossEntropyFuncOptions().ignore_index(-100));
+}
+
+}  // namespace loom::models

@@ -1,0 +1,138 @@
+// loom::models::Llama without transformers: llama_config::from_json against config.json as
+// transformers 4 and 5 write it, each refusal's sentence, the module's names (transformers' own, so
+// that checkpoints load by name), and the causal-LM loss.
+#include <loom/models/llama.hpp>
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <torch/torch.h>
+
+#include <catch2/catch_test_macros.hpp>
+#include <catch2/matchers/catch_matchers_string.hpp>
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+using Catch::Matchers::ContainsSubstring;
+using loom::models::llama_config;
+
+namespace {
+
+// A transformers 5 config.json (rope_parameters); `extra` keys, last, replace those of the same name.
+std::string config_json(const std::string& extra = "") {
+  return R"({"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 96,
+    "hidden_size": 32, "intermediate_size": 56, "num_hidden_layers": 2, "num_attention_heads": 4,
+    "num_key_value_heads": 2, "rms_norm_eps": 1e-05, "hidden_act": "silu", "tie_word_embeddings": false,
+    "rope_parameters": {"rope_theta": 500.0, "rope_type": "default"})" +
+         extra + "}";
+}
+
+}  // namespace
+
+TEST_CASE("config.json as transformers 5 writes it", "[llama]") {
+  const llama_config config = llama_config::from_json(config_json(), "config.json");
+  CHECK(config.vocab_size == 96);
+  CHECK(config.num_key_value_heads == 2);
+  CHECK(config.head_dim == 8);  // hidden_size / num_attention_heads
+  CHECK(config.rope_theta == 500.0);
+  CHECK(config.rms_norm_eps == 1e-5);
+  CHECK_FALSE(config.rope_scaling);
+  CHECK_FALSE(config.tie_word_embeddings);
+}
+
+TEST_CASE("config.json as transformers 4 writes it: rope_theta and rope_scaling", "[llama]") {
+  const llama_config config = llama_config::from_json(
+      R"({"model_type": "llama", "vocab_size": 10, "hidden_size": 16, "intermediate_size": 8,
+          "num_hidden_layers": 1, "num_attention_heads": 2, "head_dim": 6, "rope_theta": 1000000.0,
+          "rope_scaling": {"type": "llama3", "factor": 32.0, "original_max_position_embeddings": 4096},
+          "tie_word_embeddings": true})",
+      "v4.json");
+  CHECK(config.num_key_value_heads == 2);  // num_attention_heads when left out
+  CHECK(config.head_dim == 6);
+  CHECK(config.rope_theta == 1e6);
+  REQUIRE(config.rope_scaling);
+  CHECK(config.rope_scaling->factor == 32.0);
+  CHECK(config.rope_scaling->low_freq_factor == 1.0);
+  CHECK(config.rope_scaling->original_max_position_embeddings == 4096);
+  CHECK(config.tie_word_embeddings);
+}
+
+TEST_CASE("a config.json loom cannot build is one sentence naming the file and the key", "[llama][errors]") {
+  const auto refused = [](const std::string& text) {
+    try {
+      (void)llama_config::from_json(text, "ckpt/config.json");
+    } catch (const std::invalid_argument& error) {
+      return std::string(error.what());
+    }
+    return std::string("accepted");
+  };
+  CHECK_THAT(refused(R"({"architectures": ["MistralForCausalLM"]})"),
+             ContainsSubstring("loom: Llama config 'ckpt/config.json': 'architectures' is [\"MistralForCausalLM\"]: "
+                               "loom::models::Llama reads LlamaForCausalLM checkpoints"));
+  CHECK_THAT(refused(R"({"model_type": "llama"})"),
+             ContainsSubstring("'vocab_size' is missing: a Llama config.json gives it as a positive whole number"));
+  CHECK_THAT(refused(config_json(R"(, "hidden_size": 30)")),
+             ContainsSubstring("num_attention_heads = 4 does not divide hidden_size = 30"));
+  CHECK_THAT(refused(config_json(R"(, "num_key_value_heads": 3)")),
+             ContainsSubstring("num_key_value_heads = 3 does not divide num_attention_heads = 4"));
+  CHECK_THAT(refused(config_json(R"(, "rope_parameters": {"rope_type": "yarn", "factor": 4.0})")),
+             ContainsSubstring("rope scaling of type 'yarn' is not supported"));
+  CHECK_THAT(refused(config_json(R"(, "hidden_act": "gelu")")),
+             ContainsSubstring("'hidden_act' is \"gelu\": Llama's MLP is SwiGLU, silu"));
+  CHECK_THAT(refused(config_json(R"(, "vocab_size": "96")")), ContainsSubstring("'vocab_size' is \"96\""));
+  CHECK_THAT(refused("not json"), ContainsSubstring("not a JSON object"));
+  CHECK_THROWS_WITH(llama_config::from_pretrained("/nonexistent/checkpoint"),
+                    ContainsSubstring("cannot be read: give a checkpoint folder holding config.json"));
+}
+
+TEST_CASE("the module's names are transformers' names", "[llama]") {
+  llama_config config = llama_config::from_json(config_json(R"(, "attention_bias": true)"), "config.json");
+  config.num_hidden_layers = 1;
+  loom::models::Llama untied(config);
+  const std::vector<std::string> expected{"model.embed_tokens.weight",
+                                          "model.layers.0.self_attn.q_proj.weight",
+                                          "model.layers.0.self_attn.q_proj.bias",
+                                          "model.layers.0.self_attn.k_proj.weight",
+                                          "model.layers.0.self_attn.k_proj.bias",
+                                          "model.layers.0.self_attn.v_proj.weight",
+                                          "model.layers.0.self_attn.v_proj.bias",
+                                          "model.layers.0.self_attn.o_proj.weight",
+                                          "model.layers.0.self_attn.o_proj.bias",
+                                          "model.layers.0.mlp.gate_proj.weight",
+                                          "model.layers.0.mlp.up_proj.weight",
+                                          "model.layers.0.mlp.down_proj.weight",
+                                          "model.layers.0.input_layernorm.weight",
+                                          "model.layers.0.post_attention_layernorm.weight",
+                                          "model.norm.weight",
+                                          "lm_head.weight"};
+  CHECK(untied->named_parameters().keys() == expected);
+  CHECK(untied->named_buffers().is_empty());  // the rotary frequencies are computed, in no state_dict
+  config.tie_word_embeddings = true;
+  loom::models::Llama tied(config);
+  CHECK(tied->named_parameters().keys().back() == "model.norm.weight");  // no lm_head.weight of its own
+  CHECK(untied->model->layers->size() == 1);
+  CHECK(untied->model->layers[0]->as<loom::models::LlamaDecoderLayer>() != nullptr);  // a unit
+}
+
+TEST_CASE("causal_lm_loss predicts the next token, in fp32, leaving out labels of -100", "[llama]") {
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(3);
+  const at::Tensor logits = torch::randn({2, 5, 7}, gen).to(at::kBFloat16);
+  at::Tensor labels = torch::randint(0, 7, {2, 5}, gen);
+  labels.index_put_({1, 4}, -100);
+  const at::Tensor loss = loom::models::causal_lm_loss(logits, labels);
+  CHECK(loss.scalar_type() == at::kFloat);
+  // By hand: position t against labels[t + 1], the 7 that count.
+  const at::Tensor wide = logits.to(at::kFloat);
+  double total = 0;
+  int counted = 0;
+  for (int b = 0; b < 2; ++b) {
+    for (int t = 0; t < 4; ++t) {
+      const std::int64_t target = labels.index({b, t + 1}).item<std::int64_t>();
+      if (target == -100) continue;
+      total -= wide.index({b, t}).log_softmax(-1).index({target}).item<double>();
+      ++counted;
+    }
+  }
+  CHECK(counted == 7);
+  CHECK(std::abs(loss.item<double>() - total / counted) < 1e-6);
+}
