@@ -22,6 +22,7 @@
 #include <loom/dsl/options.hpp>
 #include <loom/dsl/pipe.hpp>
 #include <loom/dsl/plan.hpp>
+#include <loom/dsl/pretrained.hpp>
 #include <loom/dsl/recompute.hpp>
 #include <loom/dsl/rules.hpp>
 #include <loom/dsl/run_plan.hpp>

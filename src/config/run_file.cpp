@@ -29,7 +29,8 @@ using json = nlohmann::ordered_json;
 
 const std::vector<std::string> lora_keys{"rank", "alpha", "dropout", "targets", "patterns", "exclude"};
 
-constexpr std::string_view stage_names = "seeded, default_dtype, mixed_precision, recompute, lora, trainable, strategy";
+constexpr std::string_view stage_names =
+    "seeded, default_dtype, pretrained, mixed_precision, recompute, lora, trainable, strategy";
 
 // Calls each(std::type_identity<S>{}) for each strategy stage S a run file can name (run_strategy's).
 template <class F>
@@ -219,6 +220,10 @@ class reader {
         if (!result.mixed_precision) {
           result.mixed_precision = mixed_precision_stage::checked(fields<mixed_precision_options>(value, name));
         }
+      } else if (name == "pretrained") {
+        result.kinds.push_back(stage_kind::pretrained);
+        if (!value.is_string()) fail(name, "give the checkpoint's folder or .safetensors file as a string");
+        if (!result.pretrained) result.pretrained = pretrained_stage::checked(value.get<std::string>());
       } else if (name == "recompute") {
         result.kinds.push_back(stage_kind::recompute);
         if (!value.is_object()) fail(name, "give {\"every\": 1} to recompute every unit, or k for every k-th one");

@@ -101,14 +101,16 @@ std::vector<named_tensor> load_weights(const std::filesystem::path& path) {
   return load_safetensors(path).tensors;
 }
 
-weights_report copy_weights(torch::nn::Module& module, const std::vector<named_tensor>& weights, bool strict,
-                            bool (*skip)(std::string_view name)) {
+namespace {
+
+weights_report copy_named(torch::nn::Module& module, const std::vector<named_tensor>& weights, bool strict,
+                          bool (*skip)(std::string_view name), std::string_view who, std::string_view fix) {
   std::map<std::string, const at::Tensor*> given;
   for (const named_tensor& t : weights) given.emplace(t.name, &t.tensor);
   weights_report report;
   std::vector<std::pair<at::Tensor, const at::Tensor*>> copies;
   for (const named_tensor& target : module_state(module)) {
-    if (skip(target.name)) continue;
+    if (skip && skip(target.name)) continue;
     const auto found = given.find(target.name);
     if (found == given.end()) {
       report.missing.push_back(target.name);
@@ -117,7 +119,7 @@ weights_report copy_weights(torch::nn::Module& module, const std::vector<named_t
     const tensor_spec want = target.spec();
     const tensor_spec have{target.name, found->second->sizes().vec(), found->second->scalar_type()};
     if (want.shape != have.shape || want.dtype != have.dtype) {
-      throw_error<std::invalid_argument>("load_weights: '{}' is {} in the weights but {} in the model", target.name,
+      throw_error<std::invalid_argument>("{}: '{}' is {} in the weights but {} in the model", who, target.name,
                                          have.layout(), want.layout());
     }
     copies.emplace_back(target.tensor, found->second);
@@ -125,14 +127,35 @@ weights_report copy_weights(torch::nn::Module& module, const std::vector<named_t
   }
   for (const auto& [name, tensor] : given) report.unexpected.push_back(name);
   if (strict && (!report.missing.empty() || !report.unexpected.empty())) {
-    throw_error<std::invalid_argument>(
-        "load_weights: the weights do not match the model: missing [{}], unexpected [{}] (pass strict = false "
-        "to load what matches)",
-        fmt::join(report.missing, ", "), fmt::join(report.unexpected, ", "));
+    throw_error<std::invalid_argument>("{}: the weights do not match the model: missing [{}], unexpected [{}] ({})",
+                                       who, fmt::join(report.missing, ", "), fmt::join(report.unexpected, ", "), fix);
   }
   torch::NoGradGuard no_grad;
   for (auto& [destination, source] : copies) destination.copy_(*source);
   return report;
+}
+
+}  // namespace
+
+weights_report copy_weights(torch::nn::Module& module, const std::vector<named_tensor>& weights, bool strict,
+                            bool (*skip)(std::string_view name)) {
+  return copy_named(module, weights, strict, skip, "load_weights", "pass strict = false to load what matches");
+}
+
+std::size_t load_pretrained(torch::nn::Module& module, const std::filesystem::path& path) {
+  std::vector<named_tensor> weights = load_weights(path);
+  std::map<std::string, at::ScalarType> dtypes;
+  for (const named_tensor& target : module_state(module)) dtypes.emplace(target.name, target.tensor.scalar_type());
+  for (named_tensor& t : weights) {
+    const auto found = dtypes.find(t.name);
+    if (found != dtypes.end() && t.tensor.is_floating_point() && at::isFloatingType(found->second)) {
+      t.tensor = t.tensor.to(found->second);
+    }
+  }
+  const std::string who = fmt::format("pretrained(\"{}\")", path.string());
+  (void)copy_named(module, weights, /*strict=*/true, nullptr, who,
+                   "the checkpoint must hold every parameter and buffer of the model before lora, and nothing else");
+  return weights.size();
 }
 
 }  // namespace loom

@@ -30,6 +30,10 @@ job_core::job_core(runtime rt, std::shared_ptr<torch::nn::Module> module, std::s
                                  counted(static_cast<std::int64_t>(decided.trainable_held_in_fp32), "parameter"));
     }
   }
+  if (decided.pretrained) {
+    context_->note(fmt::format("weights from '{}': {}", *decided.pretrained,
+                               counted(static_cast<std::int64_t>(decided.pretrained_tensors), "tensor")));
+  }
   if (!decided.recomputed_units.empty()) {
     context_->note(fmt::format("recompute: {} in backward: {}",
                                counted(static_cast<std::int64_t>(decided.recomputed_units.size()), "unit"),

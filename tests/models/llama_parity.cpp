@@ -1,7 +1,8 @@
 // loom's Llama on a transformers checkpoint (tests/models/llama_vs_transformers.py makes them):
 //   llama-parity FOLDER {local|ddp|fsdp}
-// reads FOLDER/config.json, builds the plan, loads the weights by name (strict), runs the forward on
-// FOLDER/expected.safetensors' ids and compares its logits with transformers', on every rank.
+// reads FOLDER/config.json, builds the plan with pretrained(FOLDER) (the weights by name, strictly),
+// runs the forward on FOLDER/expected.safetensors' ids and compares its logits with transformers', on
+// every rank.
 #include <loom/io/safetensors.hpp>
 #include <loom/loom.hpp>
 #include <loom/models/llama.hpp>
@@ -23,7 +24,6 @@ constexpr double tolerance = 1e-5;
 template <class Plan>
 bool matches(const Plan& plan, const std::filesystem::path& folder, std::string_view strategy_name) {
   auto job = loom::build(plan, loom::runtime::from_env());
-  (void)job.load_weights(folder);
   const std::vector<loom::named_tensor> expected = loom::load_safetensors(folder / "expected.safetensors").tensors;
   const auto named = [&](std::string_view name) {
     return std::find_if(expected.begin(), expected.end(), [&](const loom::named_tensor& t) { return t.name == name; })
@@ -56,7 +56,7 @@ int main(int argc, char** argv) {
   const std::string_view strategy = argv[2];
   try {
     const auto config = loom::models::llama_config::from_pretrained(folder);
-    const auto base = loom::model<loom::models::Llama>(config) | loom::seeded(0);
+    const auto base = loom::model<loom::models::Llama>(config) | loom::seeded(0) | loom::pretrained(folder.string());
     bool ok = false;
     if (strategy == "local") {
       ok = matches(base | loom::local(), folder, strategy);

@@ -1,6 +1,7 @@
 // loom::models::Llama without transformers: llama_config::from_json against config.json as
 // transformers 4 and 5 write it, each refusal's sentence, the module's names (transformers' own, so
 // that checkpoints load by name), and the causal-LM loss.
+#include <loom/loom.hpp>
 #include <loom/models/llama.hpp>
 
 #include <ATen/CPUGeneratorImpl.h>
@@ -10,6 +11,8 @@
 #include <catch2/matchers/catch_matchers_string.hpp>
 
 #include <cmath>
+#include <filesystem>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -135,4 +138,44 @@ TEST_CASE("causal_lm_loss predicts the next token, in fp32, leaving out labels o
   }
   CHECK(counted == 7);
   CHECK(std::abs(loss.item<double>() - total / counted) < 1e-6);
+}
+
+TEST_CASE("pretrained(path) loads by name while the model is built: strict, cast to the model's dtype",
+          "[llama][pretrained]") {
+  namespace fs = std::filesystem;
+  llama_config config = llama_config::from_json(config_json(), "config.json");
+  const fs::path folder = fs::temp_directory_path() / "loom-test-llama-pretrained";
+  fs::remove_all(folder);
+  const auto base = loom::model<loom::models::Llama>(config);
+  auto saved = loom::build(base | loom::seeded(1), loom::runtime::single_process());
+  saved.save_weights(folder);
+
+  auto loaded =
+      loom::build(base | loom::seeded(2) | loom::pretrained(folder.string()), loom::runtime::single_process());
+  CHECK_THAT(loaded.describe(), ContainsSubstring("build: weights from '" + folder.string() + "': 21 tensors"));
+  const loom::tensor_state want = saved.state_dict();
+  const loom::tensor_state got = loaded.state_dict();
+  REQUIRE(want.size() == got.size());
+  for (std::size_t i = 0; i < want.size(); ++i) CHECK(torch::equal(want[i].tensor, got[i].tensor));
+
+  // A frozen base built in bf16 takes the checkpoint's fp32 weights in bf16; the adapters are fp32.
+  auto narrow = loom::build(base | loom::seeded(2) | loom::default_dtype(loom::bf16) |
+                                loom::pretrained(folder.string()) | loom::lora(2, {"q_proj"}),
+                            loom::runtime::single_process());
+  std::map<std::string, at::Tensor> by_name;
+  for (const loom::named_tensor& t : narrow.state_dict()) by_name[t.name] = t.tensor;
+  CHECK(by_name.size() == want.size() + 2 * static_cast<std::size_t>(config.num_hidden_layers));
+  for (const loom::named_tensor& t : want) {
+    CAPTURE(t.name);
+    CHECK(by_name.at(t.name).scalar_type() == at::kBFloat16);
+    CHECK(torch::equal(by_name.at(t.name), t.tensor.to(at::kBFloat16)));
+  }
+  CHECK(by_name.at("model.layers.0.self_attn.q_proj.lora_A").scalar_type() == at::kFloat);
+
+  config.tie_word_embeddings = true;  // the checkpoint holds lm_head.weight, which a tied model has not
+  CHECK_THROWS_WITH(
+      loom::build(loom::model<loom::models::Llama>(config) | loom::pretrained(folder.string()),
+                  loom::runtime::single_process()),
+      ContainsSubstring("pretrained(\"" + folder.string() +
+                        "\"): the weights do not match the model: missing [], unexpected [lm_head.weight]"));
 }

@@ -95,7 +95,8 @@ TEST_CASE("a run file breaks the rules with the compiler's sentences", "[run_fil
       "r9_trainable_without_lora", "r10_trainable_twice", "r11_no_patterns", "r12_too_many_targets",
       "r15_two_mixed_precisions", "r15_mixed_precision_after_fsdp", "r16_param_int8", "r16_param_fp32",
       "r16_param_fp16", "r16_reduce_bool", "r16_output_int64", "r17_default_dtype_int32", "r17_default_dtype_twice",
-      "r17_default_dtype_after_lora", "r18_two_recomputes", "r18_recompute_after_fsdp", "r18_every_zero");
+      "r17_default_dtype_after_lora", "r18_two_recomputes", "r18_recompute_after_fsdp", "r18_every_zero",
+      "r19_two_pretrained", "r19_pretrained_after_lora", "r19_pretrained_after_fsdp");
   CAPTURE(name);
   const fs::path file = source / "tests" / "run_files" / (name + ".json");
   try {
@@ -145,7 +146,7 @@ TEST_CASE("a run file's own mistakes name the file, the key and the accepted for
                                       "bucket_cap_mb"));
   CHECK_THROWS_WITH(read("stage", R"({"plan": [{"dropout": 0.1}]})"),
                     ContainsSubstring("unknown stage 'dropout'; the stages after the model are seeded, default_dtype, "
-                                      "mixed_precision, recompute, lora, trainable, strategy"));
+                                      "pretrained, mixed_precision, recompute, lora, trainable, strategy"));
   CHECK_THROWS_WITH(read("top", R"({"plan": [], "steps": 3})"), ContainsSubstring("steps: unknown key"));
   CHECK_THROWS_WITH(read("json", "{\"plan\": [\n  {\"seeded\": }\n]}"),
                     ContainsSubstring("it is not JSON") && ContainsSubstring("line 2"));
@@ -307,4 +308,19 @@ TEST_CASE("recompute is read from run files, with overrides", "[run_file]") {
       ContainsSubstring("recompute: give {\"every\": 1} to recompute every unit, or k for every k-th one"));
   CHECK_THROWS_WITH(loom::read_run_stages(written("recompute-key", R"({"plan": [{"recompute": {"mode": "full"}}]})")),
                     ContainsSubstring("recompute.mode: unknown key; recompute takes every"));
+}
+
+TEST_CASE("pretrained is read from run files; an empty path is R19's sentence", "[run_file]") {
+  const fs::path file = written("pretrained", R"({"plan": [{"seeded": 1}, {"pretrained": "llama/"},
+      {"lora": {"rank": 4}}, {"strategy": "fsdp"}]})");
+  const loom::run_stages stages = loom::read_run_stages(file);
+  REQUIRE(stages.pretrained);
+  CHECK(stages.pretrained->path() == "llama/");
+  const auto typed =
+      loom::model<models::TinyGpt>(small) | loom::seeded(1) | loom::pretrained("llama/") | loom::lora(4) | loom::fsdp();
+  CHECK(loom::plan_from_file(loom::model<models::TinyGpt>(small), file).describe() == typed.describe());
+  CHECK_THROWS_WITH(loom::read_run_stages(written("pretrained-empty", R"({"plan": [{"pretrained": ""}]})")),
+                    ContainsSubstring("loom R19: pretrained path is empty"));
+  CHECK_THROWS_WITH(loom::read_run_stages(written("pretrained-number", R"({"plan": [{"pretrained": 7}]})")),
+                    ContainsSubstring("pretrained: give the checkpoint's folder or .safetensors file as a string"));
 }

@@ -7,6 +7,7 @@
 #include <loom/dsl/lora.hpp>
 #include <loom/dsl/mixed_precision.hpp>
 #include <loom/dsl/pipe.hpp>
+#include <loom/dsl/pretrained.hpp>
 #include <loom/dsl/recompute.hpp>
 #include <loom/dsl/rule_table.hpp>
 #include <loom/dsl/seeded.hpp>
@@ -92,6 +93,15 @@ class plan : public detail::pipeable {
     if constexpr (constexpr std::size_t i = detail::index_of(kinds, is<stage_kind::mixed_precision>);
                   i != kinds.size()) {
       return std::get<i>(stages_).settings();
+    } else {
+      return std::nullopt;
+    }
+  }
+
+  // The checkpoint the weights come from; none: as the model's constructor (and seeded) made them.
+  [[nodiscard]] std::optional<std::string> pretrained() const {
+    if constexpr (constexpr std::size_t i = detail::index_of(kinds, is<stage_kind::pretrained>); i != kinds.size()) {
+      return std::get<i>(stages_).path();
     } else {
       return std::nullopt;
     }

@@ -239,7 +239,18 @@
     "units' forward and backward as the stages before it leave them)")                                         \
   X(r18_every_zero,                                                                                            \
     "loom R18: recompute every is 0: pass .every = 1 to recompute every unit, or k for every k-th "            \
-    "one")
+    "one")                                                                                                     \
+  /* R19: pretrained: once, after the model is built, before lora and the strategy. */                         \
+  X(r19_two_pretrained,                                                                                        \
+    "loom R19: the plan has two pretrained(...) stages: keep one (the model's weights come from one "          \
+    "checkpoint)")                                                                                             \
+  X(r19_pretrained_after_lora,                                                                                 \
+    "loom R19: pretrained(...) comes after lora(...): put pretrained first (lora adapts the weights the "      \
+    "checkpoint gives, and its adapters are not in the checkpoint)")                                           \
+  X(r19_pretrained_after_strategy,                                                                             \
+    "loom R19: pretrained(...) comes after the strategy: put it before the strategy (the strategy shards or "  \
+    "replicates the weights it finds when it wraps the model)")                                                \
+  X(r19_empty_path, "loom R19: pretrained path is empty: give the checkpoint's folder or .safetensors file")
 
 // Stops compilation, with the sentence of its argument (a constant loom::violation) on the first
 // error line, unless that is violation::none: a static_assert per row, each with its sentence.

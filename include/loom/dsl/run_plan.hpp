@@ -9,6 +9,7 @@
 #include <loom/dsl/lora.hpp>
 #include <loom/dsl/mixed_precision.hpp>
 #include <loom/dsl/plan.hpp>
+#include <loom/dsl/pretrained.hpp>
 #include <loom/dsl/recompute.hpp>
 #include <loom/dsl/rules.hpp>
 #include <loom/dsl/seeded.hpp>
@@ -34,6 +35,7 @@ struct run_stages {
   std::vector<stage_kind> kinds;
   std::optional<seeded_stage> seeded;
   std::optional<default_dtype_stage> default_dtype;
+  std::optional<pretrained_stage> pretrained;
   std::optional<mixed_precision_stage> mixed_precision;
   std::optional<recompute_stage> recompute;
   std::optional<lora_stage> lora;
@@ -64,6 +66,9 @@ class run_plan {
   [[nodiscard]] std::optional<mixed_precision_options> mixed_precision() const {
     return stages_.mixed_precision ? std::optional(stages_.mixed_precision->settings()) : std::nullopt;
   }
+  [[nodiscard]] std::optional<std::string> pretrained() const {
+    return stages_.pretrained ? std::optional(stages_.pretrained->path()) : std::nullopt;
+  }
   [[nodiscard]] std::optional<recompute_options> recompute() const {
     return stages_.recompute ? std::optional(stages_.recompute->settings()) : std::nullopt;
   }
@@ -88,6 +93,7 @@ class run_plan {
       case stage_kind::default_dtype: return stages_.default_dtype->describe();
       case stage_kind::mixed_precision: return stages_.mixed_precision->describe();
       case stage_kind::recompute: return stages_.recompute->describe();
+      case stage_kind::pretrained: return stages_.pretrained->describe();
       case stage_kind::lora: return stages_.lora->describe();
       case stage_kind::trainable: return stages_.trainable->describe();
       default: return std::visit([](const auto& stage) { return stage.describe(); }, *stages_.strategy);

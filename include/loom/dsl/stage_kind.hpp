@@ -11,6 +11,7 @@ enum class stage_kind : unsigned char {
   model,
   seeded,
   default_dtype,
+  pretrained,
   mixed_precision,
   recompute,
   lora,
@@ -29,6 +30,7 @@ constexpr std::string_view name_of(stage_kind k) noexcept {
     case stage_kind::model: return "model";
     case stage_kind::seeded: return "seeded";
     case stage_kind::default_dtype: return "default_dtype";
+    case stage_kind::pretrained: return "pretrained";
     case stage_kind::mixed_precision: return "mixed_precision";
     case stage_kind::recompute: return "recompute";
     case stage_kind::lora: return "lora";

@@ -40,4 +40,9 @@ struct weights_report {
 weights_report copy_weights(torch::nn::Module& module, const std::vector<named_tensor>& weights, bool strict,
                             bool (*skip)(std::string_view name));
 
+// The plan's pretrained(path), while the model is built: the weights at `path` (as load_weights
+// reads them) copied in by name, strictly, each floating tensor first cast to the dtype of the one it
+// fills (as from_pretrained casts a checkpoint to the model's dtype). Returns how many it copied.
+std::size_t load_pretrained(torch::nn::Module& module, const std::filesystem::path& path);
+
 }  // namespace loom

@@ -40,7 +40,8 @@ auto build_checked(const Plan& plan, runtime rt) {
   auto engine = make_engine(plan.strategy());
   LOOM_CHECK_ENGINE_HOOKS(decltype(engine))
 
-  build_decisions decided{plan.default_dtype(), 0, std::nullopt, {}};
+  build_decisions decided;
+  decided.built_in = plan.default_dtype();
   if (auto policy = plan.mixed_precision()) decided.policy = precision_policy::from(*policy);
 
   // Construction (in the plan's default_dtype), then the adapters' initial weights (in fp32), from
@@ -52,6 +53,10 @@ auto build_checked(const Plan& plan, runtime rt) {
     return std::apply([](const auto&... args) { return module_storage<M>::make(args...); }, plan.model_args());
   }();
   auto base = model.base();
+  if (auto path = plan.pretrained()) {
+    decided.pretrained_tensors = load_pretrained(*base, *path);
+    decided.pretrained = std::move(path);
+  }
   std::optional<lora_layers> lora;
   constexpr std::string_view model_name = type_name<M>();
   if (auto spec = plan.lora()) {
@@ -85,6 +90,7 @@ struct with_strategy {
   [[nodiscard]] auto default_dtype() const { return plan.default_dtype(); }
   [[nodiscard]] auto mixed_precision() const { return plan.mixed_precision(); }
   [[nodiscard]] auto recompute() const { return plan.recompute(); }
+  [[nodiscard]] auto pretrained() const { return plan.pretrained(); }
   [[nodiscard]] auto lora() const { return plan.lora(); }
   [[nodiscard]] auto trainable_patterns() const { return plan.trainable_patterns(); }
   [[nodiscard]] std::string describe() const { return plan.describe(); }

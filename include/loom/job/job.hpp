@@ -125,6 +125,8 @@ struct build_decisions {
   std::size_t trainable_held_in_fp32 = 0;     // parameters built narrower that train, held in fp32
   std::optional<precision_policy> policy;     // mixed_precision(...), if any
   std::vector<std::string> recomputed_units;  // recompute(...)'s choice, by name; empty without it
+  std::optional<std::string> pretrained;      // pretrained(...)'s path, if any
+  std::size_t pretrained_tensors = 0;         // how many tensors it gave
 };
 
 // The part of a job that does not depend on M or the strategy (src/job/job.cpp).

@@ -63,6 +63,11 @@ TEST_CASE("each order rule, as the first violation", "[dsl][rules]") {
   STATIC_REQUIRE(first({model, recompute, lora, recompute}) == violation::r18_two_recomputes);
   STATIC_REQUIRE(first({model, fsdp, recompute}) == violation::r18_recompute_after_strategy);
   STATIC_REQUIRE(first({model, recompute, default_dtype}) == violation::r17_default_dtype_not_after_model);
+  STATIC_REQUIRE(first({model, seeded, default_dtype, pretrained, lora, fsdp}) == violation::none);
+  STATIC_REQUIRE(first({model, pretrained, pretrained}) == violation::r19_two_pretrained);
+  STATIC_REQUIRE(first({model, lora, pretrained}) == violation::r19_pretrained_after_lora);
+  STATIC_REQUIRE(first({model, ddp, pretrained}) == violation::r19_pretrained_after_strategy);
+  STATIC_REQUIRE(first({model, pretrained, seeded}) == violation::r4_seeded_not_after_model);
 }
 
 TEST_CASE("the first violation from the left wins", "[dsl][rules]") {
