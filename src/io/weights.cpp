@@ -103,8 +103,10 @@ std::vector<named_tensor> load_weights(const std::filesystem::path& path) {
 
 namespace {
 
+// `cast_floating`: a floating tensor fills a floating one of another dtype, converted as it is copied.
 weights_report copy_named(torch::nn::Module& module, const std::vector<named_tensor>& weights, bool strict,
-                          bool (*skip)(std::string_view name), std::string_view who, std::string_view fix) {
+                          bool (*skip)(std::string_view name), bool cast_floating, std::string_view who,
+                          std::string_view fix) {
   std::map<std::string, const at::Tensor*> given;
   for (const named_tensor& t : weights) given.emplace(t.name, &t.tensor);
   weights_report report;
@@ -118,7 +120,8 @@ weights_report copy_named(torch::nn::Module& module, const std::vector<named_ten
     }
     const tensor_spec want = target.spec();
     const tensor_spec have{target.name, found->second->sizes().vec(), found->second->scalar_type()};
-    if (want.shape != have.shape || want.dtype != have.dtype) {
+    const bool converts = cast_floating && at::isFloatingType(want.dtype) && at::isFloatingType(have.dtype);
+    if (want.shape != have.shape || (want.dtype != have.dtype && !converts)) {
       throw_error<std::invalid_argument>("{}: '{}' is {} in the weights but {} in the model", who, target.name,
                                          have.layout(), want.layout());
     }
@@ -139,21 +142,14 @@ weights_report copy_named(torch::nn::Module& module, const std::vector<named_ten
 
 weights_report copy_weights(torch::nn::Module& module, const std::vector<named_tensor>& weights, bool strict,
                             bool (*skip)(std::string_view name)) {
-  return copy_named(module, weights, strict, skip, "load_weights", "pass strict = false to load what matches");
+  return copy_named(module, weights, strict, skip, /*cast_floating=*/false, "load_weights",
+                    "pass strict = false to load what matches");
 }
 
 std::size_t load_pretrained(torch::nn::Module& module, const std::filesystem::path& path) {
-  std::vector<named_tensor> weights = load_weights(path);
-  std::map<std::string, at::ScalarType> dtypes;
-  for (const named_tensor& target : module_state(module)) dtypes.emplace(target.name, target.tensor.scalar_type());
-  for (named_tensor& t : weights) {
-    const auto found = dtypes.find(t.name);
-    if (found != dtypes.end() && t.tensor.is_floating_point() && at::isFloatingType(found->second)) {
-      t.tensor = t.tensor.to(found->second);
-    }
-  }
+  const std::vector<named_tensor> weights = load_weights(path);
   const std::string who = fmt::format("pretrained(\"{}\")", path.string());
-  (void)copy_named(module, weights, /*strict=*/true, nullptr, who,
+  (void)copy_named(module, weights, /*strict=*/true, nullptr, /*cast_floating=*/true, who,
                    "the checkpoint must hold every parameter and buffer of the model before lora, and nothing else");
   return weights.size();
 }
