@@ -1,9 +1,15 @@
 #!/usr/bin/env python3
 """loom::models::Llama against transformers' LlamaForCausalLM, on checkpoints nobody here wrote:
 small random models made with save_pretrained (no hub), in several configurations, and their logits
-for fixed token ids. loom loads each checkpoint by name (job.load_weights) and must give the same
+for fixed token ids. loom loads each checkpoint by name (pretrained(...)) and must give the same
 logits within 1e-5 of their largest magnitude (fp32), under local() on one rank and under ddp() and
-fsdp() on 2 and 3.
+fsdp() on 2 and 3; under mixed_precision() (bf16) their rms difference from transformers' fp32 logits
+at most twice that of transformers' own model computing in bf16.
+
+Then the way back: loom fine-tunes LoRA on q_proj, v_proj and down_proj under each strategy (fp32 and
+bf16), and PEFT must reproduce its logits from the adapter it saved
+(PeftModel.from_pretrained(LlamaForCausalLM.from_pretrained(checkpoint), adapter), warnings as
+errors), and transformers from the merged weights (LlamaForCausalLM.from_pretrained(merged)).
 
     llama_vs_transformers.py --loom-run L --program P --ranks N      (the driver)
     llama_vs_transformers.py make FOLDER                              (the checkpoints alone)
@@ -15,10 +21,10 @@ sharded over several files with an index.
 from __future__ import annotations
 
 import argparse
-import os
 import subprocess
 import sys
 import tempfile
+import warnings
 from pathlib import Path
 
 CONFIGS = {
@@ -29,6 +35,10 @@ CONFIGS = {
                                       "high_freq_factor": 4.0, "original_max_position_embeddings": 16}),
     "sharded": dict(num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=False),
 }
+# What loom fine-tunes with LoRA: a head of its own, and one tied to the embedding.
+LORA_CONFIGS = ("gqa-untied", "mha-tied")
+FP32_TOLERANCE = 1e-5
+BF16_MARGIN = 2  # llama_parity.cpp's: bf16 logits' rms error at most this many times transformers' own in bf16
 
 
 def make(folder: Path) -> None:
@@ -52,9 +62,53 @@ def make(folder: Path) -> None:
         ids = torch.randint(0, config.vocab_size, (3, 24), generator=torch.Generator().manual_seed(7))
         with torch.no_grad():
             logits = model(ids).logits
-        save_file({"ids": ids, "logits": logits.contiguous()}, str(out / "expected.safetensors"))
+            logits_bf16 = model.to(torch.bfloat16)(ids).logits.float()
+        save_file({"ids": ids, "logits": logits.contiguous(), "logits_bf16": logits_bf16.contiguous()},
+                  str(out / "expected.safetensors"))
     if not (folder / "sharded" / "model.safetensors.index.json").exists():
         sys.exit("FAILED: the sharded checkpoint has no index")
+
+
+def reproduced(checkpoint: Path, out: Path, bf16: bool) -> list[str]:
+    """What PEFT and transformers give from loom's adapter and merged weights, against loom's logits:
+    in fp32 within 1e-5 of the largest; loom's bf16 logits against the fp32 ones of the model loaded,
+    their rms difference at most BF16_MARGIN times that model's own computing in bf16."""
+    import torch
+    from peft import PeftModel
+    from safetensors.torch import load_file
+    from transformers import LlamaForCausalLM
+
+    expected = load_file(str(out / "logits.safetensors"))
+    ids, theirs = expected["ids"], expected["logits"]
+    scale = theirs.abs().max().item()
+    failures = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a key PEFT or transformers does not use, or misses, is a failure
+        # PEFT 0.21 reads an attribute transformers 5 has deprecated: theirs, not about the files.
+        warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing. is deprecated", category=FutureWarning)
+        base = LlamaForCausalLM.from_pretrained(checkpoint).eval()
+        with torch.no_grad():
+            moved = (base(ids).logits - theirs).abs().max().item()
+        adapted = PeftModel.from_pretrained(base, out / "adapter").eval()
+        merged = LlamaForCausalLM.from_pretrained(out / "merged").eval()
+    if moved <= 1e-2 * scale:  # else an adapter that did nothing would pass
+        failures.append(f"{out.name}: the fine-tuned logits are within {moved:.2e} of the base model's")
+    for what, model in (("PEFT with loom's adapter", adapted), ("transformers with loom's merged weights", merged)):
+        with torch.no_grad():
+            reference = model(ids).logits
+            if bf16:  # root mean squares, as llama_parity.cpp compares bf16
+                difference = (reference - theirs).square().mean().sqrt().item()
+                own = model.to(torch.bfloat16)(ids).logits.float()
+                allowed = BF16_MARGIN * (own - reference).square().mean().sqrt().item()
+            else:
+                difference = (reference - theirs).abs().max().item()
+                allowed = FP32_TOLERANCE * scale
+        within = difference <= allowed
+        print(f"{out.name}: {what}: {'rms' if bf16 else 'largest'} difference {difference:.2e} (largest logit "
+              f"{scale:.2e}): {'within' if within else 'BEYOND'} {allowed:.2e}", flush=True)
+        if not within:
+            failures.append(f"{out.name}: {what}")
+    return failures
 
 
 def main() -> None:
@@ -70,14 +124,30 @@ def main() -> None:
         folder = Path(scratch)
         make(folder)
         strategies = ["local"] if args.ranks == 1 else ["ddp", "fsdp"]
+        failures = []
+
+        def loom(*words: str) -> bool:
+            command = [args.loom_run, "--nproc-per-node", str(args.ranks), "--", args.program, *words]
+            print("$", " ".join(command), flush=True)
+            if subprocess.run(command, timeout=120).returncode == 0:
+                return True
+            failures.append(" ".join(words[1:]) + f" on {Path(words[0]).name}")
+            return False
+
         for name in CONFIGS:
             for strategy in strategies:
-                command = [args.loom_run, "--nproc-per-node", str(args.ranks), "--", args.program,
-                           str(folder / name), strategy]
-                print("$", " ".join(command), flush=True)
-                if subprocess.run(command, timeout=120).returncode != 0:
-                    sys.exit(f"FAILED: {name} under {strategy}")
-    print(f"loom's Llama gives transformers' logits for {len(CONFIGS)} checkpoints at {args.ranks} rank(s)")
+                loom(str(folder / name), strategy)
+                loom(str(folder / name), strategy, "--bf16")
+        for name in LORA_CONFIGS:
+            for strategy in strategies:
+                for precision in ((), ("--bf16",)):
+                    out = folder / "trained" / f"{name}-{strategy}{'-bf16' if precision else ''}"
+                    if loom(str(folder / name), strategy, *precision, "--lora", str(out)):
+                        failures += reproduced(folder / name, out, bool(precision))
+        if failures:
+            sys.exit("FAILED: " + "; ".join(failures))
+    print(f"loom's Llama gives transformers' logits for {len(CONFIGS)} checkpoints at {args.ranks} rank(s), in fp32 "
+          f"and bf16, and PEFT and transformers reproduce what loom fine-tuned with LoRA on {len(LORA_CONFIGS)}")
 
 
 if __name__ == "__main__":
