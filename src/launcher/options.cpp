@@ -94,6 +94,7 @@ std::variant<launch_options, help_requested> parse_command_line(std::span<const 
   bool standalone = false;
   bool help = false;
   bool no_prefix = false;
+  bool default_allocator = false;
 
   CLI::App app{"", "loom-run"};
   app.set_help_flag();  // usage_text() is the help; CLI11's own would repeat it less well
@@ -101,6 +102,7 @@ std::variant<launch_options, help_requested> parse_command_line(std::span<const 
   app.add_flag("-h,--help", help)->disable_flag_override();
   app.add_flag("--no-prefix,--no_prefix", no_prefix)->disable_flag_override();
   app.add_flag("--standalone", standalone)->disable_flag_override();
+  app.add_flag("--use-default-allocator,--use_default_allocator", default_allocator)->disable_flag_override();
   for (const value_flag& flag : value_flags) {
     app.add_option_function<std::string>(std::string{flag.names},
                                          [&options, &flag](const std::string& value) {
@@ -129,9 +131,10 @@ std::variant<launch_options, help_requested> parse_command_line(std::span<const 
     const std::string& written = program.front();
     throw usage_error{"loom-run: unknown flag '" + written.substr(0, written.find('=')) +
                       "'; accepted: --nproc-per-node N, --nnodes M, --node-rank R, --master-addr A, "
-                      "--master-port P, --grace-s S, --no-prefix, --standalone, --help"};
+                      "--master-port P, --grace-s S, --no-prefix, --use-default-allocator, --standalone, --help"};
   }
   options.prefix_output = !no_prefix;
+  options.tune_malloc = !default_allocator;
   options.program = std::move(program);
   check_consistency(options, standalone);
   if (options.nnodes > 1 && !options.master_port) options.master_port = torchrun_default_port;
@@ -154,6 +157,10 @@ flags (torchrun's; '_' and '-' are interchangeable, '--flag=VALUE' works too):
   --standalone         accepted for torchrun compatibility: a single node (the default)
   --no-prefix          do not prefix output lines with "[rank k] "
   --grace-s S          seconds between SIGTERM and SIGKILL when stopping ranks (default 10)
+  --use-default-allocator
+                       leave glibc's malloc as it is; by default each rank's GLIBC_TUNABLES gains
+                       glibc.malloc.mmap_threshold=33554432 and glibc.malloc.trim_threshold=1073741824
+                       (where not set already), so that a step reuses the last step's heap
   -h, --help           this text
 
 exit status: 0 when every rank exits 0; 1 when a rank fails (the last line names the first one);

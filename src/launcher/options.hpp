@@ -18,6 +18,7 @@ struct launch_options {
   std::optional<std::string> master_addr;  // single node: 127.0.0.1
   std::optional<int> master_port;          // single node: a free port; several nodes: 29500
   bool prefix_output = true;
+  bool tune_malloc = true;           // malloc_tuning.hpp; off: glibc's defaults
   double grace_seconds = 10.0;       // from SIGTERM to SIGKILL when stopping the ranks
   std::vector<std::string> program;  // the program, then its arguments
 };

@@ -1,5 +1,6 @@
 #include "rank_environment.hpp"
 
+#include "malloc_tuning.hpp"
 #include "unique_fd.hpp"
 
 #include <netinet/in.h>
@@ -94,6 +95,12 @@ std::vector<std::string> rank_environment(std::vector<std::string> inherited, co
   set_variable(inherited, "TORCHELASTIC_USE_AGENT_STORE", "False");
   if (std::ranges::none_of(inherited, entry_for("OMP_NUM_THREADS")))
     set_variable(inherited, "OMP_NUM_THREADS", std::max(1, cores / options.nproc_per_node));
+  if (options.tune_malloc) {
+    const auto existing = std::ranges::find_if(inherited, entry_for("GLIBC_TUNABLES"));
+    const std::string_view value =
+        existing == inherited.end() ? std::string_view{} : std::string_view{*existing}.substr(sizeof "GLIBC_TUNABLES");
+    set_variable(inherited, "GLIBC_TUNABLES", with_malloc_tuning(value));
+  }
   return inherited;
 }
 

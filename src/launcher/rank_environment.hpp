@@ -24,7 +24,8 @@ struct rendezvous_point {
 [[nodiscard]] std::vector<std::string> current_environment();
 
 // `inherited` with torchrun's per-rank variables set for `local_rank`; OMP_NUM_THREADS becomes
-// max(1, cores / local ranks) unless `inherited` already has it.
+// max(1, cores / local ranks) unless `inherited` already has it; GLIBC_TUNABLES gains loom's malloc
+// tuning (malloc_tuning.hpp) unless the options turn it off.
 [[nodiscard]] std::vector<std::string> rank_environment(std::vector<std::string> inherited,
                                                         const launch_options& options, const rendezvous_point& master,
                                                         int local_rank, int cores);

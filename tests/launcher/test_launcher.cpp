@@ -381,6 +381,25 @@ TEST_CASE("every rank gets torchrun's variables", "[launcher]") {
       CHECK(variables.at("MASTER_PORT") == "29555");
     }
   }
+  SECTION("GLIBC_TUNABLES gains loom's malloc tuning; a user's own tunables are kept and win") {
+    const std::vector<std::string> tunables{"--print-env", "GLIBC_TUNABLES"};
+    const auto tuned =
+        run_launcher(with_helper({"--nproc-per-node", "2"}, tunables), {{"GLIBC_TUNABLES", std::nullopt}});
+    REQUIRE(tuned.exit_code == 0);
+    for (const int rank : {0, 1}) {
+      CHECK(variables_of_rank(tuned, rank).at("GLIBC_TUNABLES") ==
+            "glibc.malloc.mmap_threshold=33554432:glibc.malloc.trim_threshold=1073741824");
+    }
+    const auto merged = run_launcher(with_helper({"--nproc-per-node", "1"}, tunables),
+                                     {{"GLIBC_TUNABLES", "glibc.cpu.hwcaps=-AVX512F:glibc.malloc.trim_threshold=7"}});
+    REQUIRE(merged.exit_code == 0);
+    CHECK(variables_of_rank(merged, 0).at("GLIBC_TUNABLES") ==
+          "glibc.cpu.hwcaps=-AVX512F:glibc.malloc.trim_threshold=7:glibc.malloc.mmap_threshold=33554432");
+    const auto untouched = run_launcher(with_helper({"--use-default-allocator"}, tunables),
+                                        {{"GLIBC_TUNABLES", "glibc.malloc.trim_threshold=7"}});
+    REQUIRE(untouched.exit_code == 0);
+    CHECK(variables_of_rank(untouched, 0).at("GLIBC_TUNABLES") == "glibc.malloc.trim_threshold=7");
+  }
   SECTION("node 1 of 2 runs global ranks 2 and 3") {
     const auto run = run_launcher(with_helper(
         {"--nnodes", "2", "--node-rank", "1", "--nproc-per-node", "2", "--master-addr", "10.0.0.1"}, printed));

@@ -1,0 +1,22 @@
+#pragma once
+// How loom-run sets up each rank's heap (glibc's malloc, through GLIBC_TUNABLES), as PyTorch's CPU
+// launcher (torch.backends.xeon.run_cpu) sets up jemalloc's. A training step frees and allocates
+// the same large activations every step; by default glibc returns the top of its heap to the kernel
+// once 32 MiB or so of it is free, and the next step takes the pages back one fault at a time,
+// each zeroed by the kernel (in TinyGpt at context 512, a tenth of a rank's memory traffic). Tuned:
+//   - glibc.malloc.mmap_threshold = 32 MiB: what glibc's own sliding threshold would reach after the
+//     first large free, fixed from the start; larger requests (a 7B model's gathered unit) are still
+//     mapped and unmapped whole, so they are not kept at rest;
+//   - glibc.malloc.trim_threshold = 1 GiB: the heap keeps up to that much freed memory for the next
+//     step instead of giving it back; peak memory is unchanged, memory at rest can be that much more.
+
+#include <string>
+#include <string_view>
+
+namespace loom::launcher {
+
+// `inherited` (GLIBC_TUNABLES's value, empty when unset) with loom's malloc tunables added, each one
+// only where `inherited` does not set it already: a user's own value wins.
+[[nodiscard]] std::string with_malloc_tuning(std::string_view inherited);
+
+}  // namespace loom::launcher
