@@ -6,10 +6,13 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 #include <toml++/toml.h>
+#include <yaml-cpp/yaml.h>
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <cctype>
+#include <charconv>
+#include <cmath>
 #include <fstream>
 #include <functional>
 #include <iterator>
@@ -109,6 +112,50 @@ json from_toml(const toml::node& node, const std::string& path, source_lines& li
   return nullptr;  // a date or a time: no key takes one, so its key's check rejects it
 }
 
+// A YAML scalar as JSON reads its spelling: a plain (unquoted) one is null, a boolean, a whole number
+// or a number when YAML 1.2's core schema says so, else a string; a quoted one is always a string.
+json yaml_scalar(const YAML::Node& node) {
+  const std::string& text = node.Scalar();
+  if (node.Tag() != "?") return text;  // quoted ("!"), or tagged
+  if (text.empty() || text == "~" || text == "null" || text == "Null" || text == "NULL") return nullptr;
+  if (text == "true" || text == "True" || text == "TRUE") return true;
+  if (text == "false" || text == "False" || text == "FALSE") return false;
+  const char* begin = text.data();
+  const char* end = begin + text.size();
+  if (std::uint64_t whole = 0; std::from_chars(begin, end, whole).ptr == end) return whole;
+  if (std::int64_t negative = 0; std::from_chars(begin, end, negative).ptr == end) return negative;
+  if (double number = 0; std::from_chars(begin, end, number).ptr == end && std::isfinite(number)) return number;
+  return text;
+}
+
+// A YAML document as the JSON tree the reader checks, noting each key's line, as from_toml does.
+json from_yaml(const YAML::Node& node, const std::string& path, source_lines& lines) {
+  if (const int line = node.Mark().line; line >= 0) lines.emplace(path, line + 1);
+  switch (node.Type()) {
+    case YAML::NodeType::Map: {
+      json object = json::object();
+      for (const auto& entry : node) {
+        const std::string key = entry.first.Scalar();
+        const std::string child = joined(path == "plan" ? "" : path, key);
+        object[key] = from_yaml(entry.second, child, lines);
+        lines.insert_or_assign(child, entry.first.Mark().line + 1);  // the key's line: a block value starts below it
+      }
+      return object;
+    }
+    case YAML::NodeType::Sequence: {
+      json list = json::array();
+      for (std::size_t i = 0; i < node.size(); ++i) {
+        const std::string item = path == "plan" ? fmt::format("plan[{}]", i) : fmt::format("{}[{}]", path, i);
+        if (path == "plan") lines.emplace(item, node[i].Mark().line + 1);
+        list.push_back(from_yaml(node[i], path == "plan" ? "plan" : item, lines));
+      }
+      return list;
+    }
+    case YAML::NodeType::Scalar: return yaml_scalar(node);
+    default: return nullptr;
+  }
+}
+
 // The line of the first byte outside ASCII that is not in a comment line. toml++ 3.3 (Debian 12's)
 // reaches undefined behaviour classifying such a character wherever its lexer meets one outside a
 // string, and its lexer's idea of "outside a string" in an invalid file is its own (tests/fuzz
@@ -162,7 +209,17 @@ class reader {
         fail("", fmt::format("line {}: it is not TOML ({})", error.source().begin.line, error.description()));
       }
     }
-    if (extension != ".json") fail("", "give a run file named *.toml or *.json");
+    if (extension == ".yaml" || extension == ".yml") {
+      const std::string text{std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+      try {
+        json root = from_yaml(YAML::Load(text), "", lines_);
+        translate_fastvideo(root);
+        return root;
+      } catch (const YAML::Exception& error) {
+        fail("", fmt::format("line {}: it is not YAML ({})", error.mark.line + 1, error.msg));
+      }
+    }
+    if (extension != ".json") fail("", "give a run file named *.toml, *.yaml or *.json");
     try {
       return json::parse(in);
     } catch (const json::exception& error) {  // a syntax error, or a number too large for any type
@@ -170,6 +227,108 @@ class reader {
     }
   }
 
+  // What the reader noticed and accepted (run_file::notes).
+  [[nodiscard]] std::vector<std::string> take_notes() { return std::move(notes_); }
+
+ private:
+  // FastVideo's layout, as loom's: `training` is `train` (the loop's options) with
+  // `distributed.strategy` becoming the plan's strategy stage, last, and a LoRA block of
+  // `models.<role>` ({enable, rank, alpha, target_modules}, as FastVideo's LoraConfig reads it)
+  // becoming a lora stage, before the plan's trainable or strategy stage if it has one. The keys keep
+  // the lines they were written on.
+  void translate_fastvideo(json& root) {
+    if (!root.is_object()) return;  // check_top_level says what a run file is
+    std::optional<json> lora;
+    std::optional<json> strategy;
+    if (root.contains("models")) {
+      lora = fastvideo_lora(root["models"]);
+      root.erase("models");
+    }
+    if (root.contains("training")) {
+      if (root.contains("train")) fail("training", "the file has train too: give the loop's options in one of them");
+      json training = root["training"];
+      root.erase("training");
+      if (training.is_object() && training.contains("distributed")) {
+        const json& distributed = training["distributed"];
+        if (!distributed.is_object()) fail("training.distributed", "give {strategy: fsdp}");
+        require_keys("training.distributed", {"strategy"}, distributed, "training.distributed");
+        if (distributed.contains("strategy")) {
+          move_lines("training.distributed.strategy", "strategy");
+          strategy = json{{"strategy", distributed["strategy"]}};
+        }
+        training.erase("distributed");
+      }
+      move_lines("training", "train");
+      if (!training.is_object() || !training.empty()) root["train"] = std::move(training);
+    }
+    json& plan = root["plan"];
+    if (plan.is_null()) plan = json::array();
+    check_plan(plan);
+    if (lora) {  // before the stages the order rules put after lora, as a user writing the plan would
+      const auto after_lora = std::find_if(plan.begin(), plan.end(), [](const json& entry) {
+        return entry.is_object() && (entry.contains("trainable") || entry.contains("strategy"));
+      });
+      plan.insert(after_lora, std::move(*lora));
+    }
+    if (strategy) plan.push_back(std::move(*strategy));
+    if (plan.empty()) root.erase("plan");
+  }
+
+  // The lora stage of `models`' one LoRA block that is enabled, if any.
+  std::optional<json> fastvideo_lora(const json& models) {
+    if (!models.is_object()) fail("models", "give each model's role as a key, e.g. models: {transformer: {lora: ...}}");
+    std::optional<json> stage;
+    std::string enabled_role;
+    for (const auto& [role, model] : models.items()) {
+      const std::string where = "models." + role;
+      if (!model.is_object())
+        fail(where, "give the role's settings as an object, e.g. {lora: {enable: true, rank: 8}}");
+      require_keys(where, {"lora"}, model, where);
+      if (!model.contains("lora")) continue;
+      const json& block = model["lora"];
+      const std::string at = where + ".lora";
+      if (!block.is_object()) fail(at, "give {enable: true, rank: 8, alpha: 16, target_modules: [q_proj, v_proj]}");
+      require_keys(at, {"enable", "rank", "alpha", "target_modules"}, block, at);
+      const bool enable = block.contains("enable") && boolean(at + ".enable", block["enable"]);
+      if (!enable) {
+        notes_.push_back(
+            fmt::format("run file '{}': {}.enable is {}: no LoRA is applied{}", path_.string(), at,
+                        block.contains("enable") ? "false" : "not set",
+                        block.contains("rank") ? fmt::format(" (its rank {} is not used)", block["rank"].dump()) : ""));
+        continue;
+      }
+      if (!enabled_role.empty()) {
+        fail(at, fmt::format("LoRA is enabled for models.{} too; loom trains one model: enable it for one role",
+                             enabled_role));
+      }
+      enabled_role = role;
+      if (!block.contains("rank")) fail(at, "rank is missing; enable: true needs the adapters' rank, e.g. 8");
+      json lora = json::object();
+      lora["rank"] = block["rank"];
+      if (block.contains("alpha")) lora["alpha"] = block["alpha"];  // else the rank's, as loom's default is
+      if (block.contains("target_modules")) lora["targets"] = block["target_modules"];
+      move_lines(at, "lora");
+      move_lines("lora.target_modules", "lora.targets");
+      stage = json{{"lora", std::move(lora)}};
+    }
+    return stage;
+  }
+
+  // The lines noted for `from` and its keys, now under `to`.
+  void move_lines(const std::string& from, const std::string& to) {
+    source_lines moved;
+    for (auto it = lines_.begin(); it != lines_.end();) {
+      if (it->first == from || it->first.starts_with(from + ".")) {
+        moved.emplace(to + it->first.substr(from.size()), it->second);
+        it = lines_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    for (auto& entry : moved) lines_.insert_or_assign(entry.first, entry.second);
+  }
+
+ public:
   // Applies each override, in order, to the file's tree: "train.<key>=value" to its "train" object,
   // the others to its "plan" list ("lora.rank=16", "strategy=fsdp", "seeded=7"). The value is JSON
   // when it parses as JSON, a string otherwise.
@@ -418,7 +577,11 @@ class reader {
   void check_top_level(const json& root) const {
     if (!root.is_object()) fail("", "it is not a JSON object; give {\"plan\": [stages...], \"train\": {...}}");
     for (const auto& [key, value] : root.items()) {
-      if (key != "plan" && key != "train") fail(key, "unknown key; a run file has \"plan\" and \"train\"");
+      if (key != "plan" && key != "train") {
+        fail(key,
+             "unknown key; a run file has \"plan\" and \"train\" (a YAML one may have FastVideo's \"models\" and "
+             "\"training\" instead)");
+      }
     }
   }
 
@@ -492,6 +655,7 @@ class reader {
 
   std::filesystem::path path_;
   source_lines lines_;
+  std::vector<std::string> notes_;
 };
 
 }  // namespace
@@ -500,7 +664,7 @@ run_file read_run_file(const std::filesystem::path& path, std::span<const std::s
   reader file(path);
   json root = file.load();
   file.apply_overrides(root, overrides);
-  return {file.stages(root), file.training(root)};
+  return {file.stages(root), file.training(root), file.take_notes()};
 }
 
 run_stages read_run_stages(const std::filesystem::path& path, std::span<const std::string> overrides) {

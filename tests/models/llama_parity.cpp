@@ -60,7 +60,9 @@ at::Tensor logits_of(auto& job, const at::Tensor& ids) {
 double largest_difference(const at::Tensor& a, const at::Tensor& b) { return (a - b).abs().max().item<double>(); }
 // bf16's errors are compared by their root mean square: the largest of a few thousand rounding
 // errors is one sample of a wide tail, the mean square of them is stable from one model to the next.
-double rms_difference(const at::Tensor& a, const at::Tensor& b) { return (a - b).square().mean().sqrt().item<double>(); }
+double rms_difference(const at::Tensor& a, const at::Tensor& b) {
+  return (a - b).square().mean().sqrt().item<double>();
+}
 
 bool compare(auto& job, const arguments& args) {
   const std::vector<loom::named_tensor> expected = loom::load_safetensors(args.folder / "expected.safetensors").tensors;
@@ -72,12 +74,13 @@ bool compare(auto& job, const arguments& args) {
   const double allowed =
       args.bf16 ? bf16_margin * measure(named(expected, "logits_bf16"), reference) : fp32_tolerance * scale;
   const bool within = logits.sizes() == reference.sizes() && difference <= allowed;
-  fmt::print("rank {}: {} {}{}: logits {} against transformers' {}, {} difference {:.2e} (largest logit {:.2e}): {} "
-             "{:.2e}{}\n",
-             job.rt().rank(), args.folder.filename().string(), args.strategy, args.bf16 ? " bf16" : "",
-             fmt::join(logits.sizes(), "x"), fmt::join(reference.sizes(), "x"), args.bf16 ? "rms" : "largest",
-             difference, scale, within ? "within" : "BEYOND", allowed,
-             args.bf16 ? fmt::format(" ({} x transformers' own in bf16)", bf16_margin) : "");
+  fmt::print(
+      "rank {}: {} {}{}: logits {} against transformers' {}, {} difference {:.2e} (largest logit {:.2e}): {} "
+      "{:.2e}{}\n",
+      job.rt().rank(), args.folder.filename().string(), args.strategy, args.bf16 ? " bf16" : "",
+      fmt::join(logits.sizes(), "x"), fmt::join(reference.sizes(), "x"), args.bf16 ? "rms" : "largest", difference,
+      scale, within ? "within" : "BEYOND", allowed,
+      args.bf16 ? fmt::format(" ({} x transformers' own in bf16)", bf16_margin) : "");
   return within;
 }
 
@@ -110,9 +113,11 @@ bool fine_tune(auto& job, const arguments& args) {
   const double difference = largest_difference(merged, trained);
   const double allowed = fp32_tolerance * trained.abs().max().item<double>();
   const bool within = args.bf16 || difference <= allowed;
-  fmt::print("rank {}: {} {}{} lora: merged logits against unmerged, largest difference {:.2e}: {}\n",
-             job.rt().rank(), args.folder.filename().string(), args.strategy, args.bf16 ? " bf16" : "", difference,
-             args.bf16 ? "bf16, checked against transformers" : within ? "within 1e-5" : "BEYOND 1e-5");
+  fmt::print("rank {}: {} {}{} lora: merged logits against unmerged, largest difference {:.2e}: {}\n", job.rt().rank(),
+             args.folder.filename().string(), args.strategy, args.bf16 ? " bf16" : "", difference,
+             args.bf16 ? "bf16, checked against transformers"
+             : within  ? "within 1e-5"
+                       : "BEYOND 1e-5");
   return within;
 }
 

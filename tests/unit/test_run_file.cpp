@@ -196,10 +196,90 @@ TEST_CASE("a TOML run file reads as its JSON twin, and its mistakes name their l
   // A key set on the command line is not the file's: no line.
   CHECK_THROWS_WITH(read("override", "plan = [\n  { lora = { rank = 8 } },\n]\n", {"lora.rank=x"}),
                     ContainsSubstring("override.toml': lora.rank: give a whole number"));
-  CHECK_THROWS_WITH(loom::read_run_stages(written("extension", "{}", ".yaml")),
-                    ContainsSubstring("give a run file named *.toml or *.json"));
+  CHECK_THROWS_WITH(loom::read_run_stages(written("extension", "{}", ".ini")),
+                    ContainsSubstring("give a run file named *.toml, *.yaml or *.json"));
   CHECK_THROWS_WITH(loom::read_train_options(written("train-key", "[train]\nsteps = 10\nstesp = 3\n", ".toml")),
                     ContainsSubstring(", line 3: train.stesp: unknown key; train takes steps"));
+}
+
+TEST_CASE("a YAML run file reads as its JSON twin, in loom's layout and in FastVideo's", "[run_file][yaml]") {
+  const auto plan_of = [](const fs::path& file) {
+    return loom::plan_from_file(loom::model<models::TinyGpt>(small), loom::read_run_file(file));
+  };
+  const fs::path files = source / "tests" / "run_files";
+  const std::string expected = plan_of(files / "tiny_gpt_lora_fsdp.json").describe();
+  for (const char* name : {"tiny_gpt_lora_fsdp.yaml", "tiny_gpt_lora_fsdp_fastvideo.yaml"}) {
+    CAPTURE(name);
+    CHECK(plan_of(files / name).describe() == expected);
+    const loom::run_file file = loom::read_run_file(files / name);
+    CHECK(file.train.steps == 300);
+    CHECK(file.train.out == "runs/adapt");
+    CHECK(file.train.lr->peak == 5e-3);
+    CHECK(file.train.lr->warmup_steps == 30);
+    CHECK(file.notes.empty());
+  }
+  // Overrides reach the translated stages as they reach written ones.
+  const auto overridden =
+      loom::read_run_stages(files / "tiny_gpt_lora_fsdp_fastvideo.yaml", std::vector<std::string>{"lora.rank=16"});
+  CHECK(overridden.lora->rank() == 16);
+}
+
+TEST_CASE("FastVideo's LoRA block: enable, rank, alpha, target_modules, as its LoraConfig reads them",
+          "[run_file][yaml]") {
+  const auto read = [](const std::string& name, const std::string& text) {
+    return loom::read_run_file(written(name, text, ".yaml"));
+  };
+  SECTION("alpha defaults to the rank; the strategy's name is normalised") {
+    const loom::run_file file = read("alpha",
+                                     "models:\n  transformer:\n    lora: {enable: true, rank: 8, "
+                                     "target_modules: [q_proj]}\ntraining:\n  distributed:\n    strategy: DDP\n"
+                                     "  steps: 5\n");
+    CHECK(file.stages.lora->rank() == 8);
+    CHECK(file.stages.lora->scaling() == 1.0);
+    CHECK(std::holds_alternative<loom::ddp_stage>(file.stages.strategy.value()));
+    CHECK(file.train.steps == 5);
+  }
+  SECTION("enable: false with a rank is valid, applies no LoRA, and says so once") {
+    const loom::run_file file = read("disabled", "models:\n  transformer:\n    lora: {enable: false, rank: 8}\n");
+    CHECK_FALSE(file.stages.lora.has_value());
+    REQUIRE(file.notes.size() == 1);
+    CHECK_THAT(file.notes[0], ContainsSubstring("models.transformer.lora.enable is false: no LoRA is applied (its "
+                                                "rank 8 is not used)"));
+  }
+  SECTION("the mistakes name their line, the key and the fix") {
+    CHECK_THROWS_WITH(
+        read("no-rank", "models:\n  transformer:\n    lora:\n      enable: true\n"),
+        ContainsSubstring(", line 3: models.transformer.lora: rank is missing; enable: true needs the adapters' rank"));
+    CHECK_THROWS_WITH(read("typo",
+                           "models:\n  transformer:\n    lora:\n      enable: true\n      rank: 8\n"
+                           "      target_module: [q_proj]\n"),
+                      ContainsSubstring(", line 6: models.transformer.lora.target_module: unknown key; "
+                                        "models.transformer.lora takes enable, rank, alpha, target_modules"));
+    CHECK_THROWS_WITH(read("rank-type", "models:\n  transformer:\n    lora:\n      enable: true\n      rank: 8.5\n"),
+                      ContainsSubstring(", line 5: lora.rank: give a whole number"));
+    CHECK_THROWS_WITH(read("enable-type", "models:\n  transformer:\n    lora: {enable: yes, rank: 8}\n"),
+                      ContainsSubstring("models.transformer.lora.enable: give true or false"));
+    CHECK_THROWS_WITH(
+        read("strategy", "training:\n  distributed:\n    strategy: zero3\n"),
+        ContainsSubstring(", line 3: strategy: unknown strategy 'zero3'; the strategies are local, ddp, fsdp"));
+    CHECK_THROWS_WITH(read("two-roles",
+                           "models:\n  a:\n    lora: {enable: true, rank: 4}\n  b:\n"
+                           "    lora: {enable: true, rank: 4}\n"),
+                      ContainsSubstring("LoRA is enabled for models.a too; loom trains one model"));
+    CHECK_THROWS_WITH(read("both", "train:\n  steps: 3\ntraining:\n  steps: 4\n"),
+                      ContainsSubstring("training: the file has train too"));
+    CHECK_THROWS_WITH(read("top", "data:\n  path: x\n"),
+                      ContainsSubstring("data: unknown key; a run file has \"plan\" and \"train\""));
+    CHECK_THROWS_WITH(read("syntax", "plan:\n  - seeded: [1\n"), ContainsSubstring("it is not YAML"));
+  }
+  SECTION("a rule is broken with the compiler's sentence") {
+    try {
+      (void)read("rule", "models:\n  transformer:\n    lora: {enable: true, rank: 0}\n");
+      FAIL("rank 0 was accepted");
+    } catch (const loom::plan_error& error) {
+      CHECK(std::regex_search(error.what(), std::regex(expected_of("r5_rank_zero"))));
+    }
+  }
 }
 
 TEST_CASE("a job built from a run file has its strategy and its typed module", "[run_file]") {

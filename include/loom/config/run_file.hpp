@@ -18,6 +18,7 @@
 #include <span>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 namespace loom {
 
@@ -27,7 +28,8 @@ class run_file_error : public std::invalid_argument {
   using std::invalid_argument::invalid_argument;
 };
 
-// A run file read once: the stages of its "plan" list, in order, and the loop's options of its
+// A run file read once (TOML, JSON or YAML, by its extension; YAML also in FastVideo's layout,
+// docs/run_files.md): the stages of its "plan" list, in order, and the loop's options of its
 // "train" object, with `overrides` applied on top, in order: "lora.rank=16", "strategy=fsdp",
 // "strategy.bucket_cap_mb=50", "seeded=7" to the stages, "train.steps=100", "train.lr.peak=3e-4" to
 // the loop. Unknown keys, wrong types and a strategy loom does not have are run_file_errors; a
@@ -36,6 +38,9 @@ class run_file_error : public std::invalid_argument {
 struct run_file {
   run_stages stages;
   train_options train;
+  // What the reader accepted but a user should hear about once (a FastVideo LoRA block with enable:
+  // false), for the program to print on one rank.
+  std::vector<std::string> notes;
 };
 
 [[nodiscard]] run_file read_run_file(const std::filesystem::path& path, std::span<const std::string> overrides = {});

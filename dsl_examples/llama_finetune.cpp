@@ -1,0 +1,138 @@
+// llama-finetune: LoRA fine-tuning of a Hugging Face Llama checkpoint on a token file, under
+// loom::train, from a run file (TOML, JSON, or YAML in FastVideo's layout). The checkpoint is the
+// plan's pretrained stage; its config.json gives the model. Checkpoints, resume, preemption and
+// metrics are loom::train's; the adapter (PEFT's format) and, with --merged, the merged weights
+// (transformers' format, config.json beside them) are written at the end. README.md has a run.
+//
+//   build/loom-run --nproc-per-node 2 -- build/dsl_examples/llama-finetune
+//       --config dsl_examples/configs/llama_finetune.toml --tokens tokens.bin
+//       [--batch-size 4] [--seq-len 128] [--merged] [--pretrained=DIR] [--lora.rank=16] [--train.steps=100] ...
+#include "common/command_line.hpp"
+#include "models/text_data.hpp"
+#include "models/token_file.hpp"
+
+#include <loom/config/run_file.hpp>
+#include <loom/loom.hpp>
+#include <loom/models/llama.hpp>
+
+#include <fmt/core.h>
+#include <torch/optim/adamw.h>
+
+#include <exception>
+#include <filesystem>
+#include <string>
+#include <variant>
+
+namespace fs = std::filesystem;
+
+namespace {
+
+struct options {
+  recipes::run_file_arguments run_file;
+  std::string tokens;
+  std::int64_t batch_per_rank = 4;
+  std::int64_t seq_len = 128;
+  bool merged = false;
+};
+
+std::variant<options, int> parse(int argc, char** argv) {
+  options parsed;
+  CLI::App app{"LoRA fine-tuning of a Hugging Face Llama checkpoint on a token file, from a run file.",
+               "llama-finetune"};
+  parsed.run_file.add_to(app, /*required=*/true);
+  app.add_option("--tokens", parsed.tokens,
+                 "an llm.c token file (dsl_examples/data/make_tokens.py); its last tenth is held out")
+      ->required()
+      ->check(CLI::ExistingFile);
+  app.add_option("--batch-size", parsed.batch_per_rank, "sequences per rank and micro-batch")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  app.add_option("--seq-len", parsed.seq_len, "tokens per sequence")->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_flag("--merged", parsed.merged, "also write the weights with the adapters merged in, for transformers");
+  if (const auto exit_code = recipes::parse_command_line(app, argc, argv)) return *exit_code;
+  return parsed;
+}
+
+// The folder of the checkpoint the plan loads: its config.json is the model's.
+fs::path checkpoint_of(const loom::run_file& file, const std::string& config) {
+  if (!file.stages.pretrained) {
+    throw std::invalid_argument(fmt::format(
+        "run file '{}' has no pretrained stage: add {{ pretrained = \"checkpoint/\" }} to its plan, after seeded",
+        config));
+  }
+  const fs::path path = file.stages.pretrained->path();
+  return fs::is_directory(path) ? path : path.parent_path();
+}
+
+int run(const options& opts) {
+  // Everything from the files is checked before a process group or a model exists.
+  const auto& [config, overrides] = opts.run_file;
+  const loom::run_file file = loom::read_run_file(config, overrides);
+  const fs::path checkpoint = checkpoint_of(file, config);
+  const loom::models::llama_config model_config = loom::models::llama_config::from_pretrained(checkpoint);
+  if (opts.seq_len > model_config.max_position_embeddings) {
+    throw std::invalid_argument(fmt::format("--seq-len {} is longer than the checkpoint's max_position_embeddings {}",
+                                            opts.seq_len, model_config.max_position_embeddings));
+  }
+  const at::Tensor tokens = token_file::load(opts.tokens, model_config.vocab_size);
+  const std::int64_t split = tokens.numel() * 9 / 10;
+  const auto plan = loom::plan_from_file(loom::model<loom::models::Llama>(model_config), file);
+  const std::uint64_t seed = plan.seed().value_or(0);
+
+  auto built = loom::build(plan, loom::runtime::from_env());
+  return std::visit(
+      [&](auto& job) {
+        const loom::runtime& rt = job.rt();
+        if (rt.rank() == 0) {
+          for (const std::string& note : file.notes) fmt::print("{}\n", note);
+          fmt::print("{}\n", job.describe());
+        }
+        const text_data::batch_sampler batches(tokens.narrow(0, 0, split), seed, rt.rank(), rt.world_size(),
+                                               opts.batch_per_rank, opts.seq_len);
+        const text_data::batch_sampler held_out(tokens.narrow(0, split, tokens.numel() - split), seed + 1, rt.rank(),
+                                                rt.world_size(), opts.batch_per_rank, opts.seq_len);
+        loom::train_options train_options = file.train;
+        const double peak = train_options.lr ? train_options.lr->peak : 1e-3;
+        torch::optim::AdamW optimizer(job.trainable_parameters(), torch::optim::AdamWOptions(peak).weight_decay(0.0));
+        train_options.tokens_per_micro_batch = opts.batch_per_rank * opts.seq_len;
+        train_options.name = "llama-finetune";
+        const auto loss_of = [&](const at::Tensor& ids) { return loom::models::causal_lm_loss(job.forward(ids), ids); };
+        const loom::train_result result =
+            loom::train(job, optimizer,
+                        {.loss =
+                             [&](std::int64_t step, int micro) {
+                               return loss_of(batches.at_step((step - 1) * train_options.accumulate + micro).first);
+                             },
+                         .eval_loss = [&] { return loss_of(held_out.at_step(0).first); }},
+                        train_options);
+        if (result.outcome == loom::train_outcome::preempted) return loom::resumable_exit_code;
+        if (plan.lora()) {
+          job.save_adapter(train_options.out / "adapter");
+          if (rt.rank() == 0) fmt::print("saved {} (PEFT's LoRA format)\n", (train_options.out / "adapter").string());
+        }
+        if (opts.merged) {
+          const fs::path merged = train_options.out / "merged";
+          if (plan.lora()) job.merge();
+          job.save_weights(merged);
+          if (rt.rank() == 0) {
+            fs::copy_file(checkpoint / "config.json", merged / "config.json", fs::copy_options::overwrite_existing);
+            fmt::print("saved {} (transformers' format: LlamaForCausalLM.from_pretrained)\n", merged.string());
+          }
+        }
+        return 0;
+      },
+      built);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const auto parsed = parse(argc, argv);
+  if (const int* exit_code = std::get_if<int>(&parsed)) return *exit_code;
+  try {
+    return run(std::get<options>(parsed));
+  } catch (const std::exception& error) {
+    fmt::print(stderr, "llama-finetune: {}\n", error.what());
+    return 1;
+  }
+}
