@@ -45,9 +45,10 @@ inline at::Tensor load(const std::filesystem::path& path, std::int64_t vocab_siz
   }
   const std::size_t width = header[0] == gpt2_magic ? 2 : 4;
   const std::int64_t count = header[2];
-  const std::uintmax_t expected = sizeof header + static_cast<std::uintmax_t>(std::max<std::int64_t>(count, 0)) * width;
+  if (count <= 0) throw fail(fmt::format("its header counts {} tokens: there is nothing to train on", count));
+  const std::uintmax_t expected = sizeof header + static_cast<std::uintmax_t>(count) * width;
   const std::uintmax_t size = std::filesystem::file_size(path);
-  if (count <= 0 || size != expected) {
+  if (size != expected) {
     throw fail(fmt::format("its header counts {} tokens of {} bytes, {} bytes in all, but the file has {}{}", count,
                            width, expected, size, size < expected ? ": it is truncated" : ""));
   }

@@ -1,8 +1,10 @@
 // loom::models::Llama without transformers: llama_config::from_json against config.json as
 // transformers 4 and 5 write it, each refusal's sentence, the module's names (transformers' own, so
-// that checkpoints load by name), and the causal-LM loss.
+// that checkpoints load by name), the causal-LM loss, and the recipe's token files
+// (dsl_examples/models/token_file.hpp).
 #include <loom/loom.hpp>
 #include <loom/models/llama.hpp>
+#include <models/token_file.hpp>
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <torch/torch.h>
@@ -11,7 +13,9 @@
 #include <catch2/matchers/catch_matchers_string.hpp>
 
 #include <cmath>
+#include <cstdint>
 #include <filesystem>
+#include <fstream>
 #include <map>
 #include <string>
 #include <vector>
@@ -178,4 +182,46 @@ TEST_CASE("pretrained(path) loads by name while the model is built: strict, cast
                   loom::runtime::single_process()),
       ContainsSubstring("pretrained(\"" + folder.string() +
                         "\"): the weights do not match the model: missing [], unexpected [lm_head.weight]"));
+}
+
+namespace {
+
+// An llm.c token file: `magic`, version, `count` in the header, then `ids` of `width` bytes each.
+std::filesystem::path token_file_of(const std::string& name, std::int32_t magic, std::int32_t count,
+                                    const std::vector<std::uint32_t>& ids, std::size_t width) {
+  const auto path = std::filesystem::temp_directory_path() / ("loom-test-tokens-" + name + ".bin");
+  std::ofstream out(path, std::ios::binary);
+  std::vector<std::int32_t> header(token_file::header_ints, 0);
+  header[0] = magic;
+  header[1] = magic == token_file::gpt2_magic ? 1 : 7;
+  header[2] = count;
+  out.write(reinterpret_cast<const char*>(header.data()), static_cast<std::streamsize>(header.size() * 4));
+  for (const std::uint32_t id : ids) out.write(reinterpret_cast<const char*>(&id), static_cast<std::streamsize>(width));
+  return path;
+}
+
+}  // namespace
+
+TEST_CASE("token files as llm.c writes them: uint16 and uint32 ids, and each refusal names the file",
+          "[llama][tokens]") {
+  const at::Tensor narrow = token_file::load(token_file_of("u16", token_file::gpt2_magic, 3, {7, 0, 255}, 2), 256);
+  CHECK(narrow.scalar_type() == at::kLong);
+  CHECK(narrow.equal(torch::tensor({7, 0, 255}, torch::kLong)));
+  const at::Tensor wide =
+      token_file::load(token_file_of("u32", token_file::llama3_magic, 2, {70000, 128255}, 4), 128256);
+  CHECK(wide.equal(torch::tensor({70000, 128255}, torch::kLong)));
+
+  CHECK_THROWS_WITH(token_file::load(token_file_of("beyond", token_file::gpt2_magic, 3, {1, 2, 300}, 2), 256),
+                    ContainsSubstring("token 2 is id 300, not below the model's vocab_size 256"));
+  CHECK_THROWS_WITH(token_file::load(token_file_of("short", token_file::gpt2_magic, 4, {1, 2, 3}, 2), 256),
+                    ContainsSubstring("its header counts 4 tokens of 2 bytes, 1032 bytes in all, but the file has "
+                                      "1030: it is truncated"));
+  CHECK_THROWS_WITH(token_file::load(token_file_of("long", token_file::gpt2_magic, 2, {1, 2, 3}, 2), 256),
+                    ContainsSubstring("but the file has 1030") && !ContainsSubstring("truncated"));
+  CHECK_THROWS_WITH(token_file::load(token_file_of("magic", 12345, 3, {1, 2, 3}, 2), 256),
+                    ContainsSubstring("no llm.c header") && ContainsSubstring("make_tokens.py"));
+  CHECK_THROWS_WITH(token_file::load(token_file_of("empty", token_file::gpt2_magic, 0, {}, 2), 256),
+                    ContainsSubstring("its header counts 0 tokens: there is nothing to train on"));
+  CHECK_THROWS_WITH(token_file::load("/nonexistent/tokens.bin", 256),
+                    ContainsSubstring("token file '/nonexistent/tokens.bin': it cannot be read"));
 }
