@@ -1,5 +1,7 @@
 #include <loom/io/safetensors.hpp>
 
+#include "safetensors_reader.hpp"
+
 #include <loom/io/files.hpp>
 #include <loom/runtime/failpoints.hpp>
 #include <loom/runtime/text.hpp>
@@ -60,160 +62,150 @@ std::optional<c10::ScalarType> dtype_named(const std::string& name) {
   return std::nullopt;
 }
 
-// One tensor's entry in the header, checked.
-struct entry {
-  std::string name;
-  c10::ScalarType dtype;
-  std::vector<std::int64_t> shape;
-  std::uint64_t begin;
-  std::uint64_t end;
-};
+using entry = io_detail::safetensors_reader::entry;
 
-class reader {
- public:
-  explicit reader(std::filesystem::path path) : path_(std::move(path)) {}
+[[noreturn]] void invalid(const std::filesystem::path& path, const std::string& problem) {
+  throw_error<safetensors_error>("'{}' is not a valid safetensors file: {}", path.string(), problem);
+}
 
-  safetensors_content read() {
-    std::ifstream in(path_, std::ios::binary);
-    if (!in) throw file_error_from_errno("open", path_);
-    std::error_code size_error;
-    const std::uint64_t file_size = std::filesystem::file_size(path_, size_error);
-    if (size_error) fail("its size cannot be read: " + size_error.message());
-    if (file_size < 8) fail(fmt::format("it is {} bytes long, shorter than the 8-byte header length", file_size));
-    std::array<unsigned char, 8> length_bytes{};
-    in.read(reinterpret_cast<char*>(length_bytes.data()), 8);
-    std::uint64_t header_bytes = 0;
-    for (std::size_t i = 8; i-- > 0;) header_bytes = (header_bytes << 8) | length_bytes[i];
-    if (header_bytes > file_size - 8) {
-      fail(fmt::format("its header length is {} bytes, but only {} bytes follow it", header_bytes, file_size - 8));
-    }
-    if (header_bytes > max_header_bytes) fail(fmt::format("its header length, {} bytes, exceeds 100 MB", header_bytes));
-    std::string text(header_bytes, '\0');
-    in.read(text.data(), static_cast<std::streamsize>(header_bytes));
-    if (!in) fail("its header cannot be read");
-
-    safetensors_content content;
-    std::vector<entry> entries = parse_header(text, content.metadata);
-    check_byte_ranges(entries, file_size - 8 - header_bytes);
-    const std::uint64_t data_start = 8 + header_bytes;
-    for (const entry& e : entries) {
-      at::Tensor tensor = at::empty(e.shape, at::TensorOptions().dtype(e.dtype));
-      in.seekg(static_cast<std::streamoff>(data_start + e.begin));
-      in.read(static_cast<char*>(tensor.data_ptr()), static_cast<std::streamsize>(e.end - e.begin));
-      if (!in) fail(fmt::format("the bytes of '{}' cannot be read", e.name));
-      content.tensors.push_back({e.name, std::move(tensor)});
-    }
-    return content;
+entry parse_entry(const std::filesystem::path& path, const std::string& name, const json& value) {
+  const auto bad = [&](const std::string& problem) { invalid(path, fmt::format("tensor '{}': {}", name, problem)); };
+  if (!value.is_object()) bad("its entry is not an object");
+  if (!value.contains("dtype") || !value["dtype"].is_string()) bad("it has no dtype");
+  if (!value.contains("shape") || !value["shape"].is_array()) bad("it has no shape");
+  if (!value.contains("data_offsets") || !value["data_offsets"].is_array() || value["data_offsets"].size() != 2) {
+    bad("its data_offsets are not two numbers");
   }
-
- private:
-  [[noreturn]] void fail(const std::string& problem) const {
-    throw_error<safetensors_error>("'{}' is not a valid safetensors file: {}", path_.string(), problem);
+  const std::string dtype_text = value["dtype"].get<std::string>();
+  const std::optional<c10::ScalarType> dtype = dtype_named(dtype_text);
+  if (!dtype) bad(fmt::format("its dtype '{}' is not one loom knows", dtype_text));
+  entry e{{name, {}, *dtype}, 0, 0};
+  // The bytes, and the product of the sizes with each 0 read as 1: a tensor's strides, which LibTorch
+  // computes for an empty one too ([0, 2^62, 4]), must fit in an int64_t.
+  std::uint64_t bytes = c10::elementSize(*dtype);
+  std::uint64_t extent = bytes;
+  for (const json& dim : value["shape"]) {
+    if (!dim.is_number_unsigned()) bad("its shape holds something other than a non-negative integer");
+    const auto size = dim.get<std::uint64_t>();
+    if (__builtin_mul_overflow(bytes, size, &bytes) ||
+        __builtin_mul_overflow(extent, std::max<std::uint64_t>(size, 1), &extent) ||
+        extent > static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max())) {
+      bad("its shape is too large");
+    }
+    e.spec.shape.push_back(static_cast<std::int64_t>(size));
   }
-
-  std::vector<entry> parse_header(const std::string& text, std::map<std::string, std::string>& metadata) const {
-    // nlohmann's parser keeps the last of two equal keys: a callback sees every key as it is read.
-    std::set<std::string> names;
-    std::optional<std::string> twice;
-    const auto note_keys = [&](int depth, json::parse_event_t event, json& parsed) {
-      if (event == json::parse_event_t::key && depth == 1 && !names.insert(parsed.get<std::string>()).second) {
-        twice = twice.value_or(parsed.get<std::string>());
-      }
-      return true;
-    };
-    json header;
-    try {
-      header = json::parse(text, note_keys);
-    } catch (const json::exception& error) {
-      fail(fmt::format("its header is not JSON ({})", error.what()));
-    }
-    if (twice) fail(fmt::format("its header names '{}' twice", *twice));
-    if (!header.is_object()) fail("its header is not a JSON object");
-
-    std::vector<entry> entries;
-    for (const auto& [name, value] : header.items()) {
-      if (name == "__metadata__") {
-        if (!value.is_object()) fail("its __metadata__ is not an object");
-        for (const auto& [key, text_value] : value.items()) {
-          if (!text_value.is_string()) fail(fmt::format("its __metadata__ value for '{}' is not a string", key));
-          metadata.emplace(key, text_value.get<std::string>());
-        }
-        continue;
-      }
-      entries.push_back(parse_entry(name, value));
-    }
-    return entries;
+  for (std::size_t i = 0; i < 2; ++i) {
+    if (!value["data_offsets"][i].is_number_unsigned()) bad("its data_offsets are not two non-negative integers");
   }
-
-  entry parse_entry(const std::string& name, const json& value) const {
-    const auto bad = [&](const std::string& problem) { fail(fmt::format("tensor '{}': {}", name, problem)); };
-    if (!value.is_object()) bad("its entry is not an object");
-    if (!value.contains("dtype") || !value["dtype"].is_string()) bad("it has no dtype");
-    if (!value.contains("shape") || !value["shape"].is_array()) bad("it has no shape");
-    if (!value.contains("data_offsets") || !value["data_offsets"].is_array() || value["data_offsets"].size() != 2) {
-      bad("its data_offsets are not two numbers");
-    }
-    const std::string dtype_text = value["dtype"].get<std::string>();
-    const std::optional<c10::ScalarType> dtype = dtype_named(dtype_text);
-    if (!dtype) bad(fmt::format("its dtype '{}' is not one loom knows", dtype_text));
-    entry e{name, *dtype, {}, 0, 0};
-    // The bytes, and the product of the sizes with each 0 read as 1: a tensor's strides, which LibTorch
-    // computes for an empty one too ([0, 2^62, 4]), must fit in an int64_t.
-    std::uint64_t bytes = c10::elementSize(*dtype);
-    std::uint64_t extent = bytes;
-    for (const json& dim : value["shape"]) {
-      if (!dim.is_number_unsigned()) bad("its shape holds something other than a non-negative integer");
-      const auto size = dim.get<std::uint64_t>();
-      if (__builtin_mul_overflow(bytes, size, &bytes) ||
-          __builtin_mul_overflow(extent, std::max<std::uint64_t>(size, 1), &extent) ||
-          extent > static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max())) {
-        bad("its shape is too large");
-      }
-      e.shape.push_back(static_cast<std::int64_t>(size));
-    }
-    for (std::size_t i = 0; i < 2; ++i) {
-      if (!value["data_offsets"][i].is_number_unsigned()) bad("its data_offsets are not two non-negative integers");
-    }
-    e.begin = value["data_offsets"][0].get<std::uint64_t>();
-    e.end = value["data_offsets"][1].get<std::uint64_t>();
-    if (e.end < e.begin) bad(fmt::format("its data_offsets [{}, {}] end before they begin", e.begin, e.end));
-    if (e.end - e.begin != bytes) {
-      bad(fmt::format("its data_offsets [{}, {}] hold {} bytes, but {}{} needs {}", e.begin, e.end, e.end - e.begin,
-                      dtype_text, value["shape"].dump(), bytes));
-    }
-    return e;
+  e.begin = value["data_offsets"][0].get<std::uint64_t>();
+  e.end = value["data_offsets"][1].get<std::uint64_t>();
+  if (e.end < e.begin) bad(fmt::format("its data_offsets [{}, {}] end before they begin", e.begin, e.end));
+  if (e.end - e.begin != bytes) {
+    bad(fmt::format("its data_offsets [{}, {}] hold {} bytes, but {}{} needs {}", e.begin, e.end, e.end - e.begin,
+                    dtype_text, value["shape"].dump(), bytes));
   }
+  return e;
+}
 
-  // The byte ranges, in file order, must tile the data section exactly: no gap, no overlap, nothing
-  // past its end.
-  void check_byte_ranges(std::vector<entry>& entries, std::uint64_t data_bytes) const {
-    std::sort(entries.begin(), entries.end(),
-              [](const entry& a, const entry& b) { return std::tie(a.begin, a.end) < std::tie(b.begin, b.end); });
-    std::uint64_t expected = 0;
-    for (const entry& e : entries) {
-      if (e.begin < expected) {
-        fail(fmt::format("tensor '{}' (bytes [{}, {}]) overlaps the tensor before it, which ends at byte {}", e.name,
-                         e.begin, e.end, expected));
-      }
-      if (e.begin > expected) {
-        fail(fmt::format("{} bytes that no tensor holds lie before tensor '{}' (bytes [{}, {}])", e.begin - expected,
-                         e.name, e.begin, e.end));
-      }
-      if (e.end > data_bytes) {
-        fail(
-            fmt::format("tensor '{}' ends at byte {}, past the end of the data ({} bytes)", e.name, e.end, data_bytes));
-      }
-      expected = e.end;
+void parse_header(const std::filesystem::path& path, const std::string& text, std::vector<entry>& entries,
+                  std::map<std::string, std::string>& metadata) {
+  // nlohmann's parser keeps the last of two equal keys: a callback sees every key as it is read.
+  std::set<std::string> names;
+  std::optional<std::string> twice;
+  const auto note_keys = [&](int depth, json::parse_event_t event, json& parsed) {
+    if (event == json::parse_event_t::key && depth == 1 && !names.insert(parsed.get<std::string>()).second) {
+      twice = twice.value_or(parsed.get<std::string>());
     }
-    if (expected != data_bytes) {
-      fail(fmt::format("its tensors hold {} bytes, but {} bytes of data follow the header", expected, data_bytes));
-    }
+    return true;
+  };
+  json header;
+  try {
+    header = json::parse(text, note_keys);
+  } catch (const json::exception& error) {
+    invalid(path, fmt::format("its header is not JSON ({})", error.what()));
   }
+  if (twice) invalid(path, fmt::format("its header names '{}' twice", *twice));
+  if (!header.is_object()) invalid(path, "its header is not a JSON object");
 
-  std::filesystem::path path_;
-};
+  for (const auto& [name, value] : header.items()) {
+    if (name == "__metadata__") {
+      if (!value.is_object()) invalid(path, "its __metadata__ is not an object");
+      for (const auto& [key, text_value] : value.items()) {
+        if (!text_value.is_string()) invalid(path, fmt::format("its __metadata__ value for '{}' is not a string", key));
+        metadata.emplace(key, text_value.get<std::string>());
+      }
+      continue;
+    }
+    entries.push_back(parse_entry(path, name, value));
+  }
+}
+
+// The byte ranges, in file order, must tile the data section exactly: no gap, no overlap, nothing
+// past its end.
+void check_byte_ranges(const std::filesystem::path& path, std::vector<entry>& entries, std::uint64_t data_bytes) {
+  std::sort(entries.begin(), entries.end(),
+            [](const entry& a, const entry& b) { return std::tie(a.begin, a.end) < std::tie(b.begin, b.end); });
+  std::uint64_t expected = 0;
+  for (const entry& e : entries) {
+    if (e.begin < expected) {
+      invalid(path, fmt::format("tensor '{}' (bytes [{}, {}]) overlaps the tensor before it, which ends at byte {}",
+                                e.spec.name, e.begin, e.end, expected));
+    }
+    if (e.begin > expected) {
+      invalid(path, fmt::format("{} bytes that no tensor holds lie before tensor '{}' (bytes [{}, {}])",
+                                e.begin - expected, e.spec.name, e.begin, e.end));
+    }
+    if (e.end > data_bytes) {
+      invalid(path, fmt::format("tensor '{}' ends at byte {}, past the end of the data ({} bytes)", e.spec.name, e.end,
+                                data_bytes));
+    }
+    expected = e.end;
+  }
+  if (expected != data_bytes) {
+    invalid(path,
+            fmt::format("its tensors hold {} bytes, but {} bytes of data follow the header", expected, data_bytes));
+  }
+}
 
 }  // namespace
+
+namespace io_detail {
+
+safetensors_reader::safetensors_reader(std::filesystem::path path)
+    : path_(std::move(path)), in_(path_, std::ios::binary) {
+  if (!in_) throw file_error_from_errno("open", path_);
+  std::error_code size_error;
+  const std::uint64_t file_size = std::filesystem::file_size(path_, size_error);
+  if (size_error) invalid(path_, "its size cannot be read: " + size_error.message());
+  if (file_size < 8)
+    invalid(path_, fmt::format("it is {} bytes long, shorter than the 8-byte header length", file_size));
+  std::array<unsigned char, 8> length_bytes{};
+  in_.read(reinterpret_cast<char*>(length_bytes.data()), 8);
+  std::uint64_t header_bytes = 0;
+  for (std::size_t i = 8; i-- > 0;) header_bytes = (header_bytes << 8) | length_bytes[i];
+  if (header_bytes > file_size - 8) {
+    invalid(path_,
+            fmt::format("its header length is {} bytes, but only {} bytes follow it", header_bytes, file_size - 8));
+  }
+  if (header_bytes > max_header_bytes)
+    invalid(path_, fmt::format("its header length, {} bytes, exceeds 100 MB", header_bytes));
+  std::string text(header_bytes, '\0');
+  in_.read(text.data(), static_cast<std::streamsize>(header_bytes));
+  if (!in_) invalid(path_, "its header cannot be read");
+  parse_header(path_, text, entries_, metadata_);
+  check_byte_ranges(path_, entries_, file_size - 8 - header_bytes);
+  data_start_ = 8 + header_bytes;
+}
+
+at::Tensor safetensors_reader::read(const entry& e) {
+  at::Tensor tensor = at::empty(e.spec.shape, at::TensorOptions().dtype(e.spec.dtype));
+  in_.seekg(static_cast<std::streamoff>(data_start_ + e.begin));
+  in_.read(static_cast<char*>(tensor.data_ptr()), static_cast<std::streamsize>(e.end - e.begin));
+  if (!in_) invalid(path_, fmt::format("the bytes of '{}' cannot be read", e.spec.name));
+  return tensor;
+}
+
+}  // namespace io_detail
 
 std::string safetensors_dtype(c10::ScalarType dtype) {
   for (const dtype_name& d : dtypes) {
@@ -253,6 +245,11 @@ void save_safetensors(const std::filesystem::path& path, const std::vector<named
   out.commit();
 }
 
-safetensors_content load_safetensors(const std::filesystem::path& path) { return reader(path).read(); }
+safetensors_content load_safetensors(const std::filesystem::path& path) {
+  io_detail::safetensors_reader reader(path);
+  safetensors_content content{{}, reader.metadata()};
+  for (const auto& e : reader.entries()) content.tensors.push_back({e.spec.name, reader.read(e)});
+  return content;
+}
 
 }  // namespace loom

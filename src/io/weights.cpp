@@ -1,5 +1,7 @@
 #include <loom/io/weights.hpp>
 
+#include "safetensors_reader.hpp"
+
 #include <loom/io/files.hpp>
 #include <loom/io/safetensors.hpp>
 #include <loom/runtime/text.hpp>
@@ -12,6 +14,7 @@
 
 #include <fstream>
 #include <map>
+#include <memory>
 #include <set>
 #include <stdexcept>
 
@@ -23,39 +26,82 @@ using json = nlohmann::json;
 constexpr const char* single_file = "model.safetensors";
 constexpr const char* index_file = "model.safetensors.index.json";
 
-std::vector<named_tensor> load_index(const std::filesystem::path& index_path) {
-  std::ifstream in(index_path);
-  if (!in) throw file_error_from_errno("open", index_path);
-  json index;
-  try {
-    index = json::parse(in);
-  } catch (const json::exception& error) {
-    throw_error<std::invalid_argument>("'{}' is not JSON ({})", index_path.string(), error.what());
-  }
-  if (!index.is_object() || !index.contains("weight_map") || !index["weight_map"].is_object()) {
-    throw_error<std::invalid_argument>("'{}' has no weight_map", index_path.string());
-  }
-  std::map<std::string, std::set<std::string>> names_by_file;
-  for (const auto& [name, file] : index["weight_map"].items()) {
-    if (!file.is_string()) {
-      throw_error<std::invalid_argument>("'{}' maps '{}' to something other than a file name", index_path.string(),
-                                         name);
-    }
-    names_by_file[file.get<std::string>()].insert(name);
-  }
-  std::vector<named_tensor> tensors;
-  for (auto& [file, names] : names_by_file) {
-    const std::filesystem::path shard = index_path.parent_path() / file;
-    for (named_tensor& t : load_safetensors(shard).tensors) {
-      if (names.erase(t.name) == 1) tensors.push_back(std::move(t));
-    }
-    if (!names.empty()) {
-      throw_error<std::invalid_argument>("'{}' puts '{}' in '{}', which does not hold it", index_path.string(),
-                                         *names.begin(), shard.string());
+// The safetensors files of a checkpoint (one file, or an index's shards), their headers read and
+// checked, each tensor's bytes read only when it is asked for.
+class checkpoint_files {
+ public:
+  struct source {
+    io_detail::safetensors_reader* file;
+    const io_detail::safetensors_reader::entry* entry;
+  };
+
+  // A .safetensors file, a model.safetensors.index.json, or a folder holding either.
+  explicit checkpoint_files(const std::filesystem::path& path) {
+    if (std::filesystem::is_directory(path)) {
+      if (std::filesystem::exists(path / index_file)) {
+        open_index(path / index_file);
+      } else if (std::filesystem::exists(path / single_file)) {
+        open_file(path / single_file);
+      } else {
+        throw_error<std::invalid_argument>("'{}' holds neither {} nor {}", path.string(), single_file, index_file);
+      }
+    } else if (path.extension() == ".json") {
+      open_index(path);
+    } else {
+      open_file(path);
     }
   }
-  return tensors;
-}
+
+  // Every tensor, file by file, each in the order of its bytes.
+  [[nodiscard]] const std::vector<source>& tensors() const noexcept { return tensors_; }
+  [[nodiscard]] static at::Tensor read(const source& s) { return s.file->read(*s.entry); }
+
+ private:
+  io_detail::safetensors_reader& open(const std::filesystem::path& file) {
+    return *files_.emplace_back(std::make_unique<io_detail::safetensors_reader>(file));
+  }
+
+  void open_file(const std::filesystem::path& file) {
+    io_detail::safetensors_reader& reader = open(file);
+    for (const auto& e : reader.entries()) tensors_.push_back({&reader, &e});
+  }
+
+  void open_index(const std::filesystem::path& index_path) {
+    std::ifstream in(index_path);
+    if (!in) throw file_error_from_errno("open", index_path);
+    json index;
+    try {
+      index = json::parse(in);
+    } catch (const json::exception& error) {
+      throw_error<std::invalid_argument>("'{}' is not JSON ({})", index_path.string(), error.what());
+    }
+    if (!index.is_object() || !index.contains("weight_map") || !index["weight_map"].is_object()) {
+      throw_error<std::invalid_argument>("'{}' has no weight_map", index_path.string());
+    }
+    std::map<std::string, std::set<std::string>> names_by_file;
+    for (const auto& [name, file] : index["weight_map"].items()) {
+      if (!file.is_string()) {
+        throw_error<std::invalid_argument>("'{}' maps '{}' to something other than a file name", index_path.string(),
+                                           name);
+      }
+      names_by_file[file.get<std::string>()].insert(name);
+    }
+    for (auto& [file, names] : names_by_file) {
+      const std::filesystem::path shard = index_path.parent_path() / file;
+      io_detail::safetensors_reader& reader = open(shard);
+      for (const auto& e : reader.entries()) {
+        if (names.erase(e.spec.name) == 1) tensors_.push_back({&reader, &e});
+      }
+      if (!names.empty()) {
+        throw_error<std::invalid_argument>("'{}' puts '{}' in '{}', which does not hold it", index_path.string(),
+                                           *names.begin(), shard.string());
+      }
+    }
+  }
+
+  std::vector<std::unique_ptr<io_detail::safetensors_reader>> files_;
+  std::vector<source> tensors_;
+};
 
 }  // namespace
 
@@ -92,66 +138,80 @@ void save_weights(const std::filesystem::path& folder, const std::vector<named_t
 }
 
 std::vector<named_tensor> load_weights(const std::filesystem::path& path) {
-  if (std::filesystem::is_directory(path)) {
-    if (std::filesystem::exists(path / index_file)) return load_index(path / index_file);
-    if (std::filesystem::exists(path / single_file)) return load_safetensors(path / single_file).tensors;
-    throw_error<std::invalid_argument>("'{}' holds neither {} nor {}", path.string(), single_file, index_file);
-  }
-  if (path.extension() == ".json") return load_index(path);
-  return load_safetensors(path).tensors;
+  const checkpoint_files files(path);
+  std::vector<named_tensor> tensors;
+  for (const auto& source : files.tensors())
+    tensors.push_back({source.entry->spec.name, checkpoint_files::read(source)});
+  return tensors;
 }
 
 namespace {
 
-// `cast_floating`: a floating tensor fills a floating one of another dtype, converted as it is copied.
-weights_report copy_named(torch::nn::Module& module, const std::vector<named_tensor>& weights, bool strict,
-                          bool (*skip)(std::string_view name), bool cast_floating, std::string_view who,
-                          std::string_view fix) {
-  std::map<std::string, const at::Tensor*> given;
-  for (const named_tensor& t : weights) given.emplace(t.name, &t.tensor);
+// Which of `given` (by name, shape and dtype) fills which of the module's tensors, leaving out those
+// `skip` selects; checked whole, strictly or not, before anything is copied. `cast_floating`: a
+// floating tensor fills a floating one of another dtype, converted as it is copied.
+struct planned_copies {
+  std::vector<std::pair<at::Tensor, std::size_t>> copies;  // a module's tensor, the index in `given`
   weights_report report;
-  std::vector<std::pair<at::Tensor, const at::Tensor*>> copies;
+};
+planned_copies plan_copies(torch::nn::Module& module, const std::vector<tensor_spec>& given, bool strict,
+                           bool (*skip)(std::string_view name), bool cast_floating, std::string_view who,
+                           std::string_view fix) {
+  std::map<std::string, std::size_t> by_name;
+  for (std::size_t i = 0; i < given.size(); ++i) by_name.emplace(given[i].name, i);
+  planned_copies planned;
   for (const named_tensor& target : module_state(module)) {
     if (skip && skip(target.name)) continue;
-    const auto found = given.find(target.name);
-    if (found == given.end()) {
-      report.missing.push_back(target.name);
+    const auto found = by_name.find(target.name);
+    if (found == by_name.end()) {
+      planned.report.missing.push_back(target.name);
       continue;
     }
     const tensor_spec want = target.spec();
-    const tensor_spec have{target.name, found->second->sizes().vec(), found->second->scalar_type()};
+    const tensor_spec& have = given[found->second];
     const bool converts = cast_floating && at::isFloatingType(want.dtype) && at::isFloatingType(have.dtype);
     if (want.shape != have.shape || (want.dtype != have.dtype && !converts)) {
       throw_error<std::invalid_argument>("{}: '{}' is {} in the weights but {} in the model", who, target.name,
                                          have.layout(), want.layout());
     }
-    copies.emplace_back(target.tensor, found->second);
-    given.erase(found);
+    planned.copies.emplace_back(target.tensor, found->second);
+    by_name.erase(found);
   }
-  for (const auto& [name, tensor] : given) report.unexpected.push_back(name);
-  if (strict && (!report.missing.empty() || !report.unexpected.empty())) {
+  for (const auto& [name, index] : by_name) planned.report.unexpected.push_back(name);
+  if (strict && (!planned.report.missing.empty() || !planned.report.unexpected.empty())) {
     throw_error<std::invalid_argument>("{}: the weights do not match the model: missing [{}], unexpected [{}] ({})",
-                                       who, fmt::join(report.missing, ", "), fmt::join(report.unexpected, ", "), fix);
+                                       who, fmt::join(planned.report.missing, ", "),
+                                       fmt::join(planned.report.unexpected, ", "), fix);
   }
-  torch::NoGradGuard no_grad;
-  for (auto& [destination, source] : copies) destination.copy_(*source);
-  return report;
+  return planned;
 }
 
 }  // namespace
 
 weights_report copy_weights(torch::nn::Module& module, const std::vector<named_tensor>& weights, bool strict,
                             bool (*skip)(std::string_view name)) {
-  return copy_named(module, weights, strict, skip, /*cast_floating=*/false, "load_weights",
-                    "pass strict = false to load what matches");
+  std::vector<tensor_spec> given;
+  for (const named_tensor& t : weights) given.push_back({t.name, t.tensor.sizes().vec(), t.tensor.scalar_type()});
+  const planned_copies planned = plan_copies(module, given, strict, skip, /*cast_floating=*/false, "load_weights",
+                                             "pass strict = false to load what matches");
+  torch::NoGradGuard no_grad;
+  for (const auto& [destination, index] : planned.copies) at::Tensor(destination).copy_(weights[index].tensor);
+  return planned.report;
 }
 
+// Tensor by tensor, each read from its file as it is copied: the checkpoint is never in memory whole.
 std::size_t load_pretrained(torch::nn::Module& module, const std::filesystem::path& path) {
-  const std::vector<named_tensor> weights = load_weights(path);
-  const std::string who = fmt::format("pretrained(\"{}\")", path.string());
-  (void)copy_named(module, weights, /*strict=*/true, nullptr, /*cast_floating=*/true, who,
-                   "the checkpoint must hold every parameter and buffer of the model before lora, and nothing else");
-  return weights.size();
+  const checkpoint_files files(path);
+  std::vector<tensor_spec> given;
+  for (const auto& source : files.tensors()) given.push_back(source.entry->spec);
+  const planned_copies planned = plan_copies(
+      module, given, /*strict=*/true, nullptr, /*cast_floating=*/true, fmt::format("pretrained(\"{}\")", path.string()),
+      "the checkpoint must hold every parameter and buffer of the model before lora, and nothing else");
+  torch::NoGradGuard no_grad;
+  for (const auto& [destination, index] : planned.copies) {
+    at::Tensor(destination).copy_(checkpoint_files::read(files.tensors()[index]));
+  }
+  return given.size();
 }
 
 }  // namespace loom

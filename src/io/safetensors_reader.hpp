@@ -1,0 +1,45 @@
+#pragma once
+// The safetensors reader behind load_safetensors and pretrained(...) (src/io, not public): the
+// header read and checked once, as loom/io/safetensors.hpp promises, and each tensor's bytes read
+// when it is asked for, so that a caller copying a checkpoint into a model holds one tensor of it
+// at a time rather than all of them.
+
+#include <loom/runtime/tensors.hpp>
+
+#include <cstdint>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace loom::io_detail {
+
+class safetensors_reader {
+ public:
+  struct entry {
+    tensor_spec spec;
+    std::uint64_t begin = 0;  // in the data, which starts after the header
+    std::uint64_t end = 0;
+  };
+
+  // Opens `path` and reads and checks its header; safetensors_error (or file_error) naming the file
+  // and its first problem.
+  explicit safetensors_reader(std::filesystem::path path);
+
+  [[nodiscard]] const std::filesystem::path& path() const noexcept { return path_; }
+  // In the order of their bytes in the file.
+  [[nodiscard]] const std::vector<entry>& entries() const noexcept { return entries_; }
+  [[nodiscard]] const std::map<std::string, std::string>& metadata() const noexcept { return metadata_; }
+  // The tensor's bytes, read now into a new CPU tensor.
+  [[nodiscard]] at::Tensor read(const entry& e);
+
+ private:
+  std::filesystem::path path_;
+  std::ifstream in_;
+  std::uint64_t data_start_ = 0;
+  std::vector<entry> entries_;
+  std::map<std::string, std::string> metadata_;
+};
+
+}  // namespace loom::io_detail
