@@ -198,10 +198,22 @@ safetensors_reader::safetensors_reader(std::filesystem::path path)
 }
 
 at::Tensor safetensors_reader::read(const entry& e) {
-  at::Tensor tensor = at::empty(e.spec.shape, at::TensorOptions().dtype(e.spec.dtype));
-  in_.seekg(static_cast<std::streamoff>(data_start_ + e.begin));
-  in_.read(static_cast<char*>(tensor.data_ptr()), static_cast<std::streamsize>(e.end - e.begin));
+  const std::int64_t rows = e.spec.shape.empty() ? 1 : e.spec.shape.front();
+  return read_rows(e, 0, rows);
+}
+
+at::Tensor safetensors_reader::read_rows(const entry& e, std::int64_t first, std::int64_t count) {
+  const std::int64_t rows = e.spec.shape.empty() ? 1 : e.spec.shape.front();
+  TORCH_INTERNAL_ASSERT(first >= 0 && count >= 0 && first + count <= rows, "rows [", first, ", ", first + count,
+                        ") of '", e.spec.name, "', which has ", rows);
+  std::vector<std::int64_t> shape = e.spec.shape;
+  if (!shape.empty()) shape.front() = count;
+  at::Tensor tensor = at::empty(shape, at::TensorOptions().dtype(e.spec.dtype));
+  const std::uint64_t row_bytes = rows == 0 ? 0 : (e.end - e.begin) / static_cast<std::uint64_t>(rows);
+  in_.seekg(static_cast<std::streamoff>(data_start_ + e.begin + static_cast<std::uint64_t>(first) * row_bytes));
+  in_.read(static_cast<char*>(tensor.data_ptr()), static_cast<std::streamsize>(tensor.nbytes()));
   if (!in_) invalid(path_, fmt::format("the bytes of '{}' cannot be read", e.spec.name));
+  bytes_read_ += tensor.nbytes();
   return tensor;
 }
 

@@ -33,11 +33,16 @@ class safetensors_reader {
   [[nodiscard]] const std::map<std::string, std::string>& metadata() const noexcept { return metadata_; }
   // The tensor's bytes, read now into a new CPU tensor.
   [[nodiscard]] at::Tensor read(const entry& e);
+  // Rows [first, first + count) of it (its dim 0; a 0-d tensor is one row), read alone.
+  [[nodiscard]] at::Tensor read_rows(const entry& e, std::int64_t first, std::int64_t count);
+  // The bytes read so far.
+  [[nodiscard]] std::uint64_t bytes_read() const noexcept { return bytes_read_; }
 
  private:
   std::filesystem::path path_;
   std::ifstream in_;
   std::uint64_t data_start_ = 0;
+  std::uint64_t bytes_read_ = 0;
   std::vector<entry> entries_;
   std::map<std::string, std::string> metadata_;
 };

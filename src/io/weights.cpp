@@ -26,17 +26,18 @@ using json = nlohmann::json;
 constexpr const char* single_file = "model.safetensors";
 constexpr const char* index_file = "model.safetensors.index.json";
 
+}  // namespace
+
 // The safetensors files of a checkpoint (one file, or an index's shards), their headers read and
 // checked, each tensor's bytes read only when it is asked for.
-class checkpoint_files {
- public:
+struct pretrained_checkpoint::files {
   struct source {
     io_detail::safetensors_reader* file;
     const io_detail::safetensors_reader::entry* entry;
   };
 
   // A .safetensors file, a model.safetensors.index.json, or a folder holding either.
-  explicit checkpoint_files(const std::filesystem::path& path) {
+  explicit files(const std::filesystem::path& path) {
     if (std::filesystem::is_directory(path)) {
       if (std::filesystem::exists(path / index_file)) {
         open_index(path / index_file);
@@ -50,20 +51,25 @@ class checkpoint_files {
     } else {
       open_file(path);
     }
+    for (std::size_t i = 0; i < sources.size(); ++i) by_name.emplace(sources[i].entry->spec.name, i);
   }
 
   // Every tensor, file by file, each in the order of its bytes.
-  [[nodiscard]] const std::vector<source>& tensors() const noexcept { return tensors_; }
+  [[nodiscard]] const std::vector<source>& tensors() const noexcept { return sources; }
+  [[nodiscard]] std::vector<tensor_spec> specs() const {
+    std::vector<tensor_spec> specs;
+    for (const source& s : sources) specs.push_back(s.entry->spec);
+    return specs;
+  }
   [[nodiscard]] static at::Tensor read(const source& s) { return s.file->read(*s.entry); }
 
- private:
   io_detail::safetensors_reader& open(const std::filesystem::path& file) {
-    return *files_.emplace_back(std::make_unique<io_detail::safetensors_reader>(file));
+    return *readers.emplace_back(std::make_unique<io_detail::safetensors_reader>(file));
   }
 
   void open_file(const std::filesystem::path& file) {
     io_detail::safetensors_reader& reader = open(file);
-    for (const auto& e : reader.entries()) tensors_.push_back({&reader, &e});
+    for (const auto& e : reader.entries()) sources.push_back({&reader, &e});
   }
 
   void open_index(const std::filesystem::path& index_path) {
@@ -90,7 +96,7 @@ class checkpoint_files {
       const std::filesystem::path shard = index_path.parent_path() / file;
       io_detail::safetensors_reader& reader = open(shard);
       for (const auto& e : reader.entries()) {
-        if (names.erase(e.spec.name) == 1) tensors_.push_back({&reader, &e});
+        if (names.erase(e.spec.name) == 1) sources.push_back({&reader, &e});
       }
       if (!names.empty()) {
         throw_error<std::invalid_argument>("'{}' puts '{}' in '{}', which does not hold it", index_path.string(),
@@ -99,11 +105,17 @@ class checkpoint_files {
     }
   }
 
-  std::vector<std::unique_ptr<io_detail::safetensors_reader>> files_;
-  std::vector<source> tensors_;
-};
+  // The tensor called `name`; its absence is a bug in the caller, which checked the names first.
+  [[nodiscard]] const source& named(const std::string& name) const {
+    const auto found = by_name.find(name);
+    TORCH_INTERNAL_ASSERT(found != by_name.end(), "pretrained: no tensor '", name, "' in the checkpoint");
+    return sources[found->second];
+  }
 
-}  // namespace
+  std::vector<std::unique_ptr<io_detail::safetensors_reader>> readers;
+  std::vector<source> sources;
+  std::map<std::string, std::size_t> by_name;
+};
 
 void save_weights(const std::filesystem::path& folder, const std::vector<named_tensor>& tensors,
                   std::int64_t max_shard_bytes) {
@@ -138,10 +150,10 @@ void save_weights(const std::filesystem::path& folder, const std::vector<named_t
 }
 
 std::vector<named_tensor> load_weights(const std::filesystem::path& path) {
-  const checkpoint_files files(path);
+  const pretrained_checkpoint::files files(path);
   std::vector<named_tensor> tensors;
   for (const auto& source : files.tensors())
-    tensors.push_back({source.entry->spec.name, checkpoint_files::read(source)});
+    tensors.push_back({source.entry->spec.name, pretrained_checkpoint::files::read(source)});
   return tensors;
 }
 
@@ -199,19 +211,57 @@ weights_report copy_weights(torch::nn::Module& module, const std::vector<named_t
   return planned.report;
 }
 
+pretrained_checkpoint::pretrained_checkpoint(const std::filesystem::path& path)
+    : path_(path), files_(std::make_unique<files>(path)) {}
+
+pretrained_checkpoint::~pretrained_checkpoint() = default;
+
+std::size_t pretrained_checkpoint::size() const noexcept { return files_->tensors().size(); }
+
+std::uint64_t pretrained_checkpoint::total_bytes() const noexcept {
+  std::uint64_t total = 0;
+  for (const auto& source : files_->tensors()) total += source.entry->end - source.entry->begin;
+  return total;
+}
+
+std::uint64_t pretrained_checkpoint::bytes_read() const noexcept {
+  std::uint64_t read = 0;
+  for (const auto& reader : files_->readers) read += reader->bytes_read();
+  return read;
+}
+
+namespace {
+
+planned_copies plan_pretrained(torch::nn::Module& module, const std::vector<tensor_spec>& given,
+                               const std::filesystem::path& path, bool (*skip)(std::string_view name)) {
+  return plan_copies(module, given, /*strict=*/true, skip, /*cast_floating=*/true,
+                     fmt::format("pretrained(\"{}\")", path.string()),
+                     "the checkpoint must hold every parameter and buffer of the model before lora, and nothing else");
+}
+
+}  // namespace
+
+void pretrained_checkpoint::check(torch::nn::Module& module, bool (*skip)(std::string_view name)) const {
+  (void)plan_pretrained(module, files_->specs(), path_, skip);
+}
+
 // Tensor by tensor, each read from its file as it is copied: the checkpoint is never in memory whole.
-std::size_t load_pretrained(torch::nn::Module& module, const std::filesystem::path& path) {
-  const checkpoint_files files(path);
-  std::vector<tensor_spec> given;
-  for (const auto& source : files.tensors()) given.push_back(source.entry->spec);
-  const planned_copies planned = plan_copies(
-      module, given, /*strict=*/true, nullptr, /*cast_floating=*/true, fmt::format("pretrained(\"{}\")", path.string()),
-      "the checkpoint must hold every parameter and buffer of the model before lora, and nothing else");
+void pretrained_checkpoint::copy_into(torch::nn::Module& module, bool (*skip)(std::string_view name)) {
+  const planned_copies planned = plan_pretrained(module, files_->specs(), path_, skip);
   torch::NoGradGuard no_grad;
   for (const auto& [destination, index] : planned.copies) {
-    at::Tensor(destination).copy_(checkpoint_files::read(files.tensors()[index]));
+    at::Tensor(destination).copy_(files_->read(files_->tensors()[index]));
   }
-  return given.size();
+}
+
+at::Tensor pretrained_checkpoint::read(const std::string& name) {
+  const files::source& source = files_->named(name);
+  return source.file->read(*source.entry);
+}
+
+at::Tensor pretrained_checkpoint::read_rows(const std::string& name, std::int64_t first, std::int64_t count) {
+  const files::source& source = files_->named(name);
+  return source.file->read_rows(*source.entry, first, count);
 }
 
 }  // namespace loom

@@ -30,15 +30,21 @@ job_core::job_core(runtime rt, std::shared_ptr<torch::nn::Module> module, std::s
                                  counted(static_cast<std::int64_t>(decided.trainable_held_in_fp32), "parameter"));
     }
   }
-  if (decided.pretrained) {
-    context_->note(fmt::format("weights from '{}': {}", *decided.pretrained,
-                               counted(static_cast<std::int64_t>(decided.pretrained_tensors), "tensor")));
-  }
+  context_->set_pretrained(decided.pretrained, decided.pretrained_read);
   if (!decided.recomputed_units.empty()) {
     context_->note(fmt::format("recompute: {} in backward: {}",
                                counted(static_cast<std::int64_t>(decided.recomputed_units.size()), "unit"),
                                fmt::join(decided.recomputed_units, ", ")));
   }
+}
+
+void job_core::finish_pretrained() {
+  const pretrained_checkpoint& checkpoint = *context_->pretrained();
+  context_->note(fmt::format("weights from '{}': {}, {} of their {} bytes read on this rank",
+                             checkpoint.path().string(),
+                             counted(static_cast<std::int64_t>(checkpoint.size()), "tensor"), checkpoint.bytes_read(),
+                             checkpoint.total_bytes()));
+  context_->set_pretrained(nullptr, true);
 }
 
 std::optional<at::ScalarType> job_core::input_dtype(bool engine_casts) const noexcept {

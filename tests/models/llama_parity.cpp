@@ -64,7 +64,16 @@ double rms_difference(const at::Tensor& a, const at::Tensor& b) {
   return (a - b).square().mean().sqrt().item<double>();
 }
 
+// describe()'s line of what pretrained(...) read on this rank (the driver checks that under fsdp() a
+// rank reads its share of the checkpoint, under the others all of it).
+void print_bytes_read(auto& job) {
+  const std::string described = job.describe();
+  const auto begin = described.find("weights from");
+  fmt::print("rank {}: {}\n", job.rt().rank(), described.substr(begin, described.find('\n', begin) - begin));
+}
+
 bool compare(auto& job, const arguments& args) {
+  print_bytes_read(job);
   const std::vector<loom::named_tensor> expected = loom::load_safetensors(args.folder / "expected.safetensors").tensors;
   const at::Tensor reference = named(expected, "logits");
   const at::Tensor logits = logits_of(job, named(expected, "ids"));

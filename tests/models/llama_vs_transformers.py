@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """loom::models::Llama against transformers' LlamaForCausalLM, on checkpoints nobody here wrote:
 small random models made with save_pretrained (no hub), in several configurations, and their logits
-for fixed token ids. loom loads each checkpoint by name (pretrained(...)) and must give the same
+for fixed token ids. loom loads each checkpoint by name (pretrained(...): under fsdp() each rank
+reads only the rows of its shards, about 1/N of the bytes, which the driver checks) and must give the same
 logits within 1e-5 of their largest magnitude (fp32), under local() on one rank and under ddp() and
 fsdp() on 2 and 3; under mixed_precision() (bf16) their rms difference from transformers' fp32 logits
 at most twice that of transformers' own model computing in bf16.
@@ -21,6 +22,7 @@ sharded over several files with an index.
 from __future__ import annotations
 
 import argparse
+import re
 import subprocess
 import sys
 import tempfile
@@ -129,10 +131,18 @@ def main() -> None:
         def loom(*words: str) -> bool:
             command = [args.loom_run, "--nproc-per-node", str(args.ranks), "--", args.program, *words]
             print("$", " ".join(command), flush=True)
-            if subprocess.run(command, timeout=120).returncode == 0:
-                return True
-            failures.append(" ".join(words[1:]) + f" on {Path(words[0]).name}")
-            return False
+            done = subprocess.run(command, timeout=120, capture_output=True, text=True)
+            print(done.stdout, done.stderr, end="", flush=True)
+            if done.returncode != 0:
+                failures.append(" ".join(words[1:]) + f" on {Path(words[0]).name}")
+                return False
+            # What pretrained(...) read: a rank's share of the checkpoint under fsdp(), all of it otherwise.
+            for read, total in re.findall(r"(\d+) of their (\d+) bytes read on this rank", done.stdout):
+                read, total = int(read), int(total)
+                share = total / args.ranks if words[1] == "fsdp" else total
+                if not (0 < read <= share * 1.25 and (words[1] == "fsdp" or read == total)):
+                    failures.append(f"{' '.join(words[1:])} on {Path(words[0]).name}: a rank read {read} of {total} bytes")
+            return True
 
         for name in CONFIGS:
             for strategy in strategies:

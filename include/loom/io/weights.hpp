@@ -7,7 +7,9 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace torch::nn {
@@ -40,9 +42,38 @@ struct weights_report {
 weights_report copy_weights(torch::nn::Module& module, const std::vector<named_tensor>& weights, bool strict,
                             bool (*skip)(std::string_view name));
 
-// The plan's pretrained(path), while the model is built: the weights at `path` (as load_weights
-// reads them) copied in by name, strictly, each floating tensor first cast to the dtype of the one it
-// fills (as from_pretrained casts a checkpoint to the model's dtype). Returns how many it copied.
-std::size_t load_pretrained(torch::nn::Module& module, const std::filesystem::path& path);
+// The plan's pretrained(path): a checkpoint (a .safetensors file, a model.safetensors.index.json or
+// a folder holding either) opened with every file's header read and checked and no tensor yet; its
+// tensors are read on demand, whole or by rows, so that a rank reads only what it keeps.
+class pretrained_checkpoint {
+ public:
+  explicit pretrained_checkpoint(const std::filesystem::path& path);
+  ~pretrained_checkpoint();
+  pretrained_checkpoint(const pretrained_checkpoint&) = delete;
+  pretrained_checkpoint& operator=(const pretrained_checkpoint&) = delete;
+
+  [[nodiscard]] const std::filesystem::path& path() const noexcept { return path_; }
+  [[nodiscard]] std::size_t size() const noexcept;
+  [[nodiscard]] std::uint64_t total_bytes() const noexcept;
+  [[nodiscard]] std::uint64_t bytes_read() const noexcept;
+
+  // The module's parameters and buffers against the checkpoint, before a byte of it is read: the
+  // same names (strict), the same shapes, the same dtype or both floating (a floating tensor is
+  // converted as it is copied, as from_pretrained casts to the model's dtype), leaving out those
+  // `skip` selects (LoRA's adapters, once injected). std::invalid_argument naming the tensor, or the
+  // missing and unexpected names.
+  void check(torch::nn::Module& module, bool (*skip)(std::string_view name) = nullptr) const;
+  // Every tensor copied into the module's tensor of its name, read one at a time (checked first).
+  void copy_into(torch::nn::Module& module, bool (*skip)(std::string_view name) = nullptr);
+  // `name` whole, or its rows [first, first + count) (dim 0; a 0-d tensor is one row), in its own dtype.
+  [[nodiscard]] at::Tensor read(const std::string& name);
+  [[nodiscard]] at::Tensor read_rows(const std::string& name, std::int64_t first, std::int64_t count);
+
+ private:
+  struct files;
+  friend std::vector<named_tensor> load_weights(const std::filesystem::path& path);  // reads them all
+  std::filesystem::path path_;
+  std::unique_ptr<files> files_;
+};
 
 }  // namespace loom

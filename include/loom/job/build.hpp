@@ -54,8 +54,14 @@ auto build_checked(const Plan& plan, runtime rt) {
   }();
   auto base = model.base();
   if (auto path = plan.pretrained()) {
-    decided.pretrained_tensors = load_pretrained(*base, *path);
-    decided.pretrained = std::move(path);
+    // Checked against the model before a byte is read; a sharding strategy reads it after its setup,
+    // each rank what it keeps, the others now, whole.
+    decided.pretrained = std::make_shared<pretrained_checkpoint>(*path);
+    decided.pretrained->check(*base);
+    if constexpr (!hooks::shards_parameters<decltype(engine)>()) {
+      decided.pretrained->copy_into(*base);
+      decided.pretrained_read = true;
+    }
   }
   std::optional<lora_layers> lora;
   constexpr std::string_view model_name = type_name<M>();

@@ -121,12 +121,12 @@ class returned<void> {
 // What build() decided from the plan's stages before the strategy: the dtypes the model is built
 // in and computes in (loom/precision), and the units that recompute (loom/nn/recompute.hpp).
 struct build_decisions {
-  std::optional<dtype> built_in;              // default_dtype(...), if any
-  std::size_t trainable_held_in_fp32 = 0;     // parameters built narrower that train, held in fp32
-  std::optional<precision_policy> policy;     // mixed_precision(...), if any
-  std::vector<std::string> recomputed_units;  // recompute(...)'s choice, by name; empty without it
-  std::optional<std::string> pretrained;      // pretrained(...)'s path, if any
-  std::size_t pretrained_tensors = 0;         // how many tensors it gave
+  std::optional<dtype> built_in;                      // default_dtype(...), if any
+  std::size_t trainable_held_in_fp32 = 0;             // parameters built narrower that train, held in fp32
+  std::optional<precision_policy> policy;             // mixed_precision(...), if any
+  std::vector<std::string> recomputed_units;          // recompute(...)'s choice, by name; empty without it
+  std::shared_ptr<pretrained_checkpoint> pretrained;  // pretrained(...)'s checkpoint, if any, checked
+  bool pretrained_read = false;                       // copied in already (else after the setup)
 };
 
 // The part of a job that does not depend on M or the strategy (src/job/job.cpp).
@@ -138,6 +138,10 @@ class job_core {
   [[nodiscard]] strategy_context& context() noexcept { return *context_; }
   [[nodiscard]] const strategy_context& context() const noexcept { return *context_; }
   [[nodiscard]] lora_layers* lora() noexcept { return lora_ ? &*lora_ : nullptr; }
+
+  // After the setup, once pretrained(...)'s checkpoint is read: notes what this rank read of it and
+  // closes its files.
+  void finish_pretrained();
 
   // Runs the strategy's setup, then checks the schedule it derived against every other rank's.
   // `engine_casts`: the engine carries out mixed precision itself (else the job, under autocast).
@@ -197,6 +201,15 @@ class job {
               decided),
         engine_(std::move(engine)) {
     core_.set_up([this](strategy_context& context) { engine_.setup(context); }, engine_casts);
+    strategy_context& context = core_.context();
+    if (pretrained_checkpoint* checkpoint = context.pretrained()) {
+      if (!context.pretrained_read()) {
+        hooks::with_full_parameters(
+            engine_, context, [&] { checkpoint->copy_into(context.module(), &lora_adapter::is_adapter_parameter); });
+        context.mark_pretrained_read();
+      }
+      core_.finish_pretrained();
+    }
   }
 
   // The user's module, typed.

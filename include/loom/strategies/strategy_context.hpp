@@ -18,6 +18,8 @@
 
 namespace loom {
 
+class pretrained_checkpoint;
+
 class strategy_context {
  public:
   strategy_context(runtime rt, std::shared_ptr<torch::nn::Module> module, std::optional<precision_policy> precision);
@@ -40,6 +42,17 @@ class strategy_context {
   // Throws std::invalid_argument naming `strategy` when the job spans ranks without a process group.
   void require_process_group(std::string_view strategy) const;
 
+  // The plan's pretrained(...), opened and checked against the module, if any. Under a strategy that
+  // shards parameters it is read after setup: the engine's setup may read what this rank keeps into
+  // its shards (fsdp reads its shards' rows) and say so; whatever it leaves, the job copies in whole.
+  [[nodiscard]] pretrained_checkpoint* pretrained() const noexcept { return pretrained_.get(); }
+  void set_pretrained(std::shared_ptr<pretrained_checkpoint> checkpoint, bool read) {
+    pretrained_ = std::move(checkpoint);
+    pretrained_read_ = read;
+  }
+  [[nodiscard]] bool pretrained_read() const noexcept { return pretrained_read_; }
+  void mark_pretrained_read() noexcept { pretrained_read_ = true; }
+
   // Lines for job.describe(): what the strategy decided (buckets, shards).
   void note(std::string line) { notes_.push_back(std::move(line)); }
   [[nodiscard]] const std::vector<std::string>& notes() const noexcept { return notes_; }
@@ -56,6 +69,8 @@ class strategy_context {
   std::optional<precision_policy> precision_;
   collective_schedule schedule_;
   std::vector<std::string> notes_;
+  std::shared_ptr<pretrained_checkpoint> pretrained_;
+  bool pretrained_read_ = false;
   bool sync_gradients_ = true;
 };
 

@@ -1,5 +1,7 @@
 #include <loom/strategies/fsdp/fsdp_state.hpp>
 
+#include <loom/io/weights.hpp>
+
 #include <loom/strategies/fsdp/init_checks.hpp>
 
 #include <ATen/ATen.h>
@@ -45,6 +47,13 @@ void fsdp_state::shard(strategy_context& context) {
         precision ? std::optional(precision->compute_dtype(p.tensor.scalar_type())) : std::nullopt;
     group.add(sharded_param(std::move(p.name), std::move(p.tensor), rt.rank(), rt.world_size(), compute));
     if (group.params().back().trainable()) optimizer_order_.push_back(group.params().back().shard());
+  }
+  if (pretrained_checkpoint* checkpoint = context.pretrained()) {
+    // This rank's rows of each sharded parameter, and the buffers whole: never a whole parameter.
+    for_each_group([&](const param_group& group) { group.read_rows(*checkpoint, rt.rank()); });
+    torch::NoGradGuard no_grad;
+    for (const auto& buffer : context.module().named_buffers()) buffer.value().copy_(checkpoint->read(buffer.key()));
+    context.mark_pretrained_read();
   }
   for_each_group([](param_group& group) { group.reshard(); });
   adapters_ =

@@ -143,6 +143,10 @@ void param_group::hold_masters(collectives& comm) {
   for (std::size_t i = 0; i < params_.size(); ++i) params_[i].hold_whole(masters[i]);
 }
 
+void param_group::read_rows(pretrained_checkpoint& checkpoint, int rank) const {
+  for (const sharded_param& p : params_) p.read_rows(checkpoint, rank);
+}
+
 void param_group::release_masters(int rank) {
   for (const sharded_param& p : params_) p.release_whole(rank);
   whole_ = false;

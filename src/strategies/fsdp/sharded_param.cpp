@@ -1,5 +1,6 @@
 #include <loom/strategies/fsdp/sharded_param.hpp>
 
+#include <loom/io/weights.hpp>
 #include <loom/runtime/text.hpp>
 
 #include <ATen/ATen.h>
@@ -126,6 +127,13 @@ void sharded_param::reshard_values(int rank) const {
   const at::Tensor mine = shard_.detach().view({shard_rows_, row_numel_});
   const auto [first, count] = rows_of(rank);
   if (count > 0) mine.narrow(0, 0, count).copy_(full_rows().narrow(0, first, count));
+}
+
+void sharded_param::read_rows(pretrained_checkpoint& checkpoint, int rank) const {
+  const auto [first, count] = rows_of(rank);
+  if (count == 0) return;
+  const at::Tensor rows = checkpoint.read_rows(name_, first, count);
+  shard_.detach().view({shard_rows_, row_numel_}).narrow(0, 0, count).copy_(rows.reshape({count, row_numel_}));
 }
 
 at::Tensor sharded_param::rows_from_shards(const std::vector<at::Tensor>& shards, int rank) const {

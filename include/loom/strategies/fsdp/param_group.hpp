@@ -68,6 +68,8 @@ class param_group {
   // each shard takes its rows back and the group is at rest.
   void hold_masters(collectives& comm);
   void release_masters(int rank);
+  // Each parameter's rows of this rank from `checkpoint`, into its shard (pretrained(...)).
+  void read_rows(pretrained_checkpoint& checkpoint, int rank) const;
 
  private:
   // What a collective carries of params_[i]: a gather, the dtype it computes in; a reduction, the

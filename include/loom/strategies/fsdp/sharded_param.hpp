@@ -18,6 +18,10 @@
 #include <string>
 #include <vector>
 
+namespace loom {
+class pretrained_checkpoint;
+}
+
 namespace loom::sharding {
 
 class sharded_param {
@@ -65,6 +69,9 @@ class sharded_param {
   void release_whole(int rank) const;
   // Takes this rank's rows of the full parameter's current values (after a change made to it whole).
   void reshard_values(int rank) const;
+  // Reads rank `rank`'s rows of the parameter from `checkpoint`, and nothing else, into the shard
+  // (converted to its dtype).
+  void read_rows(pretrained_checkpoint& checkpoint, int rank) const;
   // This rank's rows, flat and padded as shard() is, of a tensor laid out as this parameter but
   // sharded over another number of ranks: `shards` are those ranks' flat shards, in rank order.
   [[nodiscard]] at::Tensor rows_from_shards(const std::vector<at::Tensor>& shards, int rank) const;
