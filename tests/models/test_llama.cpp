@@ -225,3 +225,41 @@ TEST_CASE("token files as llm.c writes them: uint16 and uint32 ids, and each ref
   CHECK_THROWS_WITH(token_file::load("/nonexistent/tokens.bin", 256),
                     ContainsSubstring("token file '/nonexistent/tokens.bin': it cannot be read"));
 }
+
+TEST_CASE("pretrained(path) names the file or the tensor that is wrong, before a byte is copied",
+          "[llama][pretrained][errors]") {
+  namespace fs = std::filesystem;
+  const llama_config config = llama_config::from_json(config_json(), "config.json");
+  const fs::path folder = fs::temp_directory_path() / "loom-test-llama-pretrained-bad";
+  fs::remove_all(folder);
+  const auto base = loom::model<loom::models::Llama>(config);
+  auto saved = loom::build(base | loom::seeded(1), loom::runtime::single_process());
+  saved.save_weights(folder, /*max_shard_bytes=*/20'000);  // an index and several files
+  REQUIRE(fs::exists(folder / "model.safetensors.index.json"));
+  const auto build = [&] {
+    return loom::build(base | loom::seeded(2) | loom::pretrained(folder.string()), loom::runtime::single_process());
+  };
+  (void)build();
+
+  fs::path second;
+  for (const auto& file : fs::directory_iterator(folder)) {
+    if (file.path().filename().string().starts_with("model-00002-of-")) second = file.path();
+  }
+  REQUIRE(!second.empty());
+  const fs::path aside = folder / "aside";
+  fs::rename(second, aside);
+  CHECK_THROWS_WITH(build(), ContainsSubstring(second.string()));
+  fs::rename(aside, second);
+
+  fs::resize_file(second, fs::file_size(second) - 7);  // truncated: its header promises bytes that are not there
+  CHECK_THROWS_WITH(build(), ContainsSubstring("'" + second.string() + "' is not a valid safetensors file"));
+
+  // A checkpoint of another shape: the tensor named, with both shapes.
+  fs::remove_all(folder);
+  llama_config wider = config;
+  wider.intermediate_size = 64;
+  auto other = loom::build(loom::model<loom::models::Llama>(wider) | loom::seeded(1), loom::runtime::single_process());
+  other.save_weights(folder);
+  CHECK_THROWS_WITH(build(), ContainsSubstring("'model.layers.0.mlp.gate_proj.weight' is Float[64,32] in the weights "
+                                               "but Float[56,32] in the model"));
+}
