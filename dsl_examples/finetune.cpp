@@ -15,7 +15,6 @@
 #include <fmt/core.h>
 #include <torch/optim/adamw.h>
 
-#include <exception>
 #include <filesystem>
 #include <string>
 #include <variant>
@@ -107,13 +106,4 @@ int run(const options& opts) {
 
 }  // namespace
 
-int main(int argc, char** argv) {
-  const auto parsed = parse(argc, argv);
-  if (const int* exit_code = std::get_if<int>(&parsed)) return *exit_code;
-  try {
-    return run(std::get<options>(parsed));
-  } catch (const std::exception& error) {
-    fmt::print(stderr, "finetune: {}\n", error.what());
-    return 1;
-  }
-}
+int main(int argc, char** argv) { return recipes::run_main<options>("finetune", argc, argv, parse, run); }

@@ -7,8 +7,11 @@
 #include <fmt/core.h>
 #include <CLI/CLI.hpp>
 
+#include <exception>
 #include <optional>
 #include <string>
+#include <string_view>
+#include <variant>
 #include <vector>
 
 namespace recipes {
@@ -65,5 +68,20 @@ struct run_file_arguments {
     }
   }
 };
+
+// A recipe's main(): `parse` gives its options or the exit code to end with (--help, a bad command
+// line); `run` runs it, and what ends it early is one line naming the program, and exit code 1.
+template <class Options>
+int run_main(std::string_view program, int argc, char** argv, std::variant<Options, int> (*parse)(int, char**),
+             int (*run)(const Options&)) {
+  const auto parsed = parse(argc, argv);
+  if (const int* exit_code = std::get_if<int>(&parsed)) return *exit_code;
+  try {
+    return run(std::get<Options>(parsed));
+  } catch (const std::exception& error) {
+    fmt::print(stderr, "{}: {}\n", program, error.what());
+    return 1;
+  }
+}
 
 }  // namespace recipes
