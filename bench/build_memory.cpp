@@ -1,19 +1,28 @@
-// The host memory a job needs to come up: a Llama checkpoint loaded through pretrained(...) under a
-// strategy, measured from the process's start to the first step (docs/benchmarks.md, "Memory while
-// building"). Rank 0 prints one JSON line: the peak resident set (ru_maxrss) before build and after
-// the first step, the model's bytes, the checkpoint's largest tensor, and the live parameter bytes
-// on the rank; the largest over the ranks.
+// The host memory a job needs to come up: a Llama (its config.json, and its weights unless
+// --init seeded) built under a strategy, measured from the process's start to the first step
+// (docs/benchmarks.md, "Memory while building"). Rank 0 prints one JSON line, each figure the
+// largest over the ranks: the peak resident set (ru_maxrss) before build and after the first step;
+// the peak of live tensor storage (every CPU allocation LibTorch makes, counted by a wrapping
+// allocator, from the start to the first step); the model's bytes, its largest tensor and its
+// largest unit (decoder layer); and the parameter bytes the rank holds after build.
+//
+// --construct whole builds a Llama whose constructor also draws from the generator, as a model of
+// plain torch::nn layers does, so that fsdp() constructs it whole: the path every model took before
+// construction without the full replica, measured beside it.
 //
 //   build/loom-run --nproc-per-node 2 -- build/bench/build-memory --checkpoint DIR --strategy fsdp
 #include <loom/loom.hpp>
 #include <loom/models/llama.hpp>
 
+#include <c10/core/CPUAllocator.h>
 #include <fmt/format.h>
 #include <sys/resource.h>
 #include <torch/torch.h>
 #include <CLI/CLI.hpp>
 
 #include <algorithm>
+#include <atomic>
+#include <cstring>
 #include <exception>
 #include <string>
 
@@ -27,36 +36,106 @@ double peak_rss_mb() {
 
 constexpr double mib = 1024.0 * 1024.0;
 
+// LibTorch's CPU allocator, with the bytes it has handed out and not taken back counted, and their peak.
+class counting_allocator final : public c10::Allocator {
+ public:
+  explicit counting_allocator(c10::Allocator* inner) : inner_(inner) {}
+
+  c10::DataPtr allocate(std::size_t bytes) override {
+    auto* held = new allocation{inner_->allocate(bytes), bytes, this};
+    const std::int64_t now = live_ += static_cast<std::int64_t>(bytes);
+    std::int64_t peak = peak_.load();
+    while (now > peak && !peak_.compare_exchange_weak(peak, now)) {
+    }
+    return {held->data.get(), held, &release, held->data.device()};
+  }
+  c10::DeleterFnPtr raw_deleter() const override { return nullptr; }
+  void copy_data(void* destination, const void* source, std::size_t count) const override {
+    std::memcpy(destination, source, count);
+  }
+
+  [[nodiscard]] double peak_mb() const { return static_cast<double>(peak_.load()) / mib; }
+
+ private:
+  struct allocation {
+    c10::DataPtr data;
+    std::size_t bytes;
+    counting_allocator* owner;
+  };
+  static void release(void* context) {
+    auto* held = static_cast<allocation*>(context);
+    held->owner->live_ -= static_cast<std::int64_t>(held->bytes);
+    delete held;
+  }
+
+  c10::Allocator* inner_;
+  std::atomic<std::int64_t> live_{0};
+  std::atomic<std::int64_t> peak_{0};
+};
+
+// A Llama that fsdp() cannot construct without its bytes: its constructor draws one number.
+struct WholeLlama : loom::models::LlamaImpl {
+  explicit WholeLlama(const loom::models::llama_config& config) : LlamaImpl(config) { (void)torch::rand({1}); }
+};
+
+loom::models::LlamaImpl& llama_of(loom::models::Llama& holder) { return *holder; }
+loom::models::LlamaImpl& llama_of(WholeLlama& module) { return module; }
+
+double bytes_of(const torch::nn::Module& module) {
+  double bytes = 0;
+  for (const auto& parameter : module.parameters()) {
+    bytes += static_cast<double>(parameter.numel()) * static_cast<double>(parameter.element_size());
+  }
+  return bytes;
+}
+
 template <class Plan>
-int measure(const Plan& plan, const std::string& strategy, double before_mb) {
+int measure(const Plan& plan, const std::string& label, double before_mb, const counting_allocator& counted) {
   auto job = loom::build(plan, loom::runtime::from_env());
-  double model_bytes = 0;
+  const loom::models::LlamaImpl& llama = llama_of(job.module());
+  const double model_bytes = bytes_of(llama);
   double largest = 0;
-  for (const auto& parameter : job.module()->parameters()) {
-    model_bytes += static_cast<double>(parameter.numel()) * static_cast<double>(parameter.element_size());
+  for (const auto& parameter : llama.parameters()) {
     largest = std::max(largest, static_cast<double>(parameter.numel()) * static_cast<double>(parameter.element_size()));
   }
-  double live = 0;  // what the optimizer steps: the rank's shards, or the replica
-  for (const at::Tensor& t : job.trainable_parameters()) live += static_cast<double>(t.nbytes());
+  double largest_unit = 0;
+  for (const auto& layer : *llama.model->layers) largest_unit = std::max(largest_unit, bytes_of(*layer));
+  double held = 0;  // what the optimizer steps: the rank's shards, or the replica
+  for (const at::Tensor& t : job.trainable_parameters()) held += static_cast<double>(t.nbytes());
   const at::Tensor ids = torch::zeros({1, 8}, torch::kLong);
   {
     torch::NoGradGuard no_grad;
     (void)job.forward(ids);
   }
   const double after_mb = peak_rss_mb();
-  at::Tensor mine = torch::tensor({before_mb, after_mb, live / mib}, torch::kDouble);
+  at::Tensor mine = torch::tensor({before_mb, after_mb, counted.peak_mb(), held / mib}, torch::kDouble);
   at::Tensor all = torch::empty({job.rt().world_size() * mine.numel()}, mine.options());
   job.rt().comm().all_gather(mine, all).wait();
   const at::Tensor largest_of_ranks = std::get<0>(all.view({job.rt().world_size(), -1}).max(0)).contiguous();
   if (job.rt().rank() == 0) {
     const auto* f = largest_of_ranks.data_ptr<double>();
     fmt::print(
-        R"({{"strategy": "{}", "world": {}, "model_mb": {:.1f}, "largest_tensor_mb": {:.1f}, "rss_before_build_mb": {:.1f}, )"
-        R"("rss_peak_mb": {:.1f}, "build_mb": {:.1f}, "live_parameter_mb": {:.1f}}})"
+        R"({{"run": "{}", "world": {}, "model_mb": {:.1f}, "largest_tensor_mb": {:.1f}, "largest_unit_mb": {:.1f}, )"
+        R"("rss_before_build_mb": {:.1f}, "rss_peak_mb": {:.1f}, "build_mb": {:.1f}, "live_peak_mb": {:.1f}, )"
+        R"("held_parameter_mb": {:.1f}}})"
         "\n",
-        strategy, job.rt().world_size(), model_bytes / mib, largest / mib, f[0], f[1], f[1] - f[0], f[2]);
+        label, job.rt().world_size(), model_bytes / mib, largest / mib, largest_unit / mib, f[0], f[1], f[1] - f[0],
+        f[2], f[3]);
   }
   return 0;
+}
+
+template <class Model>
+int run(const std::string& checkpoint, const std::string& strategy, bool pretrained, const std::string& label,
+        double before_mb, const counting_allocator& counted) {
+  const auto config = loom::models::llama_config::from_pretrained(checkpoint);
+  const auto seeded = loom::model<Model>(config) | loom::seeded(0);
+  const auto go = [&](const auto& plan) {
+    if (strategy == "ddp") return measure(plan | loom::ddp(), label, before_mb, counted);
+    if (strategy == "fsdp") return measure(plan | loom::fsdp(), label, before_mb, counted);
+    return measure(plan | loom::local(), label, before_mb, counted);
+  };
+  return pretrained ? go(seeded | loom::pretrained(checkpoint)) : go(seeded);
 }
 
 }  // namespace
@@ -64,20 +143,30 @@ int measure(const Plan& plan, const std::string& strategy, double before_mb) {
 int main(int argc, char** argv) {
   std::string checkpoint;
   std::string strategy = "local";
-  CLI::App app{"Peak host memory from start to the first step, building a Llama from a checkpoint.", "build-memory"};
+  std::string init = "pretrained";
+  std::string construct = "deferred";
+  CLI::App app{"Peak host memory from start to the first step, building a Llama.", "build-memory"};
   app.add_option("--checkpoint", checkpoint, "a Hugging Face Llama folder")->required()->check(CLI::ExistingDirectory);
   app.add_option("--strategy", strategy, "local, ddp or fsdp")
       ->capture_default_str()
       ->check(CLI::IsMember({"local", "ddp", "fsdp"}));
+  app.add_option("--init", init, "pretrained: the checkpoint's weights; seeded: seeded(0) from scratch")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"pretrained", "seeded"}));
+  app.add_option("--construct", construct,
+                 "deferred: as loom builds a Llama; whole: a Llama whose constructor draws, built whole")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"deferred", "whole"}));
   CLI11_PARSE(app, argc, argv);
   try {
+    static counting_allocator counted(c10::GetCPUAllocator());
+    c10::SetCPUAllocator(&counted, /*priority=*/100);
     torch::set_num_threads(1);
     const double before_mb = peak_rss_mb();
-    const auto config = loom::models::llama_config::from_pretrained(checkpoint);
-    const auto plan = loom::model<loom::models::Llama>(config) | loom::seeded(0) | loom::pretrained(checkpoint);
-    if (strategy == "ddp") return measure(plan | loom::ddp(), strategy, before_mb);
-    if (strategy == "fsdp") return measure(plan | loom::fsdp(), strategy, before_mb);
-    return measure(plan | loom::local(), strategy, before_mb);
+    const bool pretrained = init == "pretrained";
+    const std::string label = fmt::format("{} {} {}", strategy, init, construct);
+    if (construct == "whole") return run<WholeLlama>(checkpoint, strategy, pretrained, label, before_mb, counted);
+    return run<loom::models::Llama>(checkpoint, strategy, pretrained, label, before_mb, counted);
   } catch (const std::exception& error) {
     fmt::print(stderr, "build-memory: {}\n", error.what());
     return 1;

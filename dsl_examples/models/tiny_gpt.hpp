@@ -1,8 +1,11 @@
 #pragma once
 // TinyGpt: a character-level GPT with the shapes and module names of ../shared/BENCHMARKS.md
 // (tok, pos, blocks.<i>.{ln1, attn.{q,k,v,o}_proj, ln2, fc_in, fc_out}, ln_f, head).
-// `Linear` is loom::nn::Linear (LoRA's fast path) or torch::nn::Linear (its fallback).
+// `Linear` is loom::nn::Linear (LoRA's fast path; with loom::nn::Embedding, a model that fsdp()
+// constructs without the full replica) or torch::nn::Linear (LoRA's fallback; with torch::nn::Embedding,
+// constructed whole).
 
+#include <loom/nn/embedding.hpp>
 #include <loom/nn/linear.hpp>
 #include <loom/nn/unit.hpp>
 
@@ -11,6 +14,7 @@
 #include <cmath>
 #include <limits>
 #include <string>
+#include <type_traits>
 
 namespace models {
 
@@ -72,11 +76,14 @@ class BlockImpl : public torch::nn::Module {
 
 template <class Linear = loom::nn::Linear>
 class BasicTinyGpt : public torch::nn::Module {
+  using Embedding =
+      std::conditional_t<std::is_same_v<Linear, loom::nn::Linear>, loom::nn::Embedding, torch::nn::Embedding>;
+
  public:
   explicit BasicTinyGpt(const tiny_gpt_config& config = {})
       : config(config),
-        tok(register_module("tok", torch::nn::Embedding(config.vocab, config.d))),
-        pos(register_module("pos", torch::nn::Embedding(config.ctx, config.d))),
+        tok(register_module("tok", Embedding(config.vocab, config.d))),
+        pos(register_module("pos", Embedding(config.ctx, config.d))),
         blocks(register_module("blocks", make_blocks(config))),
         ln_f(register_module("ln_f", torch::nn::LayerNorm(torch::nn::LayerNormOptions({config.d})))),
         head(register_module("head", Linear(config.d, config.vocab))) {}
@@ -97,7 +104,7 @@ class BasicTinyGpt : public torch::nn::Module {
   using Block = loom::nn::Unit<BlockImpl<Linear>>;
 
   tiny_gpt_config config;
-  torch::nn::Embedding tok, pos;
+  Embedding tok, pos;
   torch::nn::ModuleList blocks;  // built before ln_f and head, so a seed draws what PyTorch's draws
   torch::nn::LayerNorm ln_f;
   Linear head;

@@ -9,6 +9,7 @@
 #include <torch/types.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <map>
 #include <set>
 #include <stdexcept>
@@ -30,7 +31,13 @@ job_core::job_core(runtime rt, std::shared_ptr<torch::nn::Module> module, std::s
                                  counted(static_cast<std::int64_t>(decided.trainable_held_in_fp32), "parameter"));
     }
   }
-  context_->set_pretrained(decided.pretrained, decided.pretrained_read);
+  context_->initial_values() = initial_values(decided.pretrained, decided.pretrained_read, decided.deferred);
+  if (!decided.constructed_whole.empty()) {
+    // Said once, as well as in describe(): the memory it costs is the user's to know of.
+    std::string line = fmt::format("constructed whole on every rank: {}", decided.constructed_whole);
+    if (context_->rt().rank() == 0) fmt::print(stderr, "{}\n", error_message("{}", line));
+    context_->note(std::move(line));
+  }
   if (!decided.recomputed_units.empty()) {
     context_->note(fmt::format("recompute: {} in backward: {}",
                                counted(static_cast<std::int64_t>(decided.recomputed_units.size()), "unit"),
@@ -38,13 +45,8 @@ job_core::job_core(runtime rt, std::shared_ptr<torch::nn::Module> module, std::s
   }
 }
 
-void job_core::finish_pretrained() {
-  const pretrained_checkpoint& checkpoint = *context_->pretrained();
-  context_->note(fmt::format("weights from '{}': {}, {} of their {} bytes read on this rank",
-                             checkpoint.path().string(),
-                             counted(static_cast<std::int64_t>(checkpoint.size()), "tensor"), checkpoint.bytes_read(),
-                             checkpoint.total_bytes()));
-  context_->set_pretrained(nullptr, true);
+void job_core::finish_initial_values() {
+  for (std::string& line : context_->initial_values().finish()) context_->note(std::move(line));
 }
 
 std::optional<at::ScalarType> job_core::input_dtype(bool engine_casts) const noexcept {

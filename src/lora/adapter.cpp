@@ -1,4 +1,6 @@
 #include <loom/lora/adapter.hpp>
+
+#include <loom/nn/deferred_init.hpp>
 #include <loom/precision/linear.hpp>
 
 #include <torch/nn/functional/dropout.h>
@@ -15,9 +17,10 @@ lora_adapter lora_adapter::attach(torch::nn::Module& layer, std::int64_t in_feat
   lora_adapter adapter{options, {}, {}};
   // fp32 whatever the model was built in (PEFT's autocast_adapter_dtype): they train.
   const auto fp32 = torch::TensorOptions(torch::kFloat);
-  adapter.lora_A = layer.register_parameter(std::string(a_name), torch::empty({options.rank, in_features}, fp32));
-  adapter.lora_B = layer.register_parameter(std::string(b_name), torch::zeros({out_features, options.rank}, fp32));
-  torch::nn::init::kaiming_uniform_(adapter.lora_A, std::sqrt(5));
+  adapter.lora_A = layer.register_parameter(std::string(a_name), nn::empty({options.rank, in_features}, fp32));
+  adapter.lora_B = layer.register_parameter(std::string(b_name), nn::empty({out_features, options.rank}, fp32));
+  nn::initialise(adapter.lora_B, {[](at::Tensor& b) { b.zero_(); }, /*draws=*/false});
+  nn::initialise(adapter.lora_A, {[](at::Tensor& a) { torch::nn::init::kaiming_uniform_(a, std::sqrt(5)); }});
   return adapter;
 }
 

@@ -4,10 +4,7 @@
 #include <loom/runtime/text.hpp>
 
 #include <fmt/format.h>
-#include <fmt/ranges.h>
 #include <torch/nn/init.h>
-#include <range/v3/view/take.hpp>
-#include <range/v3/view/transform.hpp>
 
 #include <cmath>
 #include <regex>
@@ -15,16 +12,6 @@
 
 namespace loom {
 namespace {
-
-constexpr std::size_t listed_names = 12;
-
-// Up to a dozen names, then how many more.
-std::string some_of(const std::vector<std::string>& names) {
-  if (names.empty()) return "(none)";
-  std::string text = fmt::format("{}", fmt::join(names | ranges::views::take(listed_names), ", "));
-  if (names.size() > listed_names) text += fmt::format(" and {} more", names.size() - listed_names);
-  return text;
-}
 
 bool is_linear(const torch::nn::Module& module) {
   return dynamic_cast<const nn::LinearImpl*>(&module) != nullptr ||

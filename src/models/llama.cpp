@@ -1,5 +1,6 @@
 #include <loom/models/llama.hpp>
 
+#include <loom/nn/deferred_init.hpp>
 #include <loom/precision/linear.hpp>
 #include <loom/runtime/text.hpp>
 
@@ -180,7 +181,9 @@ llama_config llama_config::from_json(std::string_view text, const std::string& s
 }
 
 LlamaRMSNormImpl::LlamaRMSNormImpl(std::int64_t size, double eps)
-    : weight(register_parameter("weight", at::ones({size}))), eps_(eps) {}
+    : weight(register_parameter("weight", loom::nn::empty({size}))), eps_(eps) {
+  loom::nn::initialise(weight, {[](at::Tensor& w) { w.fill_(1); }, /*draws=*/false});
+}
 
 at::Tensor LlamaRMSNormImpl::forward(const at::Tensor& x) {
   const at::Tensor wide = x.to(at::kFloat);
@@ -259,7 +262,7 @@ at::Tensor LlamaDecoderLayerImpl::forward(const at::Tensor& x, const at::Tensor&
 }
 
 LlamaModelImpl::LlamaModelImpl(const llama_config& config)
-    : embed_tokens(register_module("embed_tokens", torch::nn::Embedding(config.vocab_size, config.hidden_size))),
+    : embed_tokens(register_module("embed_tokens", loom::nn::Embedding(config.vocab_size, config.hidden_size))),
       layers(register_module("layers", torch::nn::ModuleList())),
       norm(register_module("norm", LlamaRMSNorm(config.hidden_size, config.rms_norm_eps))),
       inv_freq_(inverse_frequencies(config)) {

@@ -1,4 +1,6 @@
 #include <loom/nn/linear.hpp>
+
+#include <loom/nn/deferred_init.hpp>
 #include <loom/precision/linear.hpp>
 
 #include <ATen/ATen.h>
@@ -15,9 +17,9 @@ LinearImpl::LinearImpl(const torch::nn::LinearOptions& options_) : options(optio
 void LinearImpl::reset() {
   // The same registrations and draws, in the same order, as torch::nn::LinearImpl, so that a seeded
   // model built from either has the same weights.
-  weight = register_parameter("weight", torch::empty({options.out_features(), options.in_features()}));
+  weight = register_parameter("weight", nn::empty({options.out_features(), options.in_features()}));
   if (options.bias()) {
-    bias = register_parameter("bias", torch::empty(options.out_features()));
+    bias = register_parameter("bias", nn::empty(options.out_features()));
   } else {
     bias = register_parameter("bias", {}, /*requires_grad=*/false);
   }
@@ -25,11 +27,10 @@ void LinearImpl::reset() {
 }
 
 void LinearImpl::reset_parameters() {
-  torch::nn::init::kaiming_uniform_(weight, std::sqrt(5));
+  nn::initialise(weight, {[](at::Tensor& w) { torch::nn::init::kaiming_uniform_(w, std::sqrt(5)); }});
   if (bias.defined()) {
-    auto [fan_in, fan_out] = torch::nn::init::_calculate_fan_in_and_fan_out(weight);
-    const double bound = 1 / std::sqrt(static_cast<double>(fan_in));
-    torch::nn::init::uniform_(bias, -bound, bound);
+    const double bound = 1 / std::sqrt(static_cast<double>(options.in_features()));
+    nn::initialise(bias, {[bound](at::Tensor& b) { torch::nn::init::uniform_(b, -bound, bound); }});
   }
 }
 

@@ -1,5 +1,7 @@
 #include <loom/precision/precision.hpp>
 
+#include <loom/nn/deferred_init.hpp>
+
 #include <ATen/ATen.h>
 #include <ATen/autocast_mode.h>
 #include <c10/core/DefaultDtype.h>
@@ -49,7 +51,11 @@ std::size_t hold_trainable_in_fp32(torch::nn::Module& module) {
   for (at::Tensor& parameter : module.parameters()) {
     const at::ScalarType type = parameter.scalar_type();
     if (!parameter.requires_grad() || !at::isReducedFloatingType(type)) continue;
-    parameter.set_data(parameter.detach().to(at::kFloat));
+    if (nn::has_bytes(parameter)) {
+      parameter.set_data(parameter.detach().to(at::kFloat));
+    } else {  // constructed without its bytes: its values come in fp32 (loom/nn/deferred_init.hpp)
+      nn::drop_bytes(parameter, at::kFloat, parameter.device());
+    }
     ++changed;
   }
   return changed;

@@ -1,5 +1,6 @@
 #include <loom/replicas/replicas.hpp>
 
+#include <loom/nn/deferred_init.hpp>
 #include <loom/runtime/agreement.hpp>
 #include <loom/runtime/runtime.hpp>
 #include <loom/runtime/tensors.hpp>
@@ -12,9 +13,11 @@
 namespace loom {
 namespace {
 
+// A tensor constructed without its bytes (loom/nn/deferred_init.hpp) counts by its description: its
+// values come from a record every rank replays alike.
 std::uint64_t checksum(const named_tensor& t, bool with_values) {
   std::uint64_t hash = fnv1a(t.spec().to_string());
-  if (!with_values) return hash;
+  if (!with_values || !nn::has_bytes(t.tensor)) return hash;
   at::Tensor bytes = t.tensor.detach().cpu().contiguous();
   return fnv1a(bytes.data_ptr(), bytes.nbytes(), hash);
 }
@@ -55,15 +58,23 @@ void verify_identical_replicas(const runtime& rt, torch::nn::Module& module, std
         fmt::format("seeded({}) should build bit-identical replicas on every rank", seed));
 }
 
-void broadcast_replicas(const runtime& rt, torch::nn::Module& module) {
+void broadcast_replicas(const runtime& rt, torch::nn::Module& module, nn::deferred_init* deferred) {
   if (!rt.is_distributed()) return;
   auto tensors = module_state(module);
   agree(rt, tensors, /*with_values=*/false,
         "every rank must build the same model before rank 0's weights are broadcast");
   torch::NoGradGuard no_grad;
   std::vector<loom::pending_collective> pending;
-  for (auto& t : tensors) pending.push_back(rt.comm().broadcast(t.tensor, 0));
+  for (auto& t : tensors) {
+    if (nn::has_bytes(t.tensor)) pending.push_back(rt.comm().broadcast(t.tensor, 0));
+  }
+  at::Tensor replay_state;
+  if (deferred != nullptr && deferred->size() > 0) {
+    replay_state = deferred->start_state().to(rt.device(), /*non_blocking=*/false, /*copy=*/true);
+    pending.push_back(rt.comm().broadcast(replay_state, 0));
+  }
   for (auto& p : pending) p.wait();
+  if (replay_state.defined()) deferred->replay_from(replay_state.cpu());
 }
 
 }  // namespace loom

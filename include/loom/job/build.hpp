@@ -3,6 +3,7 @@
 
 #include <loom/dsl.hpp>
 #include <loom/job/job.hpp>
+#include <loom/nn/deferred_init.hpp>
 #include <loom/nn/recompute.hpp>
 #include <loom/precision/precision.hpp>
 #include <loom/replicas/replicas.hpp>
@@ -11,6 +12,7 @@
 #include <loom/strategies/fsdp.hpp>
 #include <loom/strategies/local.hpp>
 
+#include <optional>
 #include <string>
 #include <tuple>
 #include <type_traits>
@@ -34,54 +36,88 @@ inline constexpr bool has_engine = requires(const Stage& stage) {
   { make_engine(stage) } -> Engine;
 };
 
+// The model and its adapters, as the plan's stages before the strategy made them.
+template <class M>
+struct constructed {
+  module_storage<M> model;
+  std::optional<lora_layers> lora;
+};
+
 template <class Plan>
 auto build_checked(const Plan& plan, runtime rt) {
   using M = typename Plan::model_type;
   auto engine = make_engine(plan.strategy());
-  LOOM_CHECK_ENGINE_HOOKS(decltype(engine))
+  using E = decltype(engine);
+  LOOM_CHECK_ENGINE_HOOKS(E)
 
   build_decisions decided;
   decided.built_in = plan.default_dtype();
   if (auto policy = plan.mixed_precision()) decided.policy = precision_policy::from(*policy);
+  // Opened, every header read and checked, before the model is constructed: a missing or truncated
+  // file stops the build at once.
+  if (auto path = plan.pretrained()) decided.pretrained = std::make_shared<pretrained_checkpoint>(*path);
 
   // Construction (in the plan's default_dtype), then the adapters' initial weights (in fp32), from
-  // one forked stream when seeded.
-  std::optional<forked_rng> fork;
-  if (auto seed = plan.seed()) fork.emplace(*seed);
-  auto model = [&] {
-    const default_dtype_scope built_in(decided.built_in);
-    return std::apply([](const auto&... args) { return module_storage<M>::make(args...); }, plan.model_args());
-  }();
-  auto base = model.base();
-  if (auto path = plan.pretrained()) {
-    // Checked against the model before a byte is read; a sharding strategy reads it after its setup,
-    // each rank what it keeps, the others now, whole.
-    decided.pretrained = std::make_shared<pretrained_checkpoint>(*path);
-    decided.pretrained->check(*base);
-    if constexpr (!hooks::shards_parameters<decltype(engine)>()) {
-      decided.pretrained->copy_into(*base);
+  // one forked stream when seeded; for an engine that materialises its parameters, without their
+  // bytes while the construction allows it (loom/nn/deferred_init.hpp), else whole.
+  constexpr std::string_view model_name = type_name<M>();
+  const auto construct = [&](nn::deferred_init* deferred) {
+    std::optional<forked_rng> fork;
+    if (auto seed = plan.seed()) fork.emplace(*seed);
+    std::optional<nn::deferred_init::scope> without_bytes;
+    if (deferred != nullptr) without_bytes.emplace(*deferred);
+    constructed<M> made{[&] {
+                          const default_dtype_scope built_in(decided.built_in);
+                          return std::apply([](const auto&... args) { return module_storage<M>::make(args...); },
+                                            plan.model_args());
+                        }(),
+                        std::nullopt};
+    if (auto spec = plan.lora()) {
+      made.lora = lora_layers::inject(*made.model.base(), model_name, *spec,
+                                      decided.policy ? std::optional(decided.policy->param) : std::nullopt);
+    }
+    return made;
+  };
+  std::shared_ptr<nn::deferred_init> deferred;
+  if constexpr (hooks::materialises_parameters<E>()) deferred = std::make_shared<nn::deferred_init>();
+  constructed<M> made = construct(deferred.get());
+  if (deferred) {
+    if (std::optional<std::string> reason = deferred->accept(*made.model.base())) {
+      decided.constructed_whole = std::move(*reason);
+      if (!plan.seed()) deferred->rewind_generator();
+      deferred.reset();
+      made = construct(nullptr);
+    } else if (deferred->size() == 0) {
+      deferred.reset();
+    }
+  }
+  auto base = made.model.base();
+  if (decided.pretrained) {
+    // A sharding engine reads it in its setup, each rank what it keeps; the others now, whole.
+    decided.pretrained->check(*base, &lora_adapter::is_adapter_parameter);
+    if constexpr (!hooks::shards_parameters<E>()) {
+      decided.pretrained->copy_into(*base, &lora_adapter::is_adapter_parameter);
       decided.pretrained_read = true;
     }
   }
-  std::optional<lora_layers> lora;
-  constexpr std::string_view model_name = type_name<M>();
-  if (auto spec = plan.lora()) {
-    lora = lora_layers::inject(*base, model_name, *spec,
-                               decided.policy ? std::optional(decided.policy->param) : std::nullopt);
-  }
-  fork.reset();
 
-  set_trainable(*base, model_name, lora.has_value(), plan.trainable_patterns());
+  set_trainable(*base, model_name, made.lora.has_value(), plan.trainable_patterns());
   if (decided.built_in) decided.trainable_held_in_fp32 = hold_trainable_in_fp32(*base);
   if (auto spec = plan.recompute()) decided.recomputed_units = nn::recompute_units(*base, *spec);
-  base->to(rt.device());
+  if (deferred) {
+    nn::to_device(*base, rt.device());
+  } else {
+    base->to(rt.device());
+  }
   if (auto seed = plan.seed()) {
     verify_identical_replicas(rt, *base, *seed);
   } else {
-    broadcast_replicas(rt, *base);
+    broadcast_replicas(rt, *base, deferred.get());
   }
-  return job<M, decltype(engine)>(std::move(model), std::move(rt), std::move(lora), plan.describe(), std::move(engine),
-                                  decided);
+  if (deferred) deferred->set_advances_generator(!plan.seed());
+  decided.deferred = std::move(deferred);
+  return job<M, E>(std::move(made.model), std::move(rt), std::move(made.lora), plan.describe(), std::move(engine),
+                   decided);
 }
 
 // A run_plan seen with one of its strategies fixed: what build_checked reads of a plan.

@@ -127,6 +127,8 @@ struct build_decisions {
   std::vector<std::string> recomputed_units;          // recompute(...)'s choice, by name; empty without it
   std::shared_ptr<pretrained_checkpoint> pretrained;  // pretrained(...)'s checkpoint, if any, checked
   bool pretrained_read = false;                       // copied in already (else after the setup)
+  std::shared_ptr<nn::deferred_init> deferred;        // the records of a construction without bytes
+  std::string constructed_whole;                      // why an engine that could not have it so
 };
 
 // The part of a job that does not depend on M or the strategy (src/job/job.cpp).
@@ -139,9 +141,9 @@ class job_core {
   [[nodiscard]] const strategy_context& context() const noexcept { return *context_; }
   [[nodiscard]] lora_layers* lora() noexcept { return lora_ ? &*lora_ : nullptr; }
 
-  // After the setup, once pretrained(...)'s checkpoint is read: notes what this rank read of it and
-  // closes its files.
-  void finish_pretrained();
+  // After the setup, once the parameters have their values: notes what this rank materialised and
+  // read of pretrained(...)'s checkpoint, and closes its files.
+  void finish_initial_values();
 
   // Runs the strategy's setup, then checks the schedule it derived against every other rank's.
   // `engine_casts`: the engine carries out mixed precision itself (else the job, under autocast).
@@ -202,14 +204,12 @@ class job {
         engine_(std::move(engine)) {
     core_.set_up([this](strategy_context& context) { engine_.setup(context); }, engine_casts);
     strategy_context& context = core_.context();
-    if (pretrained_checkpoint* checkpoint = context.pretrained()) {
-      if (!context.pretrained_read()) {
-        hooks::with_full_parameters(
-            engine_, context, [&] { checkpoint->copy_into(context.module(), &lora_adapter::is_adapter_parameter); });
-        context.mark_pretrained_read();
-      }
-      core_.finish_pretrained();
+    if (pretrained_checkpoint* checkpoint = context.initial_values().unread_checkpoint()) {
+      hooks::with_full_parameters(
+          engine_, context, [&] { checkpoint->copy_into(context.module(), &lora_adapter::is_adapter_parameter); });
+      context.initial_values().mark_checkpoint_read();
     }
+    core_.finish_initial_values();
   }
 
   // The user's module, typed.

@@ -10,13 +10,13 @@
 //   job.load_weights("checkpoint/");
 //   const at::Tensor logits = job.forward(ids);  // int64 [batch, seq] -> [batch, seq, vocab]
 
+#include <loom/nn/embedding.hpp>
 #include <loom/nn/linear.hpp>
 #include <loom/nn/unit.hpp>
 
 #include <ATen/core/Tensor.h>
 #include <torch/nn/module.h>
 #include <torch/nn/modules/container/modulelist.h>
-#include <torch/nn/modules/embedding.h>
 #include <torch/nn/pimpl.h>
 
 #include <cstdint>
@@ -116,7 +116,7 @@ class LlamaModelImpl : public torch::nn::Module {
   // The final hidden states [batch, seq, hidden] of token ids [batch, seq].
   at::Tensor forward(const at::Tensor& ids);
 
-  torch::nn::Embedding embed_tokens;
+  loom::nn::Embedding embed_tokens;
   torch::nn::ModuleList layers;
   LlamaRMSNorm norm;
 

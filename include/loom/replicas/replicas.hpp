@@ -10,6 +10,9 @@
 namespace loom {
 
 class runtime;
+namespace nn {
+class deferred_init;
+}
 
 // Runs construction under a fork of the default CPU generator seeded with `seed`; the caller's
 // generator state is restored on destruction (torch.random.fork_rng in Python).
@@ -31,7 +34,8 @@ class forked_rng {
 void verify_identical_replicas(const runtime& rt, torch::nn::Module& module, std::uint64_t seed);
 
 // Without seeded: checks that the ranks built the same structure (names, shapes, dtypes), then
-// copies rank 0's parameters and buffers to every rank.
-void broadcast_replicas(const runtime& rt, torch::nn::Module& module);
+// copies rank 0's parameters and buffers to every rank; those constructed without their bytes
+// (`deferred`) get rank 0's generator state to replay, so that their values are rank 0's too.
+void broadcast_replicas(const runtime& rt, torch::nn::Module& module, nn::deferred_init* deferred = nullptr);
 
 }  // namespace loom

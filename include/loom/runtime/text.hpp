@@ -9,6 +9,7 @@
 #include <string>
 #include <string_view>
 #include <utility>
+#include <vector>
 
 namespace loom {
 
@@ -33,6 +34,16 @@ template <class E, class... Args>
   std::string text = std::to_string(count);
   text.append(" ").append(noun);
   if (count != 1) text += 's';
+  return text;
+}
+
+// "a, b, c": up to a dozen names, then how many more ("(none)" for none).
+[[nodiscard]] inline std::string some_of(const std::vector<std::string>& names) {
+  constexpr std::size_t listed = 12;
+  if (names.empty()) return "(none)";
+  std::string text;
+  for (std::size_t i = 0; i < names.size() && i < listed; ++i) text.append(i == 0 ? "" : ", ").append(names[i]);
+  if (names.size() > listed) text += fmt::format(" and {} more", names.size() - listed);
   return text;
 }
 

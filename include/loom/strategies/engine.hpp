@@ -24,6 +24,9 @@
 //     void load_full_state(strategy_context&, const tensor_state&)           copied into the module
 //     void load_local_state(strategy_context&, const tensor_state&)  load_full_state: it is the whole
 //     static constexpr bool shards_parameters                         false: ranks hold replicas
+//     static constexpr bool materialises_parameters    false: the model is constructed whole; true:
+//         loom::nn's layers are constructed without their bytes (loom/nn/deferred_init.hpp) and
+//         setup gives every parameter its values through context.initial_values().fill
 //     static constexpr bool casts_parameters    false: under mixed_precision(...) the job runs the
 //         forward under autocast; true: the engine casts the parameters itself (fsdp() gathers them
 //         in the policy's param dtype), reading context.precision() in setup
@@ -135,6 +138,17 @@ template <Engine E>
 constexpr bool shards_parameters() {
   if constexpr (requires { E::shards_parameters; }) {
     return E::shards_parameters;
+  } else {
+    return false;
+  }
+}
+
+// Whether the engine's setup gives the parameters their values (context.initial_values()), so that
+// the model may be constructed without them.
+template <Engine E>
+constexpr bool materialises_parameters() {
+  if constexpr (requires { E::materialises_parameters; }) {
+    return E::materialises_parameters;
   } else {
     return false;
   }

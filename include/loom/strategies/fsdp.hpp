@@ -30,6 +30,8 @@ class fsdp_engine {
  public:
   static constexpr std::string_view name = "fsdp";
   static constexpr bool shards_parameters = true;
+  // Each rank's shards are made from the deferred records of a model constructed without its bytes.
+  static constexpr bool materialises_parameters = true;
   // Under mixed_precision(...), FSDP2's: the shards stay in their dtype (the master copy), the
   // gathers carry and compute in param, the gradients are reduced in reduce (docs/precision.md).
   static constexpr bool casts_parameters = true;

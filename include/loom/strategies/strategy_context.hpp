@@ -7,6 +7,7 @@
 #include <loom/runtime/runtime.hpp>
 #include <loom/runtime/tensors.hpp>
 #include <loom/schedule/schedule.hpp>
+#include <loom/strategies/initial_values.hpp>
 
 #include <torch/nn/module.h>
 
@@ -17,8 +18,6 @@
 #include <vector>
 
 namespace loom {
-
-class pretrained_checkpoint;
 
 class strategy_context {
  public:
@@ -42,16 +41,12 @@ class strategy_context {
   // Throws std::invalid_argument naming `strategy` when the job spans ranks without a process group.
   void require_process_group(std::string_view strategy) const;
 
-  // The plan's pretrained(...), opened and checked against the module, if any. Under a strategy that
-  // shards parameters it is read after setup: the engine's setup may read what this rank keeps into
-  // its shards (fsdp reads its shards' rows) and say so; whatever it leaves, the job copies in whole.
-  [[nodiscard]] pretrained_checkpoint* pretrained() const noexcept { return pretrained_.get(); }
-  void set_pretrained(std::shared_ptr<pretrained_checkpoint> checkpoint, bool read) {
-    pretrained_ = std::move(checkpoint);
-    pretrained_read_ = read;
-  }
-  [[nodiscard]] bool pretrained_read() const noexcept { return pretrained_read_; }
-  void mark_pretrained_read() noexcept { pretrained_read_ = true; }
+  // Where the parameters' first values come from. A replica strategy finds them in place. A sharding
+  // engine's setup fills what each rank keeps from it (fsdp: its shards' rows); an engine that
+  // leaves pretrained(...)'s checkpoint unread gets it copied in whole, through with_full_parameters.
+  // A model is constructed without its bytes only for an engine that declares
+  // materialises_parameters: its setup must fill every parameter.
+  [[nodiscard]] loom::initial_values& initial_values() noexcept { return initial_values_; }
 
   // Lines for job.describe(): what the strategy decided (buckets, shards).
   void note(std::string line) { notes_.push_back(std::move(line)); }
@@ -69,8 +64,7 @@ class strategy_context {
   std::optional<precision_policy> precision_;
   collective_schedule schedule_;
   std::vector<std::string> notes_;
-  std::shared_ptr<pretrained_checkpoint> pretrained_;
-  bool pretrained_read_ = false;
+  loom::initial_values initial_values_;
   bool sync_gradients_ = true;
 };
 

@@ -1,7 +1,5 @@
 #include <loom/strategies/fsdp/fsdp_state.hpp>
 
-#include <loom/io/weights.hpp>
-
 #include <loom/strategies/fsdp/init_checks.hpp>
 
 #include <ATen/ATen.h>
@@ -45,17 +43,17 @@ void fsdp_state::shard(strategy_context& context) {
     param_group& group = p.group == root_group ? root_ : units_[p.group - 1];
     const std::optional<at::ScalarType> compute =
         precision ? std::optional(precision->compute_dtype(p.tensor.scalar_type())) : std::nullopt;
-    group.add(sharded_param(std::move(p.name), std::move(p.tensor), rt.rank(), rt.world_size(), compute));
+    group.add(sharded_param(std::move(p.name), std::move(p.tensor), rt.world_size(), compute));
     if (group.params().back().trainable()) optimizer_order_.push_back(group.params().back().shard());
   }
-  if (pretrained_checkpoint* checkpoint = context.pretrained()) {
-    // This rank's rows of each sharded parameter, and the buffers whole: never a whole parameter.
-    for_each_group([&](const param_group& group) { group.read_rows(*checkpoint, rt.rank()); });
-    torch::NoGradGuard no_grad;
-    for (const auto& buffer : context.module().named_buffers()) buffer.value().copy_(checkpoint->read(buffer.key()));
-    context.mark_pretrained_read();
-  }
-  for_each_group([](param_group& group) { group.reshard(); });
+  // This rank's rows of each sharded parameter, the adapters and buffers whole: never a whole
+  // sharded parameter, from a checkpoint or a construction without the full replica.
+  std::vector<nn::row_request> rows;
+  for_each_group([&](const param_group& group) { group.request_rows(rt.rank(), rows); });
+  std::vector<named_tensor> whole = adapters;
+  for (const auto& buffer : context.module().named_buffers()) whole.push_back({buffer.key(), buffer.value()});
+  context.initial_values().fill(rows, whole);
+  for_each_group([](param_group& group) { group.come_to_rest(); });
   adapters_ =
       replicated_adapters(std::move(adapters), static_cast<std::int64_t>(settings_.bucket_cap_mb) * mib, reduce);
   declare_collectives(context.schedule());

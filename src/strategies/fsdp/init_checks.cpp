@@ -25,9 +25,10 @@ std::size_t group_of(const std::string& parameter, const std::vector<unit_module
   return root_group;
 }
 
+// All of its storage, or none (constructed without its bytes).
 void require_own_storage(const std::string& name, const at::Tensor& parameter) {
   if (!parameter.is_contiguous() || parameter.storage_offset() != 0 ||
-      parameter.storage().nbytes() != parameter.nbytes()) {
+      (parameter.storage().nbytes() != parameter.nbytes() && parameter.storage().nbytes() != 0)) {
     throw_error<std::invalid_argument>(
         "fsdp(): parameter '{}' does not own its storage (a view or a slice of another tensor), so it "
         "cannot be sharded: register it as a tensor of its own",

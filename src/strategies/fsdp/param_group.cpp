@@ -143,8 +143,15 @@ void param_group::hold_masters(collectives& comm) {
   for (std::size_t i = 0; i < params_.size(); ++i) params_[i].hold_whole(masters[i]);
 }
 
-void param_group::read_rows(pretrained_checkpoint& checkpoint, int rank) const {
-  for (const sharded_param& p : params_) p.read_rows(checkpoint, rank);
+void param_group::request_rows(int rank, std::vector<nn::row_request>& requests) const {
+  for (const sharded_param& p : params_) {
+    if (auto request = p.rows_request(rank)) requests.push_back(std::move(*request));
+  }
+}
+
+void param_group::come_to_rest() {
+  for (const sharded_param& p : params_) p.release_full();
+  whole_ = false;
 }
 
 void param_group::release_masters(int rank) {

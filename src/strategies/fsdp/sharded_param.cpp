@@ -1,6 +1,5 @@
 #include <loom/strategies/fsdp/sharded_param.hpp>
 
-#include <loom/io/weights.hpp>
 #include <loom/runtime/text.hpp>
 
 #include <ATen/ATen.h>
@@ -35,21 +34,15 @@ std::vector<std::pair<at::Tensor, at::Tensor>> matching_rows(const at::Tensor& r
 
 }  // namespace
 
-sharded_param::sharded_param(std::string name, at::Tensor parameter, int rank, int world,
-                             std::optional<at::ScalarType> compute)
+sharded_param::sharded_param(std::string name, at::Tensor parameter, int world, std::optional<at::ScalarType> compute)
     : name_(std::move(name)), full_(std::move(parameter)) {
   rows_ = full_.dim() == 0 ? 1 : full_.size(0);
   row_numel_ = rows_ == 0 ? 0 : full_.numel() / rows_;
   shard_rows_ = (rows_ + world - 1) / world;
   trainable_ = full_.requires_grad();
   shard_ = at::zeros({shard_numel()}, full_.options().requires_grad(false));
-  reshard_values(rank);
   shard_.requires_grad_(trainable_);
   compute_dtype_ = compute.value_or(full_.scalar_type());
-  if (compute_dtype_ != full_.scalar_type()) {
-    // The same parameter (every handle to it sees the change), its bytes now the compute dtype's.
-    at::Tensor(full_).set_data(at::empty(full_.sizes(), full_.options().dtype(compute_dtype_).requires_grad(false)));
-  }
 }
 
 at::Tensor sharded_param::full_rows() const { return full_.variable_data().view({rows_, row_numel_}); }
@@ -114,9 +107,11 @@ void sharded_param::hold_whole(const at::Tensor& whole) const { at::Tensor(full_
 
 void sharded_param::release_whole(int rank) const {
   reshard_values(rank);
-  at::Tensor(full_).set_data(at::empty(full_.sizes(), full_.options().dtype(compute_dtype_).requires_grad(false)));
-  free_storage();
+  release_full();
 }
+
+// The same parameter (every handle to it sees the change), its storage now the compute dtype's, empty.
+void sharded_param::release_full() const { nn::drop_bytes(full_, compute_dtype_, full_.device()); }
 
 sharded_param::row_range sharded_param::rows_of(int rank) const noexcept {
   const std::int64_t first = std::min(rows_, rank * shard_rows_);
@@ -129,11 +124,11 @@ void sharded_param::reshard_values(int rank) const {
   if (count > 0) mine.narrow(0, 0, count).copy_(full_rows().narrow(0, first, count));
 }
 
-void sharded_param::read_rows(pretrained_checkpoint& checkpoint, int rank) const {
+std::optional<nn::row_request> sharded_param::rows_request(int rank) const {
   const auto [first, count] = rows_of(rank);
-  if (count == 0) return;
-  const at::Tensor rows = checkpoint.read_rows(name_, first, count);
-  shard_.detach().view({shard_rows_, row_numel_}).narrow(0, 0, count).copy_(rows.reshape({count, row_numel_}));
+  if (count == 0) return std::nullopt;
+  return nn::row_request{name_, full_, first, count,
+                         shard_.detach().view({shard_rows_, row_numel_}).narrow(0, 0, count)};
 }
 
 at::Tensor sharded_param::rows_from_shards(const std::vector<at::Tensor>& shards, int rank) const {

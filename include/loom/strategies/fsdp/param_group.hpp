@@ -68,8 +68,10 @@ class param_group {
   // each shard takes its rows back and the group is at rest.
   void hold_masters(collectives& comm);
   void release_masters(int rank);
-  // Each parameter's rows of this rank from `checkpoint`, into its shard (pretrained(...)).
-  void read_rows(pretrained_checkpoint& checkpoint, int rank) const;
+  // In setup: the requests for this rank's rows of each parameter, into its shard (for
+  // strategy_context::initial_values to fill), then the group at rest.
+  void request_rows(int rank, std::vector<nn::row_request>& requests) const;
+  void come_to_rest();
 
  private:
   // What a collective carries of params_[i]: a gather, the dtype it computes in; a reduction, the

@@ -8,6 +8,7 @@
 // optimizer steps, while the module's parameter (full) is held in the compute dtype: gathers carry
 // and write that, and its gradient is reduced in the reduce dtype and added to the shard's in its own.
 
+#include <loom/nn/deferred_init.hpp>
 #include <loom/runtime/tensors.hpp>
 
 #include <ATen/core/Tensor.h>
@@ -18,18 +19,15 @@
 #include <string>
 #include <vector>
 
-namespace loom {
-class pretrained_checkpoint;
-}
-
 namespace loom::sharding {
 
 class sharded_param {
  public:
-  // Takes rank `rank`'s rows of `parameter` (of `world` ranks) into a shard of its own; `parameter`
-  // must own its storage, all of it. From then on the parameter is held in `compute` (a floating
+  // A shard of its own, zero, for a rank's rows of `parameter` (of `world` ranks); `parameter` must
+  // own its storage, all of it, or none (constructed without its bytes). Its rows come through
+  // rows_request; then release_full: from then on the parameter is held in `compute` (a floating
   // parameter under mixed precision) or in its own dtype (none).
-  sharded_param(std::string name, at::Tensor parameter, int rank, int world,
+  sharded_param(std::string name, at::Tensor parameter, int world,
                 std::optional<at::ScalarType> compute = std::nullopt);
 
   [[nodiscard]] const std::string& name() const noexcept { return name_; }
@@ -69,9 +67,11 @@ class sharded_param {
   void release_whole(int rank) const;
   // Takes this rank's rows of the full parameter's current values (after a change made to it whole).
   void reshard_values(int rank) const;
-  // Reads rank `rank`'s rows of the parameter from `checkpoint`, and nothing else, into the shard
-  // (converted to its dtype).
-  void read_rows(pretrained_checkpoint& checkpoint, int rank) const;
+  // Rank `rank`'s rows of the parameter, to be written into the shard (converted to its dtype); none
+  // when the rank owns no rows.
+  [[nodiscard]] std::optional<nn::row_request> rows_request(int rank) const;
+  // The full parameter without its bytes, in the compute dtype: at rest.
+  void release_full() const;
   // This rank's rows, flat and padded as shard() is, of a tensor laid out as this parameter but
   // sharded over another number of ranks: `shards` are those ranks' flat shards, in rank order.
   [[nodiscard]] at::Tensor rows_from_shards(const std::vector<at::Tensor>& shards, int rank) const;

@@ -1,0 +1,35 @@
+#pragma once
+// loom::nn::Embedding: a drop-in for torch::nn::Embedding (same options, parameter name, draws and
+// lookups) whose table a sharding strategy can construct without its bytes (loom/nn/deferred_init.hpp).
+
+#include <ATen/core/Tensor.h>
+#include <torch/nn/cloneable.h>
+#include <torch/nn/options/embedding.h>
+#include <torch/nn/pimpl.h>
+
+#include <cstdint>
+#include <ostream>
+
+namespace loom::nn {
+
+class EmbeddingImpl : public torch::nn::Cloneable<EmbeddingImpl> {
+ public:
+  EmbeddingImpl(std::int64_t num_embeddings, std::int64_t embedding_dim)
+      : EmbeddingImpl(torch::nn::EmbeddingOptions(num_embeddings, embedding_dim)) {}
+  // A table given through options._weight is refused: load it with pretrained(...) or load_weights.
+  explicit EmbeddingImpl(const torch::nn::EmbeddingOptions& options);
+
+  void reset() override;
+  // N(0, 1), the padding row zero.
+  void reset_parameters();
+  void pretty_print(std::ostream& stream) const override;
+
+  at::Tensor forward(const at::Tensor& indices);
+
+  torch::nn::EmbeddingOptions options;
+  at::Tensor weight;
+};
+
+TORCH_MODULE(Embedding);
+
+}  // namespace loom::nn
