@@ -1,10 +1,10 @@
 // The host memory a job needs to come up: a Llama (its config.json, and its weights unless
-// --init seeded) built under a strategy, measured from the process's start to the first step
-// (docs/benchmarks.md, "Memory while building"). Rank 0 prints one JSON line, each figure the
-// largest over the ranks: the peak resident set (ru_maxrss) before build and after the first step;
-// the peak of live tensor storage (every CPU allocation LibTorch makes, counted by a wrapping
-// allocator, from the start to the first step); the model's bytes, its largest tensor and its
-// largest unit (decoder layer); and the parameter bytes the rank holds after build.
+// --init seeded) built under a strategy (docs/benchmarks.md, "Memory while building"). Rank 0 prints
+// one JSON line, each figure the largest over the ranks: the peak resident set (ru_maxrss) before
+// build, once built and after a first forward; the peak of live tensor storage (every CPU allocation
+// LibTorch makes, counted by a wrapping allocator) from the start until built and until after the
+// forward; the model's bytes, its largest tensor and its largest unit (decoder layer); and the
+// parameter bytes the rank holds once built.
 //
 // --construct whole builds a Llama whose constructor also draws from the generator, as a model of
 // plain torch::nn layers does, so that fsdp() constructs it whole: the path every model took before
@@ -102,13 +102,15 @@ int measure(const Plan& plan, const std::string& label, double before_mb, const 
   for (const auto& layer : *llama.model->layers) largest_unit = std::max(largest_unit, bytes_of(*layer));
   double held = 0;  // what the optimizer steps: the rank's shards, or the replica
   for (const at::Tensor& t : job.trainable_parameters()) held += static_cast<double>(t.nbytes());
+  const double built_mb = peak_rss_mb();
+  const double built_live_mb = counted.peak_mb();
   const at::Tensor ids = torch::zeros({1, 8}, torch::kLong);
   {
     torch::NoGradGuard no_grad;
     (void)job.forward(ids);
   }
-  const double after_mb = peak_rss_mb();
-  at::Tensor mine = torch::tensor({before_mb, after_mb, counted.peak_mb(), held / mib}, torch::kDouble);
+  at::Tensor mine =
+      torch::tensor({before_mb, built_mb, peak_rss_mb(), built_live_mb, counted.peak_mb(), held / mib}, torch::kDouble);
   at::Tensor all = torch::empty({job.rt().world_size() * mine.numel()}, mine.options());
   job.rt().comm().all_gather(mine, all).wait();
   const at::Tensor largest_of_ranks = std::get<0>(all.view({job.rt().world_size(), -1}).max(0)).contiguous();
@@ -116,11 +118,11 @@ int measure(const Plan& plan, const std::string& label, double before_mb, const 
     const auto* f = largest_of_ranks.data_ptr<double>();
     fmt::print(
         R"({{"run": "{}", "world": {}, "model_mb": {:.1f}, "largest_tensor_mb": {:.1f}, "largest_unit_mb": {:.1f}, )"
-        R"("rss_before_build_mb": {:.1f}, "rss_peak_mb": {:.1f}, "build_mb": {:.1f}, "live_peak_mb": {:.1f}, )"
-        R"("held_parameter_mb": {:.1f}}})"
+        R"("rss_before_build_mb": {:.1f}, "build_mb": {:.1f}, "build_live_mb": {:.1f}, )"
+        R"("forward_mb": {:.1f}, "forward_live_mb": {:.1f}, "held_parameter_mb": {:.1f}}})"
         "\n",
-        label, job.rt().world_size(), model_bytes / mib, largest / mib, largest_unit / mib, f[0], f[1], f[1] - f[0],
-        f[2], f[3]);
+        label, job.rt().world_size(), model_bytes / mib, largest / mib, largest_unit / mib, f[0], f[1] - f[0], f[3],
+        f[2] - f[0], f[4], f[5]);
   }
   return 0;
 }

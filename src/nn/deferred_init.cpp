@@ -17,7 +17,6 @@
 #include <algorithm>
 #include <map>
 #include <mutex>
-#include <numeric>
 #include <stdexcept>
 #include <unordered_map>
 
@@ -129,19 +128,15 @@ at::Tensor empty(at::IntArrayRef sizes, at::TensorOptions options) {
   const at::ScalarType type = c10::typeMetaToScalarType(options.dtype());
   std::optional<at::Tensor> tensor = reserved(sizes, type);
   if (!tensor) return at::empty(sizes, options);
-  records->records_.push_back({*tensor, sizes.vec(), type, std::nullopt, 0});
+  records->records_.push_back({*tensor, sizes.vec(), type, std::nullopt});
   return *tensor;
 }
 
 void initialise(const at::Tensor& tensor, initializer init) {
   if (deferred_init* records = active_scope) {
     if (deferred_init::record* deferred = records->find(tensor)) {
-      if (deferred->init) {
-        records->initialised_twice_ = tensor;
-      } else {
-        deferred->init = std::move(init);
-        deferred->sequence = ++records->initialised_;
-      }
+      deferred->last_init = records->inits_.size();
+      records->inits_.push_back({static_cast<std::size_t>(deferred - records->records_.data()), std::move(init)});
       return;
     }
   }
@@ -175,14 +170,14 @@ void to_device(torch::nn::Module& module, c10::Device device) {
   for (at::Tensor& buffer : module.buffers()) move(buffer);
 }
 
-deferred_init::scope::scope(deferred_init& records) : outer_(active_scope) {
+deferred_init::scope::scope(deferred_init& records) : records_(&records), outer_(active_scope) {
   records.own_start_state_ = generator_state();
   records.start_state_ = records.own_start_state_;
   active_scope = &records;
 }
 
 deferred_init::scope::~scope() {
-  active_scope->end_state_ = generator_state();
+  records_->end_state_ = generator_state();
   active_scope = outer_;
 }
 
@@ -206,11 +201,6 @@ std::optional<std::string> deferred_init::accept(const torch::nn::Module& root) 
           "values through loom::nn::initialise to construct only each rank's shards",
           name_in(root, r.tensor));
     }
-  }
-  if (initialised_twice_.defined()) {
-    return fmt::format(
-        "its constructor initialises '{}' twice; initialise it once to construct only each rank's shards",
-        name_in(root, initialised_twice_));
   }
   if (!end_state_.equal(own_start_state_)) {
     const std::string layers = layers_holding_weights(root, *this);
@@ -237,41 +227,37 @@ void deferred_init::materialise(const std::vector<row_request>& requests) {
     }
     requested[request.tensor.unsafeGetTensorImpl()].push_back(&request);
   }
-  // In the order the construction initialised them; those it never initialised draw nothing.
-  std::vector<std::size_t> order(records_.size());
-  std::iota(order.begin(), order.end(), std::size_t{0});
-  std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
-    const auto key = [&](std::size_t i) { return records_[i].init ? records_[i].sequence : ~std::size_t{0}; };
-    return key(a) < key(b);
-  });
-  std::size_t needed_through = 0;  // replaying further draws nothing anyone keeps
-  for (std::size_t k = 0; k < order.size(); ++k) {
-    const record& r = records_[order[k]];
-    if (requested.contains(r.tensor.unsafeGetTensorImpl()) && r.init && r.init->draws) needed_through = k + 1;
+  // A tensor's value is its last initialisation's; an earlier one of it, or of a tensor no request
+  // asks for, runs only for its draws, and only while a later one that is needed follows.
+  const auto requested_for = [&](const record& r) { return requested.find(r.tensor.unsafeGetTensorImpl()); };
+  std::size_t needed_through = 0;
+  for (std::size_t e = 0; e < inits_.size(); ++e) {
+    if (requested_for(records_[inits_[e].record]) != requested.end()) needed_through = e + 1;
   }
-  const at::Tensor saved = generator_state();
-  set_generator_state(start_state_);
-  c10::NoGradGuard no_grad;
-  for (std::size_t k = 0; k < order.size(); ++k) {
-    const record& r = records_[order[k]];
-    const auto found = requested.find(r.tensor.unsafeGetTensorImpl());
-    const bool draws_for_later = k < needed_through && r.init && r.init->draws;
-    if (found == requested.end() && !draws_for_later) continue;
-    at::Tensor whole = at::empty(r.sizes, at::TensorOptions(r.built_dtype));
-    if (r.init) {
-      r.init->fill(whole);
-    } else {
-      whole.zero_();
-    }
-    if (found == requested.end()) continue;
+  const auto deliver = [&](const record& r, const at::Tensor& whole) {
     const std::int64_t rows = whole.dim() == 0 ? 1 : whole.size(0);
     const at::Tensor by_row = whole.to(r.tensor.scalar_type()).reshape({rows, rows == 0 ? 0 : whole.numel() / rows});
-    for (const row_request* request : found->second) {
+    for (const row_request* request : requested_for(r)->second) {
       at::Tensor(request->destination)
           .copy_(by_row.narrow(0, request->first_row, request->row_count).reshape(request->destination.sizes()));
       bytes_kept_ += request->destination.nbytes();
     }
     ++materialised_;
+  };
+  const at::Tensor saved = generator_state();
+  set_generator_state(start_state_);
+  c10::NoGradGuard no_grad;
+  for (std::size_t e = 0; e < needed_through; ++e) {
+    const record& r = records_[inits_[e].record];
+    const bool delivers = r.last_init == e && requested_for(r) != requested.end();
+    if (!delivers && !inits_[e].init.draws) continue;
+    at::Tensor whole = at::empty(r.sizes, at::TensorOptions(r.built_dtype));
+    inits_[e].init.fill(whole);
+    if (delivers) deliver(r, whole);
+  }
+  for (const record& r : records_) {
+    if (!r.last_init && requested_for(r) != requested.end())
+      deliver(r, at::zeros(r.sizes, at::TensorOptions(r.built_dtype)));
   }
   set_generator_state(advances_generator_ && own_start_state_.equal(start_state_) ? generator_state() : saved);
 }

@@ -145,7 +145,31 @@ struct custom_init_model : torch::nn::Module {
   std::shared_ptr<loom::nn::Unit<custom_init_block>> block;
 };
 
+// The same initialisation, through loom::nn::initialise: recorded after the layer's own, which it replaces.
+struct recorded_init_block : torch::nn::Module {
+  recorded_init_block() : proj(register_module("proj", loom::nn::Linear(6, 6))) {
+    loom::nn::initialise(proj->weight, {[](at::Tensor& w) { torch::nn::init::normal_(w, 0, 0.02); }});
+    loom::nn::initialise(proj->bias, {[](at::Tensor& b) { b.zero_(); }, /*draws=*/false});
+  }
+  at::Tensor forward(const at::Tensor& x) { return proj(x); }
+  loom::nn::Linear proj;
+};
+
+struct recorded_init_model : torch::nn::Module {
+  recorded_init_model()
+      : first(register_module("first", std::make_shared<loom::nn::Unit<recorded_init_block>>())),
+        second(register_module("second", std::make_shared<loom::nn::Unit<recorded_init_block>>())) {}
+  at::Tensor forward(const at::Tensor& x) { return second->forward(first->forward(x)); }
+  std::shared_ptr<loom::nn::Unit<recorded_init_block>> first, second;
+};
+
 }  // namespace
+
+TEST_CASE("a constructor's own initialisation through loom::nn::initialise is replayed after the layer's",
+          "[construction]") {
+  check_against_full_construction(loom::model<recorded_init_model>() | loom::seeded(11), true);
+  check_against_full_construction(loom::model<recorded_init_model>(), true);
+}
 
 TEST_CASE("a model that cannot be constructed without its bytes is constructed whole, saying which layers forced it",
           "[construction][fallback]") {

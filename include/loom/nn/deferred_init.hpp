@@ -25,8 +25,9 @@ class Module;
 
 namespace loom::nn {
 
-// How a parameter gets its first values, applied to a contiguous CPU tensor of its construction's
-// shape and dtype, with gradients off.
+// How a parameter gets its values, applied to a contiguous CPU tensor of its construction's shape
+// and dtype, with gradients off: it writes every element (a tensor initialised twice keeps the
+// second's values; the first's draws still count).
 struct initializer {
   std::function<void(at::Tensor&)> fill;
   bool draws = true;  // takes numbers from the default CPU generator
@@ -35,7 +36,8 @@ struct initializer {
 // A new parameter's tensor of `sizes` (`options`' dtype, else the default): with uninitialised
 // memory, or, under a scope on this thread, with address space only.
 [[nodiscard]] at::Tensor empty(at::IntArrayRef sizes, at::TensorOptions options = {});
-// Applies `init` to `tensor` now, or records it when `tensor` is one the scope on this thread deferred.
+// Applies `init` to `tensor` now, or records it when `tensor` is one the scope on this thread
+// deferred: a layer's own initialisation, and a constructor's of its layers' weights after them.
 void initialise(const at::Tensor& tensor, initializer init);
 
 // Whether `tensor`'s storage holds all of its bytes: false for a parameter constructed without them
@@ -69,13 +71,14 @@ class deferred_init {
     scope& operator=(const scope&) = delete;
 
    private:
+    deferred_init* records_;
     deferred_init* outer_;
   };
 
   // After the construction under the scope: whether it can stand. It cannot when something drew from
-  // the generator (a plain torch::nn layer initialising itself) or wrote a deferred parameter (a
-  // constructor's own initialisation): then the sentence names the layers that hold their own
-  // weights, for a construction whole. Otherwise the deferred parameters are left without bytes.
+  // the generator (a plain torch::nn layer initialising itself) or wrote a deferred parameter other
+  // than through initialise: then the sentence names the layers that drew, or the parameter, for a
+  // construction whole. Otherwise the deferred parameters are left without bytes.
   [[nodiscard]] std::optional<std::string> accept(const torch::nn::Module& root);
   // Puts the default generator back where the scope found it, to construct again, whole, from the
   // same stream (without seeded(...); a seeded construction forks its own).
@@ -91,10 +94,10 @@ class deferred_init {
   // materialise, on a rank whose generator started where the replay starts.
   void set_advances_generator(bool advances) noexcept { advances_generator_ = advances; }
 
-  // Writes each request's rows (every request of a deferred tensor), replaying the records in order:
-  // each one whole, one at a time, and only as far as the last requested one that draws. The
-  // caller's generator state is restored after (or advanced, as above). What this rank initialised is
-  // counted for describe().
+  // Writes each request's rows (every request of a deferred tensor), replaying the initialisations
+  // in the order the construction made them, each on a tensor of its own, whole, one at a time, and
+  // only as far as the last one a requested tensor needs. The caller's generator state is restored
+  // after (or advanced, as above). What this rank materialised is counted for describe().
   void materialise(const std::vector<row_request>& requests);
   [[nodiscard]] std::size_t tensors_materialised() const noexcept { return materialised_; }
   [[nodiscard]] std::uint64_t bytes_kept() const noexcept { return bytes_kept_; }
@@ -107,14 +110,16 @@ class deferred_init {
     at::Tensor tensor;  // the module's, whose dtype and device may change before it is materialised
     std::vector<std::int64_t> sizes;
     at::ScalarType built_dtype = at::kFloat;
-    std::optional<initializer> init;  // none: left uninitialised, as at::empty leaves it
-    std::size_t sequence = 0;         // when it was initialised, counted from one
+    std::optional<std::size_t> last_init;  // its last in inits_; none: zero, as nothing drew for it
+  };
+  struct init_event {
+    std::size_t record;
+    initializer init;
   };
   [[nodiscard]] record* find(const at::Tensor& tensor) noexcept;
 
   std::vector<record> records_;
-  std::size_t initialised_ = 0;
-  at::Tensor initialised_twice_;  // a deferred tensor the construction initialised again: it must be whole
+  std::vector<init_event> inits_;  // in the order the construction made them
   at::Tensor start_state_;
   at::Tensor own_start_state_;  // the generator where the scope found it
   at::Tensor end_state_;        // and where the scope left it
