@@ -1,3 +1,5 @@
+#include "backends.hpp"
+
 #include <loom/runtime/failures.hpp>
 #include <loom/runtime/heartbeat.hpp>
 #include <loom/runtime/runtime.hpp>
@@ -202,23 +204,25 @@ std::shared_ptr<::gloo::transport::Device> gloo_device(const launch_env& env) {
   return c10d::ProcessGroupGloo::createDefaultDevice();
 }
 
-c10::intrusive_ptr<c10d::Backend> make_gloo(const c10::intrusive_ptr<c10d::Store>& store, const launch_env& env) {
+}  // namespace
+
+c10::intrusive_ptr<c10d::Backend> make_gloo(const c10::intrusive_ptr<c10d::Store>& store, const launch_env& env,
+                                            int rank, int size) {
   auto options = c10d::ProcessGroupGloo::Options::create(env.timeout);
   options->devices.push_back(gloo_device(env));
-  return c10::make_intrusive<c10d::ProcessGroupGloo>(c10::make_intrusive<c10d::PrefixStore>("gloo", store), env.rank,
-                                                     env.world_size, options);
+  return c10::make_intrusive<c10d::ProcessGroupGloo>(c10::make_intrusive<c10d::PrefixStore>("gloo", store), rank, size,
+                                                     options);
 }
 
 #ifdef LOOM_HAVE_NCCL
-c10::intrusive_ptr<c10d::Backend> make_nccl(const c10::intrusive_ptr<c10d::Store>& store, const launch_env& env) {
+c10::intrusive_ptr<c10d::Backend> make_nccl(const c10::intrusive_ptr<c10d::Store>& store, const launch_env& env,
+                                            int rank, int size) {
   auto options = c10d::ProcessGroupNCCL::Options::create();
   options->timeout = env.timeout;
-  return c10::make_intrusive<c10d::ProcessGroupNCCL>(c10::make_intrusive<c10d::PrefixStore>("nccl", store), env.rank,
-                                                     env.world_size, options);
+  return c10::make_intrusive<c10d::ProcessGroupNCCL>(c10::make_intrusive<c10d::PrefixStore>("nccl", store), rank, size,
+                                                     options);
 }
 #endif
-
-}  // namespace
 
 struct runtime::state {
   launch_env env;
@@ -276,14 +280,14 @@ runtime::runtime(const launch_env& env) : state_(std::make_shared<state>()) {
   s.group = c10::make_intrusive<c10d::ProcessGroup>(s.store, env.rank, env.world_size);
   c10::intrusive_ptr<c10d::Backend> device_backend;
   try {
-    auto gloo = make_gloo(s.store, env);
+    auto gloo = make_gloo(s.store, env, env.rank, env.world_size);
     s.group->setBackend(c10::kCPU, c10d::ProcessGroup::BackendType::GLOO, gloo);
     // Gloo over CUDA tensors (several ranks sharing a GPU): the Reducer's buckets go to Gloo too.
     if (s.device.is_cuda()) s.group->setBackend(c10::kCUDA, c10d::ProcessGroup::BackendType::GLOO, gloo);
     device_backend = gloo;
 #ifdef LOOM_HAVE_NCCL
     if (s.backend == backend_kind::nccl) {
-      device_backend = make_nccl(s.store, env);
+      device_backend = make_nccl(s.store, env, env.rank, env.world_size);
       s.group->setBackend(c10::kCUDA, c10d::ProcessGroup::BackendType::NCCL, device_backend);
     }
 #endif

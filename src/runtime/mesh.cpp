@@ -1,0 +1,93 @@
+#include <loom/runtime/mesh.hpp>
+
+#include "backends.hpp"
+
+#include <loom/runtime/agreement.hpp>
+#include <loom/runtime/runtime.hpp>
+#include <loom/runtime/text.hpp>
+
+#include <ATen/ATen.h>
+#include <fmt/format.h>
+#include <torch/csrc/distributed/c10d/Backend.hpp>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <torch/csrc/distributed/c10d/Store.hpp>
+
+#include <cstdint>
+#include <stdexcept>
+
+namespace loom {
+namespace {
+
+// A name for this mesh's groups that no earlier mesh of the job used: rank 0 counts the meshes in
+// the rendezvous store and tells the others, so that two meshes never share a group's keys.
+std::int64_t next_generation(const runtime& rt) {
+  at::Tensor generation = at::zeros({1}, at::TensorOptions(at::kLong).device(rt.device()));
+  if (rt.rank() == 0) generation.fill_(rt.store()->add("loom/meshes", 1));
+  rt.comm().broadcast(generation, 0).wait();
+  return generation.cpu().item<std::int64_t>();
+}
+
+}  // namespace
+
+rank_mesh::rank_mesh(const runtime& rt, int shard_size)
+    : rank_(rt.rank()), shard_size_(shard_size), replicate_size_(1) {
+  const std::uint64_t asked = fnv1a(std::to_string(shard_size));
+  require_agreement(
+      rt, "mesh", std::span(&asked, 1), [&](std::size_t) { return "shard groups of " + counted(shard_size, "rank"); },
+      [&](const disagreement& d) {
+        return error_message(
+            "hybrid sharding: rank 0 asks for {} and rank {} for {}: every rank must ask for the same shard group "
+            "size",
+            d.rank0_item, d.rank, d.other_item);
+      });
+  const int world = rt.world_size();
+  if (shard_size < 1 || world % shard_size != 0) {
+    throw_error<std::invalid_argument>(
+        "hybrid sharding: a shard group of {} ranks does not divide the world size {}: choose a divisor of it "
+        "(the ranks of a node, LOCAL_WORLD_SIZE, is the usual one)",
+        shard_size, world);
+  }
+  replicate_size_ = world / shard_size;
+  if (!rt.is_distributed()) {
+    shard_ = std::make_unique<collectives>(nullptr, 0, 1);
+    replicate_ = std::make_unique<collectives>(nullptr, 0, 1);
+    return;
+  }
+  const std::int64_t generation = next_generation(rt);
+  const bool nccl = rt.backend() == backend_kind::nccl;
+  const bool staged = !nccl && rt.device().is_cuda();
+  const auto make = [&](const std::string& name, int rank, int size) {
+    auto store = c10::make_intrusive<c10d::PrefixStore>(fmt::format("loom/mesh.{}/{}", generation, name), rt.store());
+#ifdef LOOM_HAVE_NCCL
+    if (nccl)
+      return std::make_unique<collectives>(make_nccl(store, rt.env(), rank, size), rank, size, staged, &rt.progress());
+#endif
+    return std::make_unique<collectives>(make_gloo(store, rt.env(), rank, size), rank, size, staged, &rt.progress());
+  };
+  // A group's backend is made by its members, who meet through its own prefix of the store: every
+  // rank makes its shard group, then its replicate group, so that the members of each meet in the
+  // same phase and none waits on a group its peers have not begun.
+  shard_ = make(shard_group(), shard_rank(), shard_size_);
+  replicate_ = make(replicate_group(), shard_index(), replicate_size_);
+}
+
+rank_mesh::~rank_mesh() = default;
+rank_mesh::rank_mesh(rank_mesh&&) noexcept = default;
+rank_mesh& rank_mesh::operator=(rank_mesh&&) noexcept = default;
+
+std::string rank_mesh::shard_group() const { return fmt::format("shard.{}", shard_index()); }
+std::string rank_mesh::replicate_group() const { return fmt::format("replicate.{}", shard_rank()); }
+
+std::vector<int> rank_mesh::shard_ranks() const {
+  std::vector<int> ranks;
+  for (int r = 0; r < shard_size_; ++r) ranks.push_back(shard_index() * shard_size_ + r);
+  return ranks;
+}
+
+std::vector<int> rank_mesh::replicate_ranks() const {
+  std::vector<int> ranks;
+  for (int g = 0; g < replicate_size_; ++g) ranks.push_back(g * shard_size_ + shard_rank());
+  return ranks;
+}
+
+}  // namespace loom
