@@ -2,6 +2,7 @@
 // sizes do not divide by the world size; replicated LoRA adapters over the sharded base, with a
 // rank that skips an adapted layer or a unit's output; no_sync; clipping; state; merge; memory at rest.
 #include "odd_units.hpp"
+#include "same_state.hpp"
 #include "world.hpp"
 
 #include <loom/loom.hpp>
@@ -18,6 +19,7 @@
 #include <memory>
 #include <set>
 
+using loom::testing::check_same_state;
 using loom::testing::odd_units;
 using loom::testing::world;
 
@@ -41,18 +43,6 @@ batch data(int step) {
 template <class Job>
 at::Tensor loss_on(Job& job, const batch& b, bool whole) {
   return whole ? torch::mse_loss(job.forward(b.x), b.y) : torch::mse_loss(job.forward(my_rows(b.x)), my_rows(b.y));
-}
-
-template <class Reference, class Sharded>
-void check_same_state(Reference& reference, Sharded& sharded, double tolerance) {
-  const loom::tensor_state expected = reference.state_dict();
-  const loom::tensor_state actual = sharded.state_dict();
-  REQUIRE(actual.size() == expected.size());
-  for (std::size_t i = 0; i < actual.size(); ++i) {
-    CAPTURE(actual[i].name);
-    REQUIRE(actual[i].name == expected[i].name);
-    CHECK(torch::allclose(actual[i].tensor, expected[i].tensor, 0, tolerance));
-  }
 }
 
 enum class optimizer_kind { adamw, sgd };

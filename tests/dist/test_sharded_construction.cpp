@@ -4,6 +4,7 @@
 // a narrower default dtype and mixed precision; the generator left as a full construction leaves
 // it; training from there equal to local()'s; models that must be constructed whole say which
 // layers forced it and still equal local(); a bad checkpoint is refused on every rank.
+#include "same_state.hpp"
 #include "world.hpp"
 
 #include <models/tiny_gpt.hpp>
@@ -23,6 +24,8 @@
 #include <string>
 
 using Catch::Matchers::ContainsSubstring;
+using loom::testing::check_bit_equal;
+using loom::testing::check_same_state;
 using loom::testing::world;
 
 namespace {
@@ -41,20 +44,6 @@ loom::models::llama_config small_llama(bool tied) {
 }
 
 at::Tensor generator_state() { return at::detail::getDefaultCPUGenerator().get_state(); }
-
-// The state_dicts of two jobs, equal name by name and bit by bit.
-template <class Reference, class Sharded>
-void check_bit_equal(Reference& reference, Sharded& sharded) {
-  const loom::tensor_state expected = reference.state_dict();
-  const loom::tensor_state actual = sharded.state_dict();
-  REQUIRE(actual.size() == expected.size());
-  for (std::size_t i = 0; i < actual.size(); ++i) {
-    CAPTURE(actual[i].name);
-    REQUIRE(actual[i].name == expected[i].name);
-    REQUIRE(actual[i].tensor.scalar_type() == expected[i].tensor.scalar_type());
-    CHECK(torch::equal(actual[i].tensor, expected[i].tensor));
-  }
-}
 
 // `plan` built whole in this process (local()) and by fsdp() over the world, each from the same
 // default generator state: equal states, and the generator left in the same state by both.
@@ -119,13 +108,7 @@ TEST_CASE("training a model constructed without the full replica equals local()'
     sharded_optimizer.step();
     sharded.zero_grad();
   }
-  const loom::tensor_state expected = reference.state_dict();
-  const loom::tensor_state actual = sharded.state_dict();
-  REQUIRE(actual.size() == expected.size());
-  for (std::size_t i = 0; i < actual.size(); ++i) {
-    CAPTURE(actual[i].name);
-    CHECK(torch::allclose(actual[i].tensor, expected[i].tensor, 0, 1e-5));
-  }
+  check_same_state(reference, sharded, 1e-5);
 }
 
 namespace {
