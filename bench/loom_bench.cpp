@@ -52,7 +52,8 @@ constexpr std::array workloads{"mlp-ddp",
                                "gpt-lora-bf16-fsdp",
                                "gpt-long-fsdp",
                                "gpt-long-recompute-fsdp",
-                               "gpt-lora-long-recompute-fsdp"};
+                               "gpt-lora-long-recompute-fsdp",
+                               "gpt-hsdp"};
 
 // The options, or the exit code to end with (--help, a bad command line).
 std::variant<bench_options, int> parse_options(int argc, char** argv) {
@@ -312,6 +313,8 @@ void run_workload(const bench_options& options) {
   if (name == "gpt-lora-long-recompute-fsdp") {
     return run<gpt_long_workload>(gpt_long | adapters | loom::recompute() | loom::fsdp(), options);
   }
+  // 4 ranks: sharded within pairs (0, 1) and (2, 3), replicated across them (the anchor's 2 × 2 mesh).
+  if (name == "gpt-hsdp") return run<gpt_workload>(gpt | loom::fsdp({.shard_group_size = 2}), options);
   throw std::logic_error(fmt::format("workload '{}' has no plan", name));  // --workload's check lists them
 }
 

@@ -114,6 +114,7 @@ struct count_field {  // a whole number in [min, max], which JSON reads as unsig
   std::uint64_t min;
   std::uint64_t max;
   const char* kind;
+  bool optional = false;  // a manifest written before the field existed may lack it: then 0
 };
 struct flag_field {};
 struct choice_field {  // true is `yes`, false is `no`
@@ -132,6 +133,8 @@ void for_each_manifest_field(Manifest& manifest, Visit&& visit) {
         count_field{0, static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max()), "a step number"});
   visit("world_size", manifest.world_size,
         count_field{1, static_cast<std::uint64_t>(std::numeric_limits<int>::max()), "a number of ranks"});
+  visit("shard_group_size", manifest.shard_group_size,
+        count_field{1, static_cast<std::uint64_t>(std::numeric_limits<int>::max()), "a number of ranks", true});
   visit("sharded", manifest.sharded, flag_field{});
   visit("parameters", manifest.all_parameters, choice_field{"all", "trainable"});
   visit("plan", manifest.plan, text_field{});
@@ -171,6 +174,9 @@ checkpoint_manifest manifest_fields(const fs::path& path, const json& manifest) 
   checkpoint_manifest read;
   for_each_manifest_field(read, [&](const char* key, auto& value, const auto& kind) {
     using kind_type = std::remove_cvref_t<decltype(kind)>;
+    if constexpr (std::is_same_v<kind_type, count_field>) {
+      if (kind.optional && !manifest.contains(key)) return;
+    }
     const json& field = at(key);
     if constexpr (std::is_same_v<kind_type, count_field>) {
       if (!field.is_number_unsigned() || field.get<std::uint64_t>() < kind.min ||
@@ -328,6 +334,7 @@ void checkpointer::save(const checkpoint_target& target, torch::optim::Optimizer
   });
   const checkpoint_manifest manifest{.step = step,
                                      .world_size = rt_.world_size(),
+                                     .shard_group_size = target.sharded ? target.shard_group_size : rt_.world_size(),
                                      .sharded = target.sharded,
                                      .all_parameters = options_.all_parameters,
                                      .plan = target.plan,
@@ -376,6 +383,11 @@ checkpoint_manifest read_checkpoint_manifest(const fs::path& path) {
   const auto format = manifest.find("format");
   if (format == manifest.end() || *format != format_name) unusable(path, "its manifest is not a loom checkpoint's");
   checkpoint_manifest read = manifest_fields(path, manifest);
+  if (read.shard_group_size == 0) read.shard_group_size = read.world_size;
+  if (read.world_size % read.shard_group_size != 0) {
+    unusable(path, fmt::format("its manifest's shard_group_size {} does not divide its world_size {}",
+                               read.shard_group_size, read.world_size));
+  }
   check_rank_files(path, manifest, read.world_size);
   return read;
 }
@@ -388,18 +400,20 @@ resume_point checkpointer::load(const fs::path& path, const checkpoint_target& t
     bad(fmt::format("it was saved by another plan: {}", first_difference(manifest.plan, target.plan)));
   }
   const int saved_world = manifest.world_size;
-  const bool resharding = target.sharded && saved_world != rt_.world_size();
+  const int saved_group = manifest.shard_group_size;
+  const bool resharding = target.sharded && (saved_world != rt_.world_size() || saved_group != target.shard_group_size);
   const std::string fingerprint = fmt::format("{:016x}", target.schedule_fingerprint);
-  // A sharded schedule lists shard sizes, which change with the number of ranks.
+  // A sharded schedule lists shard sizes and groups, which change with the layout.
   if (!resharding && manifest.schedule_fingerprint != fingerprint) {
     bad(fmt::format("its schedule's fingerprint is {}, this job's {}", manifest.schedule_fingerprint, fingerprint));
   }
 
   // The files this rank reads: its own, or under a replicating strategy rank 0's, or when resharding
-  // every old rank's.
+  // those of one whole copy: the old ranks of the first shard group (every old rank without hybrid
+  // sharding; the other groups hold the same rows).
   std::vector<int> sources;
   if (resharding) {
-    for (int rank = 0; rank < saved_world; ++rank) sources.push_back(rank);
+    for (int rank = 0; rank < saved_group; ++rank) sources.push_back(rank);
   } else {
     sources.push_back(target.sharded ? rt_.rank() : 0);
   }
@@ -428,7 +442,7 @@ resume_point checkpointer::load(const fs::path& path, const checkpoint_target& t
     std::vector<named_tensor> tensors = load_safetensors(path / rank_file(own_source)).tensors;
     take_generators(tensors);
   }
-  const std::string described = resharding ? fmt::format("the files of its {} ranks", saved_world)
+  const std::string described = resharding ? fmt::format("the files of its {} ranks", saved_group)
                                            : fmt::format("its file '{}'", rank_file(sources.front()).string());
   try {
     target.load(with_current(target, resharding ? resharded_model(target, models) : models.front()));

@@ -23,7 +23,8 @@ job_core::job_core(runtime rt, std::shared_ptr<torch::nn::Module> module, std::s
     : context_(std::make_unique<strategy_context>(std::move(rt), std::move(module), decided.policy)),
       model_name_(std::move(model_name)),
       lora_(std::move(lora)),
-      plan_text_(std::move(plan_text)) {
+      plan_text_(std::move(plan_text)),
+      plan_state_(decided.plan_state.empty() ? plan_text_ : decided.plan_state) {
   if (decided.built_in) {
     built_text_ = fmt::format("built in {}", name_of(*decided.built_in));
     if (decided.trainable_held_in_fp32 > 0) {

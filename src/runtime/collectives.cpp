@@ -34,7 +34,7 @@ void pending_collective::wait() {
   if (work_) {
     auto work = std::exchange(work_, {});
     const job_progress::wait_scope waiting(work->isCompleted() ? nullptr : label_.progress, label_.number,
-                                           std::move(label_.what));
+                                           std::move(label_.what), std::move(label_.group));
     work->wait();
   }
   if (then_) std::exchange(then_, {})();
@@ -51,12 +51,13 @@ pending_collective pending_collective::and_then(std::function<void()> next) && {
 }
 
 collectives::collectives(c10::intrusive_ptr<c10d::Backend> backend, int rank, int world_size, bool stage_through_host,
-                         job_progress* progress)
+                         job_progress* progress, collective_group group)
     : backend_(std::move(backend)),
       rank_(rank),
       world_size_(world_size),
       stage_through_host_(stage_through_host),
-      progress_(progress) {
+      progress_(progress),
+      group_(std::move(group)) {
   if (world_size_ > 1 && !backend_) {
     throw_error<std::invalid_argument>("collectives over more than one rank need a c10d backend");
   }
@@ -66,11 +67,12 @@ collectives::~collectives() = default;
 
 pending_collective collectives::issued(c10::intrusive_ptr<c10d::Work> work, std::string_view op,
                                        const at::Tensor& tensor, std::function<void()> then) {
-  collective_label label{.progress = progress_, .number = ++issued_, .what = {}};
+  collective_label label{.progress = progress_, .number = ++issued_, .what = {}, .group = {}};
   if (progress_ != nullptr) {
     label.what = tensor.defined()
                      ? fmt::format("{} {}", op, tensor_spec{{}, tensor.sizes().vec(), tensor.scalar_type()}.layout())
                      : std::string(op);
+    label.group = group_;
   }
   return pending_collective(std::move(work), std::move(then), std::move(label));
 }

@@ -8,7 +8,8 @@ namespace {
 double seconds(std::chrono::milliseconds span) { return static_cast<double>(span.count()) / 1000.0; }
 
 bool same_wait(const progress_snapshot& a, const progress_snapshot& b) {
-  return a.at == b.at && a.waiting == b.waiting && a.collective == b.collective && a.what == b.what;
+  return a.at == b.at && a.waiting == b.waiting && a.collective == b.collective && a.what == b.what &&
+         a.group == b.group;
 }
 
 }  // namespace
@@ -65,15 +66,19 @@ std::optional<hang_watch::finding> hang_watch::reason(const progress_snapshot& m
                                waited, peer.rank, peer.left_at->to_string(), different_collectives)};
   }
   if (mine.waiting == wait_kind::collective) {
+    // Only the members of the collective's group take part in it: a rank of another group may be
+    // anywhere (hybrid sharding's other shard groups run ahead or behind), and its collectives are
+    // numbered in its own groups.
     for (const peer_record& peer : peers) {
-      if (peer.rank == rank_ || !peer.progress) continue;
+      if (peer.rank == rank_ || !peer.progress || !mine.group.includes(peer.rank)) continue;
       const progress_snapshot& theirs = *peer.progress;
       if (theirs.at.ordinal > mine.at.ordinal) {
         return finding{peer_past, peer.rank,
                        fmt::format("{}, but rank {} has gone on to {} without joining it: {}", waited, peer.rank,
                                    theirs.at.to_string(), different_collectives)};
       }
-      if (theirs.waiting == wait_kind::collective && theirs.collective == mine.collective && theirs.what != mine.what) {
+      if (theirs.waiting == wait_kind::collective && theirs.group == mine.group &&
+          theirs.collective == mine.collective && theirs.what != mine.what) {
         return finding{
             peer_differs, peer.rank,
             fmt::format("{} (its collective #{}), but rank {}'s collective #{} is {}: {}", waited, mine.collective,

@@ -43,32 +43,38 @@ rank_mesh::rank_mesh(const runtime& rt, int shard_size)
   const int world = rt.world_size();
   if (shard_size < 1 || world % shard_size != 0) {
     throw_error<std::invalid_argument>(
-        "hybrid sharding: a shard group of {} ranks does not divide the world size {}: choose a divisor of it "
-        "(the ranks of a node, LOCAL_WORLD_SIZE, is the usual one)",
-        shard_size, world);
+        "hybrid sharding: a shard group of {} ranks {} the world size {}: choose a divisor of it (the ranks of a "
+        "node, LOCAL_WORLD_SIZE, is the usual one)",
+        shard_size, shard_size < 1 ? "cannot divide" : "does not divide", world);
   }
   replicate_size_ = world / shard_size;
-  if (!rt.is_distributed()) {
-    shard_ = std::make_unique<collectives>(nullptr, 0, 1);
+  if (replicate_size_ == 1) {
+    shard_ = &rt.comm();
     replicate_ = std::make_unique<collectives>(nullptr, 0, 1);
     return;
   }
   const std::int64_t generation = next_generation(rt);
   const bool nccl = rt.backend() == backend_kind::nccl;
   const bool staged = !nccl && rt.device().is_cuda();
-  const auto make = [&](const std::string& name, int rank, int size) {
+  const auto make = [&](const std::string& name, std::vector<int> members, int rank) {
+    const int size = static_cast<int>(members.size());
     auto store = c10::make_intrusive<c10d::PrefixStore>(fmt::format("loom/mesh.{}/{}", generation, name), rt.store());
+    collective_group group{name, std::move(members)};
 #ifdef LOOM_HAVE_NCCL
-    if (nccl)
-      return std::make_unique<collectives>(make_nccl(store, rt.env(), rank, size), rank, size, staged, &rt.progress());
+    if (nccl) {
+      return std::make_unique<collectives>(make_nccl(store, rt.env(), rank, size), rank, size, staged, &rt.progress(),
+                                           std::move(group));
+    }
 #endif
-    return std::make_unique<collectives>(make_gloo(store, rt.env(), rank, size), rank, size, staged, &rt.progress());
+    return std::make_unique<collectives>(make_gloo(store, rt.env(), rank, size), rank, size, staged, &rt.progress(),
+                                         std::move(group));
   };
   // A group's backend is made by its members, who meet through its own prefix of the store: every
   // rank makes its shard group, then its replicate group, so that the members of each meet in the
   // same phase and none waits on a group its peers have not begun.
-  shard_ = make(shard_group(), shard_rank(), shard_size_);
-  replicate_ = make(replicate_group(), shard_index(), replicate_size_);
+  own_shard_ = make(shard_group(), shard_ranks(), shard_rank());
+  shard_ = own_shard_.get();
+  replicate_ = make(replicate_group(), replicate_ranks(), shard_index());
 }
 
 rank_mesh::~rank_mesh() = default;
@@ -77,6 +83,11 @@ rank_mesh& rank_mesh::operator=(rank_mesh&&) noexcept = default;
 
 std::string rank_mesh::shard_group() const { return fmt::format("shard.{}", shard_index()); }
 std::string rank_mesh::replicate_group() const { return fmt::format("replicate.{}", shard_rank()); }
+
+std::string rank_mesh::shard_role() const {
+  return replicate_size_ == 1 ? std::string("world") : fmt::format("shard[{}]", shard_size_);
+}
+std::string rank_mesh::replicate_role() const { return fmt::format("replicate[{}]", replicate_size_); }
 
 std::vector<int> rank_mesh::shard_ranks() const {
   std::vector<int> ranks;

@@ -1,7 +1,9 @@
 #include <loom/runtime/progress.hpp>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
+#include <algorithm>
 #include <charconv>
 #include <vector>
 
@@ -44,6 +46,35 @@ std::string position_fields_text(const job_position& at) {
   return fmt::format("{} {} {}", at.pass, static_cast<int>(at.part), at.ordinal);
 }
 
+// A group as one word of the record: "*" for the world, else "shard.1=2,3".
+constexpr std::string_view world_word = "*";
+
+std::string group_word(const collective_group& group) {
+  if (group.world()) return std::string(world_word);
+  return fmt::format("{}={}", group.name, fmt::join(group.members, ","));
+}
+
+std::optional<collective_group> group_from(std::string_view word) {
+  if (word == world_word) return collective_group{};
+  const std::size_t equals = word.find('=');
+  if (equals == std::string_view::npos || equals == 0) return std::nullopt;
+  collective_group group{std::string(word.substr(0, equals)), {}};
+  std::string_view members = word.substr(equals + 1);
+  while (!members.empty()) {
+    int rank = 0;
+    const auto [end, error] = std::from_chars(members.data(), members.data() + members.size(), rank);
+    if (error != std::errc{}) return std::nullopt;
+    group.members.push_back(rank);
+    members.remove_prefix(static_cast<std::size_t>(end - members.data()));
+    if (!members.empty()) {
+      if (members.front() != ',' || members.size() == 1) return std::nullopt;
+      members.remove_prefix(1);
+    }
+  }
+  if (group.members.empty()) return std::nullopt;
+  return group;
+}
+
 }  // namespace
 
 std::string job_position::to_string() const {
@@ -55,17 +86,24 @@ std::string job_position::to_string() const {
   return pass == 0 ? "before the first pass" : fmt::format("after pass {}", pass);
 }
 
+bool collective_group::includes(int rank) const noexcept {
+  return world() || std::find(members.begin(), members.end(), rank) != members.end();
+}
+
 std::string progress_snapshot::where() const {
   const std::string place = at.to_string();
-  if (waiting == wait_kind::collective)
-    return fmt::format("{} {}", what, place.starts_with("the ") ? "in " + place : place);
+  if (waiting == wait_kind::collective) {
+    return fmt::format("{}{} {}", what, group.world() ? std::string() : " over " + group.name,
+                       place.starts_with("the ") ? "in " + place : place);
+  }
   if (waiting == wait_kind::part) return fmt::format("{} ({})", place, what);
   return place;
 }
 
 std::string encode_progress(std::int64_t beat, const progress_snapshot& snapshot) {
-  return fmt::format("{} {} {} {} {} {}", beat, position_fields_text(snapshot.at), static_cast<int>(snapshot.waiting),
-                     snapshot.waited.count(), snapshot.collective, snapshot.what);
+  return fmt::format("{} {} {} {} {} {} {}", beat, position_fields_text(snapshot.at),
+                     static_cast<int>(snapshot.waiting), snapshot.waited.count(), snapshot.collective,
+                     group_word(snapshot.group), snapshot.what);
 }
 
 std::optional<std::pair<std::int64_t, progress_snapshot>> decode_progress(std::string_view text) {
@@ -74,9 +112,13 @@ std::optional<std::pair<std::int64_t, progress_snapshot>> decode_progress(std::s
   const auto at = position_from(*fields, 1);
   const std::int64_t waiting = (*fields)[4];
   if (!at || waiting < 0 || waiting > static_cast<std::int64_t>(wait_kind::part)) return std::nullopt;
+  const std::size_t space = text.find(' ');
+  const std::optional<collective_group> group = group_from(text.substr(0, space));
+  if (!group) return std::nullopt;
+  text.remove_prefix(space == std::string_view::npos ? text.size() : space + 1);
   return std::pair{(*fields)[0],
                    progress_snapshot{*at, static_cast<wait_kind>(waiting), std::chrono::milliseconds((*fields)[5]),
-                                     (*fields)[6], std::string(text)}};
+                                     (*fields)[6], std::string(text), *group}};
 }
 
 std::string encode_position(const job_position& at) { return position_fields_text(at); }
@@ -106,10 +148,12 @@ void job_progress::leave_part() {
   part_collectives_.clear();
 }
 
-job_progress::wait_scope::wait_scope(job_progress* tracker, std::int64_t number, std::string what) : tracker_(tracker) {
+job_progress::wait_scope::wait_scope(job_progress* tracker, std::int64_t number, std::string what,
+                                     collective_group group)
+    : tracker_(tracker) {
   if (tracker_ == nullptr) return;
   std::lock_guard lock(tracker_->mutex_);
-  outer_ = std::exchange(tracker_->collective_, std::pair{number, std::move(what)});
+  outer_ = std::exchange(tracker_->collective_, waited_collective{number, std::move(what), std::move(group)});
   outer_since_ = std::exchange(tracker_->collective_since_, clock::now());
 }
 
@@ -122,15 +166,17 @@ job_progress::wait_scope::~wait_scope() {
 
 progress_snapshot job_progress::snapshot(clock::time_point now) const {
   std::lock_guard lock(mutex_);
-  progress_snapshot snapshot{.at = at_, .waiting = wait_kind::none, .waited = {}, .collective = 0, .what = {}};
+  progress_snapshot snapshot{
+      .at = at_, .waiting = wait_kind::none, .waited = {}, .collective = 0, .what = {}, .group = {}};
   const auto since = [&](clock::time_point start) {
     return std::chrono::duration_cast<std::chrono::milliseconds>(now - start);
   };
   if (collective_) {
     snapshot.waiting = wait_kind::collective;
     snapshot.waited = since(collective_since_);
-    snapshot.collective = collective_->first;
-    snapshot.what = collective_->second;
+    snapshot.collective = collective_->number;
+    snapshot.what = collective_->what;
+    snapshot.group = collective_->group;
   } else if (part_communicates_) {
     snapshot.waiting = wait_kind::part;
     snapshot.waited = since(part_since_);

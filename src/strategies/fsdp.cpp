@@ -59,7 +59,15 @@ void fsdp_engine::describe_layout(strategy_context& context) const {
   } else {
     context.note(fmt::format("fsdp: {} and the root over {}, MiB gathered each: [{}]",
                              counted(static_cast<std::int64_t>(s.units().size()), "unit"),
-                             counted(context.rt().world_size(), "rank"), fmt::join(gathered, ", ")));
+                             counted(s.mesh().shard_size(), "rank"), fmt::join(gathered, ", ")));
+  }
+  if (s.hybrid()) {
+    const std::vector<int> members = s.mesh().shard_ranks();
+    context.note(
+        fmt::format("fsdp: hybrid sharding: {} of {} each, replicating each other; this rank is in {} "
+                    "(ranks {}-{}) and {}",
+                    counted(s.mesh().replicate_size(), "shard group"), counted(s.mesh().shard_size(), "rank"),
+                    s.mesh().shard_group(), members.front(), members.back(), s.mesh().replicate_group()));
   }
   context.note(fmt::format("fsdp: {:.2f} MiB of parameters at rest on this rank ({} replicated)",
                            static_cast<double>(at_rest) / mib,
@@ -82,7 +90,8 @@ double fsdp_engine::clip_grad_norm(strategy_context& context, double max_norm, d
         "got {}",
         norm_type);
   }
-  // Shards add up across ranks; the replicated adapters, identical on every rank, count once.
+  // Shards add up across a shard group (its replicas hold the same ones); the replicated adapters,
+  // identical on every rank, count once.
   const auto contribution = [&](const at::Tensor& grad) {
     return infinity ? grad.abs().max().to(at::kDouble) : grad.to(at::kDouble).square().sum();
   };
@@ -96,12 +105,13 @@ double fsdp_engine::clip_grad_norm(strategy_context& context, double max_norm, d
     }
   });
   double total = 0;
+  collectives& shards = state_->comm();
   if (infinity) {
-    at::Tensor all = at::empty({context.rt().world_size()}, on_device);
-    context.rt().comm().all_gather(sharded, all).wait();
+    at::Tensor all = at::empty({shards.world_size()}, on_device);
+    shards.all_gather(sharded, all).wait();
     total = all.max().item<double>();
   } else {
-    context.rt().comm().all_reduce(sharded, reduce_op::sum).wait();
+    shards.all_reduce(sharded, reduce_op::sum).wait();
     total = sharded.item<double>();
   }
   for (const named_tensor& a : state_->adapters().tensors()) {
@@ -150,12 +160,14 @@ void fsdp_engine::load_local_state(strategy_context& context, const tensor_state
   for (const named_tensor& target : mine) at::Tensor(target.tensor).detach().copy_(*given.at(target.name));
 }
 
-std::optional<at::Tensor> fsdp_engine::reshard_local(strategy_context& context, const std::string& name,
+int fsdp_engine::shard_group_size(const strategy_context&) const { return state_->mesh().shard_size(); }
+
+std::optional<at::Tensor> fsdp_engine::reshard_local(strategy_context&, const std::string& name,
                                                      const std::vector<at::Tensor>& shards) const {
   std::optional<at::Tensor> mine;
   state_->for_each_group([&](const param_group& group) {
     for (const sharded_param& p : group.params()) {
-      if (p.name() == name) mine = p.rows_from_shards(shards, context.rt().rank());
+      if (p.name() == name) mine = p.rows_from_shards(shards, state_->mesh().shard_rank());
     }
   });
   return mine;
@@ -197,12 +209,12 @@ void fsdp_engine::explain_forward_failure(strategy_context& context, std::except
   }
 }
 
-void fsdp_engine::with_full_parameters(strategy_context& context, const std::function<void()>& change) {
+void fsdp_engine::with_full_parameters(strategy_context&, const std::function<void()>& change) {
   // On the master weights in their own dtype, so that a change (merge, loading) loses no precision.
   sharding::fsdp_state& s = *state_;
   s.for_each_group([&](param_group& group) { group.hold_masters(s.comm()); });
   change();
-  const int rank = context.rt().rank();
+  const int rank = s.mesh().shard_rank();
   s.for_each_group([rank](param_group& group) { group.release_masters(rank); });
 }
 

@@ -1,8 +1,9 @@
 // The same plan on any device and process group gives the same model. Usage (under loom-run):
-//   device-parity {ddp|fsdp|fsdp-eval|recompute-ddp|recompute-fsdp|lora-fsdp|bf16-ddp|bf16-fsdp|lora-bf16-fsdp}
-//                 OUT.safetensors STEPS
+//   device-parity {ddp|fsdp|fsdp-eval|recompute-ddp|recompute-fsdp|lora-fsdp|bf16-ddp|bf16-fsdp|lora-bf16-fsdp|
+//                  hsdp} OUT.safetensors STEPS
 // trains a small TinyGpt with loom::train (AdamW, clipping, no run folder; fsdp-eval: fsdp() with an
-// evaluation every 2 steps, a forward with no backward; recompute-*: every block recomputed in
+// evaluation every 2 steps, a forward with no backward; hsdp: hybrid sharding in groups of 2 ranks;
+// recompute-*: every block recomputed in
 // backward; bf16-*: under mixed_precision(), the lora one over a base built in bf16) on the runtime's
 // device
 // (LOOM_DEVICE, LOOM_BACKEND), each rank on its own batches drawn on the CPU by (step, rank), and
@@ -67,7 +68,7 @@ int main(int argc, char** argv) {
   if (argc != 4) {
     fmt::print(stderr,
                "usage: device-parity "
-               "{{ddp|fsdp|fsdp-eval|recompute-ddp|recompute-fsdp|lora-fsdp|bf16-ddp|bf16-fsdp|lora-bf16-fsdp}} "
+               "{{ddp|fsdp|fsdp-eval|recompute-ddp|recompute-fsdp|lora-fsdp|bf16-ddp|bf16-fsdp|lora-bf16-fsdp|hsdp}} "
                "OUT.safetensors STEPS\n");
     return 2;
   }
@@ -80,6 +81,8 @@ int main(int argc, char** argv) {
       run(base | loom::ddp(), out, steps);
     } else if (strategy == "fsdp") {
       run(base | loom::fsdp(), out, steps);
+    } else if (strategy == "hsdp") {
+      run(base | loom::fsdp({.shard_group_size = 2}), out, steps);
     } else if (strategy == "fsdp-eval") {
       run(base | loom::fsdp(), out, steps, /*eval_every=*/2);
     } else if (strategy == "recompute-ddp") {

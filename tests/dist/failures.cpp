@@ -39,6 +39,23 @@ void killed_in_backward(int victim) {
   for (int step = 0; step < 3; ++step) job.backward(job.forward(x).square().mean());
 }
 
+// A strategy whose one collective's group is the rank's choice: hybrid sharding's shard group on
+// one rank, its replicate group on another, would be mismatched collectives.
+struct grouped_strategy {
+  static constexpr std::string_view name = "grouped";
+  bool in_shard_group = false;
+
+  [[nodiscard]] std::string options() const { return {}; }
+  void setup(loom::strategy_context& context) const {
+    context.schedule().add({loom::collective_op::all_reduce,
+                            loom::step_phase::backward,
+                            {{"w", {4}, at::kFloat}},
+                            in_shard_group ? "shard[2]" : "replicate[2]"});
+  }
+  void before_forward(loom::strategy_context&) const {}
+  void after_backward(loom::strategy_context&) const {}
+};
+
 // odd_units whose forward leaves out unit `skipped` on the last rank, or calls it through its inner
 // type (bypassing loom::nn::Unit) on every rank.
 struct unit_misuse : odd_units {
@@ -134,6 +151,14 @@ const std::map<std::string, scenario>& scenarios() {
         },
         "the ranks' collective schedules differ.*first difference at entry #1: rank 0 has 'all_reduce backward "
         "world \\d+ B \\[layers.2.bias"}},
+      {"different-group",
+       {[] {
+          auto job = loom::build(loom::model<models::Mlp>(8, 3) | loom::seeded(3) |
+                                     loom::strategy(grouped_strategy{.in_shard_group = last_rank()}),
+                                 world());
+        },
+        "the ranks' collective schedules differ.*first difference at entry #0: rank 0 has 'all_reduce backward "
+        "replicate\\[2\\] 16 B \\[w Float\\[4\\]\\]'.*shard\\[2\\]"}},
       {"different-precision",
        {[] {
           // The last rank leaves mixed_precision out: its gathers would carry fp32, the others' bf16.

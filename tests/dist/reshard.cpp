@@ -1,12 +1,15 @@
-// A checkpoint saved over N ranks under fsdp() resumes over M. Usage (under loom-run):
-//   dist-reshard {fsdp|lora-fsdp} save DIR             3 AdamW steps, a checkpoint at step 3
-//   dist-reshard {fsdp|lora-fsdp} continue DIR OUT     resumes, 2 more steps, rank 0 writes the
-//                                                      whole model to OUT (safetensors)
+// A checkpoint saved over N ranks under fsdp() resumes over M, and in another layout of hybrid
+// sharding. Usage (under loom-run):
+//   dist-reshard STRATEGY save DIR             3 AdamW steps, a checkpoint at step 3
+//   dist-reshard STRATEGY continue DIR OUT     resumes, 2 more steps, rank 0 writes the whole model
+//                                              to OUT (safetensors)
+// STRATEGY: fsdp or lora-fsdp, with :S for hybrid sharding in groups of S ranks (fsdp:2).
 // Each step's global batch is the same at any world size, split evenly across the ranks, so runs
 // that continue over different numbers of ranks must agree (reshard_check.py compares them).
 #include "world.hpp"
 
 #include <loom/loom.hpp>
+#include <loom/runtime/mesh.hpp>
 #include <models/tiny_gpt.hpp>
 
 #include <torch/optim/adamw.h>
@@ -23,7 +26,7 @@ using loom::testing::world;
 
 // Sizes that 2 and 3 ranks do not divide evenly: rows of 17, 20 and 80, a 68-row fc_in.
 constexpr models::tiny_gpt_config small{.vocab = 17, .d = 20, .layers = 2, .heads = 2, .ctx = 8};
-constexpr std::int64_t global_rows = 6;
+constexpr std::int64_t global_rows = 12;  // 1, 2, 3, 4 and 6 ranks divide it
 
 std::pair<at::Tensor, at::Tensor> my_rows(std::int64_t step) {
   auto gen = at::make_generator<at::CPUGeneratorImpl>(500 + static_cast<std::uint64_t>(step));
@@ -39,6 +42,8 @@ void save_whole(Job& job, torch::optim::Optimizer& optimizer, const fs::path& fi
   loom::tensor_state whole = job.state_dict();
   const std::vector<std::string> names = job.trainable_names();
   const std::vector<at::Tensor> mine = job.trainable_parameters();
+  // The shards of one whole copy are its shard group's (every rank's without hybrid sharding).
+  const loom::rank_mesh mesh(world(), job.shard_group_size());
   std::map<std::string, at::Tensor> full_shapes;
   for (const auto& item : job.module().named_parameters()) full_shapes.emplace(item.key(), item.value());
   for (std::size_t j = 0; j < mine.size(); ++j) {
@@ -48,8 +53,8 @@ void save_whole(Job& job, torch::optim::Optimizer& optimizer, const fs::path& fi
     for (const auto& [field, shard] : {std::pair{"exp_avg", adamw.exp_avg()}, {"exp_avg_sq", adamw.exp_avg_sq()}}) {
       at::Tensor gathered = shard;
       if (shard.numel() != full.numel()) {
-        gathered = at::empty({world().world_size() * shard.numel()}, shard.options());
-        world().comm().all_gather(shard.reshape(-1), gathered).wait();
+        gathered = at::empty({mesh.shard_size() * shard.numel()}, shard.options());
+        mesh.shard().all_gather(shard.reshape(-1), gathered).wait();
       }
       whole.push_back({std::string(field) + "/" + names[j], gathered.reshape(-1).narrow(0, 0, full.numel())});
     }
@@ -86,15 +91,19 @@ int run(const Plan& plan, const std::string& mode, const fs::path& dir, const fs
 
 int main(int argc, char** argv) {
   if (argc < 4 || argc > 5) {
-    std::cerr << "usage: dist-reshard {fsdp|lora-fsdp} {save DIR | continue DIR OUT}\n";
+    std::cerr << "usage: dist-reshard {fsdp|lora-fsdp}[:S] {save DIR | continue DIR OUT}\n";
     return 2;
   }
-  const std::string strategy = argv[1], mode = argv[2];
+  const std::string asked = argv[1], mode = argv[2];
+  const std::size_t colon = asked.find(':');
+  const std::string strategy = asked.substr(0, colon);
+  const loom::fsdp_options layout{.shard_group_size =
+                                      colon == std::string::npos ? 0 : std::stoll(asked.substr(colon + 1))};
   const fs::path dir = argv[3], out = argc == 5 ? argv[4] : "";
   const auto model = loom::model<models::TinyGpt>(small) | loom::seeded(9);
   try {
-    if (strategy == "fsdp") return run(model | loom::fsdp(), mode, dir, out);
-    return run(model | loom::lora(4, {"q_proj", "fc_in"}) | loom::fsdp(), mode, dir, out);
+    if (strategy == "fsdp") return run(model | loom::fsdp(layout), mode, dir, out);
+    return run(model | loom::lora(4, {"q_proj", "fc_in"}) | loom::fsdp(layout), mode, dir, out);
   } catch (const std::exception& error) {
     std::cerr << error.what() << '\n';
     return 1;

@@ -46,6 +46,10 @@ TEST_CASE("every divisor of the world size makes consecutive shard groups and st
     CHECK(mesh.shard_rank() == rank % shard_size);
     CHECK(mesh.shard_group() == "shard." + std::to_string(rank / shard_size));
     CHECK(mesh.replicate_group() == "replicate." + std::to_string(rank % shard_size));
+    // The schedule's names, the same on every rank; a group of every rank is the world's own.
+    CHECK(mesh.shard_role() == (shard_size == ranks ? "world" : "shard[" + std::to_string(shard_size) + "]"));
+    CHECK(mesh.replicate_role() == "replicate[" + std::to_string(ranks / shard_size) + "]");
+    if (shard_size == ranks) CHECK(&mesh.shard() == &world().comm());
     std::vector<int> shard_members(static_cast<std::size_t>(shard_size));
     std::iota(shard_members.begin(), shard_members.end(), rank / shard_size * shard_size);
     CHECK(mesh.shard_ranks() == shard_members);

@@ -1,8 +1,11 @@
 #!/usr/bin/env python3
 """Two nodes on one machine: two network namespaces joined by a veth pair, each running loom-run
-with --nnodes 2 and 2 ranks. ddp() and fsdp() over the two nodes write the model that 4 ranks on
-one node write, byte for byte: the ranks, their batches and Gloo's reduction order are the same, only
-the sockets differ. Then SIGKILL to node 1's launcher (it cannot forward anything; its ranks die
+with --nnodes 2 and 2 ranks. ddp(), fsdp() and hybrid sharding with one shard group a node
+(fsdp({.shard_group_size = 2})) over the two nodes write the model that 4 ranks on one node write,
+byte for byte: the ranks, their batches and Gloo's reduction order are the same, only the sockets
+differ. The bytes on the link between the nodes are counted: under hybrid sharding no all-gather or
+reduce-scatter crosses it, only the replicas' all-reduce of the reduced shards, so it carries well
+under half of what fsdp() over every rank sends across it (about 2 against 6.5 model sizes a step). Then SIGKILL to node 1's launcher (it cannot forward anything; its ranks die
 with it by PR_SET_PDEATHSIG) takes node 0's ranks and launcher down within --grace-s + 10 s, and no
 process of the job is left on either node.
 
@@ -71,6 +74,16 @@ class Nodes:
                    "--nproc-per-node", str(RANKS_PER_NODE), "--", *program]
         return subprocess.Popen(command, env=env, text=True, **popen)  # `ip netns exec` execs: its pid is loom-run's
 
+    def link_bytes(self) -> int:
+        """The bytes node 0's end of the veth pair has sent and received: everything between the nodes."""
+        total = 0
+        for counter in ("tx_bytes", "rx_bytes"):
+            found = subprocess.run(["ip", "netns", "exec", self.names[0], "cat",
+                                    f"/sys/class/net/{self.links[0]}/statistics/{counter}"],
+                                   capture_output=True, text=True, check=True)
+            total += int(found.stdout)
+        return total
+
     def established_with(self, node: int, peer: int) -> int:
         found = subprocess.run(["ip", "netns", "exec", self.names[node], "ss", "-Htn", "state", "established", "dst",
                                 self.addresses[peer]], capture_output=True, text=True)
@@ -86,7 +99,7 @@ def last_line(text: str) -> str:
     return lines[-1] if lines else ""
 
 
-def parity(loom_run: str, program: str, nodes: Nodes, root: Path, strategy: str) -> list[str]:
+def parity(loom_run: str, program: str, nodes: Nodes, root: Path, strategy: str, crossed: dict[str, int]) -> list[str]:
     one = root / f"{strategy}-one-node.safetensors"
     done = subprocess.run([loom_run, "--nproc-per-node", str(2 * RANKS_PER_NODE), "--", program, strategy, str(one),
                            STEPS], capture_output=True, text=True, timeout=120)
@@ -94,10 +107,12 @@ def parity(loom_run: str, program: str, nodes: Nodes, root: Path, strategy: str)
         return [f"{strategy}: 4 ranks on one node failed (exit {done.returncode}): {done.stderr[-1500:]}"]
     two = root / f"{strategy}-two-nodes.safetensors"
     start = time.monotonic()
+    before = nodes.link_bytes()
     launchers = [nodes.launch(node, loom_run, [program, strategy, str(two), STEPS], stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE) for node in (0, 1)]
     outputs = [launcher.communicate(timeout=120) for launcher in launchers]
     took = time.monotonic() - start
+    crossed[strategy] = nodes.link_bytes() - before
     failures = [f"{strategy}: node {node}'s loom-run exited {launcher.returncode}: {err[-1500:]}"
                 for node, (launcher, (_, err)) in enumerate(zip(launchers, outputs)) if launcher.returncode != 0]
     if failures:
@@ -106,8 +121,12 @@ def parity(loom_run: str, program: str, nodes: Nodes, root: Path, strategy: str)
                                str(two), "0"], capture_output=True, text=True)
     same = one.read_bytes() == two.read_bytes()
     print(f"{strategy}: 4 ranks on 2 nodes in {took:.1f} s against 4 on one node: "
-          f"{'the same bytes' if same else 'DIFFERENT bytes'}; {compared.stdout.strip()}")
-    return [] if same else [f"{strategy}: the two-node model differs from the one-node model: {compared.stdout}"]
+          f"{'the same bytes' if same else 'DIFFERENT bytes'}; {compared.stdout.strip()}; "
+          f"{crossed[strategy]} bytes between the nodes")
+    failures = [] if same else [f"{strategy}: the two-node model differs from the one-node model: {compared.stdout}"]
+    if strategy == "hsdp" and "fsdp: hybrid sharding: 2 shard groups of 2 ranks each" not in outputs[0][0]:
+        failures.append(f"hsdp: rank 0's describe() does not name the shard groups: {outputs[0][0][-1500:]}")
+    return failures
 
 
 def kill_one_launcher(loom_run: str, program: str, nodes: Nodes, root: Path) -> list[str]:
@@ -175,9 +194,13 @@ def main() -> int:
                   f"(CAP_SYS_ADMIN and CAP_NET_ADMIN)")
             return SKIP
         failures = []
+        crossed: dict[str, int] = {}
         with tempfile.TemporaryDirectory() as root:
-            for strategy in ("ddp", "fsdp"):
-                failures += parity(loom_run, program, nodes, Path(root), strategy)
+            for strategy in ("ddp", "fsdp", "hsdp"):
+                failures += parity(loom_run, program, nodes, Path(root), strategy, crossed)
+            if "fsdp" in crossed and "hsdp" in crossed and crossed["hsdp"] > 0.5 * crossed["fsdp"]:
+                failures.append(f"hsdp: {crossed['hsdp']} bytes crossed between the nodes, more than half of fsdp()'s "
+                                f"{crossed['fsdp']}: a shard group's collectives cross the nodes")
             failures += kill_one_launcher(loom_run, program, nodes, Path(root))
     finally:
         nodes.remove()

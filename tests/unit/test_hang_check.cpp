@@ -28,10 +28,10 @@ const hang_watch::clock::time_point start{};
 
 progress_snapshot waiting_on(std::int64_t collective, std::string what, job_position at,
                              std::chrono::milliseconds waited) {
-  return {at, wait_kind::collective, waited, collective, std::move(what)};
+  return {at, wait_kind::collective, waited, collective, std::move(what), {}};
 }
 
-progress_snapshot computing(job_position at) { return {at, wait_kind::none, 0ms, 0, {}}; }
+progress_snapshot computing(job_position at) { return {at, wait_kind::none, 0ms, 0, {}, {}}; }
 
 peer_record peer(int rank, std::int64_t beat, progress_snapshot progress) {
   return {rank, beat, std::move(progress), std::nullopt};
@@ -69,9 +69,18 @@ TEST_CASE("a progress record reads back as written", "[hang_check]") {
   REQUIRE(loom::decode_progress(loom::encode_progress(0, idle)));
   CHECK(loom::decode_progress(loom::encode_progress(0, idle))->second == idle);
 
+  progress_snapshot grouped = waiting_on(3, "reduce_scatter Float[2, 9]", {4, pass_part::backward, 8}, 77ms);
+  grouped.group = {"shard.1", {2, 3}};
+  CHECK(loom::encode_progress(5, grouped) == "5 4 1 8 1 77 3 shard.1=2,3 reduce_scatter Float[2, 9]");
+  REQUIRE(loom::decode_progress(loom::encode_progress(5, grouped)));
+  CHECK(loom::decode_progress(loom::encode_progress(5, grouped))->second == grouped);
+  CHECK(grouped.where() == "reduce_scatter Float[2, 9] over shard.1 in the backward of pass 4");
+
   CHECK(loom::decode_position(loom::encode_position({7, pass_part::forward, 13})) ==
         job_position{7, pass_part::forward, 13});
-  for (const char* bad : {"", "1 2", "1 2 9 0 0 0 0", "1 2 0 0 7 0 0", "x 1 1 1 1 1 1", "1  2 1 1 1 1 1"}) {
+  for (const char* bad :
+       {"", "1 2", "1 2 9 0 0 0 0 *", "1 2 0 0 7 0 0 *", "x 1 1 1 1 1 1 *", "1  2 1 1 1 1 1 *", "1 2 0 0 0 0 0",
+        "1 2 0 0 0 0 0 shard.0=", "1 2 0 0 0 0 0 =1", "1 2 0 0 0 0 0 s=1,", "1 2 0 0 0 0 0 s=1,x"}) {
     CAPTURE(bad);
     CHECK_FALSE(loom::decode_progress(bad));
   }
@@ -155,7 +164,7 @@ TEST_CASE("a wait that ends between two looks is not reported", "[hang_check]") 
 TEST_CASE("a peer that left trips every kind of wait", "[hang_check]") {
   for (const wait_kind kind : {wait_kind::collective, wait_kind::part}) {
     hang_watch check(0, after, silence);
-    progress_snapshot mine{{6, pass_part::backward, 11}, kind, after, 0, "schedule entries #0-#2: all_reduce"};
+    progress_snapshot mine{{6, pass_part::backward, 11}, kind, after, 0, "schedule entries #0-#2: all_reduce", {}};
     peer_record gone = peer(2, 40, computing({6, pass_part::between, 12}));
     gone.left_at = job_position{6, pass_part::between, 12};
     const auto result = watch(check, mine, {peer(1, 3, computing({6, pass_part::backward, 11})), gone}, 4);
@@ -166,7 +175,8 @@ TEST_CASE("a peer that left trips every kind of wait", "[hang_check]") {
 
 TEST_CASE("a silent peer trips it once the silence lasts", "[hang_check]") {
   hang_watch check(2, after, silence);
-  const progress_snapshot mine{{3, pass_part::backward, 5}, wait_kind::part, after, 0, "schedule entry #0: all_reduce"};
+  const progress_snapshot mine{
+      {3, pass_part::backward, 5}, wait_kind::part, after, 0, "schedule entry #0: all_reduce", {}};
   const auto result = watch(check, mine, {peer(0, 9, computing({3, pass_part::forward, 4}))}, 20, /*frozen=*/true);
   REQUIRE(result.error);
   CHECK(result.look >= 6);  // 2.5 s of silence, seen at 500 ms looks, then confirmed
@@ -181,7 +191,8 @@ TEST_CASE("a silent peer trips it once the silence lasts", "[hang_check]") {
 TEST_CASE("inside a part, a peer further on does not trip it: the wait is not known to be a collective's",
           "[hang_check]") {
   hang_watch check(0, after, silence);
-  const progress_snapshot mine{{3, pass_part::backward, 5}, wait_kind::part, after, 0, "schedule entry #0: all_reduce"};
+  const progress_snapshot mine{
+      {3, pass_part::backward, 5}, wait_kind::part, after, 0, "schedule entry #0: all_reduce", {}};
   CHECK_FALSE(watch(check, mine, {peer(1, 1, computing({4, pass_part::forward, 7}))}, 20).error);
 }
 
@@ -192,6 +203,37 @@ TEST_CASE("two ranks waiting on different collectives of the same number trip it
   REQUIRE(result.error);
   CHECK_THAT(*result.error,
              ContainsSubstring("(its collective #12), but rank 1's collective #12 is barrier after pass 2"));
+}
+
+TEST_CASE("a wait in a group is judged by the group's members alone", "[hang_check]") {
+  // Hybrid sharding, 4 ranks: rank 0 waits on its shard group {0, 1}, whose rank 1 is still computing.
+  hang_watch check(0, after, silence);
+  progress_snapshot mine = waiting_on(6, "all_gather Float[2, 40]", {3, pass_part::forward, 5}, after);
+  mine.group = {"shard.0", {0, 1}};
+  progress_snapshot other_group = waiting_on(6, "reduce_scatter Float[2, 40]", {3, pass_part::backward, 6}, after);
+  other_group.group = {"shard.1", {2, 3}};
+  // The other shard group is past rank 0, and waits on its own collective #6: neither concerns rank 0.
+  CHECK_FALSE(watch(check, mine,
+                    {peer(1, 2, computing({3, pass_part::forward, 5})), peer(2, 7, other_group),
+                     peer(3, 7, computing({3, pass_part::backward, 6}))},
+                    20)
+                  .error);
+  // A member past it still trips it, named.
+  hang_watch member(0, after, silence);
+  const auto result =
+      watch(member, mine, {peer(1, 2, computing({3, pass_part::backward, 6})), peer(2, 7, other_group)}, 4);
+  REQUIRE(result.error);
+  CHECK_THAT(*result.error, ContainsSubstring("in all_gather Float[2, 40] over shard.0 in the forward of pass 3") &&
+                                ContainsSubstring("rank 1 has gone on to the backward of pass 3 without joining it"));
+  // A member waiting on another collective of the group's number #6 trips it; of another group's, not.
+  hang_watch differs(0, after, silence);
+  progress_snapshot same_group = waiting_on(6, "barrier", {3, pass_part::forward, 5}, after);
+  same_group.group = mine.group;
+  CHECK(watch(differs, mine, {peer(1, 2, same_group)}, 4).error);
+  hang_watch elsewhere(0, after, silence);
+  progress_snapshot replicate = waiting_on(6, "all_reduce Float[40]", {3, pass_part::forward, 5}, after);
+  replicate.group = {"replicate.1", {1, 3}};
+  CHECK_FALSE(watch(elsewhere, mine, {peer(1, 2, replicate)}, 20).error);
 }
 
 TEST_CASE("a failure a peer published trips it, quoted, once the failed rank had a silence to exit", "[hang_check]") {

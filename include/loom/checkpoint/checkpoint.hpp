@@ -49,6 +49,9 @@ struct checkpoint_options {
 struct checkpoint_manifest {
   std::int64_t step = 0;
   int world_size = 0;
+  // Sharded: how many ranks' files hold one whole copy (ranks 0 to shard_group_size - 1); fewer than
+  // world_size under hybrid sharding. A manifest without it was sharded across every rank.
+  int shard_group_size = 0;
   bool sharded = false;
   bool all_parameters = false;  // "all", or "trainable"
   std::string plan;
@@ -74,13 +77,14 @@ struct resume_point {
 // What the checkpoint layer needs of a job; checkpointer's templates make it from one.
 struct checkpoint_target {
   const runtime* rt = nullptr;
-  std::string plan;      // job.plan_text(): compared on resume
+  std::string plan;      // job.plan_state(): compared on resume
   std::string describe;  // job.describe(): recorded in the manifest
   std::uint64_t schedule_fingerprint = 0;
   bool sharded = false;
+  int shard_group_size = 0;             // job.shard_group_size()
   std::function<tensor_state()> state;  // what this rank saves: its shards, or the whole
   std::function<void(const tensor_state&)> load;
-  // Sharded only: this rank's shard of `name` from the shards of another number of ranks, or
+  // Sharded only: this rank's shard of `name` from one whole copy's shards in another layout, or
   // nothing when `name` is whole on every rank; and the names of the optimizer's parameters.
   std::function<std::optional<at::Tensor>(const std::string& name, const std::vector<at::Tensor>& shards)> reshard;
   std::vector<std::string> optimizer_names;
@@ -114,10 +118,11 @@ class checkpointer {
   static checkpoint_target target_of(Job& job) {
     checkpoint_target target;
     target.rt = &job.rt();
-    target.plan = job.plan_text();
+    target.plan = job.plan_state();
     target.describe = job.describe();
     target.schedule_fingerprint = job.schedule().fingerprint();
     target.sharded = Job::shards_state();
+    target.shard_group_size = job.shard_group_size();
     target.state = [&job] { return Job::shards_state() ? job.local_state_dict() : job.state_dict(); };
     target.load = [&job](const tensor_state& state) {
       if constexpr (Job::shards_state()) {

@@ -67,11 +67,24 @@ constexpr auto make_pipeline(std::tuple<First, Rest...>&& stages) {
   }
 }
 
-// Prints stages one a line, each line ending in '\n'.
+// A stage as a checkpoint records it: describe() without its layout options (option_role), for a
+// stage that has such options.
+template <class Stage>
+std::string describe_state(const Stage& stage) {
+  if constexpr (requires { stage.describe_state(); }) {
+    return stage.describe_state();
+  } else {
+    return stage.describe();
+  }
+}
+
+// Prints stages one a line, each line ending in '\n'; with `state_only`, as describe_state does.
 template <class... Stages>
-std::string describe_stages(const std::tuple<Stages...>& stages) {
+std::string describe_stages(const std::tuple<Stages...>& stages, bool state_only = false) {
   std::string text;
-  std::apply([&](const auto&... each) { ((text += each.describe() + '\n'), ...); }, stages);
+  std::apply(
+      [&](const auto&... each) { ((text += (state_only ? describe_state(each) : each.describe()) + '\n'), ...); },
+      stages);
   return text;
 }
 

@@ -142,13 +142,17 @@ class plan : public detail::pipeable {
   }
 
   // One stage a line, every option spelled out, the default strategy included; see docs/dsl.md.
-  [[nodiscard]] std::string describe() const {
-    std::string text = detail::describe_stages(stages_);
+  [[nodiscard]] std::string describe() const { return text(/*state_only=*/false); }
+  // describe() without the strategy's layout options (option_role): what a checkpoint compares.
+  [[nodiscard]] std::string describe_state() const { return text(/*state_only=*/true); }
+
+ private:
+  [[nodiscard]] std::string text(bool state_only) const {
+    std::string text = detail::describe_stages(stages_, state_only);
     if constexpr (strategy_index == kinds.size()) text += strategy().describe() + '\n';
     return text;
   }
 
- private:
   stage_tuple stages_;
 };
 

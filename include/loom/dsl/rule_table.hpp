@@ -78,6 +78,7 @@
     "std::optional<at::Tensor> reshard_local(loom::strategy_context&, const std::string& name, "                       \
     "const std::vector<at::Tensor>& old_shards)",                                                                      \
     __VA_ARGS__)                                                                                                       \
+  X(shard_group_size, "int shard_group_size(const loom::strategy_context&) const", __VA_ARGS__)                        \
   X(strategy_state, "loom::tensor_state strategy_state(loom::strategy_context&)", __VA_ARGS__)                         \
   X(load_strategy_state, "void load_strategy_state(loom::strategy_context&, const loom::tensor_state&)", __VA_ARGS__)
 #define LOOM_SHARDING_HOOKS(X, ...)                                                           \

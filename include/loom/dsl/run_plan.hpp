@@ -79,15 +79,19 @@ class run_plan {
   [[nodiscard]] run_strategy strategy() const { return stages_.strategy.value_or(run_strategy(local())); }
 
   // As the typed plan's: one stage a line, in the given order, then local() when no strategy is named.
-  [[nodiscard]] std::string describe() const {
+  [[nodiscard]] std::string describe() const { return text(/*state_only=*/false); }
+  // As the typed plan's describe_state(): without the strategy's layout options.
+  [[nodiscard]] std::string describe_state() const { return text(/*state_only=*/true); }
+
+ private:
+  [[nodiscard]] std::string text(bool state_only) const {
     std::string text = model_.describe() + '\n';
-    for (const stage_kind kind : stages_.kinds) text += describe_stage(kind) + '\n';
+    for (const stage_kind kind : stages_.kinds) text += describe_stage(kind, state_only) + '\n';
     if (!stages_.strategy) text += local().describe() + '\n';
     return text;
   }
 
- private:
-  [[nodiscard]] std::string describe_stage(stage_kind kind) const {
+  [[nodiscard]] std::string describe_stage(stage_kind kind, bool state_only) const {
     switch (kind) {
       case stage_kind::seeded: return stages_.seeded->describe();
       case stage_kind::default_dtype: return stages_.default_dtype->describe();
@@ -96,7 +100,10 @@ class run_plan {
       case stage_kind::pretrained: return stages_.pretrained->describe();
       case stage_kind::lora: return stages_.lora->describe();
       case stage_kind::trainable: return stages_.trainable->describe();
-      default: return std::visit([](const auto& stage) { return stage.describe(); }, *stages_.strategy);
+      default:
+        return std::visit(
+            [state_only](const auto& stage) { return state_only ? detail::describe_state(stage) : stage.describe(); },
+            *stages_.strategy);
     }
   }
 

@@ -7,6 +7,7 @@
 #include <loom/dsl/stage_kind.hpp>
 
 #include <cstddef>
+#include <cstdint>
 #include <string>
 #include <string_view>
 #include <tuple>
@@ -55,6 +56,10 @@ class configured_strategy_stage : public detail::pipeable {
   [[nodiscard]] constexpr const Options& settings() const noexcept { return settings_; }
   [[nodiscard]] std::string options() const { return options_text(settings_); }
   [[nodiscard]] std::string describe() const { return detail::call_text(name, options()); }
+  // describe() without the layout options (option_role): how a checkpoint records the stage.
+  [[nodiscard]] std::string describe_state() const {
+    return detail::call_text(name, options_text(settings_, /*state_only=*/true));
+  }
 
  private:
   Options settings_;
@@ -66,18 +71,26 @@ using ddp_stage = configured_strategy_stage<stage_kind::ddp, ddp_options>;
 constexpr ddp_stage ddp(const ddp_options& settings = {}) noexcept { return ddp_stage(settings); }
 
 struct fsdp_options {
+  // shard_group_size: how many consecutive ranks one parameter is sharded across; the groups
+  // replicate each other, their reduced gradients averaged across them (hybrid sharding, FSDP2's 2-D
+  // mesh (replicate, shard), torchtitan's dp_replicate × dp_shard).
+  static constexpr std::int64_t every_rank = 0;  // one group of every rank: plain FSDP
+  static constexpr std::int64_t per_node = -1;   // the ranks of a node: LOCAL_WORLD_SIZE
+
   bool reshard_after_forward = true;  // free the gathered parameters after forward, gather again for backward
   std::size_t bucket_cap_mb = 25;     // the replicated adapters' gradient all-reduce, as ddp()'s buckets
+  std::int64_t shard_group_size = every_rank;
 
   static constexpr auto fields() {
     return std::tuple{option_field{"reshard_after_forward", &fsdp_options::reshard_after_forward},
-                      option_field{"bucket_cap_mb", &fsdp_options::bucket_cap_mb}};
+                      option_field{"bucket_cap_mb", &fsdp_options::bucket_cap_mb},
+                      option_field{"shard_group_size", &fsdp_options::shard_group_size, option_role::layout}};
   }
 };
 
 using fsdp_stage = configured_strategy_stage<stage_kind::fsdp, fsdp_options>;
 
-// fsdp() or fsdp({.reshard_after_forward = false})
+// fsdp(), fsdp({.reshard_after_forward = false}), fsdp({.shard_group_size = fsdp_options::per_node})
 constexpr fsdp_stage fsdp(const fsdp_options& settings = {}) noexcept { return fsdp_stage(settings); }
 
 }  // namespace loom

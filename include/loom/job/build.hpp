@@ -51,6 +51,7 @@ auto build_checked(const Plan& plan, runtime rt) {
   LOOM_CHECK_ENGINE_HOOKS(E)
 
   build_decisions decided;
+  decided.plan_state = plan.describe_state();
   decided.built_in = plan.default_dtype();
   if (auto policy = plan.mixed_precision()) decided.policy = precision_policy::from(*policy);
   // Opened, every header read and checked, before the model is constructed: a missing or truncated
@@ -136,6 +137,7 @@ struct with_strategy {
   [[nodiscard]] auto lora() const { return plan.lora(); }
   [[nodiscard]] auto trainable_patterns() const { return plan.trainable_patterns(); }
   [[nodiscard]] std::string describe() const { return plan.describe(); }
+  [[nodiscard]] std::string describe_state() const { return plan.describe_state(); }
   [[nodiscard]] const Strategy& strategy() const noexcept { return stage; }
 };
 

@@ -129,6 +129,7 @@ struct build_decisions {
   bool pretrained_read = false;                       // copied in already (else after the setup)
   std::shared_ptr<nn::deferred_init> deferred;        // the records of a construction without bytes
   std::string constructed_whole;                      // why an engine that could not have it so
+  std::string plan_state;  // the plan's describe_state(): what a checkpoint of the job must have been saved by
 };
 
 // The part of a job that does not depend on M or the strategy (src/job/job.cpp).
@@ -173,6 +174,7 @@ class job_core {
   static void zero_grad(const std::vector<at::Tensor>& parameters, bool set_to_none);
   [[nodiscard]] std::string describe() const;
   [[nodiscard]] const std::string& plan_text() const noexcept { return plan_text_; }
+  [[nodiscard]] const std::string& plan_state() const noexcept { return plan_state_; }
   [[nodiscard]] std::vector<std::string> frozen_names() const;
 
  private:
@@ -181,6 +183,7 @@ class job_core {
   std::string model_name_;
   std::optional<lora_layers> lora_;
   std::string plan_text_;
+  std::string plan_state_;
   std::string built_text_;  // how the model was built: its dtype, the parameters held in fp32
   // For the forward and the backward: the schedule's entries there ("schedule entries #0-#2:
   // all_reduce"), or nothing when the part communicates nothing.
@@ -289,6 +292,9 @@ class job {
   [[nodiscard]] std::vector<std::string> frozen_names() const { return core_.frozen_names(); }
   // Whether each rank holds its own part of the state (fsdp) rather than a replica of the whole.
   [[nodiscard]] static constexpr bool shards_state() noexcept { return hooks::shards_parameters<E>(); }
+  // How many ranks' shards make up one whole copy: the first that many ranks' local_state_dict()s
+  // hold every row (the world size but under hybrid sharding, fsdp's shard_group_size).
+  [[nodiscard]] int shard_group_size() const { return hooks::shard_group_size(engine_, core_.context()); }
 
   // Clears the trainable gradients. Use it rather than torch::optim::Optimizer::zero_grad under
   // ddp({.gradient_as_bucket_view = true}): LibTorch's detaches each gradient in place, which a
@@ -321,6 +327,8 @@ class job {
   [[nodiscard]] std::string describe() const { return core_.describe(); }
   // The plan alone, as the DSL describes it: the same on every rank and at any world size.
   [[nodiscard]] const std::string& plan_text() const noexcept { return core_.plan_text(); }
+  // The plan without its layout options (fsdp's shard_group_size): what a checkpoint compares.
+  [[nodiscard]] const std::string& plan_state() const noexcept { return core_.plan_state(); }
 
   // LoRA: fold the adapters into the base weights, and take them out again.
   void merge() {

@@ -25,12 +25,13 @@ enum class reduce_op { sum, mean };
 // An issued collective. wait() blocks until it is done (or the backend's timeout passes, which
 // throws), then runs its completion step, e.g. copying a padded result into the caller's tensor.
 // The wait is marked in the rank's progress, for the hang check.
-// What the hang check learns of a collective: its number in this rank's order of issue, and what
-// it is ("all_reduce Float[1]").
+// What the hang check learns of a collective: its number in this rank's order of issue over its
+// group, what it is ("all_reduce Float[1]") and the group.
 struct collective_label {
   job_progress* progress = nullptr;  // told of the wait, when set
   std::int64_t number = 0;
   std::string what;
+  collective_group group;
 };
 
 // c10d's Work stays behind this class (defined where it is complete), out of every recipe's headers.
@@ -59,9 +60,10 @@ class collectives {
   // Without a backend (one rank, no process group) every collective is the identity.
   // `stage_through_host`: the backend takes CPU tensors only (Gloo for ranks sharing a GPU), so a
   // CUDA tensor is copied to the host, reduced there and copied back. `progress`, when given, is
-  // told of every wait.
+  // told of every wait; `group`: the ranks the backend joins, for the hang check (the world's by
+  // default; `rank` and `world_size` are then this rank's place in the group and its size).
   collectives(c10::intrusive_ptr<c10d::Backend> backend, int rank, int world_size, bool stage_through_host = false,
-              job_progress* progress = nullptr);
+              job_progress* progress = nullptr, collective_group group = {});
   ~collectives();
   collectives(const collectives&) = delete;
   collectives& operator=(const collectives&) = delete;
@@ -109,6 +111,7 @@ class collectives {
   bool stage_through_host_;
   bool emulate_reduce_scatter_ = false;
   job_progress* progress_;
+  collective_group group_;
   std::int64_t issued_ = 0;
 };
 

@@ -4,9 +4,9 @@
 // - a peer published a failure and, a silence later, its exit has not broken the wait; or a peer
 //   left the job (its program ended, its runtime was destroyed);
 // - a peer's heartbeat stopped: it is stopped (SIGSTOP, a debugger) or died without a word;
-// - it waits on one of loom's collectives and a peer is past that point in the job (a later
-//   ordinal) without having joined it: had the peer issued the collective, it would be complete;
-// - it and a peer both wait on their collective number n, and the two differ.
+// - it waits on one of loom's collectives and a peer of the collective's group is past that point
+//   in the job (a later ordinal) without having joined it: had the peer issued it, it would be complete;
+// - it and a peer both wait on their collective number n of the same group, and the two differ.
 // A peer that is merely slow (still computing, at or before this rank's point) never trips it, nor
 // does a rank that computes for a long time: only waits are checked. docs/reliability.md.
 

@@ -5,6 +5,9 @@
 // replicate group. Each group has a c10d backend of its own and loom's collectives over it.
 //
 //   world 4, shard_size 2:  shard.0 = {0, 1}, shard.1 = {2, 3}; replicate.0 = {0, 2}, replicate.1 = {1, 3}
+//
+// A shard group of the whole world is the world's own group (plain FSDP), with replicate groups of
+// one rank: no backend is made for either.
 
 #include <loom/runtime/collectives.hpp>
 
@@ -37,9 +40,13 @@ class rank_mesh {
   // group (rank shard_index() of replicate_size()).
   [[nodiscard]] collectives& shard() const noexcept { return *shard_; }
   [[nodiscard]] collectives& replicate() const noexcept { return *replicate_; }
-  // "shard.1", "replicate.0": how the schedule names them.
+  // This rank's groups: "shard.1", "replicate.0".
   [[nodiscard]] std::string shard_group() const;
   [[nodiscard]] std::string replicate_group() const;
+  // How a schedule names the group of a collective, the same on every rank: "shard[2]" and
+  // "replicate[2]" (a group's role and size), "world" for a shard group of every rank.
+  [[nodiscard]] std::string shard_role() const;
+  [[nodiscard]] std::string replicate_role() const;
   // Their members, by world rank, ascending.
   [[nodiscard]] std::vector<int> shard_ranks() const;
   [[nodiscard]] std::vector<int> replicate_ranks() const;
@@ -48,7 +55,8 @@ class rank_mesh {
   int rank_ = 0;
   int shard_size_ = 1;
   int replicate_size_ = 1;
-  std::unique_ptr<collectives> shard_;
+  std::unique_ptr<collectives> own_shard_;  // none when the shard group is the world
+  collectives* shard_ = nullptr;
   std::unique_ptr<collectives> replicate_;
 };
 

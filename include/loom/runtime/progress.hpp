@@ -10,6 +10,7 @@
 #include <string>
 #include <string_view>
 #include <utility>
+#include <vector>
 
 namespace loom {
 
@@ -30,6 +31,17 @@ struct job_position {
   friend bool operator==(const job_position&, const job_position&) = default;
 };
 
+// The ranks a collective is issued over: every rank of the job (the world), or a group of them
+// (hybrid sharding's shard and replicate groups, loom/runtime/mesh.hpp), by name and members.
+struct collective_group {
+  std::string name;          // empty: the world
+  std::vector<int> members;  // by world rank, ascending; empty: the world
+
+  [[nodiscard]] bool world() const noexcept { return members.empty(); }
+  [[nodiscard]] bool includes(int rank) const noexcept;
+  friend bool operator==(const collective_group&, const collective_group&) = default;
+};
+
 enum class wait_kind : std::uint8_t {
   none,
   collective,  // in the wait of one of loom's own collectives
@@ -40,10 +52,11 @@ struct progress_snapshot {
   job_position at;
   wait_kind waiting = wait_kind::none;
   std::chrono::milliseconds waited{0};
-  std::int64_t collective = 0;  // the collective waited on: its number in this rank's order of issue
+  std::int64_t collective = 0;  // the collective waited on: its number in its group's order of issue
   std::string what;             // "all_reduce Float[1]", or the part's collectives
+  collective_group group;       // the collective's
 
-  // "all_reduce Float[1] after pass 3"
+  // "all_reduce Float[1] after pass 3", "reduce_scatter Float[8] over shard.1 in the backward of pass 2"
   [[nodiscard]] std::string where() const;
   friend bool operator==(const progress_snapshot&, const progress_snapshot&) = default;
 };
@@ -57,6 +70,12 @@ struct progress_snapshot {
 [[nodiscard]] std::optional<job_position> decode_position(std::string_view text);
 
 class job_progress {
+  struct waited_collective {
+    std::int64_t number;
+    std::string what;
+    collective_group group;
+  };
+
  public:
   using clock = std::chrono::steady_clock;
 
@@ -66,17 +85,18 @@ class job_progress {
   // Back between passes, once the backward (or a forward that failed) is over.
   void leave_part();
 
-  // A wait on collective number `number`, described by `what`, from construction to destruction.
+  // A wait on collective number `number` of `group`, described by `what`, from construction to
+  // destruction.
   class [[nodiscard]] wait_scope {
    public:
-    wait_scope(job_progress* tracker, std::int64_t number, std::string what);
+    wait_scope(job_progress* tracker, std::int64_t number, std::string what, collective_group group = {});
     ~wait_scope();
     wait_scope(const wait_scope&) = delete;
     wait_scope& operator=(const wait_scope&) = delete;
 
    private:
     job_progress* tracker_;
-    std::optional<std::pair<std::int64_t, std::string>> outer_;  // a wait this one is nested in
+    std::optional<waited_collective> outer_;  // a wait this one is nested in
     clock::time_point outer_since_;
   };
 
@@ -88,7 +108,7 @@ class job_progress {
   bool part_communicates_ = false;
   std::string part_collectives_;
   clock::time_point part_since_;
-  std::optional<std::pair<std::int64_t, std::string>> collective_;  // number and description
+  std::optional<waited_collective> collective_;
   clock::time_point collective_since_;
 };
 

@@ -33,6 +33,9 @@
 //     std::optional<at::Tensor> reshard_local(strategy_context&, const std::string& name,
 //                                             const std::vector<at::Tensor>& old_shards)    nothing
 //         this rank's shard of `name` from its shards over another number of ranks
+//     int shard_group_size(const strategy_context&) const                     the world size
+//         how many ranks' shards make up one whole copy of the parameters: fewer than the world under
+//         hybrid sharding, whose groups replicate each other (a checkpoint records it to reshard)
 //     tensor_state strategy_state(strategy_context&)                          none
 //     void load_strategy_state(strategy_context&, const tensor_state&)       only an empty state
 // A hook's member of another signature is a compile error (rule R14, with the signature), never a
@@ -114,6 +117,10 @@ template <class E>
 concept overrides_reshard_local = requires(E& engine, strategy_context& context, const std::string& name,
                                            const std::vector<at::Tensor>& shards) {
   { engine.reshard_local(context, name, shards) } -> std::convertible_to<std::optional<at::Tensor>>;
+};
+template <class E>
+concept overrides_shard_group_size = requires(const E& engine, const strategy_context& context) {
+  { engine.shard_group_size(context) } -> std::convertible_to<int>;
 };
 template <class E>
 concept overrides_strategy_state = requires(E& engine, strategy_context& context) {
@@ -255,6 +262,15 @@ std::optional<at::Tensor> reshard_local(E& engine, strategy_context& context, co
     return engine.reshard_local(context, name, old_shards);
   } else {
     return std::nullopt;
+  }
+}
+
+template <Engine E>
+int shard_group_size(const E& engine, const strategy_context& context) {
+  if constexpr (overrides_shard_group_size<E>) {
+    return engine.shard_group_size(context);
+  } else {
+    return context.rt().world_size();
   }
 }
 

@@ -63,6 +63,8 @@ class fsdp_engine {
   // Nothing when `name` is not sharded (an adapter, a buffer: whole on every rank).
   [[nodiscard]] std::optional<at::Tensor> reshard_local(strategy_context& context, const std::string& name,
                                                         const std::vector<at::Tensor>& shards) const;
+  // The ranks one parameter is sharded across: the world, or under hybrid sharding a shard group.
+  [[nodiscard]] int shard_group_size(const strategy_context& context) const;
   // Every parameter and buffer, whole (gathered); and back, resharded.
   [[nodiscard]] tensor_state full_state(strategy_context& context);
   void load_full_state(strategy_context& context, const tensor_state& state);

@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <limits>
 #include <string>
 #include <utility>
 
@@ -24,6 +25,13 @@ fsdp_state::~fsdp_state() {
 void fsdp_state::shard(strategy_context& context) {
   context_ = &context;
   const runtime& rt = context.rt();
+  const std::int64_t asked = settings_.shard_group_size;
+  const std::int64_t shard_size = asked == fsdp_options::every_rank ? rt.world_size()
+                                  : asked == fsdp_options::per_node ? rt.env().local_world_size
+                                                                    : asked;
+  constexpr std::int64_t int_min = std::numeric_limits<int>::min();
+  constexpr std::int64_t int_max = std::numeric_limits<int>::max();
+  mesh_.emplace(rt, static_cast<int>(std::clamp(shard_size, int_min, int_max)));
   const std::optional<precision_policy>& precision = context.precision();
   const std::optional<at::ScalarType> reduce = precision ? std::optional(precision->reduce) : std::nullopt;
   root_ = param_group("(root)", reduce);
@@ -43,13 +51,13 @@ void fsdp_state::shard(strategy_context& context) {
     param_group& group = p.group == root_group ? root_ : units_[p.group - 1];
     const std::optional<at::ScalarType> compute =
         precision ? std::optional(precision->compute_dtype(p.tensor.scalar_type())) : std::nullopt;
-    group.add(sharded_param(std::move(p.name), std::move(p.tensor), rt.world_size(), compute));
+    group.add(sharded_param(std::move(p.name), std::move(p.tensor), mesh_->shard_size(), compute));
     if (group.params().back().trainable()) optimizer_order_.push_back(group.params().back().shard());
   }
   // This rank's rows of each sharded parameter, the adapters and buffers whole: never a whole
   // sharded parameter, from a checkpoint or a construction without the full replica.
   std::vector<nn::row_request> rows;
-  for_each_group([&](const param_group& group) { group.request_rows(rt.rank(), rows); });
+  for_each_group([&](const param_group& group) { group.request_rows(mesh_->shard_rank(), rows); });
   std::vector<named_tensor> whole = adapters;
   for (const auto& buffer : context.module().named_buffers()) whole.push_back({buffer.key(), buffer.value()});
   context.initial_values().fill(rows, whole);
@@ -68,18 +76,28 @@ void fsdp_state::issue_through(std::size_t collective) {
 // a unit's forward). Backward, as each unit's output gradient is complete (its successor's backward
 // done): the successor's reduce-scatter, then the gather of the unit before it (prefetched; the last
 // unit stays whole from its forward). After backward: the first unit's and the root's
-// reduce-scatters, and the adapters' all-reduces.
+// reduce-scatters, and the adapters' all-reduces over every rank. Under hybrid sharding each
+// reduce-scatter's entries are followed by those of its all-reduce across the replicas, which
+// replica_cursor_ issues in that order once the reduce-scatter is done.
 void fsdp_state::declare_collectives(collective_schedule& schedule) {
   const auto declare = [&](std::vector<schedule_entry> entries, schedule_cursor::issue_fn issue, bool gradient_sync) {
     return cursor_.declare(schedule, std::move(entries), std::move(issue), gradient_sync);
   };
+  const std::string shard_group = mesh_->shard_role();
   const auto gather = [&](param_group& group, step_phase phase) {
     return declare(
-        group.gather_entries(phase), [this, &group] { group.start_gather(comm()); }, false);
+        group.gather_entries(phase, shard_group), [this, &group] { group.start_gather(comm()); }, false);
   };
   const auto reduce_scatter = [&](param_group& group) {
-    return declare(
-        group.reduce_scatter_entries(), [this, &group] { group.start_reduce_scatter(comm()); }, true);
+    const std::size_t index = declare(
+        group.reduce_scatter_entries(shard_group), [this, &group] { group.start_reduce_scatter(comm()); }, true);
+    if (hybrid()) {
+      replica_cursor_.declare(
+          schedule, group.replicate_entries(mesh_->replicate_role()),
+          [this, &group] { group.start_replicate_all_reduce(mesh_->replicate()); }, true);
+      replica_reductions_.push_back({&group, index});
+    }
+    return index;
   };
   const std::size_t count = units_.size();
   unit_steps_.assign(count, {});
@@ -95,12 +113,23 @@ void fsdp_state::declare_collectives(collective_schedule& schedule) {
   reduce_scatter(root_);
   for (std::size_t b = 0; b < adapters_.bucket_count(); ++b) {
     declare(
-        {adapters_.bucket_entry(b)}, [this, b] { adapters_.start_all_reduce(b, comm()); }, true);
+        {adapters_.bucket_entry(b)}, [this, b] { adapters_.start_all_reduce(b, context_->rt().comm()); }, true);
+  }
+}
+
+void fsdp_state::issue_replica_reductions(bool all) {
+  if (!context_->sync_gradients()) return;
+  for (; next_replica_ < replica_reductions_.size(); ++next_replica_) {
+    const replica_reduction& next = replica_reductions_[next_replica_];
+    if (!all && (!cursor_.issued(next.reduce_scatter) || !next.group->reduce_scatter_done())) return;
+    replica_cursor_.issue_through(next_replica_, /*sync_gradients=*/true);
   }
 }
 
 void fsdp_state::begin_step() {
   cursor_.begin_step();
+  replica_cursor_.begin_step();
+  next_replica_ = 0;
   next_unit_ = 0;
   issue_through(root_gather_);
   root_.finish_gather();
@@ -135,6 +164,7 @@ void fsdp_state::end_backward() {
           late->name(), group.name()));
     }
   });
+  issue_replica_reductions(/*all=*/true);
   for (std::size_t u = units_.size(); u-- > 0;) units_[u].finish_reduce_scatter();
   root_.finish_reduce_scatter();
   adapters_.finish_all_reduces();
@@ -179,6 +209,7 @@ void fsdp_state::before_backward(std::size_t unit) {
   if (unit + 1 < units_.size()) issue_through(unit_steps_[unit + 1].reduce_scatter);
   if (unit > 0) issue_through(unit_steps_[unit - 1].backward_gather);
   issue_through(unit_steps_[unit].backward_gather);
+  issue_replica_reductions(/*all=*/false);
   units_[unit].finish_gather();
 }
 

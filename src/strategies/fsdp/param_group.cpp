@@ -4,6 +4,7 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
 #include <map>
 
 namespace loom::sharding {
@@ -23,10 +24,11 @@ std::vector<std::vector<std::size_t>> param_group::batches(bool reduction) const
   return batches;
 }
 
-std::vector<schedule_entry> param_group::entries(collective_op op, step_phase phase, bool reduction) const {
+std::vector<schedule_entry> param_group::entries(collective_op op, step_phase phase, bool reduction,
+                                                 const std::string& group) const {
   std::vector<schedule_entry> entries;
   for (const auto& indices : batches(reduction)) {
-    schedule_entry& entry = entries.emplace_back(schedule_entry{op, phase, {}, "world"});
+    schedule_entry& entry = entries.emplace_back(schedule_entry{op, phase, {}, group});
     for (std::size_t i : indices) {
       entry.tensors.push_back({params_[i].name(), {params_[i].shard_numel()}, carried_dtype(i, reduction)});
     }
@@ -34,12 +36,16 @@ std::vector<schedule_entry> param_group::entries(collective_op op, step_phase ph
   return entries;
 }
 
-std::vector<schedule_entry> param_group::gather_entries(step_phase phase) const {
-  return entries(collective_op::all_gather, phase, false);
+std::vector<schedule_entry> param_group::gather_entries(step_phase phase, const std::string& group) const {
+  return entries(collective_op::all_gather, phase, false, group);
 }
 
-std::vector<schedule_entry> param_group::reduce_scatter_entries() const {
-  return entries(collective_op::reduce_scatter, step_phase::backward, true);
+std::vector<schedule_entry> param_group::reduce_scatter_entries(const std::string& group) const {
+  return entries(collective_op::reduce_scatter, step_phase::backward, true, group);
+}
+
+std::vector<schedule_entry> param_group::replicate_entries(const std::string& group) const {
+  return entries(collective_op::all_reduce, step_phase::backward, true, group);
 }
 
 void param_group::start_gather(collectives& comm) {
@@ -100,6 +106,18 @@ const sharded_param* param_group::late_gradient() const {
     }
   }
   return nullptr;
+}
+
+bool param_group::reduce_scatter_done() const {
+  return std::all_of(reductions_.begin(), reductions_.end(),
+                     [](const in_flight& reduction) { return reduction.work.is_completed(); });
+}
+
+void param_group::start_replicate_all_reduce(collectives& replicate) {
+  for (in_flight& reduction : reductions_) {
+    reduction.work.wait();
+    reduction.work = replicate.all_reduce(reduction.buffer, reduce_op::mean);
+  }
 }
 
 void param_group::finish_reduce_scatter() {

@@ -34,11 +34,11 @@ std::vector<std::pair<at::Tensor, at::Tensor>> matching_rows(const at::Tensor& r
 
 }  // namespace
 
-sharded_param::sharded_param(std::string name, at::Tensor parameter, int world, std::optional<at::ScalarType> compute)
+sharded_param::sharded_param(std::string name, at::Tensor parameter, int ranks, std::optional<at::ScalarType> compute)
     : name_(std::move(name)), full_(std::move(parameter)) {
   rows_ = full_.dim() == 0 ? 1 : full_.size(0);
   row_numel_ = rows_ == 0 ? 0 : full_.numel() / rows_;
-  shard_rows_ = (rows_ + world - 1) / world;
+  shard_rows_ = (rows_ + ranks - 1) / ranks;
   trainable_ = full_.requires_grad();
   shard_ = at::zeros({shard_numel()}, full_.options().requires_grad(false));
   shard_.requires_grad_(trainable_);

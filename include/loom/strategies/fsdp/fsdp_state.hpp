@@ -1,17 +1,20 @@
 #pragma once
-// fsdp()'s state across a step (FSDP2's per-module state): the root's and the units' parameter
-// groups, the replicated adapters, the step's collectives in the order every rank issues them, and
-// the unit hooks that issue them around each unit's forward and backward (gathers prefetched one
-// unit ahead, reduce-scatters as each unit's backward completes).
+// fsdp()'s state across a step (FSDP2's per-module state): the ranks' mesh, the root's and the
+// units' parameter groups, the replicated adapters, the step's collectives in the order every rank
+// issues them, and the unit hooks that issue them around each unit's forward and backward (gathers
+// prefetched one unit ahead, reduce-scatters as each unit's backward completes; under hybrid
+// sharding, each reduce-scatter's all-reduce across the replicas once it is done).
 
 #include <loom/dsl/strategies.hpp>
 #include <loom/nn/unit.hpp>
+#include <loom/runtime/mesh.hpp>
 #include <loom/schedule/cursor.hpp>
 #include <loom/strategies/fsdp/param_group.hpp>
 #include <loom/strategies/fsdp/replicated_adapters.hpp>
 #include <loom/strategies/strategy_context.hpp>
 
 #include <cstddef>
+#include <optional>
 #include <vector>
 
 namespace loom::sharding {
@@ -23,12 +26,17 @@ class fsdp_state : public nn::unit_hooks {
   fsdp_state(const fsdp_state&) = delete;
   fsdp_state& operator=(const fsdp_state&) = delete;
 
-  // Finds the units and attaches their hooks, shards every parameter but the adapters into its
-  // group, and declares the step's collectives in the schedule. Once, in the engine's setup.
+  // Makes the mesh of settings().shard_group_size (agreed by every rank), finds the units and
+  // attaches their hooks, shards every parameter but the adapters into its group, and declares the
+  // step's collectives in the schedule. Once, in the engine's setup.
   void shard(strategy_context& context);
 
   [[nodiscard]] const fsdp_options& settings() const noexcept { return settings_; }
-  [[nodiscard]] collectives& comm() const { return context_->rt().comm(); }
+  [[nodiscard]] const rank_mesh& mesh() const { return *mesh_; }
+  // The shard group's collectives: the gathers, the reduce-scatters, the norm of the shards.
+  [[nodiscard]] collectives& comm() const { return mesh_->shard(); }
+  // Whether shard groups replicate each other (hybrid sharding).
+  [[nodiscard]] bool hybrid() const { return mesh_->replicate_size() > 1; }
   [[nodiscard]] const replicated_adapters& adapters() const noexcept { return adapters_; }
   // The shards and the adapters, in the module's registration order: what the optimizer steps.
   [[nodiscard]] const std::vector<at::Tensor>& optimizer_order() const noexcept { return optimizer_order_; }
@@ -68,14 +76,26 @@ class fsdp_state : public nn::unit_hooks {
     std::size_t reduce_scatter = none;
   };
 
+  // A reduce-scatter's all-reduce across the replicas (hybrid sharding), with the reduce-scatter's
+  // index in cursor_.
+  struct replica_reduction {
+    param_group* group;
+    std::size_t reduce_scatter;
+  };
+
   void declare_collectives(collective_schedule& schedule);
   void issue_through(std::size_t collective);
+  // Issues, in the schedule's order, the replicas' all-reduces whose reduce-scatters are done; with
+  // `all`, every one left, waiting for its reduce-scatter. The replicate group's collectives keep
+  // their order on every rank; when each starts depends on this rank's reduce-scatters alone.
+  void issue_replica_reductions(bool all);
   // The gradient of the unit's output is complete: its successor's backward is done.
   void before_backward(std::size_t unit);
   [[noreturn]] void fail_out_of_order(std::size_t unit) const;
 
   fsdp_options settings_;
   strategy_context* context_ = nullptr;
+  std::optional<rank_mesh> mesh_;
   param_group root_{"(root)"};  // with the policy's reduce dtype, once shard() knows it
   std::vector<param_group> units_;
   std::vector<nn::unit_base*> unit_modules_;
@@ -84,6 +104,9 @@ class fsdp_state : public nn::unit_hooks {
   schedule_cursor cursor_;
   std::size_t root_gather_ = unit_collectives::none;
   std::vector<unit_collectives> unit_steps_;
+  schedule_cursor replica_cursor_;  // the replicate group's all-reduces, in replica_reductions_ order
+  std::vector<replica_reduction> replica_reductions_;
+  std::size_t next_replica_ = 0;
   std::size_t next_unit_ = 0;  // the unit whose forward comes next in this step
 };
 

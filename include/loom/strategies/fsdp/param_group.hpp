@@ -30,9 +30,11 @@ class param_group {
   void add(sharded_param param) { params_.push_back(std::move(param)); }
 
   // The schedule entries of its all-gather (every parameter) and of its reduce-scatter (the
-  // trainable ones), one per dtype, in the order they are issued.
-  [[nodiscard]] std::vector<schedule_entry> gather_entries(step_phase phase) const;
-  [[nodiscard]] std::vector<schedule_entry> reduce_scatter_entries() const;
+  // trainable ones), over the shard group `group`, one per dtype, in the order they are issued; and,
+  // under hybrid sharding, of the all-reduce of the reduced shards over the replicate group `group`.
+  [[nodiscard]] std::vector<schedule_entry> gather_entries(step_phase phase, const std::string& group) const;
+  [[nodiscard]] std::vector<schedule_entry> reduce_scatter_entries(const std::string& group) const;
+  [[nodiscard]] std::vector<schedule_entry> replicate_entries(const std::string& group) const;
 
   // The group's full parameters move between two states:
   //   whole    (as built, and after a gather)  -- reshard() frees their bytes -->  at rest
@@ -55,8 +57,14 @@ class param_group {
   // A parameter whose gradient reached it after its reduce-scatter began (which would be lost), if
   // any: the caller fails the step, naming it.
   [[nodiscard]] const sharded_param* late_gradient() const;
-  // Waits for it and adds each parameter's reduced rows to its shard's gradient (adding, as after
-  // no_sync).
+  // Hybrid sharding: whether the issued reduce-scatters are done (true when none was issued); then
+  // each one's reduced rows, used-flags included, averaged across the replicate group, issued without
+  // waiting (waiting first for a reduce-scatter not yet done). Over S ranks a shard and R replicas,
+  // the mean of means is the mean over every rank.
+  [[nodiscard]] bool reduce_scatter_done() const;
+  void start_replicate_all_reduce(collectives& replicate);
+  // Waits for it (and the replicas' all-reduce, if issued) and adds each parameter's reduced rows to
+  // its shard's gradient (adding, as after no_sync).
   void finish_reduce_scatter();
   // After a backward under no_sync: the gradients computed narrower than the reduce dtype are kept
   // in it until the reduce-scatter (sharded_param::stash_grad).
@@ -80,12 +88,13 @@ class param_group {
   // Indices of params by the dtype their collective carries, in registration order; a reduction's
   // of the trainable ones only.
   [[nodiscard]] std::vector<std::vector<std::size_t>> batches(bool reduction) const;
-  [[nodiscard]] std::vector<schedule_entry> entries(collective_op op, step_phase phase, bool reduction) const;
+  [[nodiscard]] std::vector<schedule_entry> entries(collective_op op, step_phase phase, bool reduction,
+                                                    const std::string& group) const;
 
   struct in_flight {
     std::vector<std::size_t> indices;
-    at::Tensor buffer;  // a gather's N × packed shards; a reduce-scatter's output, its used-flags last
-    pending_collective work;
+    at::Tensor buffer;         // a gather's N × packed shards; a reduce-scatter's output, its used-flags last
+    pending_collective work;   // a reduce-scatter's, then its replicas' all-reduce
     flagged_gradients layout;  // a reduce-scatter's
   };
 

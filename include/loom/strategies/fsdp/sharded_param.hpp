@@ -1,8 +1,10 @@
 #pragma once
-// One parameter under fsdp(): sharded on dim 0 across the ranks at rest, whole around its unit's
-// forward and backward (FSDP2's per-parameter part). Rank r owns rows [r·s, min(rows, (r+1)·s)),
+// One parameter under fsdp(): sharded on dim 0 across the N ranks of a shard group at rest (every
+// rank, or under hybrid sharding a group of them), whole around its unit's forward and backward
+// (FSDP2's per-parameter part). The group's rank r owns rows [r·s, min(rows, (r+1)·s)),
 // s = ceil(rows / N), kept as s rows, zero-padded past the end, flat; a 0-d parameter counts as one
-// row. Collectives carry a parameter rank-major: N blocks of s rows, one per rank.
+// row. Collectives carry a parameter rank-major: N blocks of s rows, one per rank. Every `rank`
+// below is a rank within the shard group.
 //
 // Under mixed precision (FSDP2's) the shard keeps the parameter's dtype and is the master copy the
 // optimizer steps, while the module's parameter (full) is held in the compute dtype: gathers carry
@@ -23,11 +25,11 @@ namespace loom::sharding {
 
 class sharded_param {
  public:
-  // A shard of its own, zero, for a rank's rows of `parameter` (of `world` ranks); `parameter` must
+  // A shard of its own, zero, for a rank's rows of `parameter` (of `ranks`); `parameter` must
   // own its storage, all of it, or none (constructed without its bytes). Its rows come through
   // rows_request; then release_full: from then on the parameter is held in `compute` (a floating
   // parameter under mixed precision) or in its own dtype (none).
-  sharded_param(std::string name, at::Tensor parameter, int world,
+  sharded_param(std::string name, at::Tensor parameter, int ranks,
                 std::optional<at::ScalarType> compute = std::nullopt);
 
   [[nodiscard]] const std::string& name() const noexcept { return name_; }
