@@ -3,6 +3,7 @@
 // rank that skips an adapted layer or a unit's output; no_sync; clipping; state; merge; memory at rest.
 #include "odd_units.hpp"
 #include "same_state.hpp"
+#include "training_state.hpp"
 #include "world.hpp"
 
 #include <loom/loom.hpp>
@@ -17,10 +18,10 @@
 #include <cmath>
 #include <limits>
 #include <memory>
-#include <set>
 
 using loom::testing::check_same_state;
 using loom::testing::odd_units;
+using loom::testing::training_state_bytes;
 using loom::testing::world;
 
 namespace {
@@ -71,33 +72,6 @@ void train_side_by_side(Reference& reference, Sharded& sharded, bool reference_w
     sharded_optimizer.step();
     sharded.zero_grad();
   }
-}
-
-// The bytes this rank holds in parameters, gradients and optimizer state: every distinct live
-// storage among the module's parameters, the optimizer's tensors, their gradients and its state.
-template <class Job>
-std::int64_t training_state_bytes(Job& job, torch::optim::Optimizer& optimizer) {
-  std::set<const c10::StorageImpl*> seen;
-  std::int64_t bytes = 0;
-  const auto count = [&](const at::Tensor& t) {
-    if (t.defined() && seen.insert(t.storage().unsafeGetStorageImpl()).second) {
-      bytes += static_cast<std::int64_t>(t.storage().nbytes());
-    }
-  };
-  for (const auto& p : job.module().parameters()) {
-    count(p);
-    count(p.grad());
-  }
-  for (const auto& p : job.trainable_parameters()) {
-    count(p);
-    count(p.grad());
-  }
-  for (const auto& [key, state] : optimizer.state()) {
-    const auto& adamw = static_cast<const torch::optim::AdamWParamState&>(*state);
-    count(adamw.exp_avg());
-    count(adamw.exp_avg_sq());
-  }
-  return bytes;
 }
 
 }  // namespace

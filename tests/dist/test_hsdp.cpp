@@ -6,6 +6,7 @@
 // fsdp(); ranks that ask for different group sizes.
 #include "odd_units.hpp"
 #include "same_state.hpp"
+#include "training_state.hpp"
 #include "world.hpp"
 
 #include <loom/loom.hpp>
@@ -23,12 +24,13 @@
 #include <cmath>
 #include <filesystem>
 #include <limits>
-#include <set>
 #include <string>
 #include <vector>
 
 using loom::testing::check_same_state;
 using loom::testing::odd_units;
+using loom::testing::shared_scratch;
+using loom::testing::training_state_bytes;
 using loom::testing::world;
 
 namespace {
@@ -84,42 +86,6 @@ void train_side_by_side(Reference& reference, Other& other, bool whole, Forward 
 }
 
 const auto plain_forward = [](auto& job, const at::Tensor& x, int) { return job.forward(x); };
-
-// Every distinct live storage among the module's parameters, the optimizer's tensors, their
-// gradients and AdamW's moments.
-template <class Job>
-std::int64_t training_state_bytes(Job& job, torch::optim::Optimizer& optimizer) {
-  std::set<const c10::StorageImpl*> seen;
-  std::int64_t bytes = 0;
-  const auto count = [&](const at::Tensor& t) {
-    if (t.defined() && seen.insert(t.storage().unsafeGetStorageImpl()).second) {
-      bytes += static_cast<std::int64_t>(t.storage().nbytes());
-    }
-  };
-  for (const auto& p : job.module().parameters()) {
-    count(p);
-    count(p.grad());
-  }
-  for (const auto& p : job.trainable_parameters()) {
-    count(p);
-    count(p.grad());
-  }
-  for (const auto& [key, state] : optimizer.state()) {
-    const auto& adamw = static_cast<const torch::optim::AdamWParamState&>(*state);
-    count(adamw.exp_avg());
-    count(adamw.exp_avg_sq());
-  }
-  return bytes;
-}
-
-// An empty folder that every rank sees.
-fs::path shared_scratch(const std::string& name) {
-  const fs::path folder =
-      fs::temp_directory_path() / "loom-dist-hsdp" / (std::to_string(world().world_size()) + "-ranks") / name;
-  if (world().rank() == 0) fs::remove_all(folder);
-  world().comm().barrier().wait();
-  return folder;
-}
 
 }  // namespace
 
@@ -350,7 +316,7 @@ TEST_CASE("a checkpoint saved under hybrid sharding resumes under another group 
   const std::vector<std::int64_t> sizes = group_sizes();
   const std::int64_t saved_size = GENERATE_COPY(from_range(group_sizes()));
   CAPTURE(saved_size);
-  const fs::path folder = shared_scratch("resume-" + std::to_string(saved_size));
+  const fs::path folder = shared_scratch("hsdp", "resume-" + std::to_string(saved_size));
   constexpr auto plan = loom::model<odd_units>() | loom::seeded(18) | loom::lora(2, {"up"}) | loom::trainable({"out"});
   auto saved = loom::build(plan | loom::fsdp(hybrid(saved_size)), world());
   torch::optim::AdamW saved_optimizer(saved.trainable_parameters(), torch::optim::AdamWOptions(1e-2));

@@ -17,6 +17,7 @@
 #include <filesystem>
 #include <string>
 
+using loom::testing::shared_scratch;
 using loom::testing::world;
 
 namespace {
@@ -32,15 +33,6 @@ struct NetImpl : torch::nn::Module {
 };
 TORCH_MODULE(Net);                // the holder form
 struct SubclassNet : NetImpl {};  // the subclass form
-
-// An empty folder that every rank sees.
-fs::path shared_scratch(const std::string& name) {
-  const fs::path folder =
-      fs::temp_directory_path() / "loom-dist-model-forms" / (std::to_string(world().world_size()) + "-ranks") / name;
-  if (world().rank() == 0) fs::remove_all(folder);
-  world().comm().barrier().wait();
-  return folder;
-}
 
 // This rank's batch of `step`: another on every rank and at every step.
 std::pair<at::Tensor, at::Tensor> batch(std::int64_t step) {
@@ -76,8 +68,8 @@ loom::train_result train(Job& job, std::int64_t steps, const fs::path& out) {
 template <class Plan>
 void check_train_and_resume(const Plan& plan, const std::string& name) {
   auto straight = loom::build(plan, world());
-  REQUIRE(train(straight, 6, shared_scratch(name + "-straight")).last_step == 6);
-  const fs::path out = shared_scratch(name + "-stopped");
+  REQUIRE(train(straight, 6, shared_scratch("model-forms", name + "-straight")).last_step == 6);
+  const fs::path out = shared_scratch("model-forms", name + "-stopped");
   {
     auto first = loom::build(plan, world());
     REQUIRE(train(first, 4, out).last_step == 4);
@@ -103,8 +95,8 @@ template <class M, class Strategy>
 void check_files_and_merge(const Strategy& strategy, const std::string& name) {
   constexpr auto adapters = loom::lora(2, {"q_proj", "v_proj"}, {.alpha = 3});
   auto trained = loom::build(loom::model<M>() | loom::seeded(5) | adapters | strategy, world());
-  train(trained, 2, shared_scratch(name + "-adapt"));
-  const fs::path files = shared_scratch(name + "-files");
+  train(trained, 2, shared_scratch("model-forms", name + "-adapt"));
+  const fs::path files = shared_scratch("model-forms", name + "-files");
   trained.save_adapter(files / "adapter");
   trained.save_weights(files / "base");
 

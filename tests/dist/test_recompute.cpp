@@ -25,6 +25,7 @@
 #include <vector>
 
 using Catch::Matchers::ContainsSubstring;
+using loom::testing::shared_scratch;
 using loom::testing::world;
 
 namespace {
@@ -172,15 +173,6 @@ TEMPLATE_TEST_CASE("with recompute every step's gradients equal the plain run's,
 
 namespace {
 
-// An empty folder that every rank sees.
-fs::path shared_scratch(const std::string& name) {
-  const fs::path folder =
-      fs::temp_directory_path() / "loom-dist-recompute" / (std::to_string(world().world_size()) + "-ranks") / name;
-  if (world().rank() == 0) fs::remove_all(folder);
-  world().comm().barrier().wait();
-  return folder;
-}
-
 std::string bytes_of(const fs::path& file) {
   std::ifstream in(file, std::ios::binary);
   return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
@@ -240,7 +232,7 @@ TEMPLATE_TEST_CASE("recompute renames nothing: the same names, state_dict, weigh
       CHECK(a[i].name == b[i].name);
       CHECK(torch::equal(a[i].tensor, b[i].tensor));
     }
-    const fs::path folder = shared_scratch(std::string(sharded ? "fsdp" : "ddp") + "-files");
+    const fs::path folder = shared_scratch("recompute", std::string(sharded ? "fsdp" : "ddp") + "-files");
     if (world().rank() == 0) {
       save_all(plain, folder / "plain");
       save_all(recomputed, folder / "recomputed");

@@ -17,6 +17,7 @@
 #include <limits>
 
 using Catch::Matchers::ContainsSubstring;
+using loom::testing::shared_scratch;
 using loom::testing::world;
 
 namespace {
@@ -27,14 +28,6 @@ constexpr models::tiny_gpt_config small{.vocab = 32, .d = 16, .layers = 2, .head
 constexpr auto model = loom::model<models::TinyGpt>(small) | loom::seeded(1);
 
 bool last_rank() { return world().rank() == world().world_size() - 1; }
-
-// An empty folder that every rank sees.
-fs::path shared_scratch(const std::string& name) {
-  const fs::path folder = fs::temp_directory_path() / "loom-dist-train" / name;
-  if (world().rank() == 0) fs::remove_all(folder);
-  world().comm().barrier().wait();
-  return folder;
-}
 
 // Rows [first, first + count) of this rank's 4 rows of step `step`.
 std::pair<at::Tensor, at::Tensor> rows(std::int64_t step, std::int64_t first, std::int64_t count) {
@@ -56,14 +49,14 @@ void check_accumulation(const Plan& plan, const std::string& name) {
                      auto [x, y] = rows(step, 0, 4);
                      return whole.forward(x, y);
                    }},
-              {.steps = 3, .clip_norm = 0.5, .out = shared_scratch(name + "-whole")});
+              {.steps = 3, .clip_norm = 0.5, .out = shared_scratch("train", name + "-whole")});
   loom::train(halves, halves_optimizer,
               {.loss =
                    [&](std::int64_t step, int micro) {
                      auto [x, y] = rows(step, 2 * micro, 2);
                      return halves.forward(x, y);
                    }},
-              {.steps = 3, .accumulate = 2, .clip_norm = 0.5, .out = shared_scratch(name + "-halves")});
+              {.steps = 3, .accumulate = 2, .clip_norm = 0.5, .out = shared_scratch("train", name + "-halves")});
   const auto a = whole.state_dict(), b = halves.state_dict();
   for (std::size_t i = 0; i < a.size(); ++i) {
     CAPTURE(a[i].name);
@@ -81,7 +74,7 @@ TEST_CASE("accumulated micro-batches equal one batch, under ddp() and fsdp()", "
 TEST_CASE("SIGUSR1 on the last rank alone stops every rank after the same step, checkpointed", "[train]") {
   auto job = loom::build(model | loom::fsdp(), world());
   torch::optim::SGD optimizer(job.trainable_parameters(), 0.1);
-  const fs::path out = shared_scratch("preempted");
+  const fs::path out = shared_scratch("train", "preempted");
   const loom::train_result result = loom::train(job, optimizer,
                                                 {.loss =
                                                      [&](std::int64_t step, int) {
@@ -106,6 +99,6 @@ TEST_CASE("a loss that is not finite on one rank stops every rank, naming the st
                                        const bool poisoned = step == 2 && last_rank();
                                        return poisoned ? loss * std::numeric_limits<double>::infinity() : loss;
                                      }},
-                                {.steps = 4, .out = shared_scratch("not-finite")}),
+                                {.steps = 4, .out = shared_scratch("train", "not-finite")}),
                     ContainsSubstring("the loss of step 2 is inf"));
 }
