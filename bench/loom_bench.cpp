@@ -6,6 +6,8 @@
 //
 //   build/loom-run --nproc-per-node 2 -- build/bench/loom-bench --workload gpt-lora-ddp --steps 30
 
+#include "statistics.hpp"
+
 #include <common/command_line.hpp>
 #include <loom/loom.hpp>
 #include <models/mlp.hpp>
@@ -121,13 +123,6 @@ double peak_rss_mb() {
   rusage usage{};
   getrusage(RUSAGE_SELF, &usage);
   return static_cast<double>(usage.ru_maxrss) / 1024.0;  // ru_maxrss is in KiB on Linux
-}
-
-// As Python's statistics.median: the mean of the middle two for an even count.
-double median(std::vector<double> values) {
-  std::sort(values.begin(), values.end());
-  const std::size_t mid = values.size() / 2;
-  return values.size() % 2 ? values[mid] : (values[mid - 1] + values[mid]) / 2;
 }
 
 // Mlp, MSE to a random target, SGD.
@@ -269,7 +264,7 @@ run_result train(Job& job, const bench_options& options) {
 
   std::int64_t trainable = 0;  // the model's, as the anchor counts them (not this rank's shards)
   for (const at::Tensor& p : job.module().parameters()) trainable += p.requires_grad() ? p.numel() : 0;
-  const rank_figures figures{median(step_ms),
+  const rank_figures figures{bench::median(step_ms),
                              static_cast<double>(state_bytes(job.local_state_dict(), params, optimizer)), peak_rss_mb(),
                              slowest_ms};
   return {figures, final_loss, trainable, batch};

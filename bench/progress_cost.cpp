@@ -6,6 +6,8 @@
 //
 //   build/bench/progress-cost --repetitions 7 --collectives 20000
 
+#include "statistics.hpp"
+
 #include <common/command_line.hpp>
 #include <loom/runtime/collectives.hpp>
 #include <loom/runtime/progress.hpp>
@@ -45,12 +47,6 @@ struct options {
   int repetitions = 7;
   int collectives = 20000;
 };
-
-double median(std::vector<double> values) {
-  std::ranges::sort(values);
-  const std::size_t middle = values.size() / 2;
-  return values.size() % 2 == 1 ? values[middle] : (values[middle - 1] + values[middle]) / 2;
-}
 
 // Nanoseconds per collective: an all-gather of a unit's shard, as fsdp() issues, and its wait.
 double time_collectives(loom::collectives& comm, int count) {
@@ -94,10 +90,10 @@ int main(int argc, char** argv) {
     ratio.push_back(marked.back() / plain.back());
     parts.push_back(time_parts(progress, opts.collectives));
   }
-  const auto [low, high] = std::ranges::minmax(ratio);
-  fmt::print("collective untracked: {:.0f} ns (median of {})\n", median(plain), opts.repetitions);
-  fmt::print("collective tracked:   {:.0f} ns; tracking adds {:.0f} ns, ratio {:.3f} (paired {:.3f}-{:.3f})\n",
-             median(marked), median(marked) - median(plain), median(marked) / median(plain), low, high);
-  fmt::print("part entered and left: {:.0f} ns\n", median(parts));
+  fmt::print("collective untracked: {:.0f} ns (median of {})\n", bench::median(plain), opts.repetitions);
+  fmt::print("collective tracked:   {:.0f} ns; tracking adds {:.0f} ns, ratio {:.3f} (paired {})\n",
+             bench::median(marked), bench::median(marked) - bench::median(plain),
+             bench::median(marked) / bench::median(plain), bench::spread(ratio));
+  fmt::print("part entered and left: {:.0f} ns\n", bench::median(parts));
   return 0;
 }

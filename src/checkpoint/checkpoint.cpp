@@ -20,8 +20,13 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <charconv>
+#include <chrono>
+#include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <functional>
+#include <future>
 #include <limits>
 #include <map>
 #include <mutex>
@@ -36,8 +41,11 @@ namespace {
 namespace fs = std::filesystem;
 using json = nlohmann::json;
 
-constexpr const char* format_name = "loom checkpoint v1";
+// v2 records every file's checksum and the manifest's own; v1, sizes only, is still read.
+constexpr const char* format_name = "loom checkpoint v2";
+constexpr const char* unchecksummed_format_name = "loom checkpoint v1";
 constexpr const char* manifest_file = "manifest.json";
+constexpr const char* manifest_checksum_key = "manifest_xxh3";
 constexpr std::string_view model_prefix = "model/";
 constexpr const char* optimizer_key = "optimizer";
 constexpr std::string_view rng_prefix = "rng/";
@@ -109,6 +117,41 @@ std::string described(const json& value) {
   throw_error<checkpoint_error>("the checkpoint '{}' cannot be resumed: {}", checkpoint.string(), problem);
 }
 
+// A checkpoint whose bytes are not those its save wrote: a manifest or a file damaged, missing,
+// truncated or replaced. Unlike a checkpoint of another plan, an earlier one may still be good.
+class checkpoint_damage : public checkpoint_error {
+ public:
+  checkpoint_damage(const fs::path& checkpoint, std::string problem)
+      : checkpoint_error(error_message("the checkpoint '{}' cannot be resumed: {}", checkpoint.string(), problem)),
+        problem_(std::move(problem)) {}
+  [[nodiscard]] const std::string& problem() const noexcept { return problem_; }
+
+ private:
+  std::string problem_;
+};
+
+[[noreturn]] void damaged(const fs::path& checkpoint, std::string problem) {
+  throw checkpoint_damage(checkpoint, std::move(problem));
+}
+
+std::string hex(std::uint64_t value) { return fmt::format("{:016x}", value); }
+
+// A checksum as the manifest writes it: 16 hexadecimal digits.
+std::optional<std::uint64_t> from_hex(const json& value) {
+  if (!value.is_string()) return std::nullopt;
+  const std::string& text = value.get_ref<const std::string&>();
+  std::uint64_t parsed = 0;
+  const char* end = text.data() + text.size();
+  if (text.size() != 16 || std::from_chars(text.data(), end, parsed, 16).ptr != end) return std::nullopt;
+  return parsed;
+}
+
+// The manifest's own checksum: XXH3-64 of the manifest without that field, as dump(2) writes it.
+std::uint64_t manifest_checksum(const json& manifest_without_it) {
+  const std::string text = manifest_without_it.dump(2);
+  return xxh3_of(text.data(), text.size());
+}
+
 // The kinds of value a manifest's field holds, for the writer and the reader.
 struct count_field {  // a whole number in [min, max], which JSON reads as unsigned
   std::uint64_t min;
@@ -145,7 +188,7 @@ void for_each_manifest_field(Manifest& manifest, Visit&& visit) {
   visit("user_state", manifest.user_state, json_field{});
 }
 
-json manifest_json(const checkpoint_manifest& manifest, const json& files) {
+json manifest_json(const checkpoint_manifest& manifest) {
   json out = {{"format", format_name}};
   for_each_manifest_field(manifest, [&](const char* key, const auto& value, const auto& kind) {
     using kind_type = std::remove_cvref_t<decltype(kind)>;
@@ -157,7 +200,10 @@ json manifest_json(const checkpoint_manifest& manifest, const json& files) {
       out[key] = value;
     }
   });
-  out["files"] = files;
+  json files = json::object();
+  for (const auto& [name, digest] : manifest.files) files[name] = {{"bytes", digest.bytes}, {"xxh3", hex(digest.xxh3)}};
+  out["files"] = std::move(files);
+  out[manifest_checksum_key] = hex(manifest_checksum(out));
   return out;
 }
 
@@ -165,11 +211,11 @@ json manifest_json(const checkpoint_manifest& manifest, const json& files) {
 checkpoint_manifest manifest_fields(const fs::path& path, const json& manifest) {
   const auto at = [&](const char* key) -> const json& {
     const auto found = manifest.find(key);
-    if (found == manifest.end()) unusable(path, fmt::format("its manifest has no {}", key));
+    if (found == manifest.end()) damaged(path, fmt::format("its manifest has no {}", key));
     return *found;
   };
   const auto wrong = [&](const char* key, const std::string& kind) {
-    unusable(path, fmt::format("its manifest's {} is {}, not {}", key, described(at(key)), kind));
+    damaged(path, fmt::format("its manifest's {} is {}, not {}", key, described(at(key)), kind));
   };
   checkpoint_manifest read;
   for_each_manifest_field(read, [&](const char* key, auto& value, const auto& kind) {
@@ -200,32 +246,49 @@ checkpoint_manifest manifest_fields(const fs::path& path, const json& manifest) 
   return read;
 }
 
-// One file a rank, each there and of the size the manifest's "files" records.
-void check_rank_files(const fs::path& path, const json& manifest, int world_size) {
+// One file a rank, each there and of the size the manifest's "files" records: in v2 an object of
+// its bytes and checksum, in v1 its bytes alone.
+std::map<std::string, file_digest> rank_files(const fs::path& path, const json& manifest, int world_size,
+                                              bool checksummed) {
   const auto listed = manifest.find("files");
-  if (listed == manifest.end()) unusable(path, "its manifest has no files");
+  if (listed == manifest.end()) damaged(path, "its manifest has no files");
   const json& files = *listed;
-  if (!files.is_object()) unusable(path, fmt::format("its manifest's files is {}, not an object", described(files)));
+  if (!files.is_object()) damaged(path, fmt::format("its manifest's files is {}, not an object", described(files)));
   if (files.size() != static_cast<std::size_t>(world_size)) {
-    unusable(path, fmt::format("its manifest lists {} for its world_size of {}",
-                               counted(static_cast<std::int64_t>(files.size()), "file"), world_size));
+    damaged(path, fmt::format("its manifest lists {} for its world_size of {}",
+                              counted(static_cast<std::int64_t>(files.size()), "file"), world_size));
   }
+  std::map<std::string, file_digest> digests;
   for (int rank = 0; rank < world_size; ++rank) {
     const std::string file = rank_file(rank).string();
-    const auto size = files.find(file);
-    if (size == files.end()) unusable(path, fmt::format("its manifest lists no file '{}' for rank {}", file, rank));
-    if (!size->is_number_unsigned()) {
-      unusable(path,
-               fmt::format("its manifest gives the size of '{}' as {}, not a number of bytes", file, described(*size)));
+    const auto entry = files.find(file);
+    if (entry == files.end()) damaged(path, fmt::format("its manifest lists no file '{}' for rank {}", file, rank));
+    const json* size = &*entry;
+    file_digest& digest = digests[file];
+    if (checksummed) {
+      const auto bytes = entry->is_object() ? entry->find("bytes") : entry->end();
+      const auto xxh3 = entry->is_object() && entry->contains("xxh3") ? from_hex(entry->at("xxh3")) : std::nullopt;
+      if (bytes == entry->end() || !xxh3) {
+        damaged(path, fmt::format(R"(its manifest gives '{}' as {}, not {{"bytes": …, "xxh3": "<16 hex digits>"}})",
+                                  file, described(*entry)));
+      }
+      digest.xxh3 = *xxh3;
+      size = &*bytes;
     }
+    if (!size->is_number_unsigned()) {
+      damaged(path,
+              fmt::format("its manifest gives the size of '{}' as {}, not a number of bytes", file, described(*size)));
+    }
+    digest.bytes = size->get<std::uint64_t>();
     std::error_code error;
     const auto actual = fs::file_size(path / file, error);
-    if (error) unusable(path, fmt::format("its file '{}' is missing", file));
-    if (actual != size->get<std::uintmax_t>()) {
-      unusable(path, fmt::format("its file '{}' is {} bytes, the manifest says {}: truncated or overwritten", file,
-                                 actual, size->get<std::uintmax_t>()));
+    if (error) damaged(path, fmt::format("its file '{}' is missing", file));
+    if (actual != digest.bytes) {
+      damaged(path, fmt::format("its file '{}' is {} bytes, the manifest says {}: truncated or overwritten", file,
+                                actual, digest.bytes));
     }
   }
+  return digests;
 }
 
 // The caller's state, which must be JSON.
@@ -237,15 +300,27 @@ void require_json(const std::string& user_state) {
   }
 }
 
+// A copy in host memory that training cannot change under a background write: pinned when it
+// comes from a GPU, so that the copy is one DMA.
+at::Tensor host_copy(const at::Tensor& t) {
+  const at::Tensor source = t.detach();
+  if (!source.is_cpu()) return source.to(at::TensorOptions().device(at::kCPU).pinned_memory(true), false, true);
+  return source.clone(at::MemoryFormat::Contiguous);
+}
+
 // What this rank writes: its share of the model (the trainable parameters and buffers, or all of
 // them) and the optimizer's state when it holds a share of the model, and its generators always.
+// The optimizer's archive and the generators' states are copies; the model's tensors are copied
+// when `copied` (an asynchronous save), and the parameters themselves otherwise.
 std::vector<named_tensor> rank_file_tensors(const runtime& rt, const checkpoint_target& target,
-                                            torch::optim::Optimizer& optimizer, bool all_parameters) {
+                                            torch::optim::Optimizer& optimizer, bool all_parameters, bool copied) {
   std::vector<named_tensor> tensors;
   if (target.sharded || rt.rank() == 0) {
     const std::set<std::string> frozen(target.frozen_names.begin(), target.frozen_names.end());
     for (const named_tensor& t : target.state()) {
-      if (all_parameters || !frozen.contains(t.name)) tensors.push_back({std::string(model_prefix) + t.name, t.tensor});
+      if (all_parameters || !frozen.contains(t.name)) {
+        tensors.push_back({std::string(model_prefix) + t.name, copied ? host_copy(t.tensor) : t.tensor});
+      }
     }
     tensors.push_back({optimizer_key, bytes_tensor(optimizer_bytes(optimizer))});
   }
@@ -259,11 +334,7 @@ std::vector<named_tensor> rank_file_tensors(const runtime& rt, const checkpoint_
 // The manifest, written last into `partial`, which then becomes `final_path`: the checkpoint is
 // complete once the rename is on disk.
 void commit_checkpoint(const fs::path& partial, const fs::path& final_path, const checkpoint_manifest& manifest) {
-  json files = json::object();
-  for (int rank = 0; rank < manifest.world_size; ++rank) {
-    files[rank_file(rank).string()] = fs::file_size(partial / rank_file(rank));
-  }
-  const std::string text = manifest_json(manifest, files).dump(2) + "\n";
+  const std::string text = manifest_json(manifest).dump(2) + "\n";
   failpoint("checkpoint.before-manifest");
   atomic_file out(partial / manifest_file);
   out.write(text.data(), text.size());
@@ -304,21 +375,47 @@ checkpointer::checkpointer(const runtime& rt, checkpoint_options options) : rt_(
   });
 }
 
-std::optional<fs::path> checkpointer::latest() const {
-  std::optional<std::pair<std::int64_t, fs::path>> newest;
-  if (!fs::is_directory(options_.folder)) return std::nullopt;
+// A save whose files a background thread writes: where it goes, the manifest that completes it, and
+// the write's outcome once it has one.
+struct checkpointer::save_in_flight {
+  struct outcome {
+    file_digest digest;
+    std::exception_ptr error;
+  };
+  fs::path partial;
+  fs::path final_path;
+  checkpoint_manifest manifest;
+  std::future<outcome> writing;
+  std::optional<outcome> written;
+};
+
+checkpointer::~checkpointer() {
+  if (in_flight_ && in_flight_->writing.valid()) in_flight_->writing.wait();
+}
+
+std::vector<fs::path> checkpointer::complete_checkpoints() const {
+  std::vector<std::pair<std::int64_t, fs::path>> complete;
+  if (!fs::is_directory(options_.folder)) return {};
   for (const auto& entry : fs::directory_iterator(options_.folder)) {
     const auto step = step_of(entry.path(), /*temporary=*/false);
-    if (!step || !fs::exists(entry.path() / manifest_file)) continue;
-    if (!newest || *step > newest->first) newest = {*step, entry.path()};
+    if (step && fs::exists(entry.path() / manifest_file)) complete.emplace_back(*step, entry.path());
   }
-  if (!newest) return std::nullopt;
-  return newest->second;
+  std::sort(complete.begin(), complete.end(), std::greater<>());
+  std::vector<fs::path> newest_first;
+  for (auto& [step, path] : complete) newest_first.push_back(std::move(path));
+  return newest_first;
+}
+
+std::optional<fs::path> checkpointer::latest() const {
+  std::vector<fs::path> complete = complete_checkpoints();
+  if (complete.empty()) return std::nullopt;
+  return std::move(complete.front());
 }
 
 void checkpointer::save(const checkpoint_target& target, torch::optim::Optimizer& optimizer, std::int64_t step,
                         const std::string& user_state) {
   require_json(user_state);
+  wait();
   const fs::path final_path = options_.folder / fmt::format("step-{:08}", step);
   const fs::path partial = fs::path(final_path.string() + ".tmp");
   run_on_rank_zero(rt_, "starting the checkpoint", [&] {
@@ -326,35 +423,188 @@ void checkpointer::save(const checkpoint_target& target, torch::optim::Optimizer
     fs::create_directories(partial);
     sync_directory(options_.folder);
   });
-  const std::vector<named_tensor> tensors = rank_file_tensors(rt_, target, optimizer, options_.all_parameters);
-  run_on_every_rank(rt_, "writing the checkpoint", [&] {
+  std::vector<named_tensor> tensors =
+      rank_file_tensors(rt_, target, optimizer, options_.all_parameters, options_.async_save);
+  checkpoint_manifest manifest{.step = step,
+                               .world_size = rt_.world_size(),
+                               .shard_group_size = target.sharded ? target.shard_group_size : rt_.world_size(),
+                               .sharded = target.sharded,
+                               .all_parameters = options_.all_parameters,
+                               .plan = target.plan,
+                               .describe = target.describe,
+                               .schedule_fingerprint = hex(target.schedule_fingerprint),
+                               .libtorch = TORCH_VERSION,
+                               .loom = LOOM_VERSION,
+                               .user_state = user_state,
+                               .files = {},
+                               .checksummed = true};
+  const fs::path file = partial / rank_file(rt_.rank());
+  const auto write = [file, step](const std::vector<named_tensor>& contents) {
     failpoint("checkpoint.before-shard");
-    save_safetensors(partial / rank_file(rt_.rank()), tensors, {{"step", std::to_string(step)}});
+    const file_digest digest = save_safetensors(file, contents, {{"step", std::to_string(step)}});
     failpoint("checkpoint.after-shard");
-  });
-  const checkpoint_manifest manifest{.step = step,
-                                     .world_size = rt_.world_size(),
-                                     .shard_group_size = target.sharded ? target.shard_group_size : rt_.world_size(),
-                                     .sharded = target.sharded,
-                                     .all_parameters = options_.all_parameters,
-                                     .plan = target.plan,
-                                     .describe = target.describe,
-                                     .schedule_fingerprint = fmt::format("{:016x}", target.schedule_fingerprint),
-                                     .libtorch = TORCH_VERSION,
-                                     .loom = LOOM_VERSION,
-                                     .user_state = user_state};
+    return digest;
+  };
+  if (options_.async_save) {
+    in_flight_ = std::make_unique<save_in_flight>();
+    in_flight_->partial = partial;
+    in_flight_->final_path = final_path;
+    in_flight_->manifest = std::move(manifest);
+    in_flight_->writing = std::async(std::launch::async, [write, contents = std::move(tensors)] {
+      save_in_flight::outcome result;
+      try {
+        result.digest = write(contents);
+      } catch (...) {
+        result.error = std::current_exception();
+      }
+      return result;
+    });
+    return;
+  }
+  file_digest digest;
+  run_on_every_rank(rt_, "writing the checkpoint", [&] { digest = write(tensors); });
+  complete(partial, final_path, std::move(manifest), digest);
+}
+
+void checkpointer::poll() {
+  if (!in_flight_) return;
+  save_in_flight& save = *in_flight_;
+  if (!save.written && save.writing.wait_for(std::chrono::seconds(0)) == std::future_status::ready) {
+    save.written = save.writing.get();
+  }
+  // How many ranks are still writing, and whether one's write failed.
+  at::Tensor state = at::tensor({save.written ? 0 : 1, save.written && save.written->error ? 1 : 0},
+                                at::TensorOptions().dtype(at::kInt))
+                         .to(rt_.device());
+  rt_.comm().all_reduce(state).wait();
+  state = state.cpu();
+  const bool failed = state[1].item<int>() > 0;
+  if (!failed && state[0].item<int>() > 0) return;
+  if (failed) {
+    run_on_every_rank(rt_, "writing the checkpoint in the background", [&] {
+      if (save.written && save.written->error) std::rethrow_exception(save.written->error);
+    });
+  }
+  const std::unique_ptr<save_in_flight> done = std::move(in_flight_);
+  complete(done->partial, done->final_path, std::move(done->manifest), done->written->digest);
+}
+
+void checkpointer::wait() {
+  if (!in_flight_) return;
+  if (!in_flight_->written) in_flight_->written = in_flight_->writing.get();
+  poll();
+}
+
+void checkpointer::complete(const fs::path& partial, const fs::path& final_path, checkpoint_manifest manifest,
+                            const file_digest& mine) {
+  // Every rank's digest, each in its row: a sum of rows that are zero but one.
+  at::Tensor digests = at::zeros({rt_.world_size(), 2}, at::kLong);
+  digests[rt_.rank()][0] = static_cast<std::int64_t>(mine.bytes);
+  digests[rt_.rank()][1] = static_cast<std::int64_t>(mine.xxh3);
+  digests = digests.to(rt_.device());
+  rt_.comm().all_reduce(digests).wait();
+  digests = digests.cpu();
+  for (int rank = 0; rank < rt_.world_size(); ++rank) {
+    manifest.files[rank_file(rank).string()] = {static_cast<std::uint64_t>(digests[rank][0].item<std::int64_t>()),
+                                                static_cast<std::uint64_t>(digests[rank][1].item<std::int64_t>())};
+  }
   run_on_rank_zero(rt_, "finishing the checkpoint", [&] {
     commit_checkpoint(partial, final_path, manifest);
     remove_old_checkpoints(options_.folder, options_.keep);
   });
 }
 
+checkpoint_manifest read_checkpoint_manifest(const fs::path& path) {
+  json manifest;
+  try {
+    std::ifstream in(path / manifest_file);
+    manifest = json::parse(in);
+  } catch (const json::exception& error) {
+    damaged(path, fmt::format("its {} is not JSON ({})", manifest_file, error.what()));
+  }
+  if (!manifest.is_object()) damaged(path, fmt::format("its {} is not a JSON object", manifest_file));
+  const auto format = manifest.find("format");
+  const bool checksummed = format != manifest.end() && *format == format_name;
+  if (!checksummed && (format == manifest.end() || *format != unchecksummed_format_name)) {
+    damaged(path, "its manifest is not a loom checkpoint's");
+  }
+  if (checksummed) {
+    const auto recorded =
+        manifest.contains(manifest_checksum_key) ? from_hex(manifest[manifest_checksum_key]) : std::nullopt;
+    if (!recorded) damaged(path, fmt::format("its manifest has no {} of 16 hex digits", manifest_checksum_key));
+    manifest.erase(manifest_checksum_key);
+    if (const std::uint64_t actual = manifest_checksum(manifest); actual != *recorded) {
+      damaged(path, fmt::format("its {} does not match its own checksum (written {}, read {}): it was damaged or "
+                                "edited after the save",
+                                manifest_file, hex(*recorded), hex(actual)));
+    }
+  }
+  checkpoint_manifest read = manifest_fields(path, manifest);
+  if (read.shard_group_size == 0) read.shard_group_size = read.world_size;
+  if (read.world_size % read.shard_group_size != 0) {
+    damaged(path, fmt::format("its manifest's shard_group_size {} does not divide its world_size {}",
+                              read.shard_group_size, read.world_size));
+  }
+  read.checksummed = checksummed;
+  read.files = rank_files(path, manifest, read.world_size, checksummed);
+  return read;
+}
+
+// What one rank read of a checkpoint, checked, before anything is loaded into the job.
+struct checkpointer::read_files {
+  fs::path path;
+  checkpoint_manifest manifest;
+  bool resharding = false;
+  std::string described;               // "its file 'rank-00001.safetensors'", for a message
+  std::vector<tensor_state> models;    // one a file read: this rank's, or one whole copy's
+  std::vector<at::Tensor> optimizers;  // the optimizer's archive of each
+  std::vector<named_tensor> generators;
+};
+
 std::optional<resume_point> checkpointer::resume(const checkpoint_target& target, torch::optim::Optimizer& optimizer) {
-  const std::optional<fs::path> found = latest();
+  wait();
+  const std::vector<fs::path> candidates = complete_checkpoints();
   std::optional<resume_point> resumed;
-  run_on_every_rank(rt_, "loading the checkpoint", [&] {
-    if (found) resumed = load(*found, target, optimizer);
-  });
+  for (std::size_t i = 0; i < candidates.size() && !resumed; ++i) {
+    const fs::path& candidate = candidates[i];
+    std::optional<read_files> files;
+    std::optional<std::string> damage;
+    run_on_every_rank(rt_, "reading the checkpoint", [&] {
+      try {
+        files = read(candidate, target);
+      } catch (const checkpoint_damage& error) {
+        damage = error.problem();
+      }
+    });
+    const std::optional<rank_problem> found =
+        first_problem(rt_, fmt::format("checkpoint/{}", candidate.filename().string()), damage);
+    if (!found) {
+      run_on_every_rank(rt_, "loading the checkpoint", [&] { resumed = load(*files, target, optimizer); });
+      break;
+    }
+    const std::string problem =
+        fmt::format("the checkpoint '{}' is damaged: {}{}", candidate.string(), found->text,
+                    rt_.is_distributed() ? fmt::format(" (found by rank {})", found->rank) : std::string());
+    if (options_.strict || i + 1 == candidates.size()) {
+      rt_.failures().mark_failed();
+      throw_error<checkpoint_error>(
+          "{}; {}, so the run stops before any step: restore the file, or move the checkpoint away to start over "
+          "from the one before it or from the beginning",
+          problem,
+          options_.strict ? "checkpoint_options.strict refuses to fall back"
+                          : "no earlier complete checkpoint is left to fall back to");
+    }
+    // Kept for a look at what went wrong, under a name no resume takes.
+    const fs::path set_aside = fs::path(candidate.string() + ".damaged");
+    run_on_rank_zero(rt_, "setting the damaged checkpoint aside", [&] {
+      fs::remove_all(set_aside);
+      fs::rename(candidate, set_aside);
+      sync_directory(options_.folder);
+      fmt::print(stderr, "{}; it is set aside as '{}', and the run falls back to '{}'\n", error_message("{}", problem),
+                 set_aside.filename().string(), candidates[i + 1].string());
+      std::fflush(stderr);
+    });
+  }
   // Every rank must continue from the same checkpoint (they read one folder, unless it changed
   // under them, or each rank sees a folder of its own).
   const std::string loaded = resumed ? fmt::format("step {} from {}", resumed->step, resumed->path.string())
@@ -371,92 +621,97 @@ std::optional<resume_point> checkpointer::resume(const checkpoint_target& target
   return resumed;
 }
 
-checkpoint_manifest read_checkpoint_manifest(const fs::path& path) {
-  json manifest;
-  try {
-    std::ifstream in(path / manifest_file);
-    manifest = json::parse(in);
-  } catch (const json::exception& error) {
-    unusable(path, fmt::format("its {} is not JSON ({})", manifest_file, error.what()));
-  }
-  if (!manifest.is_object()) unusable(path, fmt::format("its {} is not a JSON object", manifest_file));
-  const auto format = manifest.find("format");
-  if (format == manifest.end() || *format != format_name) unusable(path, "its manifest is not a loom checkpoint's");
-  checkpoint_manifest read = manifest_fields(path, manifest);
-  if (read.shard_group_size == 0) read.shard_group_size = read.world_size;
-  if (read.world_size % read.shard_group_size != 0) {
-    unusable(path, fmt::format("its manifest's shard_group_size {} does not divide its world_size {}",
-                               read.shard_group_size, read.world_size));
-  }
-  check_rank_files(path, manifest, read.world_size);
-  return read;
-}
-
-resume_point checkpointer::load(const fs::path& path, const checkpoint_target& target,
-                                torch::optim::Optimizer& optimizer) const {
-  const auto bad = [&](const std::string& problem) { unusable(path, problem); };
-  const checkpoint_manifest manifest = read_checkpoint_manifest(path);
+checkpointer::read_files checkpointer::read(const fs::path& path, const checkpoint_target& target) const {
+  read_files files;
+  files.path = path;
+  files.manifest = read_checkpoint_manifest(path);
+  const checkpoint_manifest& manifest = files.manifest;
   if (manifest.plan != target.plan) {
-    bad(fmt::format("it was saved by another plan: {}", first_difference(manifest.plan, target.plan)));
+    unusable(path, fmt::format("it was saved by another plan: {}", first_difference(manifest.plan, target.plan)));
   }
   const int saved_world = manifest.world_size;
   const int saved_group = manifest.shard_group_size;
-  const bool resharding = target.sharded && (saved_world != rt_.world_size() || saved_group != target.shard_group_size);
-  const std::string fingerprint = fmt::format("{:016x}", target.schedule_fingerprint);
+  files.resharding = target.sharded && (saved_world != rt_.world_size() || saved_group != target.shard_group_size);
+  const std::string fingerprint = hex(target.schedule_fingerprint);
   // A sharded schedule lists shard sizes and groups, which change with the layout.
-  if (!resharding && manifest.schedule_fingerprint != fingerprint) {
-    bad(fmt::format("its schedule's fingerprint is {}, this job's {}", manifest.schedule_fingerprint, fingerprint));
+  if (!files.resharding && manifest.schedule_fingerprint != fingerprint) {
+    unusable(path, fmt::format("its schedule's fingerprint is {}, this job's {}", manifest.schedule_fingerprint,
+                               fingerprint));
   }
 
   // The files this rank reads: its own, or under a replicating strategy rank 0's, or when resharding
   // those of one whole copy: the old ranks of the first shard group (every old rank without hybrid
   // sharding; the other groups hold the same rows).
   std::vector<int> sources;
-  if (resharding) {
+  if (files.resharding) {
     for (int rank = 0; rank < saved_group; ++rank) sources.push_back(rank);
   } else {
     sources.push_back(target.sharded ? rt_.rank() : 0);
   }
-  // Each file read once; the generators come from this rank's own (below), which may be one of them.
+  // Each file read once, checked against its checksum as it is read; the generators come from this
+  // rank's own (below), which may be one of them.
+  const auto checked = [&](int rank) {
+    const std::string file = rank_file(rank).string();
+    safetensors_content content;
+    try {
+      content = load_safetensors(path / file);
+    } catch (const safetensors_error& error) {
+      damaged(path, fmt::format("its file '{}' is not what its save wrote: {}", file, error_text(error)));
+    } catch (const file_error& error) {
+      damaged(path, fmt::format("its file '{}' cannot be read: {}", file, error_text(error)));
+    }
+    const file_digest& recorded = manifest.files.at(file);
+    if (manifest.checksummed && content.digest != recorded) {
+      damaged(path, fmt::format("its file '{}' does not match the checksum its manifest records (written {}, read {}): "
+                                "it was damaged or replaced after the save",
+                                file, hex(recorded.xxh3), hex(content.digest.xxh3)));
+    }
+    return std::move(content.tensors);
+  };
   const int own_source = rt_.rank() % saved_world;
-  std::vector<tensor_state> models;
-  std::vector<at::Tensor> optimizers;
-  std::vector<named_tensor> own_generators;
   const auto take_generators = [&](std::vector<named_tensor>& tensors) {
     for (named_tensor& t : tensors) {
-      if (t.name.starts_with(rng_prefix)) own_generators.push_back(std::move(t));
+      if (t.name.starts_with(rng_prefix)) files.generators.push_back(std::move(t));
     }
   };
   for (int rank : sources) {
-    const std::string file = rank_file(rank).string();
-    std::vector<named_tensor> tensors = load_safetensors(path / file).tensors;
-    tensor_state& model = models.emplace_back();
+    std::vector<named_tensor> tensors = checked(rank);
+    tensor_state& model = files.models.emplace_back();
     for (named_tensor& t : tensors) {
       if (t.name.starts_with(model_prefix)) model.push_back({t.name.substr(model_prefix.size()), std::move(t.tensor)});
-      if (t.name == optimizer_key) optimizers.push_back(std::move(t.tensor));
+      if (t.name == optimizer_key) files.optimizers.push_back(std::move(t.tensor));
     }
-    if (optimizers.size() != models.size()) bad(fmt::format("its file '{}' holds no optimizer state", file));
+    if (files.optimizers.size() != files.models.size()) {
+      unusable(path, fmt::format("its file '{}' holds no optimizer state", rank_file(rank).string()));
+    }
     if (rank == own_source) take_generators(tensors);
   }
   if (std::find(sources.begin(), sources.end(), own_source) == sources.end()) {
-    std::vector<named_tensor> tensors = load_safetensors(path / rank_file(own_source)).tensors;
+    std::vector<named_tensor> tensors = checked(own_source);
     take_generators(tensors);
   }
-  const std::string described = resharding ? fmt::format("the files of its {} ranks", saved_group)
-                                           : fmt::format("its file '{}'", rank_file(sources.front()).string());
+  files.described = files.resharding ? fmt::format("the files of its {} ranks", saved_group)
+                                     : fmt::format("its file '{}'", rank_file(sources.front()).string());
+  return files;
+}
+
+resume_point checkpointer::load(const read_files& files, const checkpoint_target& target,
+                                torch::optim::Optimizer& optimizer) const {
+  const auto bad = [&](const std::string& problem) { unusable(files.path, problem); };
+  const bool resharding = files.resharding;
   try {
-    target.load(with_current(target, resharding ? resharded_model(target, models) : models.front()));
+    target.load(with_current(target, resharding ? resharded_model(target, files.models) : files.models.front()));
   } catch (const std::exception& error) {
-    bad(fmt::format("{} do{} not fit this model: {}", described, resharding ? "" : "es", error_text(error)));
+    bad(fmt::format("{} do{} not fit this model: {}", files.described, resharding ? "" : "es", error_text(error)));
   }
   try {
     if (resharding) {
-      load_resharded_optimizer(target, optimizer, optimizers);
+      load_resharded_optimizer(target, optimizer, files.optimizers);
     } else {
-      load_optimizer(optimizer, optimizers.front());
+      load_optimizer(optimizer, files.optimizers.front());
     }
   } catch (const std::exception& error) {
-    bad(fmt::format("{} hold{} an optimizer state that does not fit this optimizer: {}", described,
+    bad(fmt::format("{} hold{} an optimizer state that does not fit this optimizer: {}", files.described,
                     resharding ? "" : "s", error_text(error)));
   }
 
@@ -464,13 +719,13 @@ resume_point checkpointer::load(const fs::path& path, const checkpoint_target& t
   // number modulo theirs (dropout then draws other numbers than a run that was never resharded).
   for (auto& [device, generator] : generators(rt_)) {
     const std::string key = std::string(rng_prefix) + device;  // clang before 16 captures no structured binding
-    const auto saved = std::find_if(own_generators.begin(), own_generators.end(),
+    const auto saved = std::find_if(files.generators.begin(), files.generators.end(),
                                     [&](const named_tensor& t) { return t.name == key; });
-    if (saved == own_generators.end()) bad(fmt::format("it holds no state of the {} generator", device));
+    if (saved == files.generators.end()) bad(fmt::format("it holds no state of the {} generator", device));
     const std::lock_guard<std::mutex> lock(generator.mutex());
     generator.set_state(saved->tensor);
   }
-  return {manifest.step, manifest.user_state, path};
+  return {files.manifest.step, files.manifest.user_state, files.path};
 }
 
 tensor_state checkpointer::with_current(const checkpoint_target& target, const tensor_state& saved) {

@@ -592,9 +592,18 @@ class reader {
     if (!root.contains("train")) return {};
     const json& train = root["train"];
     if (!train.is_object()) fail("train", "give the loop's options as an object, e.g. {\"steps\": 800}");
-    static const std::vector<std::string> keys{"steps",     "accumulate",       "clip_norm",        "lr",
-                                               "out",       "checkpoint_every", "keep_checkpoints", "eval_every",
-                                               "log_every", "log_seconds"};
+    static const std::vector<std::string> keys{"steps",
+                                               "accumulate",
+                                               "clip_norm",
+                                               "lr",
+                                               "out",
+                                               "checkpoint_every",
+                                               "keep_checkpoints",
+                                               "async_checkpoints",
+                                               "strict_checkpoints",
+                                               "eval_every",
+                                               "log_every",
+                                               "log_seconds"};
     static const std::vector<std::string> lr_keys{"peak", "warmup_steps", "decay_steps", "decay", "floor"};
     for (const auto& [key, ignored] : train.items()) {
       if (std::find(keys.begin(), keys.end(), key) == keys.end()) {
@@ -612,6 +621,13 @@ class reader {
     whole("keep_checkpoints", options.keep_checkpoints);
     whole("eval_every", options.eval_every);
     whole("log_every", options.log_every);
+    const auto flag = [&](const char* key, bool& field) {
+      if (!train.contains(key)) return;
+      if (!train[key].is_boolean()) fail("train." + std::string(key), "give true or false");
+      field = train[key].get<bool>();
+    };
+    flag("async_checkpoints", options.async_checkpoints);
+    flag("strict_checkpoints", options.strict_checkpoints);
     if (train.contains("log_seconds"))
       options.log_seconds = number<double>("train.log_seconds", train["log_seconds"], false);
     if (train.contains("clip_norm")) options.clip_norm = number<double>("train.clip_norm", train["clip_norm"], false);

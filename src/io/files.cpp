@@ -33,6 +33,7 @@ atomic_file::~atomic_file() {
 }
 
 void atomic_file::write(const void* data, std::size_t bytes) {
+  checksum_.update(data, bytes);
   const auto* next = static_cast<const char*>(data);
   while (bytes > 0) {
     const ::ssize_t written = ::write(fd_, next, bytes);

@@ -192,6 +192,8 @@ safetensors_reader::safetensors_reader(std::filesystem::path path)
   std::string text(header_bytes, '\0');
   in_.read(text.data(), static_cast<std::streamsize>(header_bytes));
   if (!in_) invalid(path_, "its header cannot be read");
+  checksum_.update(length_bytes.data(), length_bytes.size());
+  checksum_.update(text.data(), text.size());
   parse_header(path_, text, entries_, metadata_);
   check_byte_ranges(path_, entries_, file_size - 8 - header_bytes);
   data_start_ = 8 + header_bytes;
@@ -199,7 +201,9 @@ safetensors_reader::safetensors_reader(std::filesystem::path path)
 
 at::Tensor safetensors_reader::read(const entry& e) {
   const std::int64_t rows = e.spec.shape.empty() ? 1 : e.spec.shape.front();
-  return read_rows(e, 0, rows);
+  at::Tensor tensor = read_rows(e, 0, rows);
+  checksum_.update(tensor.const_data_ptr(), tensor.nbytes());
+  return tensor;
 }
 
 at::Tensor safetensors_reader::read_rows(const entry& e, std::int64_t first, std::int64_t count) {
@@ -226,8 +230,8 @@ std::string safetensors_dtype(c10::ScalarType dtype) {
   throw_error<safetensors_error>("safetensors has no dtype for {}", c10::toString(dtype));
 }
 
-void save_safetensors(const std::filesystem::path& path, const std::vector<named_tensor>& tensors,
-                      const std::map<std::string, std::string>& metadata) {
+file_digest save_safetensors(const std::filesystem::path& path, const std::vector<named_tensor>& tensors,
+                             const std::map<std::string, std::string>& metadata) {
   json header = json::object();
   if (!metadata.empty()) header["__metadata__"] = metadata;
   std::vector<at::Tensor> contiguous;
@@ -255,12 +259,14 @@ void save_safetensors(const std::filesystem::path& path, const std::vector<named
   failpoint("safetensors.after-header");
   for (const at::Tensor& bytes : contiguous) out.write(bytes.const_data_ptr(), bytes.nbytes());
   out.commit();
+  return out.digest();
 }
 
 safetensors_content load_safetensors(const std::filesystem::path& path) {
   io_detail::safetensors_reader reader(path);
-  safetensors_content content{{}, reader.metadata()};
+  safetensors_content content{.tensors = {}, .metadata = reader.metadata(), .digest = {}};
   for (const auto& e : reader.entries()) content.tensors.push_back({e.spec.name, reader.read(e)});
+  content.digest = reader.digest();
   return content;
 }
 

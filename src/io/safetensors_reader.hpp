@@ -4,6 +4,7 @@
 // when it is asked for, so that a caller copying a checkpoint into a model holds one tensor of it
 // at a time rather than all of them.
 
+#include <loom/io/checksum.hpp>
 #include <loom/runtime/tensors.hpp>
 
 #include <cstdint>
@@ -33,6 +34,9 @@ class safetensors_reader {
   [[nodiscard]] const std::map<std::string, std::string>& metadata() const noexcept { return metadata_; }
   // The tensor's bytes, read now into a new CPU tensor.
   [[nodiscard]] at::Tensor read(const entry& e);
+  // The length and XXH3-64 of the header and of the tensors read() so far, in order: the whole
+  // file's once every entry was read in turn.
+  [[nodiscard]] file_digest digest() const { return checksum_.digest(); }
   // Rows [first, first + count) of it (its dim 0; a 0-d tensor is one row), read alone.
   [[nodiscard]] at::Tensor read_rows(const entry& e, std::int64_t first, std::int64_t count);
   // The bytes read so far.
@@ -45,6 +49,7 @@ class safetensors_reader {
   std::uint64_t bytes_read_ = 0;
   std::vector<entry> entries_;
   std::map<std::string, std::string> metadata_;
+  xxh3_stream checksum_;
 };
 
 }  // namespace loom::io_detail

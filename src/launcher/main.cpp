@@ -1,6 +1,5 @@
 // loom-run: starts a program once per local rank with torchrun's environment and supervises it.
 #include "options.hpp"
-#include "rank_environment.hpp"
 #include "supervisor.hpp"
 
 #include <exception>
@@ -19,7 +18,7 @@ int main(int argc, char** argv) {
       return 0;
     }
     const auto& options = std::get<launch_options>(parsed);
-    return supervise(options, resolve_rendezvous(options));
+    return supervise(options);
   } catch (const usage_error& error) {
     std::cerr << error.what() << "\nrun 'loom-run --help' for usage\n";
     return 2;

@@ -13,6 +13,7 @@ constexpr int max_ranks_per_node = 1024;  // each rank holds two pipes and a pro
 constexpr int max_nodes = 65536;          // keeps the world size far from int overflow
 constexpr int torchrun_default_port = 29500;
 constexpr double max_grace_seconds = 86400;  // a day; also keeps the deadline arithmetic finite
+constexpr int most_restarts = 1000000;       // keeps the count far from int overflow
 
 std::string text(std::string_view s) { return std::string{s}; }
 
@@ -65,6 +66,10 @@ constexpr std::array value_flags{
     value_flag{"--master-port,--master_port", "PORT", "a port number in 1..65535",
                [](launch_options& o, auto flag, auto form, auto value) {
                  o.master_port = parse_int(flag, form, value, 1, 65535);
+               }},
+    value_flag{"--max-restarts,--max_restarts", "N", "a whole number N of restarts after a failure, 0..1000000",
+               [](launch_options& o, auto flag, auto form, auto value) {
+                 o.max_restarts = parse_int(flag, form, value, 0, most_restarts);
                }},
     value_flag{"--grace-s,--grace_s", "SECONDS", "a number of seconds in 0..86400 (e.g. 10 or 0.5)",
                [](launch_options& o, auto flag, auto form, auto value) {
@@ -129,9 +134,10 @@ std::variant<launch_options, help_requested> parse_command_line(std::span<const 
     program.erase(program.begin());
   } else if (!program.empty() && program.front().starts_with('-') && program.front() != "-") {
     const std::string& written = program.front();
-    throw usage_error{"loom-run: unknown flag '" + written.substr(0, written.find('=')) +
-                      "'; accepted: --nproc-per-node N, --nnodes M, --node-rank R, --master-addr A, "
-                      "--master-port P, --grace-s S, --no-prefix, --use-default-allocator, --standalone, --help"};
+    throw usage_error{
+        "loom-run: unknown flag '" + written.substr(0, written.find('=')) +
+        "'; accepted: --nproc-per-node N, --nnodes M, --node-rank R, --master-addr A, "
+        "--master-port P, --max-restarts N, --grace-s S, --no-prefix, --use-default-allocator, --standalone, --help"};
   }
   options.prefix_output = !no_prefix;
   options.tune_malloc = !default_allocator;
@@ -155,6 +161,9 @@ flags (torchrun's; '_' and '-' are interchangeable, '--flag=VALUE' works too):
   --master-addr A      node 0's address (default 127.0.0.1; required when M > 1)
   --master-port P      rendezvous port (default: a free port on one node, 29500 on several)
   --standalone         accepted for torchrun compatibility: a single node (the default)
+  --max-restarts N     when a rank fails, stop every rank and start them all again, at most N times
+                       (default 0), each time with TORCHELASTIC_RESTART_COUNT one higher and a fresh
+                       rendezvous; a rank that exits 75 (stopped to be resumed) is not a failure
   --no-prefix          do not prefix output lines with "[rank k] "
   --grace-s S          seconds between SIGTERM and SIGKILL when stopping ranks (default 10)
   --use-default-allocator
@@ -163,7 +172,8 @@ flags (torchrun's; '_' and '-' are interchangeable, '--flag=VALUE' works too):
                        (where not set already), so that a step reuses the last step's heap
   -h, --help           this text
 
-exit status: 0 when every rank exits 0; 1 when a rank fails (the last line names the first one);
+exit status: 0 when every rank exits 0; 1 when a rank fails and no restart is left (the last line
+names the first one to fail in the last attempt);
 2 for a bad command line; 128+N when loom-run itself is stopped by signal N (forwarded to every rank).
 )";
 }

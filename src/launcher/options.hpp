@@ -20,6 +20,7 @@ struct launch_options {
   bool prefix_output = true;
   bool tune_malloc = true;           // malloc_tuning.hpp; off: glibc's defaults
   double grace_seconds = 10.0;       // from SIGTERM to SIGKILL when stopping the ranks
+  int max_restarts = 0;              // torchrun's: how often every rank is started again after a failure
   std::vector<std::string> program;  // the program, then its arguments
 };
 

@@ -73,7 +73,8 @@ std::vector<std::string> current_environment() {
 }
 
 std::vector<std::string> rank_environment(std::vector<std::string> inherited, const launch_options& options,
-                                          const rendezvous_point& master, int local_rank, int cores) {
+                                          const rendezvous_point& master, int restart_count, int local_rank,
+                                          int cores) {
   const int world_size = options.nnodes * options.nproc_per_node;
   const int rank = options.node_rank * options.nproc_per_node + local_rank;
   set_variable(inherited, "RANK", rank);
@@ -87,8 +88,8 @@ std::vector<std::string> rank_environment(std::vector<std::string> inherited, co
   set_variable(inherited, "ROLE_WORLD_SIZE", world_size);
   set_variable(inherited, "MASTER_ADDR", master.address);
   set_variable(inherited, "MASTER_PORT", master.port);
-  set_variable(inherited, "TORCHELASTIC_RESTART_COUNT", 0);
-  set_variable(inherited, "TORCHELASTIC_MAX_RESTARTS", 0);
+  set_variable(inherited, "TORCHELASTIC_RESTART_COUNT", restart_count);
+  set_variable(inherited, "TORCHELASTIC_MAX_RESTARTS", options.max_restarts);
   // No agent hosts a store here: rank 0 does, as under torchrun's static rendezvous. An
   // inherited "True" (loom-run started inside a torchrun job) would send ranks to a store
   // that is not theirs.

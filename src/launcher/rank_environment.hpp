@@ -14,7 +14,8 @@ struct rendezvous_point {
 };
 
 // The options' master, or for a single node 127.0.0.1 and a port that was free a moment ago
-// (the same small race torchrun accepts: rank 0 binds it moments later).
+// (the same small race torchrun accepts: rank 0 binds it moments later): another one each time the
+// ranks are started again.
 [[nodiscard]] rendezvous_point resolve_rendezvous(const launch_options& options);
 
 // CPUs this process may run on (its affinity mask), at least 1.
@@ -23,11 +24,12 @@ struct rendezvous_point {
 // The launcher's own environment as NAME=VALUE strings.
 [[nodiscard]] std::vector<std::string> current_environment();
 
-// `inherited` with torchrun's per-rank variables set for `local_rank`; OMP_NUM_THREADS becomes
+// `inherited` with torchrun's per-rank variables set for `local_rank` in the start numbered
+// `restart_count` (0 for the first); OMP_NUM_THREADS becomes
 // max(1, cores / local ranks) unless `inherited` already has it; GLIBC_TUNABLES gains loom's malloc
 // tuning (malloc_tuning.hpp) unless the options turn it off.
 [[nodiscard]] std::vector<std::string> rank_environment(std::vector<std::string> inherited,
                                                         const launch_options& options, const rendezvous_point& master,
-                                                        int local_rank, int cores);
+                                                        int restart_count, int local_rank, int cores);
 
 }  // namespace loom::launcher

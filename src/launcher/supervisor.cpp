@@ -2,6 +2,7 @@
 
 #include "fd_io.hpp"
 #include "line_relay.hpp"
+#include "rank_environment.hpp"
 #include "rank_process.hpp"
 #include "signal_pipe.hpp"
 
@@ -41,10 +42,30 @@ void say(const std::string& line) { write_all(STDERR_FILENO, "loom-run: " + line
 
 class supervisor {
  public:
-  supervisor(const launch_options& options, const rendezvous_point& master) : options_{options}, master_{master} {}
+  explicit supervisor(const launch_options& options) : options_{options} {}
 
+  // Each start of the ranks is an attempt; a failed one is followed by another while restarts
+  // remain. A rendezvous of its own for each (a new free port on one node, and in every case a new
+  // key space in the store, which the ranks take from TORCHELASTIC_RESTART_COUNT), so that nothing
+  // of an earlier attempt can join a later one.
   int run() {
-    start_ranks();
+    for (int restart = 0;; ++restart) {
+      run_attempt(restart);
+      const auto* failed = std::get_if<rank_failed>(&cause_);
+      if (failed == nullptr || restart == options_.max_restarts) return report(restart);
+      say("rank " + std::to_string(failed->rank) + " failed (" + failed->status.describe() + "): restarting all " +
+          std::to_string(ranks_count_) + " ranks, restart " + std::to_string(restart + 1) + " of " +
+          std::to_string(options_.max_restarts) + " (" + std::to_string(options_.max_restarts - restart - 1) +
+          " left after it)");
+    }
+  }
+
+ private:
+  void run_attempt(int restart) {
+    cause_ = std::monostate{};
+    resumable_ranks_ = 0;
+    kill_deadline_.reset();
+    start_ranks(restart, resolve_rendezvous(options_));
     while (std::ranges::any_of(ranks_, &rank_process::running)) {
       wait_for_events();
       check_exits();
@@ -56,11 +77,10 @@ class supervisor {
       }
       output.relay.finish();
     }
-    return report();
+    outputs_.clear();
   }
 
- private:
-  void start_ranks() {
+  void start_ranks(int restart, const rendezvous_point& master) {
     ranks_count_ = options_.nproc_per_node;
     const std::vector<std::string> inherited = current_environment();
     const int cores = available_cores();
@@ -68,10 +88,10 @@ class supervisor {
       const int rank = options_.node_rank * options_.nproc_per_node + local_rank;
       pipe_ends out = make_pipe();
       pipe_ends err = make_pipe();
-      ranks_.emplace_back(
-          rank_command{rank, options_.program, rank_environment(inherited, options_, master_, local_rank, cores),
-                       out.write_end.get(), err.write_end.get()},
-          signals_);
+      ranks_.emplace_back(rank_command{rank, options_.program,
+                                       rank_environment(inherited, options_, master, restart, local_rank, cores),
+                                       out.write_end.get(), err.write_end.get()},
+                          signals_);
       const std::string prefix = options_.prefix_output ? "[rank " + std::to_string(rank) + "] " : "";
       add_output(std::move(out.read_end), prefix, STDOUT_FILENO);
       add_output(std::move(err.read_end), prefix, STDERR_FILENO);
@@ -179,7 +199,7 @@ class supervisor {
     return seconds + " s";
   }
 
-  int report() const {
+  int report(int restarts) const {
     if (resumable_ranks_ > 0 && !std::holds_alternative<rank_failed>(cause_)) {
       say(std::to_string(resumable_ranks_) + " of " + std::to_string(ranks_count_) +
           " ranks stopped to be resumed (exit code " + std::to_string(exit_status::resumable_code) +
@@ -187,7 +207,11 @@ class supervisor {
       return exit_status::resumable_code;
     }
     if (const auto* failed = std::get_if<rank_failed>(&cause_)) {
-      say("rank " + std::to_string(failed->rank) + " failed first: " + failed->status.describe());
+      const std::string after = restarts == 0
+                                    ? std::string{}
+                                    : " (after " + std::to_string(restarts) + " restart" + (restarts == 1 ? "" : "s") +
+                                          ", none left: --max-restarts " + std::to_string(options_.max_restarts) + ")";
+      say("rank " + std::to_string(failed->rank) + " failed first: " + failed->status.describe() + after);
       return 1;
     }
     if (const auto* signalled = std::get_if<launcher_signalled>(&cause_)) {
@@ -198,7 +222,6 @@ class supervisor {
   }
 
   const launch_options& options_;
-  const rendezvous_point& master_;
   // SIGUSR1 too: what cluster schedulers send before they stop a job, forwarded like SIGTERM.
   signal_pipe signals_{SIGINT, SIGTERM, SIGHUP, SIGUSR1, SIGCHLD};
   std::vector<output_stream> outputs_;
@@ -211,8 +234,6 @@ class supervisor {
 
 }  // namespace
 
-int supervise(const launch_options& options, const rendezvous_point& master) {
-  return supervisor{options, master}.run();
-}
+int supervise(const launch_options& options) { return supervisor{options}.run(); }
 
 }  // namespace loom::launcher

@@ -87,4 +87,28 @@ void require_agreement(const runtime& rt, std::string_view topic, std::span<cons
   throw rank_mismatch(explain({where.index, where.rank, texts.front(), texts[static_cast<std::size_t>(where.rank)]}));
 }
 
+std::optional<rank_problem> first_problem(const runtime& rt, std::string_view topic,
+                                          const std::optional<std::string>& mine) {
+  if (!rt.is_distributed()) {
+    if (!mine) return std::nullopt;
+    return rank_problem{rt.rank(), *mine};
+  }
+  const auto options = at::TensorOptions().dtype(at::kInt).device(rt.device());
+  const at::Tensor found = at::full({1}, mine ? 1 : 0, options);
+  at::Tensor every = at::empty({rt.world_size()}, options);
+  rt.comm().all_gather(found, every).wait();
+  const at::Tensor finders = every.cpu().nonzero();
+  if (finders.numel() == 0) return std::nullopt;
+  const int rank = static_cast<int>(finders[0].item<std::int64_t>());
+
+  // The key is removed by the last rank to read it, before that rank's next all-reduce here: no
+  // rank can read a stale text under the same topic later.
+  const auto& store = rt.store();
+  const std::string key = fmt::format("loom/{}/problem", topic);
+  if (rank == rt.rank()) store->set(key, std::vector<std::uint8_t>(mine->begin(), mine->end()));
+  const std::vector<std::uint8_t> bytes = store->get(key);
+  if (store->add(key + "/read", 1) % rt.world_size() == 0) store->deleteKey(key);
+  return rank_problem{rank, std::string(bytes.begin(), bytes.end())};
+}
+
 }  // namespace loom

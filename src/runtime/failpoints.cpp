@@ -44,6 +44,10 @@ armed_failpoint* armed() {
     const char* rank = std::getenv("LOOM_FAILPOINT_RANK");
     const char* mine = std::getenv("RANK");
     if (rank != nullptr && std::string(rank) != (mine != nullptr ? mine : "0")) return nullptr;
+    // Only in the attempt with this restart count (loom-run --max-restarts): a failure that happens once.
+    const char* restart = std::getenv("LOOM_FAILPOINT_RESTART");
+    const char* attempt = std::getenv("TORCHELASTIC_RESTART_COUNT");
+    if (restart != nullptr && std::string(restart) != (attempt != nullptr ? attempt : "0")) return nullptr;
     auto* point = new armed_failpoint{name};  // lives as long as the process
     if (const char* hit = std::getenv("LOOM_FAILPOINT_HIT")) point->hit = std::strtol(hit, nullptr, 10);
     point->error = error_number(std::getenv("LOOM_FAILPOINT_ERRNO"));

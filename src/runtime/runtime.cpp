@@ -146,12 +146,9 @@ c10::intrusive_ptr<c10d::Store> rendezvous(const launch_env& env) {
         "{}; check that rank 0 is running and that this address and port are reachable",
         env.rank, env.master_addr, env.master_port, seconds(env.timeout), error_text(error));
   }
-  if (env.agent_store) {
-    // torchrun's agent hosts the store; each restart of the workers gets a fresh key space.
-    store =
-        c10::make_intrusive<c10d::PrefixStore>(fmt::format("/worker/attempt_{}", env.restart_count), std::move(store));
-  }
-  return store;
+  // Each restart of the workers gets a fresh key space (torchrun's agent hosts the store then; under
+  // loom-run rank 0 does, on a new port on one node): no rank of an earlier attempt meets a later one.
+  return c10::make_intrusive<c10d::PrefixStore>(fmt::format("/worker/attempt_{}", env.restart_count), std::move(store));
 }
 
 // A peer that dies closes its sockets, and Gloo's next write to one raises SIGPIPE, whose default

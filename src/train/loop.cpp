@@ -128,8 +128,10 @@ void train_session::prepare_run_folder() {
     probe.commit();
     std::filesystem::remove(options_.out / ".loom-writable");
   });
-  checkpoints_ = std::make_unique<checkpointer>(
-      rt_, checkpoint_options{.folder = options_.out / "checkpoints", .keep = options_.keep_checkpoints});
+  checkpoints_ = std::make_unique<checkpointer>(rt_, checkpoint_options{.folder = options_.out / "checkpoints",
+                                                                        .keep = options_.keep_checkpoints,
+                                                                        .strict = options_.strict_checkpoints,
+                                                                        .async_save = options_.async_checkpoints});
 }
 
 void train_session::announce(const resume_point& resumed) const {

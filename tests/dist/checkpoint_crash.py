@@ -4,7 +4,11 @@ fills up during one (ENOSPC when a rank's file is flushed): the next launch resu
 complete checkpoint, the interrupted save's leftovers are gone, and the run ends with the
 parameters and optimizer state of a run that was never interrupted, bit for bit.
 
-    checkpoint_crash.py --loom-run LOOM_RUN --program DIST_RESUME --ranks N --strategy S
+    checkpoint_crash.py --loom-run LOOM_RUN --program DIST_RESUME --ranks N --strategy S [--async]
+
+With --async the saves write on a background thread: the first three points then kill a rank in
+that thread, its file half written while training goes on, and the full disk surfaces at the step
+that completes the save.
 """
 from __future__ import annotations
 

@@ -1,9 +1,11 @@
 // Resuming from a checkpoint continues bit for bit. Usage (under loom-run):
-//   dist-resume {ddp|fsdp|lora-fsdp|lora-bf16-fsdp} DIR STEPS [STOP_AFTER]
+//   dist-resume {ddp|fsdp|lora-fsdp|lora-bf16-fsdp} DIR STEPS [STOP_AFTER] [--async] [--strict]
 // trains a small TinyGpt for STEPS AdamW steps with a checkpoint every 4 in DIR/checkpoints,
 // resuming from the newest one; with STOP_AFTER it exits after that step's checkpoint. At the end
 // each rank writes DIR/final-rank-R.safetensors: the whole model and its optimizer's state.
-// resume_check.py compares a straight run with an interrupted and resumed one.
+// --async saves on a background thread (polled every step); --strict refuses to fall back from a
+// damaged checkpoint. resume_check.py compares a straight run with an interrupted and resumed one;
+// checkpoint_crash.py and checkpoint_damage.py kill it in a save and damage its checkpoints.
 #include "world.hpp"
 
 #include <loom/loom.hpp>
@@ -15,6 +17,7 @@
 #include <filesystem>
 #include <iostream>
 #include <string>
+#include <vector>
 
 namespace {
 
@@ -31,15 +34,24 @@ std::pair<at::Tensor, at::Tensor> batch(std::int64_t step) {
   return {torch::randint(0, small.vocab, {2, small.ctx}, gen), torch::randint(0, small.vocab, {2, small.ctx}, gen)};
 }
 
+struct run_options {
+  fs::path dir;
+  std::int64_t steps = 0;
+  std::int64_t stop_after = -1;
+  bool async_save = false;
+  bool strict = false;
+};
+
 template <class Plan>
-int run(const Plan& plan, const fs::path& dir, std::int64_t steps, std::int64_t stop_after) {
+int run(const Plan& plan, const run_options& options) {
+  const auto& [dir, steps, stop_after, async_save, strict] = options;
   // LibTorch seeds its default generator at random: a straight run is reproducible only when seeded.
   // (The checkpoint carries the generator's state, so the dropout of a resumed run continues the
   // stream of the run it resumes either way.)
   torch::manual_seed(100 + static_cast<std::uint64_t>(world().rank()));
   auto job = loom::build(plan, world());
   torch::optim::AdamW optimizer(job.trainable_parameters(), torch::optim::AdamWOptions(1e-2));
-  loom::checkpointer checkpoints(world(), {.folder = dir / "checkpoints"});
+  loom::checkpointer checkpoints(world(), {.folder = dir / "checkpoints", .strict = strict, .async_save = async_save});
   std::int64_t first = 1;
   if (const auto resumed = checkpoints.resume(job, optimizer)) {
     first = resumed->step + 1;
@@ -50,9 +62,12 @@ int run(const Plan& plan, const fs::path& dir, std::int64_t steps, std::int64_t 
     job.backward(job.forward(x, y));
     optimizer.step();
     job.zero_grad();
+    checkpoints.poll();
     if (step % every == 0) checkpoints.save(job, optimizer, step, fmt::format(R"({{"next_step": {}}})", step + 1));
-    if (step == stop_after) return 0;
+    if (step == stop_after) break;
   }
+  checkpoints.wait();
+  if (first <= stop_after && stop_after <= steps) return 0;
   loom::tensor_state final_state = job.state_dict();
   std::size_t index = 0;
   for (const at::Tensor& p : job.trainable_parameters()) {
@@ -70,26 +85,39 @@ int run(const Plan& plan, const fs::path& dir, std::int64_t steps, std::int64_t 
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc != 4 && argc != 5) {
-    std::cerr << "usage: dist-resume {ddp|fsdp|lora-fsdp|lora-bf16-fsdp} DIR STEPS [STOP_AFTER]\n";
+  std::vector<std::string> positional;
+  run_options options;
+  for (int i = 1; i < argc; ++i) {
+    const std::string word = argv[i];
+    if (word == "--async") {
+      options.async_save = true;
+    } else if (word == "--strict") {
+      options.strict = true;
+    } else {
+      positional.push_back(word);
+    }
+  }
+  if (positional.size() != 3 && positional.size() != 4) {
+    std::cerr << "usage: dist-resume {ddp|fsdp|lora-fsdp|lora-bf16-fsdp} DIR STEPS [STOP_AFTER] [--async] "
+                 "[--strict]\n";
     return 2;
   }
-  const std::string strategy = argv[1];
-  const fs::path dir = argv[2];
-  const std::int64_t steps = std::stoll(argv[3]);
-  const std::int64_t stop_after = argc == 5 ? std::stoll(argv[4]) : -1;
+  const std::string& strategy = positional[0];
+  options.dir = positional[1];
+  options.steps = std::stoll(positional[2]);
+  if (positional.size() == 4) options.stop_after = std::stoll(positional[3]);
   const auto model = loom::model<models::TinyGpt>(small) | loom::seeded(5);
   try {
-    if (strategy == "ddp") return run(model | loom::ddp(), dir, steps, stop_after);
-    if (strategy == "fsdp") return run(model | loom::fsdp(), dir, steps, stop_after);
+    if (strategy == "ddp") return run(model | loom::ddp(), options);
+    if (strategy == "fsdp") return run(model | loom::fsdp(), options);
     if (strategy == "lora-fsdp") {
-      return run(model | loom::lora(4, {"q_proj", "v_proj"}, {.dropout = 0.1}) | loom::fsdp(), dir, steps, stop_after);
+      return run(model | loom::lora(4, {"q_proj", "v_proj"}, {.dropout = 0.1}) | loom::fsdp(), options);
     }
     if (strategy == "lora-bf16-fsdp") {
       // A frozen bf16 base, fp32 adapters, bf16 compute: the checkpoint holds each in its own dtype.
       return run(model | loom::default_dtype(loom::bf16) | loom::lora(4, {"q_proj", "v_proj"}, {.dropout = 0.1}) |
                      loom::mixed_precision() | loom::fsdp(),
-                 dir, steps, stop_after);
+                 options);
     }
   } catch (const std::exception& error) {
     std::cerr << error.what() << '\n';

@@ -17,13 +17,19 @@ def arguments() -> argparse.Namespace:
     for flag in ("--loom-run", "--program", "--strategy"):
         parser.add_argument(flag, required=True)
     parser.add_argument("--ranks", type=int, required=True)
+    parser.add_argument("--async", dest="async_save", action="store_true", help="save on a background thread")
     return parser.parse_args()
 
 
-def launch(args: argparse.Namespace, folder: Path, *extra: str, env: dict[str, str] | None = None):
-    """8 steps of dist-resume in `folder` (resuming from its checkpoints), `extra` passed on."""
-    return subprocess.run([args.loom_run, "--nproc-per-node", str(args.ranks), "--", args.program, args.strategy,
-                           str(folder), "8", *extra], env={**os.environ, **(env or {})}, capture_output=True, text=True)
+def launch(args: argparse.Namespace, folder: Path, *extra: str, env: dict[str, str] | None = None,
+           launcher: tuple[str, ...] = ()):
+    """8 steps of dist-resume in `folder` (resuming from its checkpoints), `extra` passed on, and
+    `launcher` to loom-run."""
+    mode = ["--async"] if args.async_save else []
+    return subprocess.run([args.loom_run, "--nproc-per-node", str(args.ranks), *launcher, "--", args.program,
+                           args.strategy,
+                           str(folder), "8", *extra, *mode], env={**os.environ, **(env or {})}, capture_output=True,
+                          text=True)
 
 
 def succeeded(result: subprocess.CompletedProcess) -> subprocess.CompletedProcess:

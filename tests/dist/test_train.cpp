@@ -7,9 +7,11 @@
 #include <loom/train/loop.hpp>
 #include <models/tiny_gpt.hpp>
 
+#include <torch/optim/adamw.h>
 #include <torch/optim/sgd.h>
 
 #include <catch2/catch_test_macros.hpp>
+#include <catch2/generators/catch_generators.hpp>
 #include <catch2/matchers/catch_matchers_string.hpp>
 
 #include <csignal>
@@ -71,21 +73,42 @@ TEST_CASE("accumulated micro-batches equal one batch, under ddp() and fsdp()", "
   check_accumulation(model | loom::fsdp(), "fsdp");
 }
 
-TEST_CASE("SIGUSR1 on the last rank alone stops every rank after the same step, checkpointed", "[train]") {
-  auto job = loom::build(model | loom::fsdp(), world());
-  torch::optim::SGD optimizer(job.trainable_parameters(), 0.1);
-  const fs::path out = shared_scratch("train", "preempted");
-  const loom::train_result result = loom::train(job, optimizer,
-                                                {.loss =
-                                                     [&](std::int64_t step, int) {
-                                                       if (step == 2 && last_rank()) std::raise(SIGUSR1);
-                                                       auto [x, y] = rows(step, 0, 4);
-                                                       return job.forward(x, y);
-                                                     }},
-                                                {.steps = 6, .out = out});
-  CHECK(result.outcome == loom::train_outcome::preempted);
-  CHECK(result.last_step == 2);
+TEST_CASE(
+    "SIGUSR1 on the last rank alone stops every rank after the same step, checkpointed; the run resumed "
+    "ends where one never stopped ends",
+    "[train]") {
+  const bool async_checkpoints = GENERATE(false, true);
+  CAPTURE(async_checkpoints);
+  // Full training (no LoRA): every parameter and AdamW's moments go through the checkpoint.
+  const auto trained = [&](const fs::path& out, bool signalled) {
+    auto job = loom::build(model | loom::fsdp(), world());
+    torch::optim::AdamW optimizer(job.trainable_parameters(), torch::optim::AdamWOptions(1e-2));
+    const loom::train_result result = loom::train(job, optimizer,
+                                                  {.loss =
+                                                       [&](std::int64_t step, int) {
+                                                         if (signalled && step == 2 && last_rank()) std::raise(SIGUSR1);
+                                                         auto [x, y] = rows(step, 0, 4);
+                                                         return job.forward(x, y);
+                                                       }},
+                                                  {.steps = 6, .out = out, .async_checkpoints = async_checkpoints});
+    return std::pair{result, job.state_dict()};
+  };
+  const std::string name = async_checkpoints ? "preempted-async" : "preempted";
+  const fs::path out = shared_scratch("train", name);
+  const auto [stopped, ignored] = trained(out, true);
+  CHECK(stopped.outcome == loom::train_outcome::preempted);
+  CHECK(stopped.last_step == 2);
   CHECK(fs::exists(out / "checkpoints" / "step-00000002" / "manifest.json"));
+
+  const auto [resumed, resumed_state] = trained(out, false);
+  CHECK(resumed.first_step == 3);
+  CHECK(resumed.outcome == loom::train_outcome::finished);
+  const auto [straight, straight_state] = trained(shared_scratch("train", name + "-straight"), false);
+  REQUIRE(straight_state.size() == resumed_state.size());
+  for (std::size_t i = 0; i < straight_state.size(); ++i) {
+    CAPTURE(straight_state[i].name);
+    CHECK(torch::equal(straight_state[i].tensor, resumed_state[i].tensor));
+  }
 }
 
 TEST_CASE("a loss that is not finite on one rank stops every rank, naming the step", "[train]") {

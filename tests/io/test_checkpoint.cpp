@@ -1,6 +1,7 @@
-// Checkpoints on a single process: what is kept, what is cleaned, and every checkpoint that cannot
-// be resumed refused with its path, its file and the difference. (Resuming bit for bit across
-// processes and ranks: tests/dist/resume_check.py.)
+// Checkpoints on a single process: what is kept, what is cleaned, every checkpoint that cannot be
+// resumed refused with its path, its file and the difference, a damaged one set aside for the one
+// before it, and an asynchronous save equal to a synchronous one. (Resuming bit for bit across
+// processes and ranks: tests/dist/resume_check.py; damage across ranks: checkpoint_damage.py.)
 #include <loom/loom.hpp>
 #include "single_process.hpp"
 
@@ -9,10 +10,12 @@
 #include <torch/optim/adamw.h>
 #include <torch/optim/sgd.h>
 
+#include <fmt/format.h>
 #include <catch2/catch_test_macros.hpp>
 #include <catch2/generators/catch_generators.hpp>
 #include <catch2/matchers/catch_matchers_exception.hpp>
 #include <catch2/matchers/catch_matchers_string.hpp>
+#include <nlohmann/json.hpp>
 
 #include <filesystem>
 #include <fstream>
@@ -47,6 +50,41 @@ std::vector<std::string> entries(const fs::path& folder) {
 }
 
 constexpr auto plan = loom::model<models::TinyGpt>(small) | loom::seeded(1) | loom::lora(4, {"q_proj"});
+
+std::string read_text(const fs::path& file) {
+  std::ifstream in(file, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), {}};
+}
+
+void write_text(const fs::path& file, const std::string& text) {
+  std::ofstream(file, std::ios::binary | std::ios::trunc) << text;
+}
+
+// The manifest as a person or a tool would edit it, sealed again with its own checksum (XXH3-64 of
+// the manifest without it, as dump(2) writes it) so that the reader gets to the field under test.
+void write_sealed(const fs::path& file, nlohmann::json manifest) {
+  manifest.erase("manifest_xxh3");
+  const std::string body = manifest.dump(2);
+  manifest["manifest_xxh3"] = fmt::format("{:016x}", loom::xxh3_of(body.data(), body.size()));
+  write_text(file, manifest.dump(2) + "\n");
+}
+
+// Flips one bit in the middle of the bytes of the first tensor whose name starts with `prefix`.
+void flip_bit(const fs::path& file, const std::string& prefix) {
+  std::string bytes = read_text(file);
+  std::uint64_t header_length = 0;
+  for (int i = 7; i >= 0; --i) header_length = (header_length << 8) | static_cast<unsigned char>(bytes[i]);
+  const auto header = nlohmann::json::parse(bytes.substr(8, header_length));
+  for (const auto& [name, spec] : header.items()) {
+    if (!name.starts_with(prefix)) continue;
+    const auto begin = spec["data_offsets"][0].get<std::uint64_t>(), end = spec["data_offsets"][1].get<std::uint64_t>();
+    if (begin == end) continue;
+    bytes[8 + header_length + (begin + end) / 2] ^= 0x10;
+    write_text(file, bytes);
+    return;
+  }
+  FAIL("no tensor named " << prefix << "... in " << file);
+}
 
 }  // namespace
 
@@ -110,11 +148,11 @@ TEST_CASE("a checkpoint that cannot be resumed is refused with its path, its fil
     REQUIRE(at != std::string::npos);
     const std::string original = manifest.substr(at + 25, 16);
     manifest.replace(at + 25, 16, "0123456789abcdef");
-    std::ofstream(saved / "manifest.json") << manifest;
+    write_sealed(saved / "manifest.json", nlohmann::json::parse(manifest));
     CHECK_THROWS_WITH(resume_with(plan),
                       ContainsSubstring("its schedule's fingerprint is 0123456789abcdef, this job's " + original));
     manifest.replace(at + 25, 16, original);
-    std::ofstream(saved / "manifest.json") << manifest;
+    write_sealed(saved / "manifest.json", nlohmann::json::parse(manifest));
   }
 
   const fs::path file = saved / "rank-00000.safetensors";
@@ -150,23 +188,35 @@ TEST_CASE("a manifest that is not what a save writes is refused, naming the chec
   CHECK(read.plan == job.plan_text());
   CHECK(read.user_state == R"({"cursor":12})");
 
-  // The saved manifest with `from` replaced by `to`.
-  const auto edited = [&](const std::string& from, const std::string& to) {
+  // The saved manifest with `from` replaced by `to`, sealed again when it is still a JSON object.
+  const auto edited = [&](const std::string& from, const std::string& to, bool sealed = true) {
     std::string manifest = original;
     const auto at = manifest.find(from);
     REQUIRE(at != std::string::npos);
     manifest.replace(at, from.size(), to);
-    std::ofstream(saved / "manifest.json") << manifest;
+    const auto parsed = nlohmann::json::parse(manifest, nullptr, false);
+    if (sealed && parsed.is_object()) {
+      write_sealed(saved / "manifest.json", parsed);
+    } else {
+      write_text(saved / "manifest.json", manifest);
+    }
     return saved;
   };
-  const auto refused = [&](const std::string& from, const std::string& to, const std::string& problem) {
+  const auto refused = [&](const std::string& from, const std::string& to, const std::string& problem,
+                           bool sealed = true) {
     CAPTURE(to);
-    CHECK_THROWS_MATCHES(loom::read_checkpoint_manifest(edited(from, to)), loom::checkpoint_error,
+    CHECK_THROWS_MATCHES(loom::read_checkpoint_manifest(edited(from, to, sealed)), loom::checkpoint_error,
                          Catch::Matchers::MessageMatches(ContainsSubstring("the checkpoint '" + saved.string() +
                                                                            "' cannot be resumed: " + problem)));
   };
   refused("{", "[", "its manifest.json is not JSON");
-  refused(R"("format": "loom checkpoint v1")", R"("format": 1)", "its manifest is not a loom checkpoint's");
+  refused(R"("format": "loom checkpoint v2")", R"("format": 1)", "its manifest is not a loom checkpoint's");
+  // An edit that is not sealed again: the manifest is not what its save wrote.
+  refused(R"("step": 4)", R"("step": 5)", "its manifest.json does not match its own checksum (written ", false);
+  refused(R"("manifest_xxh3": ")", R"("manifest_xxh3": "z)", "its manifest has no manifest_xxh3 of 16 hex digits",
+          false);
+  refused(R"("xxh3": ")", R"("xxh3": "0x)",
+          R"(its manifest gives 'rank-00000.safetensors' as an object, not {"bytes": …, "xxh3": "<16 hex digits>"})");
   // What the fuzzer found (tests/fuzz/corpus/manifest): a field of another kind escaped as nlohmann's
   // type_error, naming no checkpoint.
   refused(R"("plan": )", R"("plan": 3, "was": )", "its manifest's plan is 3, not a string");
@@ -178,8 +228,7 @@ TEST_CASE("a manifest that is not what a save writes is refused, naming the chec
   refused(R"("world_size": 1)", R"("world_size": 2)", "its manifest lists 1 file for its world_size of 2");
   refused(R"("rank-00000.safetensors")", R"("../rank-00000.safetensors")",
           "its manifest lists no file 'rank-00000.safetensors' for rank 0");
-  refused(R"("rank-00000.safetensors": )", R"("rank-00000.safetensors": -)",
-          "its manifest gives the size of 'rank-00000.safetensors' as -");
+  refused(R"("bytes": )", R"("bytes": -)", "its manifest gives the size of 'rank-00000.safetensors' as -");
 
   // A world_size of 0 divided by zero when the generators were loaded (SIGFPE), once the rest passed.
   edited(R"("world_size": 1)", R"("world_size": 0)");
@@ -204,14 +253,12 @@ TEST_CASE("a checkpoint whose tensors do not fit the model names the file and th
     if (t.name != "model/blocks.0.attn.q_proj.lora_A") continue;
     t.tensor = std::string(replaced.first) == "shape" ? at::zeros({5}) : t.tensor.to(at::kDouble);
   }
-  loom::save_safetensors(file, content.tensors, content.metadata);
-  std::ifstream in(folder / "step-00000004" / "manifest.json");
-  std::string manifest((std::istreambuf_iterator<char>(in)), {});
-  const auto at = manifest.find("\"rank-00000.safetensors\": ");
-  REQUIRE(at != std::string::npos);
-  const auto end = manifest.find_first_of(",\n}", at + 26);
-  manifest.replace(at + 26, end - at - 26, std::to_string(fs::file_size(file)));
-  std::ofstream(folder / "step-00000004" / "manifest.json") << manifest;
+  const loom::file_digest digest = loom::save_safetensors(file, content.tensors, content.metadata);
+  const fs::path manifest_file = folder / "step-00000004" / "manifest.json";
+  auto manifest = nlohmann::json::parse(read_text(manifest_file));
+  manifest["files"]["rank-00000.safetensors"] = {{"bytes", digest.bytes},
+                                                 {"xxh3", fmt::format("{:016x}", digest.xxh3)}};
+  write_sealed(manifest_file, manifest);
 
   auto other = loom::build(plan, one());
   torch::optim::AdamW other_optimizer(other.trainable_parameters());
@@ -247,4 +294,127 @@ TEST_CASE("a checkpoint holds the trainable parameters, or every one when asked"
                                        "blocks.1.attn.q_proj.lora_A", "blocks.1.attn.q_proj.lora_B"};
   CHECK(saved_names(false) == adapters);
   CHECK(saved_names(true).size() == job.state_dict().size());
+}
+
+TEST_CASE("a damaged newest checkpoint is set aside and the one before it resumes bit for bit",
+          "[checkpoint][damage]") {
+  const std::string damage =
+      GENERATE("a weight", "the optimizer's archive", "the generator", "the manifest", "a file of another step");
+  CAPTURE(damage);
+  const fs::path folder = scratch("damaged");
+  auto job = loom::build(plan, one());
+  torch::optim::AdamW optimizer(job.trainable_parameters());
+  loom::tensor_state at_step_4;
+  {
+    loom::checkpointer checkpoints(one(), {.folder = folder});
+    train_step(job, optimizer, 1);
+    checkpoints.save(job, optimizer, 4);
+    for (const auto& t : job.state_dict()) at_step_4.push_back({t.name, t.tensor.clone()});
+    train_step(job, optimizer, 2);
+    checkpoints.save(job, optimizer, 8);
+  }
+  const fs::path step8 = folder / "step-00000008";
+  const fs::path file = step8 / "rank-00000.safetensors";
+  if (damage == "a weight") flip_bit(file, "model/");
+  if (damage == "the optimizer's archive") flip_bit(file, "optimizer");
+  if (damage == "the generator") flip_bit(file, "rng/");
+  if (damage == "the manifest") {
+    std::string manifest = read_text(step8 / "manifest.json");
+    const auto at = manifest.find("lora(");
+    REQUIRE(at != std::string::npos);
+    manifest[at] ^= 0x20;  // 'l' becomes 'L': still JSON, no longer what was saved
+    write_text(step8 / "manifest.json", manifest);
+  }
+  if (damage == "a file of another step") {
+    REQUIRE(fs::file_size(folder / "step-00000004" / "rank-00000.safetensors") == fs::file_size(file));
+    fs::copy_file(folder / "step-00000004" / "rank-00000.safetensors", file, fs::copy_options::overwrite_existing);
+  }
+
+  const auto resume_into = [&](auto& other, auto& other_optimizer, bool strict) {
+    loom::checkpointer checkpoints(one(), {.folder = folder, .strict = strict});
+    return checkpoints.resume(other, other_optimizer);
+  };
+  {
+    auto refused = loom::build(plan, one());
+    torch::optim::AdamW refused_optimizer(refused.trainable_parameters());
+    CHECK_THROWS_WITH(resume_into(refused, refused_optimizer, true),
+                      ContainsSubstring("the checkpoint '" + step8.string() + "' is damaged: its ") &&
+                          ContainsSubstring(damage == "the manifest" ? "manifest.json does not match its own checksum"
+                                                                     : "file 'rank-00000.safetensors' does not match "
+                                                                       "the checksum its manifest records") &&
+                          ContainsSubstring("checkpoint_options.strict refuses to fall back, so the run stops before "
+                                            "any step"));
+    CHECK(fs::exists(step8));
+  }
+  auto resumed = loom::build(plan, one());
+  torch::optim::AdamW resumed_optimizer(resumed.trainable_parameters());
+  const auto point = resume_into(resumed, resumed_optimizer, false);
+  REQUIRE(point.has_value());
+  CHECK(point->step == 4);
+  CHECK(entries(folder) == std::vector<std::string>{"step-00000004", "step-00000008.damaged"});
+  const auto state = resumed.state_dict();
+  REQUIRE(state.size() == at_step_4.size());
+  for (std::size_t i = 0; i < state.size(); ++i) CHECK(torch::equal(state[i].tensor, at_step_4[i].tensor));
+  // The optimizer's state too: the same step from there lands where the first run's step 8 did.
+  train_step(resumed, resumed_optimizer, 2);
+  const auto expected = job.state_dict(), actual = resumed.state_dict();
+  for (std::size_t i = 0; i < expected.size(); ++i) CHECK(torch::equal(expected[i].tensor, actual[i].tensor));
+
+  // Nothing left to fall back to: the run stops before any step, naming the last one tried.
+  flip_bit(folder / "step-00000004" / "rank-00000.safetensors", "model/");
+  auto stopped = loom::build(plan, one());
+  torch::optim::AdamW stopped_optimizer(stopped.trainable_parameters());
+  CHECK_THROWS_WITH(resume_into(stopped, stopped_optimizer, false),
+                    ContainsSubstring("the checkpoint '" + (folder / "step-00000004").string() + "' is damaged") &&
+                        ContainsSubstring("no earlier complete checkpoint is left to fall back to"));
+}
+
+TEST_CASE("a checkpoint written before checksums (loom checkpoint v1) still resumes", "[checkpoint]") {
+  const fs::path folder = scratch("v1");
+  auto job = loom::build(plan, one());
+  torch::optim::AdamW optimizer(job.trainable_parameters());
+  loom::checkpointer checkpoints(one(), {.folder = folder});
+  train_step(job, optimizer, 1);
+  checkpoints.save(job, optimizer, 4);
+  const fs::path manifest_file = folder / "step-00000004" / "manifest.json";
+  auto manifest = nlohmann::json::parse(read_text(manifest_file));
+  manifest["format"] = "loom checkpoint v1";
+  manifest.erase("manifest_xxh3");
+  manifest["files"]["rank-00000.safetensors"] = manifest["files"]["rank-00000.safetensors"]["bytes"];
+  write_text(manifest_file, manifest.dump(2));
+  const loom::checkpoint_manifest read = loom::read_checkpoint_manifest(folder / "step-00000004");
+  CHECK_FALSE(read.checksummed);
+  CHECK(read.files.at("rank-00000.safetensors").bytes ==
+        fs::file_size(folder / "step-00000004" / "rank-00000.safetensors"));
+  auto resumed = loom::build(plan, one());
+  torch::optim::AdamW resumed_optimizer(resumed.trainable_parameters());
+  REQUIRE(checkpoints.resume(resumed, resumed_optimizer).has_value());
+  const auto expected = job.state_dict(), actual = resumed.state_dict();
+  for (std::size_t i = 0; i < expected.size(); ++i) CHECK(torch::equal(expected[i].tensor, actual[i].tensor));
+}
+
+TEST_CASE("an asynchronous save writes what a synchronous one does, from the state at save()", "[checkpoint][async]") {
+  auto job = loom::build(plan, one());
+  torch::optim::AdamW optimizer(job.trainable_parameters());
+  train_step(job, optimizer, 1);
+  const fs::path sync_folder = scratch("sync"), async_folder = scratch("async");
+  loom::checkpointer sync(one(), {.folder = sync_folder});
+  sync.save(job, optimizer, 4);
+  loom::checkpointer background(one(), {.folder = async_folder, .async_save = true});
+  background.save(job, optimizer, 4);
+  CHECK(background.saving());
+  train_step(job, optimizer, 2);  // changes the parameters while the file may still be written
+  while (background.saving()) background.poll();
+  CHECK(read_text(async_folder / "step-00000004" / "rank-00000.safetensors") ==
+        read_text(sync_folder / "step-00000004" / "rank-00000.safetensors"));
+  const bool same_digests = loom::read_checkpoint_manifest(async_folder / "step-00000004").files ==
+                            loom::read_checkpoint_manifest(sync_folder / "step-00000004").files;
+  CHECK(same_digests);
+
+  // The next save waits for the one in flight; wait() completes it.
+  background.save(job, optimizer, 8);
+  background.save(job, optimizer, 12);
+  background.wait();
+  CHECK_FALSE(background.saving());
+  CHECK(entries(async_folder) == std::vector<std::string>{"step-00000008", "step-00000012"});
 }

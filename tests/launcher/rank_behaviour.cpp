@@ -11,6 +11,8 @@
 //   --partial TEXT       print TEXT without a newline at the end
 //   --fail-rank R --exit-code C   rank R exits with code C
 //   --kill-rank R        rank R raises SIGKILL on itself
+//   --fail-attempts K    ... only in the first K attempts (TORCHELASTIC_RESTART_COUNT < K); later it
+//                        exits 0 (default: in every attempt)
 //   --others sleep|exit  what the other ranks do then (default exit 0)
 //   --sleep-s S          how long "sleep" lasts (default 30, at most 60: a test never hangs)
 #include <signal.h>
@@ -45,6 +47,7 @@ struct behaviour {
   std::optional<int> fail_rank;
   int exit_code = 1;
   std::optional<int> kill_rank;
+  std::optional<int> fail_attempts;
   bool others_sleep = false;
   int sleep_seconds = 30;
 };
@@ -91,6 +94,8 @@ behaviour parse(int argc, char** argv) {
       b.exit_code = std::stoi(value());
     else if (flag == "--kill-rank")
       b.kill_rank = std::stoi(value());
+    else if (flag == "--fail-attempts")
+      b.fail_attempts = std::stoi(value());
     else if (flag == "--others")
       b.others_sleep = value() == "sleep";
     else if (flag == "--sleep-s")
@@ -159,8 +164,10 @@ int main(int argc, char** argv) {
   if (b.partial) std::cout << *b.partial;
   std::cout.flush();
 
-  if (b.fail_rank == rank) return b.exit_code;
-  if (b.kill_rank == rank) ::raise(SIGKILL);
+  const char* attempt = std::getenv("TORCHELASTIC_RESTART_COUNT");
+  const bool failing = !b.fail_attempts || (attempt ? std::atoi(attempt) : 0) < *b.fail_attempts;
+  if (b.fail_rank == rank) return failing ? b.exit_code : 0;
+  if (b.kill_rank == rank && failing) ::raise(SIGKILL);
   if (b.others_sleep) {
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds{b.sleep_seconds};
     while (std::chrono::steady_clock::now() < deadline) {

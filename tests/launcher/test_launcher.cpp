@@ -435,8 +435,12 @@ TEST_CASE("bad flags are rejected naming the flag and its accepted form", "[laun
       // A '--' later on does not make an unknown flag before it the program.
       {{"--bogus", "--nproc-per-node", "1", "--", "true"}, "unknown flag '--bogus'"},
       {{"--nproc-per-node", "1", "--bogus", "--", "true"}, "unknown flag '--bogus'"},
-      {{"--nproc-per-node", "1", "--max-restarts", "2", "--", "true"}, "unknown flag '--max-restarts'"},
-      {{"--max_restarts=2", "--nproc-per-node", "1", "--", "true"}, "unknown flag '--max_restarts'"},
+      {{"--max-restarts", "-1", "true"},
+       "--max-restarts expects a whole number N of restarts after a failure, "
+       "0..1000000, got '-1'"},
+      {{"--max_restarts=two", "true"}, "--max-restarts expects a whole number N of restarts after a failure"},
+      {{"--max-restarts", "1.5", "true"}, "--max-restarts expects a whole number N"},
+      {{"--max-restarts", "", "true"}, "--max-restarts expects a whole number N"},
   };
   for (const auto& [args, message] : cases) {
     CAPTURE(args, message);
@@ -446,6 +450,80 @@ TEST_CASE("bad flags are rejected naming the flag and its accepted form", "[laun
     CHECK(run.err.find("[rank") == std::string::npos);  // nothing started
     CHECK(run.out.empty());
   }
+}
+
+TEST_CASE("--max-restarts: a failed attempt stops every rank and starts them all again, with a fresh rendezvous",
+          "[launcher]") {
+  const std::vector<std::string> printed{"--print-env",
+                                         "TORCHELASTIC_RESTART_COUNT,TORCHELASTIC_MAX_RESTARTS,MASTER_PORT"};
+  const auto values_of = [](const finished_run& run, int rank, const std::string& variable) {
+    std::vector<std::string> values;
+    const std::string prefix = "[rank " + std::to_string(rank) + "] " + variable + "=";
+    for (const std::string& line : lines_of(run.out))
+      if (line.starts_with(prefix)) values.push_back(line.substr(prefix.size()));
+    return values;
+  };
+  SECTION("a rank that fails once: the second attempt finishes and loom-run exits 0") {
+    auto args = printed;
+    args.insert(args.end(), {"--fail-rank", "1", "--exit-code", "3", "--fail-attempts", "1"});
+    const auto run = run_launcher(with_helper({"--nproc-per-node", "2", "--max-restarts", "2"}, args));
+    CHECK(run.exit_code == 0);
+    CHECK(contains(
+        lines_of(run.err),
+        "loom-run: rank 1 failed (exited with code 3): restarting all 2 ranks, restart 1 of 2 (1 left after it)"));
+    CHECK(run.err.find("failed first") == std::string::npos);
+    // Rank 1 prints before it fails; rank 0 may be stopped before it prints in the first attempt.
+    CHECK(values_of(run, 1, "TORCHELASTIC_RESTART_COUNT") == std::vector<std::string>{"0", "1"});
+    CHECK(values_of(run, 1, "TORCHELASTIC_MAX_RESTARTS") == std::vector<std::string>{"2", "2"});
+    CHECK(values_of(run, 0, "TORCHELASTIC_RESTART_COUNT").back() == "1");
+    const auto ports = values_of(run, 1, "MASTER_PORT");
+    REQUIRE(ports.size() == 2);
+    CHECK(ports[0] != ports[1]);
+    CHECK(values_of(run, 0, "MASTER_PORT").back() == ports[1]);
+  }
+  SECTION("a rank killed in every attempt: loom-run ends after the third failure, naming it") {
+    const auto run = run_launcher(
+        with_helper({"--nproc-per-node", "2", "--max-restarts", "2", "--grace-s", "20"},
+                    {"--print-env", "TORCHELASTIC_RESTART_COUNT", "--kill-rank", "0", "--others", "sleep"}));
+    CHECK(run.exit_code == 1);
+    CHECK(run.took < 10s);
+    const auto lines = lines_of(run.err);
+    CHECK(contains(lines,
+                   "loom-run: rank 0 failed (killed by signal 9 (SIGKILL)): restarting all 2 ranks, restart 1 "
+                   "of 2 (1 left after it)"));
+    CHECK(contains(lines,
+                   "loom-run: rank 0 failed (killed by signal 9 (SIGKILL)): restarting all 2 ranks, restart 2 "
+                   "of 2 (0 left after it)"));
+    CHECK(
+        run.last_err_line() ==
+        "loom-run: rank 0 failed first: killed by signal 9 (SIGKILL) (after 2 restarts, none left: --max-restarts 2)");
+    // The rank that kills itself prints first; its peer may be stopped before it prints.
+    CHECK(values_of(run, 0, "TORCHELASTIC_RESTART_COUNT") == std::vector<std::string>{"0", "1", "2"});
+  }
+  SECTION("--max-restarts 0, the default, is one attempt") {
+    const auto run = run_launcher(with_helper({"--nproc-per-node", "2", "--max-restarts", "0"},
+                                              {"--fail-rank", "1", "--exit-code", "3", "--fail-attempts", "1"}));
+    CHECK(run.exit_code == 1);
+    CHECK(run.err.find("restarting") == std::string::npos);
+    CHECK(run.last_err_line() == "loom-run: rank 1 failed first: exited with code 3");
+  }
+}
+
+TEST_CASE("--max-restarts: a rank that exits 75 (to be resumed) or a signal to loom-run starts nothing again",
+          "[launcher]") {
+  const auto resumable = run_launcher(
+      with_helper({"--nproc-per-node", "2", "--max-restarts", "2"}, {"--fail-rank", "1", "--exit-code", "75"}));
+  CHECK(resumable.exit_code == 75);
+  CHECK(resumable.err.find("restarting") == std::string::npos);
+
+  const temp_dir pids;
+  launcher_run launcher{with_helper({"--nproc-per-node", "2", "--max-restarts", "3"},
+                                    {"--pid-dir", pids.path().string(), "--others", "sleep", "--fail-rank", "7"})};
+  (void)wait_for_pids(pids.path(), {"rank-0.pid", "rank-1.pid"});
+  launcher.send(SIGTERM);
+  const auto stopped = launcher.wait();
+  CHECK(stopped.exit_code == 128 + SIGTERM);
+  CHECK(stopped.err.find("restarting") == std::string::npos);
 }
 
 TEST_CASE("a program that cannot be run fails its rank with code 127, saying why", "[launcher]") {

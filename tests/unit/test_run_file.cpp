@@ -320,6 +320,18 @@ TEST_CASE("the loop's options come from the file's train object, with train.* ov
                     ContainsSubstring("train.lr.decay: give \"linear\" or \"cosine\""));
   CHECK_THROWS_WITH(loom::read_train_options(written("steps-type", R"({"train": {"steps": 2.5}})")),
                     ContainsSubstring("train.steps: give a whole number"));
+
+  // The checkpoints' two switches: false unless set, in the file or by an override.
+  CHECK_FALSE(options.async_checkpoints);
+  CHECK_FALSE(options.strict_checkpoints);
+  const loom::train_options switched =
+      loom::read_train_options(written("switches", R"({"train": {"steps": 4, "async_checkpoints": true}})"),
+                               std::vector<std::string>{"train.strict_checkpoints=true"});
+  CHECK(switched.async_checkpoints);
+  CHECK(switched.strict_checkpoints);
+  CHECK_THROWS_WITH(
+      loom::read_train_options(written("async-type", R"({"train": {"steps": 4, "async_checkpoints": 1}})")),
+      ContainsSubstring("train.async_checkpoints: give true or false"));
 }
 
 TEST_CASE("the values train() refuses are refused when the run file is read", "[run_file][errors]") {

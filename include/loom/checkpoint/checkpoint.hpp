@@ -2,16 +2,22 @@
 // Checkpoints that survive a crash and resume bit for bit (docs/checkpoints.md): the parameters this
 // rank holds, the optimizer's state and options, every rank's random generator, the step, the
 // caller's own small state (JSON, such as a data cursor) and a manifest of the plan, the schedule's
-// fingerprint, the world size and the versions.
+// fingerprint, the world size, the versions and every file's size and checksum.
 //
 // Saving is collective and atomic: every rank writes and flushes its file into step-N.tmp/, the
 // ranks agree, and rank 0 writes the manifest last, renames the folder to step-N/ and flushes the
 // parent. A crash at any point leaves the previous checkpoint loadable; an interrupted save's
-// leftovers are removed when the next run starts. Under a sharding strategy each rank writes its
-// own shards; under a replicating one rank 0 writes the one copy. A sharded checkpoint resumes over
-// another number of ranks too: each rank takes its rows of every old rank's shards, for the
-// parameters and for the optimizer's per-element state.
+// leftovers are removed when the next run starts. An asynchronous save copies the state to host
+// memory at the step and writes the files on a background thread while training goes on. Under a
+// sharding strategy each rank writes its own shards; under a replicating one rank 0 writes the one
+// copy. A sharded checkpoint resumes over another number of ranks too: each rank takes its rows of
+// every old rank's shards, for the parameters and for the optimizer's per-element state.
+//
+// Resuming checks every file a rank reads against the checksum the manifest records (XXH3-64,
+// loom/io/checksum.hpp) and the manifest against its own: a damaged or replaced newest checkpoint
+// is set aside and the run falls back to the one before it, every rank agreeing which.
 
+#include <loom/io/checksum.hpp>
 #include <loom/runtime/runtime.hpp>
 #include <loom/runtime/tensors.hpp>
 
@@ -20,6 +26,8 @@
 #include <cstdint>
 #include <filesystem>
 #include <functional>
+#include <map>
+#include <memory>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -43,6 +51,15 @@ struct checkpoint_options {
   // false: the trainable parameters and the buffers, the frozen ones being rebuilt by the plan (a
   // pretrained base under LoRA); true: every parameter.
   bool all_parameters = false;
+  // A newest checkpoint that fails its checksums (damaged on disk, a file replaced): false sets it
+  // aside (step-N.damaged/) and resumes from the newest one before it that passes, saying so; true
+  // stops the run before any step.
+  bool strict = false;
+  // false: save() returns once the checkpoint is complete. true: save() copies the state to host
+  // memory (pinned under CUDA) and returns; a background thread writes and flushes the files while
+  // training goes on, and the first poll() after every rank's file is written completes the
+  // checkpoint (DCP's async_save). At most one save is in flight: the next save() waits for it.
+  bool async_save = false;
 };
 
 // What a checkpoint's manifest.json records (docs/checkpoints.md).
@@ -60,11 +77,15 @@ struct checkpoint_manifest {
   std::string libtorch;
   std::string loom;
   std::string user_state;  // the JSON given to save()
+  // Each rank's file (rank-00000.safetensors, ...) with its size and checksum; `checksummed` is
+  // false for a manifest written before checksums, which records sizes only.
+  std::map<std::string, file_digest> files;
+  bool checksummed = true;
 };
 
 // Reads the manifest of the checkpoint at `path` (a step-N folder) and checks what it can without
-// the job: its fields and that every rank's file it lists is there, of the size it lists. A
-// manifest that fails is a checkpoint_error naming the checkpoint and its first problem.
+// the job: its own checksum, its fields, and that every rank's file it lists is there, of the size
+// it lists. A manifest that fails is a checkpoint_error naming the checkpoint and its first problem.
 [[nodiscard]] checkpoint_manifest read_checkpoint_manifest(const std::filesystem::path& path);
 
 // Where a resumed run continues.
@@ -96,8 +117,14 @@ class checkpointer {
   // Every rank makes one with the same options (a collective): the folder is created if needed,
   // and rank 0 removes the leftovers of an interrupted save.
   checkpointer(const runtime& rt, checkpoint_options options);
+  // Waits for a background write still running; a save it did not complete stays step-N.tmp/, which
+  // the next checkpointer removes.
+  ~checkpointer();
+  checkpointer(const checkpointer&) = delete;
+  checkpointer& operator=(const checkpointer&) = delete;
 
-  // Every rank calls it, after the optimizer's step `step`.
+  // Every rank calls it, after the optimizer's step `step`. Asynchronous: returns once the state is
+  // copied, after completing the save still in flight, if any.
   template <class Job>
   void save(Job& job, torch::optim::Optimizer& optimizer, std::int64_t step, const std::string& user_state = "{}") {
     save(target_of(job), optimizer, step, user_state);
@@ -109,6 +136,15 @@ class checkpointer {
   std::optional<resume_point> resume(Job& job, torch::optim::Optimizer& optimizer) {
     return resume(target_of(job), optimizer);
   }
+
+  // Every rank calls it at each step boundary while an asynchronous save may be in flight
+  // (loom::train does): one small all-reduce then, none otherwise. Completes the save once every
+  // rank's file is written; when a rank's write failed, throws on every rank, naming the file, and
+  // the previous checkpoint stays the newest complete one.
+  void poll();
+  // Every rank calls it: blocks until the save in flight, if any, is complete, or throws as poll().
+  void wait();
+  [[nodiscard]] bool saving() const noexcept { return in_flight_ != nullptr; }
 
   // The newest complete checkpoint's folder, if any.
   [[nodiscard]] std::optional<std::filesystem::path> latest() const;
@@ -142,10 +178,17 @@ class checkpointer {
   void save(const checkpoint_target& target, torch::optim::Optimizer& optimizer, std::int64_t step,
             const std::string& user_state);
   std::optional<resume_point> resume(const checkpoint_target& target, torch::optim::Optimizer& optimizer);
-  // Checks the checkpoint at `path` against the job and loads it, resharding when it was saved
-  // over another number of ranks.
-  resume_point load(const std::filesystem::path& path, const checkpoint_target& target,
-                    torch::optim::Optimizer& optimizer) const;
+  struct read_files;
+  // Checks the checkpoint at `path` against the job and reads the files this rank needs, each
+  // checked against its checksum; throws checkpoint_error, a damaged one of its own kind.
+  [[nodiscard]] read_files read(const std::filesystem::path& path, const checkpoint_target& target) const;
+  // Loads what read() returned, resharding when it was saved in another layout.
+  resume_point load(const read_files& files, const checkpoint_target& target, torch::optim::Optimizer& optimizer) const;
+  // Gathers every rank's digest of its file; rank 0 writes the manifest and renames the folder.
+  void complete(const std::filesystem::path& partial, const std::filesystem::path& final_path,
+                checkpoint_manifest manifest, const file_digest& mine);
+  // The complete checkpoints in the folder, newest first.
+  [[nodiscard]] std::vector<std::filesystem::path> complete_checkpoints() const;
   // The job's current state with what the checkpoint saved put over it: the frozen parameters a
   // checkpoint of the trainable ones left out stay as the plan built them.
   static tensor_state with_current(const checkpoint_target& target, const tensor_state& saved);
@@ -155,6 +198,8 @@ class checkpointer {
 
   runtime rt_;
   checkpoint_options options_;
+  struct save_in_flight;
+  std::unique_ptr<save_in_flight> in_flight_;
 };
 
 }  // namespace loom

@@ -3,6 +3,8 @@
 // to a temporary file beside it, which is flushed to disk and then renamed over the final name, and
 // the folder is flushed so that the rename itself survives a power cut.
 
+#include <loom/io/checksum.hpp>
+
 #include <cstddef>
 #include <filesystem>
 #include <stdexcept>
@@ -27,11 +29,14 @@ class atomic_file {
   void write(const void* data, std::size_t bytes);
   // fsync, rename over the final name, fsync the folder.
   void commit();
+  // The length and XXH3-64 of what was written so far.
+  [[nodiscard]] file_digest digest() const { return checksum_.digest(); }
 
  private:
   std::filesystem::path path_;
   std::filesystem::path temporary_;
   int fd_ = -1;
+  xxh3_stream checksum_;
 };
 
 // Flushes a folder's entries (a rename, a new file) to disk.

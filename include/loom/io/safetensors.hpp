@@ -8,6 +8,7 @@
 // twice. A bad file is a safetensors_error naming the file and its first problem, never a crash or
 // a read past the end.
 
+#include <loom/io/checksum.hpp>
 #include <loom/runtime/tensors.hpp>
 
 #include <filesystem>
@@ -26,12 +27,13 @@ class safetensors_error : public std::runtime_error {
 struct safetensors_content {
   std::vector<named_tensor> tensors;  // in the order of their bytes in the file
   std::map<std::string, std::string> metadata;
+  file_digest digest;  // of the whole file, as read
 };
 
 // Writes `tensors` (any device; copied to the CPU) atomically (loom/io/files.hpp), in the given
-// order; names must be unique.
-void save_safetensors(const std::filesystem::path& path, const std::vector<named_tensor>& tensors,
-                      const std::map<std::string, std::string>& metadata = {});
+// order; names must be unique. Returns the digest of the bytes written.
+file_digest save_safetensors(const std::filesystem::path& path, const std::vector<named_tensor>& tensors,
+                             const std::map<std::string, std::string>& metadata = {});
 
 [[nodiscard]] safetensors_content load_safetensors(const std::filesystem::path& path);
 

@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <span>
 #include <stdexcept>
 #include <string>
@@ -44,5 +45,17 @@ struct disagreement {
 void require_agreement(const runtime& rt, std::string_view topic, std::span<const std::uint64_t> hashes,
                        const std::function<std::string(std::size_t index)>& describe,
                        const std::function<std::string(const disagreement&)>& explain);
+
+// One rank's problem with something every rank checked for itself (a file it read, say).
+struct rank_problem {
+  int rank;
+  std::string text;
+};
+
+// The problem of the lowest rank that has one, told to every rank, or nothing when no rank has one:
+// one small all-reduce, and the text through the rendezvous store under `topic` when there is one.
+// Every rank calls it with its own finding; in a single process it returns this rank's.
+[[nodiscard]] std::optional<rank_problem> first_problem(const runtime& rt, std::string_view topic,
+                                                        const std::optional<std::string>& mine);
 
 }  // namespace loom

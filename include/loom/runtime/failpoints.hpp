@@ -5,6 +5,8 @@
 //   LOOM_FAILPOINT=checkpoint.after-shard       the place (see the call sites' names)
 //   LOOM_FAILPOINT_HIT=2                        die at its 2nd pass (default 1)
 //   LOOM_FAILPOINT_RANK=1                       only on this rank (default: every rank)
+//   LOOM_FAILPOINT_RESTART=0                    only in the attempt of this TORCHELASTIC_RESTART_COUNT
+//                                               (default: every attempt of loom-run --max-restarts)
 //   LOOM_FAILPOINT_ERRNO=ENOSPC                 fail the call there with this error instead of
 //                                               dying (ENOSPC, EDQUOT or EIO: a disk that fills up)
 //   LOOM_FAILPOINT_SIGNAL=SIGSTOP               raise this signal instead of SIGKILL (SIGSTOP: a

@@ -42,7 +42,7 @@ struct launch_env {
   std::string master_addr;  // empty for a single process
   std::uint16_t master_port = 0;
   bool agent_store = false;                             // TORCHELASTIC_USE_AGENT_STORE: every rank is a store client
-  int restart_count = 0;                                // TORCHELASTIC_RESTART_COUNT: names the agent store's prefix
+  int restart_count = 0;                                // TORCHELASTIC_RESTART_COUNT: names the store's key space
   std::chrono::milliseconds timeout = default_timeout;  // LOOM_TIMEOUT_S: rendezvous and collectives
   // LOOM_HANG_CHECK_S: how long a rank waits on collectives before it checks that its peers can
   // still join it (loom/runtime/hang_check.hpp); zero turns the check off.

@@ -49,6 +49,8 @@ struct train_options {
                                       // files, no resume (a benchmark), and a signal stops unsaved
   std::int64_t checkpoint_every = 0;  // 0: at the end and on preemption only
   int keep_checkpoints = 2;
+  bool async_checkpoints = false;           // written on a background thread (checkpoint_options.async_save)
+  bool strict_checkpoints = false;          // a damaged newest checkpoint stops the run (checkpoint_options.strict)
   std::int64_t eval_every = 0;              // 0: no evaluation
   std::int64_t log_every = 10;              // a metrics line and a progress line every this many steps
   double log_seconds = 30;                  // or when this long has passed since the last progress line
@@ -191,14 +193,20 @@ train_result train(Job& job, torch::optim::Optimizer& optimizer, const train_fun
       const c10::NoGradGuard no_grad;
       session.record_eval(step, functions.eval_loss());
     }
-    if (session.checkpoints_enabled() && (session.checkpoint_due(step) || session.preempted())) {
-      session.checkpoints().save(job, optimizer, step, "{\"step\": " + std::to_string(step) + "}");
+    if (session.checkpoints_enabled()) {
+      checkpointer& checkpoints = session.checkpoints();
+      checkpoints.poll();
+      if (session.checkpoint_due(step) || session.preempted()) {
+        checkpoints.save(job, optimizer, step, "{\"step\": " + std::to_string(step) + "}");
+      }
     }
     if (session.preempted()) {
       result.outcome = train_outcome::preempted;
       break;
     }
   }
+  // The end of the run, and a preemption, wait for the save in flight.
+  if (session.checkpoints_enabled()) session.checkpoints().wait();
   result.last_loss = session.last_loss();
   return result;
 }
