@@ -1,9 +1,11 @@
 // checkpoint-stall: what a checkpoint costs the training loop (docs/benchmarks.md, "Checkpoints").
 // A TinyGpt under local() with AdamW saves, alternately, synchronously and asynchronously. The
 // stall of a save is the training thread's time in it: save() itself, and, for an asynchronous
-// one, the poll() of every step until it completes (wait() when it outlasts --steps-after). Also
-// the time of the steps that run while the background thread writes, against steps without, and
-// the checksum's share of a save: XXH3-64 over the bytes of the file written, in memory.
+// one, the poll() after each step until it completes (then wait(), when it outlasts
+// --max-steps). The background write also slows the steps that run beside it (the two share the
+// cores and the memory bus): their time above a step's without it is reported too, and with the
+// stall, as the loop's whole cost of the save. Also the checksum's share of a save: XXH3-64 over
+// the bytes of the file written, in memory.
 //
 //   build/bench/checkpoint-stall --repetitions 5 --d 1024 --layers 8 --folder /var/tmp/loom-stall
 
@@ -33,7 +35,8 @@ struct options {
   int repetitions = 5;
   std::int64_t d = 1024;
   std::int64_t layers = 8;
-  int steps_after = 4;  // steps timed after each save
+  int plain_steps = 4;  // steps timed after each synchronous save
+  int max_steps = 40;   // steps at most while an asynchronous save writes
   fs::path folder = "/var/tmp/loom-checkpoint-stall";
 };
 
@@ -49,7 +52,10 @@ int main(int argc, char** argv) {
   app.add_option("--repetitions", opts.repetitions, "saves of each kind, alternating")->check(CLI::PositiveNumber);
   app.add_option("--d", opts.d, "the model's width")->check(CLI::PositiveNumber);
   app.add_option("--layers", opts.layers, "the model's blocks")->check(CLI::PositiveNumber);
-  app.add_option("--steps-after", opts.steps_after, "steps timed after each save")->check(CLI::PositiveNumber);
+  app.add_option("--plain-steps", opts.plain_steps, "steps timed after each synchronous save")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--max-steps", opts.max_steps, "steps at most while an asynchronous save writes")
+      ->check(CLI::PositiveNumber);
   app.add_option("--folder", opts.folder, "where the checkpoints go (removed first)");
   if (const auto exit_code = recipes::parse_command_line(app, argc, argv)) return *exit_code;
 
@@ -68,37 +74,44 @@ int main(int argc, char** argv) {
   fs::remove_all(opts.folder);
   loom::checkpointer sync(rt, {.folder = opts.folder / "sync", .keep = 1});
   loom::checkpointer background(rt, {.folder = opts.folder / "async", .keep = 1, .async_save = true});
-  std::vector<double> sync_stall, async_stall, stall_ratio, plain_steps, writing_steps, hash_share, hash_gbps;
+  std::vector<double> sync_stall, async_stall, async_copy, stall_ratio, cost_ratio, plain_steps, writing_steps,
+      hash_share, hash_gbps;
   std::int64_t saved = 0;
   for (int r = 0; r < opts.repetitions; ++r) {
     ++saved;
     auto start = clock_type::now();
     sync.save(job, optimizer, saved);
     sync_stall.push_back(seconds_since(start));
-    for (int s = 0; s < opts.steps_after; ++s) {
+    std::vector<double> plain;
+    for (int s = 0; s < opts.plain_steps; ++s) {
       start = clock_type::now();
       step();
-      plain_steps.push_back(seconds_since(start));
+      plain.push_back(seconds_since(start));
     }
+    const double plain_step = bench::median(plain);
+    plain_steps.insert(plain_steps.end(), plain.begin(), plain.end());
 
     start = clock_type::now();
     background.save(job, optimizer, saved);
     double stalled = seconds_since(start);
-    for (int s = 0; s < opts.steps_after; ++s) {
-      const bool writing = background.saving();
+    async_copy.push_back(stalled);
+    double slowed = 0;  // the steps' time above plain_step while the file is written
+    for (int s = 0; s < opts.max_steps && background.saving(); ++s) {
       start = clock_type::now();
       step();
       const double took = seconds_since(start);
+      writing_steps.push_back(took);
+      slowed += took - plain_step;
       start = clock_type::now();
       background.poll();
       stalled += seconds_since(start);
-      (writing ? writing_steps : plain_steps).push_back(took);
     }
     start = clock_type::now();
     background.wait();
     stalled += seconds_since(start);
     async_stall.push_back(stalled);
     stall_ratio.push_back(stalled / sync_stall.back());
+    cost_ratio.push_back((stalled + slowed) / sync_stall.back());
 
     // The checksum's share: hashing the file's bytes, already in memory, against the whole save.
     const fs::path file = opts.folder / "sync" / fmt::format("step-{:08}", saved) / "rank-00000.safetensors";
@@ -114,12 +127,15 @@ int main(int argc, char** argv) {
   }
   fmt::print("synchronous save stalls the loop {:.3f} s (median of {}; {})\n", bench::median(sync_stall),
              opts.repetitions, bench::spread(sync_stall));
-  fmt::print("asynchronous save stalls it {:.3f} s ({}); ratio of medians {:.3f} (paired {})\n",
-             bench::median(async_stall), bench::spread(async_stall),
+  fmt::print("asynchronous save stalls it {:.3f} s ({}), of which save() copying the state {:.3f} s\n",
+             bench::median(async_stall), bench::spread(async_stall), bench::median(async_copy));
+  fmt::print("stall ratio (asynchronous / synchronous) {:.3f} (paired {})\n",
              bench::median(async_stall) / bench::median(sync_stall), bench::spread(stall_ratio));
-  fmt::print("a step takes {:.3f} s, {:.3f} s while a background write runs ({} and {} steps)\n",
-             bench::median(plain_steps), writing_steps.empty() ? 0.0 : bench::median(writing_steps), plain_steps.size(),
-             writing_steps.size());
+  fmt::print(
+      "a step takes {:.3f} s, {:.3f} s beside a background write ({} and {} steps); the loop's whole cost "
+      "of an asynchronous save, stall and slower steps, against a synchronous one: {:.3f} (paired {})\n",
+      bench::median(plain_steps), writing_steps.empty() ? 0.0 : bench::median(writing_steps), plain_steps.size(),
+      writing_steps.size(), bench::median(cost_ratio), bench::spread(cost_ratio));
   fmt::print("XXH3-64 of the file: {:.1f} GB/s, {:.1f} % of a synchronous save ({})\n", bench::median(hash_gbps),
              100 * bench::median(hash_share), bench::spread(hash_share));
   fs::remove_all(opts.folder);

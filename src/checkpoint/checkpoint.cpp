@@ -34,6 +34,7 @@
 #include <set>
 #include <sstream>
 #include <type_traits>
+#include <variant>
 
 namespace loom {
 namespace {
@@ -69,18 +70,49 @@ std::optional<std::int64_t> step_of(const fs::path& folder, bool temporary) {
   return std::stoll(match[1].str());
 }
 
-at::Tensor bytes_tensor(const std::string& bytes) {
-  at::Tensor t = at::empty({static_cast<std::int64_t>(bytes.size())}, at::kByte);
-  std::memcpy(t.data_ptr(), bytes.data(), bytes.size());
-  return t;
+// The archive's bytes as a tensor that owns them, with no copy of its own.
+at::Tensor archive_bytes(torch::serialize::OutputArchive& archive) {
+  auto bytes = std::make_shared<std::string>();
+  archive.save_to([&bytes](const void* data, std::size_t size) {
+    bytes->append(static_cast<const char*>(data), size);
+    return size;
+  });
+  void* data = bytes->data();
+  const auto size = static_cast<std::int64_t>(bytes->size());
+  return at::from_blob(
+      data, {size}, [owner = std::move(bytes)](void*) {}, at::TensorOptions().dtype(at::kByte));
 }
 
-std::string optimizer_bytes(torch::optim::Optimizer& optimizer) {
+at::Tensor optimizer_bytes(torch::optim::Optimizer& optimizer) {
   torch::serialize::OutputArchive archive;
   optimizer.save(archive);
-  std::ostringstream out;
-  archive.save_to(out);
-  return out.str();
+  return archive_bytes(archive);
+}
+
+// The optimizer's archive of its state as it is now, in tensors its next steps leave alone: its
+// states swapped for copies while it saves, then given back. Nothing when a state is of a kind
+// copied_state() does not know, whose archive would hold the live tensors.
+std::optional<torch::serialize::OutputArchive> frozen_archive(torch::optim::Optimizer& optimizer) {
+  auto& states = optimizer.state();
+  std::vector<std::pair<void*, std::unique_ptr<torch::optim::OptimizerParamState>>> swapped;
+  for (const auto& [key, state] : states) {
+    auto copy = copied_state(*state);
+    if (!copy) return std::nullopt;
+    swapped.emplace_back(key, std::move(copy));
+  }
+  const auto swap_all = [&] {
+    for (auto& [key, state] : swapped) std::swap(states[key], state);
+  };
+  swap_all();
+  torch::serialize::OutputArchive archive;
+  try {
+    optimizer.save(archive);
+  } catch (...) {
+    swap_all();
+    throw;
+  }
+  swap_all();
+  return archive;
 }
 
 void load_optimizer(torch::optim::Optimizer& optimizer, const at::Tensor& bytes) {
@@ -310,25 +342,49 @@ at::Tensor host_copy(const at::Tensor& t) {
 
 // What this rank writes: its share of the model (the trainable parameters and buffers, or all of
 // them) and the optimizer's state when it holds a share of the model, and its generators always.
-// The optimizer's archive and the generators' states are copies; the model's tensors are copied
-// when `copied` (an asynchronous save), and the parameters themselves otherwise.
-std::vector<named_tensor> rank_file_tensors(const runtime& rt, const checkpoint_target& target,
-                                            torch::optim::Optimizer& optimizer, bool all_parameters, bool copied) {
-  std::vector<named_tensor> tensors;
+// For a synchronous save, the parameters themselves and the optimizer's archive serialised now. For
+// an asynchronous one, copies that the next steps leave alone: the model's tensors, and the
+// optimizer's archive of copies of its state, serialised by the writing thread (or now, for an
+// optimizer whose state copied_state() does not know).
+struct rank_file_contents {
+  std::vector<named_tensor> model;
+  std::variant<std::monostate, at::Tensor, torch::serialize::OutputArchive> optimizer;
+  std::vector<named_tensor> generators;
+
+  // In the file's order.
+  [[nodiscard]] std::vector<named_tensor> tensors() {
+    std::vector<named_tensor> all = model;
+    if (auto* archive = std::get_if<torch::serialize::OutputArchive>(&optimizer)) {
+      all.push_back({optimizer_key, archive_bytes(*archive)});
+    } else if (const auto* bytes = std::get_if<at::Tensor>(&optimizer)) {
+      all.push_back({optimizer_key, *bytes});
+    }
+    all.insert(all.end(), generators.begin(), generators.end());
+    return all;
+  }
+};
+
+rank_file_contents rank_file_of(const runtime& rt, const checkpoint_target& target, torch::optim::Optimizer& optimizer,
+                                bool all_parameters, bool copied) {
+  rank_file_contents contents;
   if (target.sharded || rt.rank() == 0) {
     const std::set<std::string> frozen(target.frozen_names.begin(), target.frozen_names.end());
     for (const named_tensor& t : target.state()) {
       if (all_parameters || !frozen.contains(t.name)) {
-        tensors.push_back({std::string(model_prefix) + t.name, copied ? host_copy(t.tensor) : t.tensor});
+        contents.model.push_back({std::string(model_prefix) + t.name, copied ? host_copy(t.tensor) : t.tensor});
       }
     }
-    tensors.push_back({optimizer_key, bytes_tensor(optimizer_bytes(optimizer))});
+    if (auto archive = copied ? frozen_archive(optimizer) : std::nullopt) {
+      contents.optimizer = std::move(*archive);
+    } else {
+      contents.optimizer = optimizer_bytes(optimizer);
+    }
   }
   for (auto& [device, generator] : generators(rt)) {
     const std::lock_guard<std::mutex> lock(generator.mutex());
-    tensors.push_back({std::string(rng_prefix) + device, generator.get_state()});
+    contents.generators.push_back({std::string(rng_prefix) + device, generator.get_state()});
   }
-  return tensors;
+  return contents;
 }
 
 // The manifest, written last into `partial`, which then becomes `final_path`: the checkpoint is
@@ -344,6 +400,46 @@ void commit_checkpoint(const fs::path& partial, const fs::path& final_path, cons
   fs::rename(partial, final_path);
   sync_directory(final_path.parent_path());
   failpoint("checkpoint.after-rename");
+}
+
+// Every rank's digest of its file, in the manifest's files: each rank's in its row of a sum.
+void with_every_digest(const runtime& rt, checkpoint_manifest& manifest, const file_digest& mine) {
+  at::Tensor digests = at::zeros({rt.world_size(), 2}, at::kLong);
+  digests[rt.rank()][0] = static_cast<std::int64_t>(mine.bytes);
+  digests[rt.rank()][1] = static_cast<std::int64_t>(mine.xxh3);
+  digests = digests.to(rt.device());
+  rt.comm().all_reduce(digests).wait();
+  digests = digests.cpu();
+  for (int rank = 0; rank < rt.world_size(); ++rank) {
+    manifest.files[rank_file(rank).string()] = {static_cast<std::uint64_t>(digests[rank][0].item<std::int64_t>()),
+                                                static_cast<std::uint64_t>(digests[rank][1].item<std::int64_t>())};
+  }
+}
+
+// What `work` threw, or nullptr: a background part's outcome, rethrown where every rank agrees on it.
+std::exception_ptr outcome_of(const std::function<void()>& work) {
+  try {
+    work();
+  } catch (...) {
+    return std::current_exception();
+  }
+  return nullptr;
+}
+
+// Whether every rank's part of a background `what` has ended (`mine`, when this rank's has: its
+// outcome), after one small all-reduce; when one rank's part failed, every rank throws as
+// run_on_every_rank has them do.
+bool every_rank_done(const runtime& rt, std::string_view what, const std::optional<std::exception_ptr>& mine) {
+  const bool failed = mine && *mine;
+  at::Tensor state = at::tensor({mine ? 0 : 1, failed ? 1 : 0}, at::TensorOptions().dtype(at::kInt)).to(rt.device());
+  rt.comm().all_reduce(state).wait();
+  state = state.cpu();
+  if (state[1].item<int>() > 0) {
+    run_on_every_rank(rt, what, [&] {
+      if (failed) std::rethrow_exception(*mine);
+    });
+  }
+  return state[0].item<int>() == 0;
 }
 
 // Keeps the newest `keep` complete checkpoints in `folder`.
@@ -377,20 +473,27 @@ checkpointer::checkpointer(const runtime& rt, checkpoint_options options) : rt_(
 
 // A save whose files a background thread writes: where it goes, the manifest that completes it, and
 // the write's outcome once it has one.
+// Two parts, each on a background thread: every rank writes its file, then rank 0 writes the
+// manifest, renames the folder and removes the oldest checkpoints. Each part's end is agreed at a
+// poll(), and the second starts at the poll that sees every file written.
 struct checkpointer::save_in_flight {
-  struct outcome {
-    file_digest digest;
-    std::exception_ptr error;
-  };
   fs::path partial;
   fs::path final_path;
   checkpoint_manifest manifest;
-  std::future<outcome> writing;
-  std::optional<outcome> written;
+  file_digest digest;                         // of this rank's file, once written
+  std::future<std::exception_ptr> writing;    // this rank's file
+  std::future<std::exception_ptr> finishing;  // rank 0's part, once every file is written
+  bool finishing_started = false;
+  std::optional<std::exception_ptr> outcome;  // of the part under way on this rank, once it has ended
+
+  std::future<std::exception_ptr>& running() { return finishing_started ? finishing : writing; }
 };
 
 checkpointer::~checkpointer() {
-  if (in_flight_ && in_flight_->writing.valid()) in_flight_->writing.wait();
+  if (!in_flight_) return;
+  for (auto* part : {&in_flight_->writing, &in_flight_->finishing}) {
+    if (part->valid()) part->wait();
+  }
 }
 
 std::vector<fs::path> checkpointer::complete_checkpoints() const {
@@ -423,8 +526,7 @@ void checkpointer::save(const checkpoint_target& target, torch::optim::Optimizer
     fs::create_directories(partial);
     sync_directory(options_.folder);
   });
-  std::vector<named_tensor> tensors =
-      rank_file_tensors(rt_, target, optimizer, options_.all_parameters, options_.async_save);
+  rank_file_contents contents = rank_file_of(rt_, target, optimizer, options_.all_parameters, options_.async_save);
   checkpoint_manifest manifest{.step = step,
                                .world_size = rt_.world_size(),
                                .shard_group_size = target.sharded ? target.shard_group_size : rt_.world_size(),
@@ -439,9 +541,9 @@ void checkpointer::save(const checkpoint_target& target, torch::optim::Optimizer
                                .files = {},
                                .checksummed = true};
   const fs::path file = partial / rank_file(rt_.rank());
-  const auto write = [file, step](const std::vector<named_tensor>& contents) {
+  const auto write = [file, step](rank_file_contents& written) {
     failpoint("checkpoint.before-shard");
-    const file_digest digest = save_safetensors(file, contents, {{"step", std::to_string(step)}});
+    const file_digest digest = save_safetensors(file, written.tensors(), {{"step", std::to_string(step)}});
     failpoint("checkpoint.after-shard");
     return digest;
   };
@@ -450,64 +552,58 @@ void checkpointer::save(const checkpoint_target& target, torch::optim::Optimizer
     in_flight_->partial = partial;
     in_flight_->final_path = final_path;
     in_flight_->manifest = std::move(manifest);
-    in_flight_->writing = std::async(std::launch::async, [write, contents = std::move(tensors)] {
-      save_in_flight::outcome result;
-      try {
-        result.digest = write(contents);
-      } catch (...) {
-        result.error = std::current_exception();
-      }
-      return result;
-    });
+    in_flight_->writing =
+        std::async(std::launch::async, [write, written = std::move(contents), &digest = in_flight_->digest]() mutable {
+          return outcome_of([&] { digest = write(written); });
+        });
     return;
   }
   file_digest digest;
-  run_on_every_rank(rt_, "writing the checkpoint", [&] { digest = write(tensors); });
+  run_on_every_rank(rt_, "writing the checkpoint", [&] { digest = write(contents); });
   complete(partial, final_path, std::move(manifest), digest);
 }
 
 void checkpointer::poll() {
   if (!in_flight_) return;
   save_in_flight& save = *in_flight_;
-  if (!save.written && save.writing.wait_for(std::chrono::seconds(0)) == std::future_status::ready) {
-    save.written = save.writing.get();
+  std::future<std::exception_ptr>& running = save.running();
+  if (!save.outcome && (!running.valid() || running.wait_for(std::chrono::seconds(0)) == std::future_status::ready)) {
+    save.outcome = running.valid() ? running.get() : nullptr;  // a rank with no part in it is done
   }
-  // How many ranks are still writing, and whether one's write failed.
-  at::Tensor state = at::tensor({save.written ? 0 : 1, save.written && save.written->error ? 1 : 0},
-                                at::TensorOptions().dtype(at::kInt))
-                         .to(rt_.device());
-  rt_.comm().all_reduce(state).wait();
-  state = state.cpu();
-  const bool failed = state[1].item<int>() > 0;
-  if (!failed && state[0].item<int>() > 0) return;
-  if (failed) {
-    run_on_every_rank(rt_, "writing the checkpoint in the background", [&] {
-      if (save.written && save.written->error) std::rethrow_exception(save.written->error);
+  const bool finishing = save.finishing_started;
+  if (!every_rank_done(
+          rt_, finishing ? "finishing the checkpoint in the background" : "writing the checkpoint in the background",
+          save.outcome)) {
+    return;
+  }
+  if (finishing) {
+    in_flight_.reset();
+    return;
+  }
+  with_every_digest(rt_, save.manifest, save.digest);
+  save.outcome.reset();
+  save.finishing_started = true;
+  if (rt_.rank() == 0) {
+    save.finishing = std::async(std::launch::async, [&save, folder = options_.folder, keep = options_.keep] {
+      return outcome_of([&] {
+        commit_checkpoint(save.partial, save.final_path, save.manifest);
+        remove_old_checkpoints(folder, keep);
+      });
     });
   }
-  const std::unique_ptr<save_in_flight> done = std::move(in_flight_);
-  complete(done->partial, done->final_path, std::move(done->manifest), done->written->digest);
 }
 
 void checkpointer::wait() {
-  if (!in_flight_) return;
-  if (!in_flight_->written) in_flight_->written = in_flight_->writing.get();
-  poll();
+  while (in_flight_) {
+    std::future<std::exception_ptr>& running = in_flight_->running();
+    if (!in_flight_->outcome && running.valid()) in_flight_->outcome = running.get();
+    poll();
+  }
 }
 
 void checkpointer::complete(const fs::path& partial, const fs::path& final_path, checkpoint_manifest manifest,
                             const file_digest& mine) {
-  // Every rank's digest, each in its row: a sum of rows that are zero but one.
-  at::Tensor digests = at::zeros({rt_.world_size(), 2}, at::kLong);
-  digests[rt_.rank()][0] = static_cast<std::int64_t>(mine.bytes);
-  digests[rt_.rank()][1] = static_cast<std::int64_t>(mine.xxh3);
-  digests = digests.to(rt_.device());
-  rt_.comm().all_reduce(digests).wait();
-  digests = digests.cpu();
-  for (int rank = 0; rank < rt_.world_size(); ++rank) {
-    manifest.files[rank_file(rank).string()] = {static_cast<std::uint64_t>(digests[rank][0].item<std::int64_t>()),
-                                                static_cast<std::uint64_t>(digests[rank][1].item<std::int64_t>())};
-  }
+  with_every_digest(rt_, manifest, mine);
   run_on_rank_zero(rt_, "finishing the checkpoint", [&] {
     commit_checkpoint(partial, final_path, manifest);
     remove_old_checkpoints(options_.folder, options_.keep);

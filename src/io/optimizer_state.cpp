@@ -1,6 +1,11 @@
 #include <loom/io/optimizer_state.hpp>
 
+#include <torch/optim/adagrad.h>
+#include <torch/optim/adam.h>
+#include <torch/optim/adamw.h>
 #include <torch/optim/optimizer.h>
+#include <torch/optim/rmsprop.h>
+#include <torch/optim/sgd.h>
 #include <torch/serialize/archive.h>
 
 #include <sstream>
@@ -35,6 +40,40 @@ void set_state_fields(torch::optim::OptimizerParamState& state, const optimizer_
   torch::serialize::InputArchive in;
   in.load_from(text.data(), text.size());
   state.serialize(in);
+}
+
+namespace {
+
+at::Tensor copy_of(const at::Tensor& t) { return t.defined() ? t.clone() : t; }
+
+// `state` copied when it is a State, `give_copies` then setting each of its tensor fields to a copy.
+template <class State, class GiveCopies>
+std::unique_ptr<torch::optim::OptimizerParamState> copied_as(const torch::optim::OptimizerParamState& state,
+                                                             GiveCopies give_copies) {
+  const auto* typed = dynamic_cast<const State*>(&state);
+  if (typed == nullptr) return nullptr;
+  auto copy = std::make_unique<State>(*typed);
+  give_copies(*copy);
+  return copy;
+}
+
+}  // namespace
+
+std::unique_ptr<torch::optim::OptimizerParamState> copied_state(const torch::optim::OptimizerParamState& state) {
+  namespace optim = torch::optim;
+  const auto adam_like = [](auto& s) {
+    s.exp_avg(copy_of(s.exp_avg())).exp_avg_sq(copy_of(s.exp_avg_sq())).max_exp_avg_sq(copy_of(s.max_exp_avg_sq()));
+  };
+  if (auto copy = copied_as<optim::AdamWParamState>(state, adam_like)) return copy;
+  if (auto copy = copied_as<optim::AdamParamState>(state, adam_like)) return copy;
+  if (auto copy =
+          copied_as<optim::SGDParamState>(state, [](auto& s) { s.momentum_buffer(copy_of(s.momentum_buffer())); })) {
+    return copy;
+  }
+  if (auto copy = copied_as<optim::AdagradParamState>(state, [](auto& s) { s.sum(copy_of(s.sum())); })) return copy;
+  return copied_as<optim::RMSpropParamState>(state, [](auto& s) {
+    s.square_avg(copy_of(s.square_avg())).momentum_buffer(copy_of(s.momentum_buffer())).grad_avg(copy_of(s.grad_avg()));
+  });
 }
 
 std::int64_t optimizer_state_bytes(const torch::optim::Optimizer& optimizer) {
