@@ -8,13 +8,15 @@ ends with the adapter an uninterrupted run writes, byte for byte.
 """
 from __future__ import annotations
 
-import filecmp
 import signal
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from adapter_files import adapter_differences  # noqa: E402
 
 
 def command(loom_run: str, finetune: str, config: str, ranks: str, out: Path, strategy: str) -> list[str]:
@@ -59,9 +61,7 @@ def main() -> int:
                 failures.append(f"{name}: the relaunch did not resume from step {step}: {resumed.stdout[-800:]}"
                                 f"{resumed.stderr[-800:]}")
                 continue
-            for file in ("adapter_model.safetensors", "adapter_config.json"):
-                if not filecmp.cmp(straight / "adapter" / file, out / "adapter" / file, shallow=False):
-                    failures.append(f"{name}: {file} differs from the uninterrupted run's")
+            failures += [f"{name}: {line}" for line in adapter_differences(straight, out)]
             print(f"{name}: stopped after step {step} in {took:.1f} s with exit 75, resumed, same adapter")
     for failure in failures:
         print("FAIL:", failure)

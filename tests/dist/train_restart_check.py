@@ -8,12 +8,14 @@ byte for byte.
 """
 from __future__ import annotations
 
-import filecmp
 import os
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from adapter_files import adapter_differences  # noqa: E402
 
 
 def command(loom_run: str, finetune: str, config: str, ranks: str, out: Path) -> list[str]:
@@ -40,9 +42,7 @@ def main() -> int:
         if run.returncode != 0 or "restart 1 of 2" not in said or "(step 40)" not in run.stdout:
             failures.append(f"not restarted and resumed from step 40 ({run.returncode}): {said[-2500:]}")
         else:
-            for file in ("adapter_model.safetensors", "adapter_config.json"):
-                if not filecmp.cmp(straight / "adapter" / file, out / "adapter" / file, shallow=False):
-                    failures.append(f"{file} differs from the uninterrupted run's")
+            failures += adapter_differences(straight, out)
             print(f"{ranks} ranks: killed at step 50, restarted, resumed from step 40, the same adapter")
     for failure in failures:
         print("FAIL:", failure)
