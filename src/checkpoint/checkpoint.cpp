@@ -471,11 +471,10 @@ checkpointer::checkpointer(const runtime& rt, checkpoint_options options) : rt_(
   });
 }
 
-// A save whose files a background thread writes: where it goes, the manifest that completes it, and
-// the write's outcome once it has one.
-// Two parts, each on a background thread: every rank writes its file, then rank 0 writes the
-// manifest, renames the folder and removes the oldest checkpoints. Each part's end is agreed at a
-// poll(), and the second starts at the poll that sees every file written.
+// An asynchronous save: where it goes, the manifest that completes it, and its two parts, each on a
+// background thread: every rank writes its file, then rank 0 writes the manifest, renames the folder
+// and removes the oldest checkpoints. Each part's end is agreed at a poll(), and the second starts
+// at the poll that sees every file written.
 struct checkpointer::save_in_flight {
   fs::path partial;
   fs::path final_path;

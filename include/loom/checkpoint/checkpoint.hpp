@@ -56,9 +56,9 @@ struct checkpoint_options {
   // stops the run before any step.
   bool strict = false;
   // false: save() returns once the checkpoint is complete. true: save() copies the state to host
-  // memory (pinned under CUDA) and returns; a background thread writes and flushes the files while
-  // training goes on, and the first poll() after every rank's file is written completes the
-  // checkpoint (DCP's async_save). At most one save is in flight: the next save() waits for it.
+  // memory (pinned under CUDA) and returns; background threads write and flush the files, then
+  // rank 0's manifest and rename, while training goes on, and poll() after each step sees each part
+  // done (DCP's async_save). At most one save is in flight: the next save() waits for it.
   bool async_save = false;
 };
 
@@ -138,9 +138,10 @@ class checkpointer {
   }
 
   // Every rank calls it at each step boundary while an asynchronous save may be in flight
-  // (loom::train does): one small all-reduce then, none otherwise. Completes the save once every
-  // rank's file is written; when a rank's write failed, throws on every rank, naming the file, and
-  // the previous checkpoint stays the newest complete one.
+  // (loom::train does): one small all-reduce then, none otherwise. Once every rank's file is
+  // written it starts rank 0's manifest and rename, and once those are done the checkpoint is
+  // complete; when a rank's part failed, throws on every rank, naming the file, and the previous
+  // checkpoint stays the newest complete one.
   void poll();
   // Every rank calls it: blocks until the save in flight, if any, is complete, or throws as poll().
   void wait();
