@@ -23,7 +23,6 @@
 #include <charconv>
 #include <chrono>
 #include <cstdio>
-#include <cstring>
 #include <fstream>
 #include <functional>
 #include <future>
@@ -387,9 +386,20 @@ rank_file_contents rank_file_of(const runtime& rt, const checkpoint_target& targ
   return contents;
 }
 
+// The folders of `folder` named as complete checkpoints (step-N), oldest first.
+std::vector<std::pair<std::int64_t, fs::path>> step_folders(const fs::path& folder) {
+  std::vector<std::pair<std::int64_t, fs::path>> found;
+  for (const auto& entry : fs::directory_iterator(folder)) {
+    if (const auto step = step_of(entry.path(), /*temporary=*/false)) found.emplace_back(*step, entry.path());
+  }
+  std::sort(found.begin(), found.end());
+  return found;
+}
+
 // The manifest, written last into `partial`, which then becomes `final_path`: the checkpoint is
-// complete once the rename is on disk.
-void commit_checkpoint(const fs::path& partial, const fs::path& final_path, const checkpoint_manifest& manifest) {
+// complete once the rename is on disk. Then all but the newest `keep` checkpoints beside it go.
+void commit_checkpoint(const fs::path& partial, const fs::path& final_path, const checkpoint_manifest& manifest,
+                       int keep) {
   const std::string text = manifest_json(manifest).dump(2) + "\n";
   failpoint("checkpoint.before-manifest");
   atomic_file out(partial / manifest_file);
@@ -400,6 +410,8 @@ void commit_checkpoint(const fs::path& partial, const fs::path& final_path, cons
   fs::rename(partial, final_path);
   sync_directory(final_path.parent_path());
   failpoint("checkpoint.after-rename");
+  const auto complete = step_folders(final_path.parent_path());
+  for (std::size_t i = 0; i + static_cast<std::size_t>(keep) < complete.size(); ++i) fs::remove_all(complete[i].second);
 }
 
 // Every rank's digest of its file, in the manifest's files: each rank's in its row of a sum.
@@ -440,16 +452,6 @@ bool every_rank_done(const runtime& rt, std::string_view what, const std::option
     });
   }
   return state[0].item<int>() == 0;
-}
-
-// Keeps the newest `keep` complete checkpoints in `folder`.
-void remove_old_checkpoints(const fs::path& folder, int keep) {
-  std::vector<std::pair<std::int64_t, fs::path>> complete;
-  for (const auto& entry : fs::directory_iterator(folder)) {
-    if (const auto s = step_of(entry.path(), false)) complete.emplace_back(*s, entry.path());
-  }
-  std::sort(complete.begin(), complete.end());
-  for (std::size_t i = 0; i + static_cast<std::size_t>(keep) < complete.size(); ++i) fs::remove_all(complete[i].second);
 }
 
 }  // namespace
@@ -496,15 +498,12 @@ checkpointer::~checkpointer() {
 }
 
 std::vector<fs::path> checkpointer::complete_checkpoints() const {
-  std::vector<std::pair<std::int64_t, fs::path>> complete;
   if (!fs::is_directory(options_.folder)) return {};
-  for (const auto& entry : fs::directory_iterator(options_.folder)) {
-    const auto step = step_of(entry.path(), /*temporary=*/false);
-    if (step && fs::exists(entry.path() / manifest_file)) complete.emplace_back(*step, entry.path());
-  }
-  std::sort(complete.begin(), complete.end(), std::greater<>());
+  const auto folders = step_folders(options_.folder);
   std::vector<fs::path> newest_first;
-  for (auto& [step, path] : complete) newest_first.push_back(std::move(path));
+  for (auto folder = folders.rbegin(); folder != folders.rend(); ++folder) {
+    if (fs::exists(folder->second / manifest_file)) newest_first.push_back(folder->second);
+  }
   return newest_first;
 }
 
@@ -583,11 +582,8 @@ void checkpointer::poll() {
   save.outcome.reset();
   save.finishing_started = true;
   if (rt_.rank() == 0) {
-    save.finishing = std::async(std::launch::async, [&save, folder = options_.folder, keep = options_.keep] {
-      return outcome_of([&] {
-        commit_checkpoint(save.partial, save.final_path, save.manifest);
-        remove_old_checkpoints(folder, keep);
-      });
+    save.finishing = std::async(std::launch::async, [&save, keep = options_.keep] {
+      return outcome_of([&] { commit_checkpoint(save.partial, save.final_path, save.manifest, keep); });
     });
   }
 }
@@ -603,10 +599,8 @@ void checkpointer::wait() {
 void checkpointer::complete(const fs::path& partial, const fs::path& final_path, checkpoint_manifest manifest,
                             const file_digest& mine) {
   with_every_digest(rt_, manifest, mine);
-  run_on_rank_zero(rt_, "finishing the checkpoint", [&] {
-    commit_checkpoint(partial, final_path, manifest);
-    remove_old_checkpoints(options_.folder, options_.keep);
-  });
+  run_on_rank_zero(rt_, "finishing the checkpoint",
+                   [&] { commit_checkpoint(partial, final_path, manifest, options_.keep); });
 }
 
 checkpoint_manifest read_checkpoint_manifest(const fs::path& path) {
