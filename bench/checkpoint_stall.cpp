@@ -13,6 +13,7 @@
 
 #include <common/command_line.hpp>
 #include <loom/loom.hpp>
+#include <loom/optim/adamw.hpp>
 #include <models/tiny_gpt.hpp>
 
 #include <ATen/ATen.h>
@@ -62,7 +63,7 @@ int main(int argc, char** argv) {
   const models::tiny_gpt_config config{.vocab = 256, .d = opts.d, .layers = opts.layers, .heads = 8, .ctx = 32};
   const loom::runtime rt = loom::runtime::single_process();
   auto job = loom::build(loom::model<models::TinyGpt>(config) | loom::seeded(1) | loom::local(), rt);
-  torch::optim::AdamW optimizer(job.trainable_parameters());
+  loom::optim::AdamW optimizer(job.trainable_parameters());
   const at::Tensor tokens = at::randint(0, config.vocab, {2, config.ctx});
   const auto step = [&] {
     job.backward(job.forward(tokens, tokens.roll(-1, 1)));

@@ -9,7 +9,9 @@
 #include "statistics.hpp"
 
 #include <common/command_line.hpp>
+#include <loom/io/optimizer_state.hpp>
 #include <loom/loom.hpp>
+#include <loom/optim/adamw.hpp>
 #include <models/mlp.hpp>
 #include <models/tiny_gpt.hpp>
 
@@ -26,6 +28,7 @@
 #include <cstdio>
 #include <exception>
 #include <limits>
+#include <memory>
 #include <set>
 #include <string>
 #include <string_view>
@@ -40,6 +43,11 @@ struct bench_options {
   int steps = 30;
   int warmup = 5;
   std::int64_t batch = 0;  // unset: the workload's own
+  // AdamW's implementation: loom::optim::AdamW (fused), or torch::optim::AdamW (the per-parameter
+  // loop LibTorch has), for the account of where the time goes. SGD is torch::optim's either way.
+  std::string optimizer = "fused";
+  // The steps by hand (the calls loom::train makes), each phase timed, for bench/phase_account.
+  bool phases = false;
 };
 
 constexpr std::array workloads{"mlp-ddp",
@@ -73,38 +81,23 @@ std::variant<bench_options, int> parse_options(int argc, char** argv) {
       ->check(CLI::Range(0, 1'000'000));
   app.add_option("--batch", options.batch, "the local batch (default: the workload's own)")
       ->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 20));
+  app.add_option("--optimizer", options.optimizer,
+                 "AdamW's implementation: fused (loom::optim::AdamW) or torch (torch::optim::AdamW)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"fused", "torch"}));
+  app.add_flag("--phases", options.phases,
+               "time each phase (forward, backward, optimizer, zero_grad) of steps run by hand, and print their "
+               "medians instead (bench/phase_account)");
   if (const auto exit_code = recipes::parse_command_line(app, argc, argv)) return *exit_code;
   return options;
-}
-
-std::int64_t tensor_bytes(const at::Tensor& tensor) {
-  return tensor.defined() ? static_cast<std::int64_t>(tensor.nbytes()) : 0;
-}
-
-std::int64_t optimizer_state_bytes(const torch::optim::SGD& optimizer) {
-  std::int64_t total = 0;
-  for (const auto& [param, state] : optimizer.state()) {
-    total += tensor_bytes(static_cast<const torch::optim::SGDParamState&>(*state).momentum_buffer());
-  }
-  return total;
-}
-
-std::int64_t optimizer_state_bytes(const torch::optim::AdamW& optimizer) {
-  std::int64_t total = 0;
-  for (const auto& [param, state] : optimizer.state()) {
-    const auto& adam = static_cast<const torch::optim::AdamWParamState&>(*state);
-    total += tensor_bytes(adam.exp_avg()) + tensor_bytes(adam.exp_avg_sq()) + tensor_bytes(adam.max_exp_avg_sq());
-  }
-  return total;
 }
 
 // Parameters (frozen ones too), their gradients and the optimizer's state: what the anchor counts,
 // this rank's shards only (job.local_state_dict(), buffers included). Each live storage counts once. (The anchor also
 // counts PyTorch's per-parameter 0-d `step` tensor, 4 bytes each, which LibTorch keeps as an integer.)
-template <class Optimizer>
 std::int64_t state_bytes(const loom::tensor_state& local, const std::vector<at::Tensor>& trainable,
-                         const Optimizer& optimizer) {
-  std::int64_t total = optimizer_state_bytes(optimizer);
+                         const torch::optim::Optimizer& optimizer) {
+  std::int64_t total = loom::optimizer_state_bytes(optimizer);
   std::set<const c10::StorageImpl*> seen;
   const auto count = [&](const at::Tensor& t) {
     if (t.defined() && seen.insert(t.storage().unsafeGetStorageImpl()).second) {
@@ -139,8 +132,8 @@ struct mlp_workload {
   static at::Tensor loss(Job& job, const at::Tensor& x, const at::Tensor& y) {
     return torch::mse_loss(job.forward(x), y);
   }
-  static torch::optim::SGD optimizer(const std::vector<at::Tensor>& params) {
-    return torch::optim::SGD(params, torch::optim::SGDOptions(1e-3));
+  static std::unique_ptr<torch::optim::Optimizer> optimizer(const std::vector<at::Tensor>& params, std::string_view) {
+    return std::make_unique<torch::optim::SGD>(params, torch::optim::SGDOptions(1e-3));
   }
 };
 
@@ -159,8 +152,11 @@ struct tiny_gpt_workload {
   static at::Tensor loss(Job& job, const at::Tensor& x, const at::Tensor& y) {
     return job.forward(x, y);
   }
-  static torch::optim::AdamW optimizer(const std::vector<at::Tensor>& params) {
-    return torch::optim::AdamW(params, torch::optim::AdamWOptions(3e-4));
+  static std::unique_ptr<torch::optim::Optimizer> optimizer(const std::vector<at::Tensor>& params,
+                                                            std::string_view implementation) {
+    const auto options = torch::optim::AdamWOptions(3e-4);
+    if (implementation == "torch") return std::make_unique<torch::optim::AdamW>(params, options);
+    return std::make_unique<loom::optim::AdamW>(params, options);
   }
 };
 using gpt_workload = tiny_gpt_workload<128, 8>;
@@ -218,9 +214,10 @@ void print_json(const bench_options& options, const loom::runtime& rt, const run
                 const std::vector<rank_figures>& all) {
   fmt::print(
       "{{\"impl\": \"loom\", \"torch\": \"{}\", \"workload\": \"{}\", \"world\": {}, \"local_batch\": {}, "
-      "\"steps\": {}, \"step_ms_median\": {:.3f}, \"state_mb_per_rank_max\": {:.3f}, \"rss_peak_mb_max\": {:.1f}, "
+      "\"optimizer\": \"{}\", \"steps\": {}, \"step_ms_median\": {:.3f}, \"state_mb_per_rank_max\": {:.3f}, "
+      "\"rss_peak_mb_max\": {:.1f}, "
       "\"final_loss\": {:.5f}, \"trainable_params\": {}, \"step_ms_max\": {:.3f}{}}}\n",
-      TORCH_VERSION, options.workload, rt.world_size(), result.local_batch, options.steps,
+      TORCH_VERSION, options.workload, rt.world_size(), result.local_batch, options.optimizer, options.steps,
       max_over_ranks(all, &rank_figures::step_ms_median), max_over_ranks(all, &rank_figures::state_bytes) / (1 << 20),
       max_over_ranks(all, &rank_figures::rss_peak_mb), result.final_loss, result.trainable_params,
       max_over_ranks(all, &rank_figures::step_ms_max), device_peak_field(rt));
@@ -233,7 +230,7 @@ template <class Workload, class Job>
 run_result train(Job& job, const bench_options& options) {
   const std::int64_t batch = options.batch ? options.batch : Workload::default_batch;
   const std::vector<at::Tensor> params = job.trainable_parameters();
-  auto optimizer = Workload::optimizer(params);
+  const auto optimizer = Workload::optimizer(params, options.optimizer);
   const at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(99 + job.rt().rank());
   std::vector<std::pair<at::Tensor, at::Tensor>> batches;
   for (int step = 0; step < options.warmup + options.steps; ++step) {
@@ -244,7 +241,7 @@ run_result train(Job& job, const bench_options& options) {
   std::vector<double> step_ms;
   double slowest_ms = 0;
   double final_loss = 0;
-  loom::train(job, optimizer,
+  loom::train(job, *optimizer,
               {.loss =
                    [&](std::int64_t step, int) {
                      const auto& [x, y] = batches[static_cast<std::size_t>(step - 1)];
@@ -265,14 +262,56 @@ run_result train(Job& job, const bench_options& options) {
   std::int64_t trainable = 0;  // the model's, as the anchor counts them (not this rank's shards)
   for (const at::Tensor& p : job.module().parameters()) trainable += p.requires_grad() ? p.numel() : 0;
   const rank_figures figures{bench::median(step_ms),
-                             static_cast<double>(state_bytes(job.local_state_dict(), params, optimizer)), peak_rss_mb(),
-                             slowest_ms};
+                             static_cast<double>(state_bytes(job.local_state_dict(), params, *optimizer)),
+                             peak_rss_mb(), slowest_ms};
   return {figures, final_loss, trainable, batch};
+}
+
+// The calls loom::train makes for a step, by hand, each timed: forward (the loss), backward, the
+// optimizer's step, zero_grad (in place, as the anchor's set_to_none=False). Rank 0 prints each
+// phase's median over the counted steps, its own.
+template <class Workload, class Job>
+void time_phases(Job& job, const bench_options& options) {
+  const std::int64_t batch = options.batch ? options.batch : Workload::default_batch;
+  const std::vector<at::Tensor> params = job.trainable_parameters();
+  const auto optimizer = Workload::optimizer(params, options.optimizer);
+  const at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(99 + job.rt().rank());
+  constexpr std::array<std::string_view, 4> names{"forward", "backward", "optimizer", "zero_grad"};
+  std::array<std::vector<double>, names.size()> phase_ms;
+  for (int step = 0; step < options.warmup + options.steps; ++step) {
+    auto [x, y] = Workload::draw(gen, batch);
+    x = x.to(job.rt().device());
+    y = y.to(job.rt().device());
+    using clock = std::chrono::steady_clock;
+    std::array<clock::time_point, names.size() + 1> marks;
+    marks[0] = clock::now();
+    const at::Tensor loss = Workload::loss(job, x, y);
+    marks[1] = clock::now();
+    job.backward(loss);
+    marks[2] = clock::now();
+    optimizer->step();
+    marks[3] = clock::now();
+    job.zero_grad(/*set_to_none=*/false);
+    marks[4] = clock::now();
+    if (step < options.warmup) continue;
+    for (std::size_t p = 0; p < names.size(); ++p) {
+      phase_ms[p].push_back(std::chrono::duration<double, std::milli>(marks[p + 1] - marks[p]).count());
+    }
+  }
+  if (job.rt().rank() != 0) return;
+  std::string fields;
+  for (std::size_t p = 0; p < names.size(); ++p) {
+    fields += fmt::format("{}\"{}\": {:.3f}", p ? ", " : "", names[p], bench::median(phase_ms[p]));
+  }
+  fmt::print("{{\"impl\": \"loom\", \"workload\": \"{}\", \"optimizer\": \"{}\", \"phase_ms_median\": {{{}}}}}\n",
+             options.workload, options.optimizer, fields);
+  std::fflush(stdout);
 }
 
 template <class Workload, class Plan>
 void run(const Plan& plan, const bench_options& options) {
   auto job = loom::build(plan, loom::runtime::from_env());
+  if (options.phases) return time_phases<Workload>(job, options);
   const run_result result = train<Workload>(job, options);
   const std::vector<rank_figures> all = gather_figures(job.rt(), result.figures);
   if (job.rt().rank() == 0) print_json(options, job.rt(), result, all);

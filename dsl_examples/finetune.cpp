@@ -11,6 +11,7 @@
 
 #include <loom/config/run_file.hpp>
 #include <loom/loom.hpp>
+#include <loom/optim/adamw.hpp>
 
 #include <fmt/core.h>
 #include <torch/optim/adamw.h>
@@ -77,7 +78,7 @@ int run(const options& opts) {
         const text_data::batch_sampler held_out(text.narrow(0, split, text.numel() - split), 3500, rt.rank(),
                                                 rt.world_size(), batch_per_rank, model_config.ctx);
         const double peak = train_options.lr ? train_options.lr->peak : 1e-3;
-        torch::optim::AdamW optimizer(job.trainable_parameters(), torch::optim::AdamWOptions(peak).weight_decay(0.01));
+        loom::optim::AdamW optimizer(job.trainable_parameters(), torch::optim::AdamWOptions(peak).weight_decay(0.01));
         loom::train_options with_tokens = train_options;
         with_tokens.tokens_per_micro_batch = batch_per_rank * model_config.ctx;
         with_tokens.name = "finetune";

@@ -14,6 +14,7 @@
 #include <loom/config/run_file.hpp>
 #include <loom/loom.hpp>
 #include <loom/models/llama.hpp>
+#include <loom/optim/adamw.hpp>
 
 #include <fmt/core.h>
 #include <torch/optim/adamw.h>
@@ -92,7 +93,7 @@ int run(const options& opts) {
                                                 rt.world_size(), opts.batch_per_rank, opts.seq_len);
         loom::train_options train_options = file.train;
         const double peak = train_options.lr ? train_options.lr->peak : 1e-3;
-        torch::optim::AdamW optimizer(job.trainable_parameters(), torch::optim::AdamWOptions(peak).weight_decay(0.0));
+        loom::optim::AdamW optimizer(job.trainable_parameters(), torch::optim::AdamWOptions(peak).weight_decay(0.0));
         train_options.tokens_per_micro_batch = opts.batch_per_rank * opts.seq_len;
         train_options.name = "llama-finetune";
         const auto loss_of = [&](const at::Tensor& ids) { return loom::models::causal_lm_loss(job.forward(ids), ids); };

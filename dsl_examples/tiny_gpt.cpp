@@ -20,6 +20,7 @@
 
 #include <loom/config/run_file.hpp>
 #include <loom/loom.hpp>
+#include <loom/optim/adamw.hpp>
 #include <loom/runtime/text.hpp>
 #include <loom/train/loop.hpp>
 
@@ -221,7 +222,7 @@ bool train(Job& job, loom::train_options options, std::uint64_t data_seed, const
   const batch_sampler evaluation(held_out, data_seed + 500, rt.rank(), rt.world_size(), batch_per_rank,
                                  model_config.ctx);
   const double peak = options.lr ? options.lr->peak : 1e-3;
-  torch::optim::AdamW optimizer(job.trainable_parameters(), torch::optim::AdamWOptions(peak).weight_decay(0.01));
+  loom::optim::AdamW optimizer(job.trainable_parameters(), torch::optim::AdamWOptions(peak).weight_decay(0.01));
   options.tokens_per_micro_batch = batch_per_rank * model_config.ctx;
   const loom::train_result result = loom::train(job, optimizer,
                                                 {.loss =

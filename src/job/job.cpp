@@ -106,9 +106,7 @@ void job_core::set_up(function_ref<void(strategy_context&)> setup, bool engine_c
   }
   setup(*context_);
   verify_schedule_across_ranks(context_->schedule(), context_->rt());
-  if (!context_->rt().is_distributed()) return;
-  forward_collectives_ = entries_of(context_->schedule(), step_phase::forward);
-  backward_collectives_ = entries_of(context_->schedule(), step_phase::backward);
+  built_schedule_fingerprint_ = context_->schedule().fingerprint();
 }
 
 namespace {
@@ -131,7 +129,12 @@ class [[nodiscard]] part_scope {
 
 void job_core::run_part(pass_part part, function_ref<void()> body, function_ref<void(std::exception_ptr)> explain) {
   const bool forward = part == pass_part::forward;
-  const part_scope in_part(context_->rt().progress(), part, forward ? forward_collectives_ : backward_collectives_);
+  // Read from the schedule each pass: an engine may rebuild it after the first step (ddp()'s buckets).
+  const std::string collectives =
+      context_->rt().is_distributed()
+          ? entries_of(context_->schedule(), forward ? step_phase::forward : step_phase::backward)
+          : std::string();
+  const part_scope in_part(context_->rt().progress(), part, collectives);
   try {
     body();
   } catch (...) {

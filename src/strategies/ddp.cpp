@@ -2,9 +2,12 @@
 
 #include <loom/runtime/failpoints.hpp>
 #include <loom/runtime/text.hpp>
+#include <loom/schedule/schedule.hpp>
 #include <loom/strategies/buckets.hpp>
 
+#include <ATen/core/grad_mode.h>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+#include <torch/csrc/distributed/c10d/comm.hpp>
 #include <torch/csrc/distributed/c10d/logger.hpp>
 #include <torch/csrc/distributed/c10d/reducer.hpp>
 
@@ -56,8 +59,8 @@ std::shared_ptr<Reducer> make_reducer(reducer_arguments a) {
                                      a.bucket_bytes_cap, a.find_unused_parameters, a.gradient_as_bucket_view,
                                      std::move(a.names), a.first_bucket_bytes_cap, extra...);
   };
-  // skip_all_reduce_unused_params, use_python_reducer, and (2.13) per-bucket caps for rebuilding,
-  // which loom never does: a rebuilt bucket layout would leave the checked schedule.
+  // skip_all_reduce_unused_params, use_python_reducer, and (2.13) per-bucket caps for rebuilding
+  // (none: the rebuild packs by bucket_cap_mb, its first bucket by first_bucket_bytes, as DDP's).
   if constexpr (since_2_13) {
     return args(false, false, std::vector<std::int64_t>{});
   } else if constexpr (since_2_6) {
@@ -100,13 +103,16 @@ struct gradient_record {
 // - local_used_map_ exists only with find_unused_parameters or static_graph, and the code paths that
 //   read it are those two modes';
 // - delay_all_reduce after the recording step of static_graph (DDP queues it from _DDPSink).
-// loom never calls rebuild_buckets(): the bucket layout is part of the checked schedule. DDP's
-// rebuild_buckets also checks that the previous step's reduction finished; loom checks the same
-// thing earlier, from its own gradient hooks (check_every_gradient_produced, check_static_graph).
+// - rebuild_buckets() at the start of each synchronised forward with gradients on, as DDP's forward
+//   calls it: once, after the first synchronised backward, the Reducer rebuilds its buckets in the
+//   order gradients became ready (rank 0's order, which it broadcasts), and from then on stops
+//   recording that order (which it would otherwise append to every step). loom then rewrites its
+//   entries of the schedule and checks the schedule across ranks again.
 struct ddp_engine::state {
   std::shared_ptr<c10d::Reducer> reducer;
   std::shared_ptr<c10d::Logger> logger;  // holds the Reducer; declared after it, so destroyed first
   std::shared_ptr<gradient_record> gradients;
+  std::size_t first_entry = 0;  // where the buckets' entries start in the schedule
 };
 
 ddp_engine::ddp_engine(const ddp_options& settings) : settings_(settings) {}
@@ -141,23 +147,26 @@ void ddp_engine::setup(strategy_context& context) {
   std::iota(order.rbegin(), order.rend(), std::size_t{0});
   buckets_ = assign_buckets(
       params, order, [cap](std::size_t bucket) { return bucket == 0 ? std::min(first_bucket_bytes, cap) : cap; });
-  add_schedule_entries(context);
   state_ = std::make_shared<state>();
+  state_->first_entry = context.schedule().entries().size();
+  add_schedule_entries(context);
   start_reducer(context, cap);
   watch_gradients(context);
-  note_buckets(context);
+  note_buckets(context, "");
+}
+
+schedule_entry ddp_engine::bucket_entry(const strategy_context& context, std::size_t bucket) const {
+  const auto& params = context.trainable();
+  schedule_entry entry{collective_op::all_reduce, step_phase::backward, {}, "world"};
+  for (std::size_t i : buckets_[bucket]) {
+    const at::Tensor& p = params[i].tensor;
+    entry.tensors.push_back({params[i].name, p.sizes().vec(), p.scalar_type()});
+  }
+  return entry;
 }
 
 void ddp_engine::add_schedule_entries(strategy_context& context) const {
-  const auto& params = context.trainable();
-  for (const auto& bucket : buckets_) {
-    schedule_entry entry{collective_op::all_reduce, step_phase::backward, {}, "world"};
-    for (std::size_t i : bucket) {
-      const at::Tensor& p = params[i].tensor;
-      entry.tensors.push_back({params[i].name, p.sizes().vec(), p.scalar_type()});
-    }
-    context.schedule().add(std::move(entry));
-  }
+  for (std::size_t b = 0; b < buckets_.size(); ++b) context.schedule().add(bucket_entry(context, b));
   if (settings_.broadcast_buffers) {
     for (const auto& buffer : context.module().named_buffers()) {
       context.schedule().add({collective_op::broadcast,
@@ -219,18 +228,44 @@ void ddp_engine::watch_gradients(strategy_context& context) {
   state_->gradients = std::move(record);
 }
 
-void ddp_engine::note_buckets(strategy_context& context) const {
+void ddp_engine::note_buckets(strategy_context& context, std::string_view when) const {
   std::string sizes;
   for (std::size_t b = 0; b < buckets_.size(); ++b) {
-    sizes += fmt::format("{}{:.2f}", b ? ", " : "", static_cast<double>(context.schedule().entries()[b].bytes()) / mib);
+    sizes += fmt::format("{}{:.2f}", b ? ", " : "",
+                         static_cast<double>(context.schedule().entries()[state_->first_entry + b].bytes()) / mib);
   }
-  context.note(fmt::format("ddp: {} over {}, MiB each: [{}]",
+  context.note(fmt::format("ddp: {}{} over {}, MiB each: [{}]", when,
                            counted(static_cast<std::int64_t>(buckets_.size()), "gradient bucket"),
                            counted(context.rt().world_size(), "rank"), sizes));
 }
 
+void ddp_engine::rebuild_buckets(strategy_context& context) {
+  if (!state_->reducer->rebuild_buckets()) return;
+  const auto& params = context.trainable();
+  std::unordered_map<const c10::TensorImpl*, std::size_t> index_of;
+  for (std::size_t i = 0; i < params.size(); ++i) index_of.emplace(params[i].tensor.unsafeGetTensorImpl(), i);
+  std::vector<std::vector<std::size_t>> rebuilt;
+  for (const c10d::GradBucket& bucket : state_->reducer->get_grad_buckets(/*return_zero_tensors=*/true)) {
+    std::vector<std::size_t>& indices = rebuilt.emplace_back();
+    for (const at::Tensor& p : bucket.getParameters()) indices.push_back(index_of.at(p.unsafeGetTensorImpl()));
+  }
+
+  // The same schedule, with the buckets' entries (in a row from first_entry) in their new order.
+  const auto entries = context.schedule().entries();
+  const std::size_t after_buckets = state_->first_entry + buckets_.size();
+  buckets_ = std::move(rebuilt);
+  collective_schedule schedule;
+  for (std::size_t e = 0; e < state_->first_entry; ++e) schedule.add(entries[e]);
+  for (std::size_t b = 0; b < buckets_.size(); ++b) schedule.add(bucket_entry(context, b));
+  for (std::size_t e = after_buckets; e < entries.size(); ++e) schedule.add(entries[e]);
+  context.schedule() = std::move(schedule);
+  verify_schedule_across_ranks(context.schedule(), context.rt());
+  note_buckets(context, "rebuilt in the order the first synchronised step's gradients became ready: ");
+}
+
 void ddp_engine::before_forward(strategy_context& context) {
   if (!state_ || !context.sync_gradients()) return;
+  if (at::GradMode::is_enabled()) rebuild_buckets(context);
   state_->reducer->prepare_for_forward();
   if (settings_.broadcast_buffers) {
     for (auto& buffer : context.module().buffers()) context.rt().comm().broadcast(buffer, 0).wait();

@@ -144,6 +144,86 @@ TEST_CASE("the ddp schedule is its buckets, in reverse registration order", "[dd
   CHECK(same_on_every_rank(at::full({1}, static_cast<std::int64_t>(job.schedule().fingerprint()))));
 }
 
+// Registers `second` before `first` and runs `first` first, so that backward produces second's
+// gradients before first's: the reverse of what reverse registration order expects.
+class UsedOutOfOrder : public torch::nn::Module {
+ public:
+  UsedOutOfOrder()
+      : second(register_module("second", loom::nn::Linear(512, 512))),
+        first(register_module("first", loom::nn::Linear(512, 512))) {}
+  at::Tensor forward(const at::Tensor& x) { return second(torch::relu(first(x))); }
+
+  loom::nn::Linear second;
+  loom::nn::Linear first;
+};
+
+std::vector<std::string> bucket_names(const loom::collective_schedule& schedule) {
+  std::vector<std::string> names;
+  for (const loom::schedule_entry& entry : schedule.entries()) {
+    if (entry.op != loom::collective_op::all_reduce) continue;
+    std::string bucket;
+    for (const loom::tensor_spec& t : entry.tensors) bucket += (bucket.empty() ? "" : " ") + t.name;
+    names.push_back(bucket);
+  }
+  return names;
+}
+
+TEST_CASE("ddp rebuilds its buckets once, in the order the first step's gradients became ready", "[ddp][schedule]") {
+  constexpr auto plan = loom::model<UsedOutOfOrder>() | loom::seeded(5);
+  auto reference = loom::build(plan | loom::local(), world());
+  auto distributed = loom::build(plan | loom::ddp(), world());
+  const auto built = bucket_names(distributed.schedule());
+  const std::uint64_t built_fingerprint = distributed.schedule().fingerprint();
+  // Reverse registration order puts first's gradients in the first bucket.
+  REQUIRE(built.size() >= 2);
+  CHECK(built.front().rfind("first.", 0) == 0);
+
+  torch::optim::SGD reference_optimizer(reference.trainable_parameters(), 0.1);
+  torch::optim::SGD distributed_optimizer(distributed.trainable_parameters(), 0.1);
+  std::vector<std::vector<std::string>> per_step;
+  for (int step = 0; step < 4; ++step) {
+    auto [x, y] = regression_batch(step, 512);
+    reference.backward(torch::mse_loss(reference.forward(x), y));
+    distributed.backward(torch::mse_loss(distributed.forward(my_rows(x)), my_rows(y)));
+    per_step.push_back(bucket_names(distributed.schedule()));
+    // The gradients are the whole batch's, before and after the rebuild.
+    const auto expected = reference.trainable_parameters();
+    const auto actual = distributed.trainable_parameters();
+    for (std::size_t i = 0; i < actual.size(); ++i) {
+      CAPTURE(step, i);
+      CHECK(torch::allclose(actual[i].grad(), expected[i].grad(), 0, 1e-5));
+    }
+    reference_optimizer.step();
+    distributed_optimizer.step();
+    reference.zero_grad();
+    distributed.zero_grad();
+  }
+  // Step 1 ran on the built buckets; the rebuild came before step 2's forward, and only then.
+  CHECK(per_step[0] == built);
+  CHECK(per_step[1].front().rfind("second.", 0) == 0);
+  CHECK(per_step[1].back().find("first.") != std::string::npos);
+  CHECK(per_step[2] == per_step[1]);
+  CHECK(per_step[3] == per_step[1]);
+  // The rebuilt schedule is every rank's, and checkpoints keep the one as built.
+  CHECK(distributed.schedule().fingerprint() != built_fingerprint);
+  CHECK(same_on_every_rank(at::full({1}, static_cast<std::int64_t>(distributed.schedule().fingerprint()))));
+  CHECK(distributed.built_schedule_fingerprint() == built_fingerprint);
+  CHECK(distributed.describe().find("ddp: rebuilt in the order the first synchronised step's gradients became ready") !=
+        std::string::npos);
+}
+
+TEST_CASE("ddp with find_unused_parameters keeps its buckets as built, as DDP", "[ddp][schedule]") {
+  auto job = loom::build(loom::model<UsedOutOfOrder>() | loom::seeded(5) | loom::ddp({.find_unused_parameters = true}),
+                         world());
+  const std::uint64_t built = job.schedule().fingerprint();
+  for (int step = 0; step < 3; ++step) {
+    auto [x, y] = regression_batch(step, 512);
+    job.backward(torch::mse_loss(job.forward(my_rows(x)), my_rows(y)));
+    job.zero_grad();
+  }
+  CHECK(job.schedule().fingerprint() == built);
+}
+
 TEST_CASE("no_sync(): accumulation steps stay local, the next step reduces the sum", "[ddp][no_sync]") {
   using M = models::BasicMlp<loom::nn::Linear>;
   auto reference = loom::build(loom::model<M>(16, 3) | loom::seeded(8) | loom::local(), world());

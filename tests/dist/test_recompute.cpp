@@ -91,11 +91,28 @@ int skipped_unit(int step) { return (step + world().rank()) % (StackImpl::units 
 
 constexpr auto adapted = loom::lora(2, {"fc_in", "fc_out"}, {.dropout = 0.1});
 
+// Whether `a` equals `b` exactly (tolerance 0), or within `tolerance` of b's largest magnitude.
+bool same(const at::Tensor& a, const at::Tensor& b, double tolerance) {
+  if (tolerance == 0) return torch::equal(a, b);
+  return (a - b).abs().max().item<double>() <= tolerance * b.abs().max().item<double>();
+}
+
+// Under ddp() at 3 ranks and more, gradients equal within float rounding: the Reducer rebuilds its
+// buckets after the first step in the order the gradients became ready, which recompute changes
+// within a unit (its parameters' gradients arrive together, from the replay), and Gloo's ring sums
+// each element in an order that depends on where it sits in its bucket. Two ranks' sums, a + b, do
+// not depend on the order.
+template <class Strategy>
+double reduction_tolerance() {
+  return std::is_same_v<Strategy, loom::ddp_stage> && world().world_size() > 2 ? 1e-5 : 0;
+}
+
 // Five SGD steps of each job on the same batches and dropout seeds; every loss and every gradient
-// (fsdp(): this rank's shards') must be equal, bit for bit. With `micro_batches` > 1, all but the
-// last backward run under no_sync.
+// (fsdp(): this rank's shards') must be equal, bit for bit, or within `tolerance` (above). With
+// `micro_batches` > 1, all but the last backward run under no_sync.
 template <class Plain, class Recomputed>
-void check_same_steps(Plain& plain, Recomputed& recomputed, bool skipping, int micro_batches = 1) {
+void check_same_steps(Plain& plain, Recomputed& recomputed, bool skipping, int micro_batches = 1,
+                      double tolerance = 0) {
   torch::optim::SGD plain_optimizer(plain.trainable_parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
   torch::optim::SGD recomputed_optimizer(recomputed.trainable_parameters(),
                                          torch::optim::SGDOptions(0.05).momentum(0.9));
@@ -117,14 +134,14 @@ void check_same_steps(Plain& plain, Recomputed& recomputed, bool skipping, int m
       }
       return total;
     };
-    CHECK(torch::equal(run(plain), run(recomputed)));
+    CHECK(same(run(recomputed), run(plain), tolerance));
     const std::vector<at::Tensor> a = plain.trainable_parameters();
     const std::vector<at::Tensor> b = recomputed.trainable_parameters();
     REQUIRE(a.size() == b.size());
     for (std::size_t i = 0; i < a.size(); ++i) {
       CAPTURE(i);
       REQUIRE(a[i].grad().defined() == b[i].grad().defined());
-      if (a[i].grad().defined()) CHECK(torch::equal(a[i].grad(), b[i].grad()));
+      if (a[i].grad().defined()) CHECK(same(b[i].grad(), a[i].grad(), tolerance));
     }
     plain_optimizer.step();
     recomputed_optimizer.step();
@@ -137,7 +154,8 @@ template <class M, class Stages, class Strategy>
 void check_strategy(const Stages& stages, const Strategy& strategy, bool skipping = false, int micro_batches = 1) {
   auto plain = loom::build(loom::model<M>() | stages | strategy, world());
   auto recomputed = loom::build(loom::model<M>() | stages | loom::recompute() | strategy, world());
-  check_same_steps(plain, recomputed, skipping, micro_batches);
+  const bool order_free = skipping;  // find_unused_parameters: the buckets are never rebuilt
+  check_same_steps(plain, recomputed, skipping, micro_batches, order_free ? 0 : reduction_tolerance<Strategy>());
 }
 
 }  // namespace
@@ -196,10 +214,14 @@ std::vector<std::string> parameter_names(M& model) {
   }
 }
 
+// Two steps, the second on ddp()'s rebuilt buckets when the world is small enough that the sums do
+// not depend on the buckets' order (reduction_tolerance); one step otherwise, so that the files
+// compared byte for byte hold the same values.
 template <class Job>
-void train_two_steps(Job& job) {
+void train_steps(Job& job) {
   torch::optim::SGD optimizer(job.trainable_parameters(), torch::optim::SGDOptions(0.05));
-  for (int step = 0; step < 2; ++step) {
+  const int steps = world().world_size() > 2 ? 1 : 2;
+  for (int step = 0; step < steps; ++step) {
     const auto [x, y] = batch(step);
     torch::manual_seed(static_cast<std::uint64_t>(step));
     job.backward(torch::mse_loss(job.forward(x), y));
@@ -223,8 +245,8 @@ TEMPLATE_TEST_CASE("recompute renames nothing: the same names, state_dict, weigh
   CAPTURE(sharded);
   const auto compare = [&](auto& plain, auto& recomputed) {
     CHECK(parameter_names(plain.module()) == parameter_names(recomputed.module()));
-    train_two_steps(plain);
-    train_two_steps(recomputed);
+    train_steps(plain);
+    train_steps(recomputed);
     const loom::tensor_state a = plain.state_dict();
     const loom::tensor_state b = recomputed.state_dict();
     REQUIRE(a.size() == b.size());

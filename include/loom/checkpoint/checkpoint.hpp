@@ -157,7 +157,7 @@ class checkpointer {
     target.rt = &job.rt();
     target.plan = job.plan_state();
     target.describe = job.describe();
-    target.schedule_fingerprint = job.schedule().fingerprint();
+    target.schedule_fingerprint = job.built_schedule_fingerprint();
     target.sharded = Job::shards_state();
     target.shard_group_size = job.shard_group_size();
     target.state = [&job] { return Job::shards_state() ? job.local_state_dict() : job.state_dict(); };

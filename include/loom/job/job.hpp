@@ -149,6 +149,10 @@ class job_core {
   // Runs the strategy's setup, then checks the schedule it derived against every other rank's.
   // `engine_casts`: the engine carries out mixed precision itself (else the job, under autocast).
   void set_up(function_ref<void(strategy_context&)> setup, bool engine_casts);
+  // The fingerprint of the schedule as setup derived it, before an engine rebuilt it from what the
+  // first step did (ddp()'s buckets, in the order gradients became ready): what a checkpoint is
+  // compatible with, since the rebuild follows from it and the model alone.
+  [[nodiscard]] std::uint64_t built_schedule_fingerprint() const noexcept { return built_schedule_fingerprint_; }
 
   // Under mixed_precision(...), what the forward's floating arguments are cast to (an engine that
   // casts parameters computes in param from its inputs on), and its result; none: as they are.
@@ -185,10 +189,7 @@ class job_core {
   std::string plan_text_;
   std::string plan_state_;
   std::string built_text_;  // how the model was built: its dtype, the parameters held in fp32
-  // For the forward and the backward: the schedule's entries there ("schedule entries #0-#2:
-  // all_reduce"), or nothing when the part communicates nothing.
-  std::string forward_collectives_;
-  std::string backward_collectives_;
+  std::uint64_t built_schedule_fingerprint_ = 0;
 };
 
 }  // namespace detail
@@ -324,6 +325,7 @@ class job {
   no_sync_guard no_sync() { return no_sync_guard(core_.context()); }
 
   [[nodiscard]] const collective_schedule& schedule() const noexcept { return core_.context().schedule(); }
+  [[nodiscard]] std::uint64_t built_schedule_fingerprint() const noexcept { return core_.built_schedule_fingerprint(); }
   [[nodiscard]] std::string describe() const { return core_.describe(); }
   // The plan alone, as the DSL describes it: the same on every rank and at any world size.
   [[nodiscard]] const std::string& plan_text() const noexcept { return core_.plan_text(); }

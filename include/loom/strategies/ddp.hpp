@@ -1,7 +1,10 @@
 #pragma once
 // ddp(options): c10d's Reducer, the engine under PyTorch's DistributedDataParallel, driven from C++.
-// Gradients are bucketed in reverse registration order (the order backward produces them) and each
-// bucket's all-reduce starts as soon as its last gradient is ready, overlapping backward.
+// Gradients are bucketed in reverse registration order (about the order backward produces them) and
+// each bucket's all-reduce starts as soon as its last gradient is ready, overlapping backward. As
+// DDP does, the buckets are rebuilt once, before the second synchronised step, in the order the
+// first one's gradients became ready (rank 0's); the schedule then takes the new buckets and is
+// checked across ranks again. (Not with find_unused_parameters, as DDP.)
 
 #include <loom/dsl/strategies.hpp>
 #include <loom/strategies/strategy_context.hpp>
@@ -27,15 +30,19 @@ class ddp_engine {
   void before_backward(strategy_context& context, const at::Tensor& loss);
   void after_backward(strategy_context& context);
 
-  // Parameter indices (into context.trainable()) of each bucket, in reduction order.
+  // Parameter indices (into context.trainable()) of each bucket, in reduction order (after the
+  // first synchronised step, in the rebuilt order).
   [[nodiscard]] const std::vector<std::vector<std::size_t>>& buckets() const noexcept { return buckets_; }
 
  private:
   // The steps of setup, in order.
   void add_schedule_entries(strategy_context& context) const;
+  [[nodiscard]] schedule_entry bucket_entry(const strategy_context& context, std::size_t bucket) const;
   void start_reducer(strategy_context& context, std::int64_t bucket_cap_bytes);
   void watch_gradients(strategy_context& context);
-  void note_buckets(strategy_context& context) const;
+  void note_buckets(strategy_context& context, std::string_view when) const;
+  // Before a synchronised forward: the Reducer's one rebuild, once it has recorded the ready order.
+  void rebuild_buckets(strategy_context& context);
   // After a synchronised backward: the gradients this rank produced against what the options allow.
   void check_static_graph(strategy_context& context);
   void check_every_gradient_produced(strategy_context& context) const;
