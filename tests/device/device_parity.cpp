@@ -1,9 +1,9 @@
 // The same plan on any device and process group gives the same model. Usage (under loom-run):
 //   device-parity {ddp|fsdp|fsdp-eval|recompute-ddp|recompute-fsdp|lora-fsdp|bf16-ddp|bf16-fsdp|lora-bf16-fsdp|
 //                  hsdp} OUT.safetensors STEPS
-// trains a small TinyGpt with loom::train (AdamW, clipping, no run folder; fsdp-eval: fsdp() with an
-// evaluation every 2 steps, a forward with no backward; hsdp: hybrid sharding in groups of 2 ranks;
-// recompute-*: every block recomputed in
+// trains a small TinyGpt with loom::train (loom::optim::AdamW, ATen's fused kernel on the device;
+// clipping; no run folder; fsdp-eval: fsdp() with an evaluation every 2 steps, a forward with no
+// backward; hsdp: hybrid sharding in groups of 2 ranks; recompute-*: every block recomputed in
 // backward; bf16-*: under mixed_precision(), the lora one over a base built in bf16) on the runtime's
 // device
 // (LOOM_DEVICE, LOOM_BACKEND), each rank on its own batches drawn on the CPU by (step, rank), and
@@ -13,12 +13,12 @@
 // plain single process (CI).
 #include <loom/io/safetensors.hpp>
 #include <loom/loom.hpp>
+#include <loom/optim/adamw.hpp>
 #include <models/tiny_gpt.hpp>
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <c10/core/CachingDeviceAllocator.h>
 #include <fmt/format.h>
-#include <torch/optim/adamw.h>
 
 #include <cstdlib>
 #include <exception>
@@ -34,7 +34,7 @@ template <class Plan>
 void run(const Plan& plan, const std::filesystem::path& out, std::int64_t steps, std::int64_t eval_every = 0) {
   auto job = loom::build(plan, loom::runtime::from_env());
   const loom::runtime& rt = job.rt();
-  torch::optim::AdamW optimizer(job.trainable_parameters(), torch::optim::AdamWOptions(1e-2));
+  loom::optim::AdamW optimizer(job.trainable_parameters(), torch::optim::AdamWOptions(1e-2));
   const auto rank = static_cast<std::uint64_t>(rt.rank());
   const auto loss = [&](std::uint64_t seed) {
     auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
