@@ -224,19 +224,30 @@ void print_json(const bench_options& options, const loom::runtime& rt, const run
   std::fflush(stdout);
 }
 
-// A step is forward, backward, optimizer step and zero_grad (gradients kept, as the anchor's
-// set_to_none=False), run by loom::train with no run folder; the data is drawn before the steps.
+template <class Workload>
+std::int64_t local_batch(const bench_options& options) {
+  return options.batch ? options.batch : Workload::default_batch;
+}
+
+// Every step's (x, y), warm-up included, drawn before the steps from the anchor's generator.
 template <class Workload, class Job>
-run_result train(Job& job, const bench_options& options) {
-  const std::int64_t batch = options.batch ? options.batch : Workload::default_batch;
-  const std::vector<at::Tensor> params = job.trainable_parameters();
-  const auto optimizer = Workload::optimizer(params, options.optimizer);
+std::vector<std::pair<at::Tensor, at::Tensor>> draw_batches(const Job& job, const bench_options& options) {
   const at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(99 + job.rt().rank());
   std::vector<std::pair<at::Tensor, at::Tensor>> batches;
   for (int step = 0; step < options.warmup + options.steps; ++step) {
-    auto [x, y] = Workload::draw(gen, batch);
+    auto [x, y] = Workload::draw(gen, local_batch<Workload>(options));
     batches.emplace_back(x.to(job.rt().device()), y.to(job.rt().device()));
   }
+  return batches;
+}
+
+// A step is forward, backward, optimizer step and zero_grad (gradients kept, as the anchor's
+// set_to_none=False), run by loom::train with no run folder.
+template <class Workload, class Job>
+run_result train(Job& job, const bench_options& options) {
+  const std::vector<at::Tensor> params = job.trainable_parameters();
+  const auto optimizer = Workload::optimizer(params, options.optimizer);
+  const auto batches = draw_batches<Workload>(job, options);
 
   std::vector<double> step_ms;
   double slowest_ms = 0;
@@ -264,7 +275,7 @@ run_result train(Job& job, const bench_options& options) {
   const rank_figures figures{bench::median(step_ms),
                              static_cast<double>(state_bytes(job.local_state_dict(), params, *optimizer)),
                              peak_rss_mb(), slowest_ms};
-  return {figures, final_loss, trainable, batch};
+  return {figures, final_loss, trainable, local_batch<Workload>(options)};
 }
 
 // The calls loom::train makes for a step, by hand, each timed: forward (the loss), backward, the
@@ -272,16 +283,12 @@ run_result train(Job& job, const bench_options& options) {
 // phase's median over the counted steps, its own.
 template <class Workload, class Job>
 void time_phases(Job& job, const bench_options& options) {
-  const std::int64_t batch = options.batch ? options.batch : Workload::default_batch;
-  const std::vector<at::Tensor> params = job.trainable_parameters();
-  const auto optimizer = Workload::optimizer(params, options.optimizer);
-  const at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(99 + job.rt().rank());
+  const auto optimizer = Workload::optimizer(job.trainable_parameters(), options.optimizer);
+  const auto batches = draw_batches<Workload>(job, options);
   constexpr std::array<std::string_view, 4> names{"forward", "backward", "optimizer", "zero_grad"};
   std::array<std::vector<double>, names.size()> phase_ms;
   for (int step = 0; step < options.warmup + options.steps; ++step) {
-    auto [x, y] = Workload::draw(gen, batch);
-    x = x.to(job.rt().device());
-    y = y.to(job.rt().device());
+    const auto& [x, y] = batches[static_cast<std::size_t>(step)];
     using clock = std::chrono::steady_clock;
     std::array<clock::time_point, names.size() + 1> marks;
     marks[0] = clock::now();
