@@ -245,7 +245,7 @@ void ddp_engine::rebuild_buckets(strategy_context& context) {
   std::unordered_map<const c10::TensorImpl*, std::size_t> index_of;
   for (std::size_t i = 0; i < params.size(); ++i) index_of.emplace(params[i].tensor.unsafeGetTensorImpl(), i);
   std::vector<std::vector<std::size_t>> rebuilt;
-  for (const c10d::GradBucket& bucket : state_->reducer->get_grad_buckets(/*return_zero_tensors=*/true)) {
+  for (const c10d::GradBucket& bucket : state_->reducer->get_grad_buckets(/*return_zero_tensors=*/false)) {
     std::vector<std::size_t>& indices = rebuilt.emplace_back();
     for (const at::Tensor& p : bucket.getParameters()) indices.push_back(index_of.at(p.unsafeGetTensorImpl()));
   }
