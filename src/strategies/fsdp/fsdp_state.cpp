@@ -72,13 +72,14 @@ void fsdp_state::issue_through(std::size_t collective) {
 }
 
 // The collectives of a step, declared in the order every rank issues them; the schedule gets their
-// entries in that order. Forward: the root's gather, then each unit's (the next one prefetched during
-// a unit's forward). Backward, as each unit's output gradient is complete (its successor's backward
-// done): the successor's reduce-scatter, then the gather of the unit before it (prefetched; the last
-// unit stays whole from its forward). After backward: the first unit's and the root's
-// reduce-scatters, and the adapters' all-reduces over every rank. Under hybrid sharding each
-// reduce-scatter's entries are followed by those of its all-reduce across the replicas, which
-// replica_cursor_ issues in that order once the reduce-scatter is done.
+// entries in that order. Forward: the root's gather, then each unit's (the first issued with the
+// root's, each next one prefetched during a unit's forward). Backward, as each unit's output
+// gradient is complete (its successor's backward done): the successor's reduce-scatter, then the
+// gather of the unit before it (prefetched; the last unit stays whole from its forward). After
+// backward: the first unit's and the root's reduce-scatters, and the adapters' all-reduces over
+// every rank. Under hybrid sharding each reduce-scatter's entries are followed by those of its
+// all-reduce across the replicas, which replica_cursor_ issues in that order once the
+// reduce-scatter is done.
 void fsdp_state::declare_collectives(collective_schedule& schedule) {
   const auto declare = [&](std::vector<schedule_entry> entries, schedule_cursor::issue_fn issue, bool gradient_sync) {
     return cursor_.declare(schedule, std::move(entries), std::move(issue), gradient_sync);
@@ -131,7 +132,8 @@ void fsdp_state::begin_step() {
   replica_cursor_.begin_step();
   next_replica_ = 0;
   next_unit_ = 0;
-  issue_through(root_gather_);
+  // The first unit's gather goes out with the root's: nothing else precedes it to hide it behind.
+  issue_through(units_.empty() ? root_gather_ : unit_steps_.front().forward_gather);
   root_.finish_gather();
 }
 
