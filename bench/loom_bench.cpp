@@ -44,7 +44,8 @@ struct bench_options {
   int warmup = 5;
   std::int64_t batch = 0;  // unset: the workload's own
   // AdamW's implementation: loom::optim::AdamW (fused), or torch::optim::AdamW (the per-parameter
-  // loop LibTorch has), for the account of where the time goes. SGD is torch::optim's either way.
+  // loop LibTorch has), for the account of where the time goes. SGD is torch::optim's either way,
+  // and the JSON line says so.
   std::string optimizer = "fused";
   // The steps by hand (the calls loom::train makes), each phase timed, for bench/phase_account.
   bool phases = false;
@@ -132,6 +133,8 @@ struct mlp_workload {
   static at::Tensor loss(Job& job, const at::Tensor& x, const at::Tensor& y) {
     return torch::mse_loss(job.forward(x), y);
   }
+  // loom has no SGD of its own: torch::optim's, whichever --optimizer asks for.
+  static std::string_view implementation(std::string_view /*requested*/) { return "torch"; }
   static std::unique_ptr<torch::optim::Optimizer> optimizer(const std::vector<at::Tensor>& params, std::string_view) {
     return std::make_unique<torch::optim::SGD>(params, torch::optim::SGDOptions(1e-3));
   }
@@ -152,6 +155,7 @@ struct tiny_gpt_workload {
   static at::Tensor loss(Job& job, const at::Tensor& x, const at::Tensor& y) {
     return job.forward(x, y);
   }
+  static std::string_view implementation(std::string_view requested) { return requested; }
   static std::unique_ptr<torch::optim::Optimizer> optimizer(const std::vector<at::Tensor>& params,
                                                             std::string_view implementation) {
     const auto options = torch::optim::AdamWOptions(3e-4);
@@ -198,6 +202,7 @@ struct run_result {
   double final_loss;
   std::int64_t trainable_params;
   std::int64_t local_batch;
+  std::string_view optimizer;  // the implementation that ran
 };
 
 // On CUDA, this rank's peak of allocated device memory (the caching allocator's statistics, as
@@ -217,7 +222,7 @@ void print_json(const bench_options& options, const loom::runtime& rt, const run
       "\"optimizer\": \"{}\", \"steps\": {}, \"step_ms_median\": {:.3f}, \"state_mb_per_rank_max\": {:.3f}, "
       "\"rss_peak_mb_max\": {:.1f}, "
       "\"final_loss\": {:.5f}, \"trainable_params\": {}, \"step_ms_max\": {:.3f}{}}}\n",
-      TORCH_VERSION, options.workload, rt.world_size(), result.local_batch, options.optimizer, options.steps,
+      TORCH_VERSION, options.workload, rt.world_size(), result.local_batch, result.optimizer, options.steps,
       max_over_ranks(all, &rank_figures::step_ms_median), max_over_ranks(all, &rank_figures::state_bytes) / (1 << 20),
       max_over_ranks(all, &rank_figures::rss_peak_mb), result.final_loss, result.trainable_params,
       max_over_ranks(all, &rank_figures::step_ms_max), device_peak_field(rt));
@@ -275,7 +280,7 @@ run_result train(Job& job, const bench_options& options) {
   const rank_figures figures{bench::median(step_ms),
                              static_cast<double>(state_bytes(job.local_state_dict(), params, *optimizer)),
                              peak_rss_mb(), slowest_ms};
-  return {figures, final_loss, trainable, local_batch<Workload>(options)};
+  return {figures, final_loss, trainable, local_batch<Workload>(options), Workload::implementation(options.optimizer)};
 }
 
 // The calls loom::train makes for a step, by hand, each timed: forward (the loss), backward, the
@@ -311,7 +316,7 @@ void time_phases(Job& job, const bench_options& options) {
     fields += fmt::format("{}\"{}\": {:.3f}", p ? ", " : "", names[p], bench::median(phase_ms[p]));
   }
   fmt::print("{{\"impl\": \"loom\", \"workload\": \"{}\", \"optimizer\": \"{}\", \"phase_ms_median\": {{{}}}}}\n",
-             options.workload, options.optimizer, fields);
+             options.workload, Workload::implementation(options.optimizer), fields);
   std::fflush(stdout);
 }
 
