@@ -160,12 +160,17 @@ void train_session::begin_step(std::int64_t step, torch::optim::Optimizer& optim
   }
 }
 
-void train_session::end_step(std::int64_t step, double loss_sum, std::optional<double> grad_norm) {
-  // One all-reduce a step: the mean loss over the ranks, and how many ranks were asked to stop.
-  at::Tensor shared =
+// Issued before the last backward so that it is under way while the backward computes, not a
+// round trip of its own after it; a signal that arrives after this point stops the next step.
+void train_session::share_loss(double loss_sum) {
+  shared_loss_ =
       at::tensor({loss_sum / options_.accumulate, stop_signal.load() != 0 ? 1.0 : 0.0}, at::kDouble).to(rt_.device());
-  rt_.comm().all_reduce(shared, reduce_op::sum).wait();
-  shared = shared.cpu();
+  loss_reduction_ = rt_.comm().all_reduce(shared_loss_, reduce_op::sum);
+}
+
+void train_session::end_step(std::int64_t step, std::optional<double> grad_norm) {
+  loss_reduction_.wait();
+  const at::Tensor shared = shared_loss_.cpu();
   const double loss = shared[0].item<double>() / rt_.world_size();
   if (!std::isfinite(loss)) {
     throw_error<std::runtime_error>(

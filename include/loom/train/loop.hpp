@@ -108,10 +108,13 @@ class train_session {
   // Rank 0 says where the run continues from.
   void announce(const resume_point& resumed) const;
   void begin_step(std::int64_t step, torch::optim::Optimizer& optimizer);
-  // After the step's micro-batches: `loss_sum` is this rank's summed micro-batch losses. Agrees with
-  // every rank (one small all-reduce) on the step's mean loss and on whether to stop for a signal;
-  // throws on a loss that is not finite, naming the step.
-  void end_step(std::int64_t step, double loss_sum, std::optional<double> grad_norm);
+  // After the last micro-batch's forward, before its backward: `loss_sum` is this rank's summed
+  // micro-batch losses. Starts the step's one small all-reduce, which agrees with every rank on the
+  // step's mean loss and on whether to stop for a signal, so that it travels during the backward.
+  void share_loss(double loss_sum);
+  // After the step's backward (and clipping): waits for that all-reduce; throws on a loss that is
+  // not finite, naming the step.
+  void end_step(std::int64_t step, std::optional<double> grad_norm);
   [[nodiscard]] bool preempted() const noexcept { return preempted_; }
   [[nodiscard]] double last_loss() const noexcept { return last_loss_; }
   [[nodiscard]] bool checkpoint_due(std::int64_t step) const noexcept;
@@ -134,6 +137,8 @@ class train_session {
   std::chrono::steady_clock::time_point started_, step_started_, last_progress_;
   double step_ms_ = 0, last_loss_ = 0, lr_ = 0, parameters_mb_ = 0, optimizer_mb_ = 0;
   std::optional<double> grad_norm_, eval_loss_;
+  at::Tensor shared_loss_;  // {this rank's mean loss, whether it was asked to stop}, then summed
+  pending_collective loss_reduction_;
   double loss_since_log_ = 0;
   std::int64_t steps_since_log_ = 0, steps_this_run_ = 0;
   bool preempted_ = false;
@@ -161,6 +166,7 @@ train_result train(Job& job, torch::optim::Optimizer& optimizer, const train_fun
       const auto run_micro_batch = [&] {
         const at::Tensor loss = functions.loss(step, micro);
         loss_sum += loss.detach().item<double>();
+        if (micro + 1 == options.accumulate) session.share_loss(loss_sum);
         job.backward(loss / options.accumulate);
       };
       if (micro + 1 < options.accumulate) {
@@ -172,7 +178,7 @@ train_result train(Job& job, torch::optim::Optimizer& optimizer, const train_fun
     }
     std::optional<double> norm;
     if (options.clip_norm) norm = job.clip_grad_norm(*options.clip_norm);
-    session.end_step(step, loss_sum, norm);  // throws on a loss that is not finite, before the update
+    session.end_step(step, norm);  // throws on a loss that is not finite, before the update
     failpoint("step.optimizer");
     optimizer.step();
     job.zero_grad(options.set_to_none);
