@@ -4,13 +4,12 @@
 // trains a small TinyGpt with loom::train (loom::optim::AdamW, ATen's fused kernel on the device;
 // clipping; no run folder; fsdp-eval: fsdp() with an evaluation every 2 steps, a forward with no
 // backward; hsdp: hybrid sharding in groups of 2 ranks; recompute-*: every block recomputed in
-// backward; bf16-*: under mixed_precision(), the lora one over a base built in bf16) on the runtime's
-// device
-// (LOOM_DEVICE, LOOM_BACKEND), each rank on its own batches drawn on the CPU by (step, rank), and
-// rank 0 writes the whole model (gathered under fsdp()) to OUT; on CUDA each rank prints its peak
-// allocated memory. parity.py compares two such files:
-// CUDA against CPU (scripts/gpu-check), one launched rank with its own process group against a
-// plain single process (CI).
+// backward; bf16-*: under mixed_precision(), the lora one over a base built in bf16) on the
+// runtime's device (LOOM_DEVICE, LOOM_BACKEND), each rank on its own batches drawn on the CPU by
+// (step, rank), and rank 0 writes the whole model (gathered under fsdp()) to OUT; on CUDA each rank
+// prints its peak allocated memory. parity.py compares two such files: CUDA against CPU
+// (scripts/gpu-check), one launched rank with its own process group against a plain single process
+// (CI).
 #include <loom/io/safetensors.hpp>
 #include <loom/loom.hpp>
 #include <loom/optim/adamw.hpp>
