@@ -91,11 +91,11 @@ at::Tensor optimizer_bytes(torch::optim::Optimizer& optimizer) {
 // The optimizer's archive of its state as it is now, in tensors its next steps leave alone: its
 // states swapped for copies while it saves, then given back. Nothing when a state is of a kind
 // copied_state() does not know, whose archive would hold the live tensors.
-std::optional<torch::serialize::OutputArchive> frozen_archive(torch::optim::Optimizer& optimizer) {
+std::optional<torch::serialize::OutputArchive> frozen_archive(torch::optim::Optimizer& optimizer, host_staging& staging) {
   auto& states = optimizer.state();
   std::vector<std::pair<void*, std::unique_ptr<torch::optim::OptimizerParamState>>> swapped;
   for (const auto& [key, state] : states) {
-    auto copy = copied_state(*state);
+    auto copy = copied_state(*state, [&staging](const at::Tensor& t) { return staging.stage(t); });
     if (!copy) return std::nullopt;
     swapped.emplace_back(key, std::move(copy));
   }
@@ -331,14 +331,6 @@ void require_json(const std::string& user_state) {
   }
 }
 
-// A copy in host memory that training cannot change under a background write: pinned when it
-// comes from a GPU, so that the copy is one DMA.
-at::Tensor host_copy(const at::Tensor& t) {
-  const at::Tensor source = t.detach();
-  if (!source.is_cpu()) return source.to(at::TensorOptions().device(at::kCPU).pinned_memory(true), false, true);
-  return source.clone(at::MemoryFormat::Contiguous);
-}
-
 // What this rank writes: its share of the model (the trainable parameters and buffers, or all of
 // them) and the optimizer's state when it holds a share of the model, and its generators always.
 // For a synchronous save, the parameters themselves and the optimizer's archive serialised now. For
@@ -363,22 +355,28 @@ struct rank_file_contents {
   }
 };
 
+// `copied`: the model's tensors and the optimizer's state staged into host buffers that the next
+// steps leave alone (an asynchronous save); else the model's host tensors as they are, a device's
+// staged all the same, so that every read of the device goes through `staging`.
 rank_file_contents rank_file_of(const runtime& rt, const checkpoint_target& target, torch::optim::Optimizer& optimizer,
-                                bool all_parameters, bool copied) {
+                                bool all_parameters, bool copied, host_staging& staging) {
   rank_file_contents contents;
+  staging.begin();
   if (target.sharded || rt.rank() == 0) {
     const std::set<std::string> frozen(target.frozen_names.begin(), target.frozen_names.end());
     for (const named_tensor& t : target.state()) {
       if (all_parameters || !frozen.contains(t.name)) {
-        contents.model.push_back({std::string(model_prefix) + t.name, copied ? host_copy(t.tensor) : t.tensor});
+        const bool stage = copied || !t.tensor.is_cpu();
+        contents.model.push_back({std::string(model_prefix) + t.name, stage ? staging.stage(t.tensor) : t.tensor});
       }
     }
-    if (auto archive = copied ? frozen_archive(optimizer) : std::nullopt) {
+    if (auto archive = copied ? frozen_archive(optimizer, staging) : std::nullopt) {
       contents.optimizer = std::move(*archive);
     } else {
       contents.optimizer = optimizer_bytes(optimizer);
     }
   }
+  staging.finish(rt.progress());
   for (auto& [device, generator] : generators(rt)) {
     const std::lock_guard<std::mutex> lock(generator.mutex());
     contents.generators.push_back({std::string(rng_prefix) + device, generator.get_state()});
@@ -419,9 +417,7 @@ void with_every_digest(const runtime& rt, checkpoint_manifest& manifest, const f
   at::Tensor digests = at::zeros({rt.world_size(), 2}, at::kLong);
   digests[rt.rank()][0] = static_cast<std::int64_t>(mine.bytes);
   digests[rt.rank()][1] = static_cast<std::int64_t>(mine.xxh3);
-  digests = digests.to(rt.device());
-  rt.comm().all_reduce(digests).wait();
-  digests = digests.cpu();
+  rt.host_comm().all_reduce(digests).wait();
   for (int rank = 0; rank < rt.world_size(); ++rank) {
     manifest.files[rank_file(rank).string()] = {static_cast<std::uint64_t>(digests[rank][0].item<std::int64_t>()),
                                                 static_cast<std::uint64_t>(digests[rank][1].item<std::int64_t>())};
@@ -443,9 +439,9 @@ std::exception_ptr outcome_of(const std::function<void()>& work) {
 // run_on_every_rank has them do.
 bool every_rank_done(const runtime& rt, std::string_view what, const std::optional<std::exception_ptr>& mine) {
   const bool failed = mine && *mine;
-  at::Tensor state = at::tensor({mine ? 0 : 1, failed ? 1 : 0}, at::TensorOptions().dtype(at::kInt)).to(rt.device());
-  rt.comm().all_reduce(state).wait();
-  state = state.cpu();
+  // On the host: a save in flight costs each step one small exchange, never a read of the device.
+  at::Tensor state = at::tensor({mine ? 0 : 1, failed ? 1 : 0}, at::TensorOptions().dtype(at::kInt));
+  rt.host_comm().all_reduce(state).wait();
   if (state[1].item<int>() > 0) {
     run_on_every_rank(rt, what, [&] {
       if (failed) std::rethrow_exception(*mine);
@@ -524,7 +520,8 @@ void checkpointer::save(const checkpoint_target& target, torch::optim::Optimizer
     fs::create_directories(partial);
     sync_directory(options_.folder);
   });
-  rank_file_contents contents = rank_file_of(rt_, target, optimizer, options_.all_parameters, options_.async_save);
+  rank_file_contents contents =
+      rank_file_of(rt_, target, optimizer, options_.all_parameters, options_.async_save, staging_);
   checkpoint_manifest manifest{.step = step,
                                .world_size = rt_.world_size(),
                                .shard_group_size = target.sharded ? target.shard_group_size : rt_.world_size(),

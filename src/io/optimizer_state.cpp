@@ -44,8 +44,6 @@ void set_state_fields(torch::optim::OptimizerParamState& state, const optimizer_
 
 namespace {
 
-at::Tensor copy_of(const at::Tensor& t) { return t.defined() ? t.clone() : t; }
-
 // `state` copied when it is a State, `give_copies` then setting each of its tensor fields to a copy.
 template <class State, class GiveCopies>
 std::unique_ptr<torch::optim::OptimizerParamState> copied_as(const torch::optim::OptimizerParamState& state,
@@ -59,19 +57,23 @@ std::unique_ptr<torch::optim::OptimizerParamState> copied_as(const torch::optim:
 
 }  // namespace
 
-std::unique_ptr<torch::optim::OptimizerParamState> copied_state(const torch::optim::OptimizerParamState& state) {
+std::unique_ptr<torch::optim::OptimizerParamState> copied_state(
+    const torch::optim::OptimizerParamState& state, const std::function<at::Tensor(const at::Tensor&)>& copy) {
   namespace optim = torch::optim;
-  const auto adam_like = [](auto& s) {
+  const auto copy_of = [&copy](const at::Tensor& t) { return t.defined() ? copy(t) : t; };
+  const auto adam_like = [&](auto& s) {
     s.exp_avg(copy_of(s.exp_avg())).exp_avg_sq(copy_of(s.exp_avg_sq())).max_exp_avg_sq(copy_of(s.max_exp_avg_sq()));
   };
-  if (auto copy = copied_as<optim::AdamWParamState>(state, adam_like)) return copy;
-  if (auto copy = copied_as<optim::AdamParamState>(state, adam_like)) return copy;
-  if (auto copy =
-          copied_as<optim::SGDParamState>(state, [](auto& s) { s.momentum_buffer(copy_of(s.momentum_buffer())); })) {
-    return copy;
+  if (auto copied = copied_as<optim::AdamWParamState>(state, adam_like)) return copied;
+  if (auto copied = copied_as<optim::AdamParamState>(state, adam_like)) return copied;
+  if (auto copied =
+          copied_as<optim::SGDParamState>(state, [&](auto& s) { s.momentum_buffer(copy_of(s.momentum_buffer())); })) {
+    return copied;
   }
-  if (auto copy = copied_as<optim::AdagradParamState>(state, [](auto& s) { s.sum(copy_of(s.sum())); })) return copy;
-  return copied_as<optim::RMSpropParamState>(state, [](auto& s) {
+  if (auto copied = copied_as<optim::AdagradParamState>(state, [&](auto& s) { s.sum(copy_of(s.sum())); })) {
+    return copied;
+  }
+  return copied_as<optim::RMSpropParamState>(state, [&](auto& s) {
     s.square_avg(copy_of(s.square_avg())).momentum_buffer(copy_of(s.momentum_buffer())).grad_avg(copy_of(s.grad_avg()));
   });
 }

@@ -2,6 +2,7 @@
 
 #include <loom/nn/deferred_init.hpp>
 #include <loom/runtime/agreement.hpp>
+#include <loom/runtime/host_reads.hpp>
 #include <loom/runtime/runtime.hpp>
 #include <loom/runtime/tensors.hpp>
 #include <loom/runtime/text.hpp>
@@ -15,10 +16,10 @@ namespace {
 
 // A tensor constructed without its bytes (loom/nn/deferred_init.hpp) counts by its description: its
 // values come from a record every rank replays alike.
-std::uint64_t checksum(const named_tensor& t, bool with_values) {
+std::uint64_t checksum(job_progress& progress, const named_tensor& t, bool with_values) {
   std::uint64_t hash = fnv1a(t.spec().to_string());
   if (!with_values || !nn::has_bytes(t.tensor)) return hash;
-  at::Tensor bytes = t.tensor.detach().cpu().contiguous();
+  const at::Tensor bytes = read_on_host(progress, t.tensor).contiguous();
   return fnv1a(bytes.data_ptr(), bytes.nbytes(), hash);
 }
 
@@ -26,7 +27,7 @@ std::uint64_t checksum(const named_tensor& t, bool with_values) {
 void agree(const runtime& rt, const std::vector<named_tensor>& tensors, bool with_values, const std::string& what) {
   std::vector<std::uint64_t> sums;
   sums.reserve(tensors.size());
-  for (const auto& t : tensors) sums.push_back(checksum(t, with_values));
+  for (const auto& t : tensors) sums.push_back(checksum(rt.progress(), t, with_values));
   require_agreement(
       rt, "replicas", sums, [&](std::size_t i) { return tensors[i].spec().to_string(); },
       [&](const disagreement& d) {
@@ -70,11 +71,12 @@ void broadcast_replicas(const runtime& rt, torch::nn::Module& module, nn::deferr
   }
   at::Tensor replay_state;
   if (deferred != nullptr && deferred->size() > 0) {
-    replay_state = deferred->start_state().to(rt.device(), /*non_blocking=*/false, /*copy=*/true);
-    pending.push_back(rt.comm().broadcast(replay_state, 0));
+    // A generator's state: host bytes, sent between hosts.
+    replay_state = deferred->start_state().clone();
+    pending.push_back(rt.host_comm().broadcast(replay_state, 0));
   }
   for (auto& p : pending) p.wait();
-  if (replay_state.defined()) deferred->replay_from(replay_state.cpu());
+  if (replay_state.defined()) deferred->replay_from(replay_state);
 }
 
 }  // namespace loom

@@ -24,20 +24,19 @@ struct divergence {
 // every rank, and so, given it, has the second.
 std::optional<divergence> first_divergence(const runtime& rt, std::span<const std::uint64_t> hashes) {
   const auto world = static_cast<std::int64_t>(rt.world_size());
-  auto options = at::TensorOptions().dtype(at::kLong).device(rt.device());
+  // Host tensors over host_comm(): what is compared lives on the host, and no device is read.
+  const auto options = at::TensorOptions().dtype(at::kLong);
   auto length = at::full({1}, static_cast<std::int64_t>(hashes.size()), options);
   auto lengths = at::empty({world}, options);
-  rt.comm().all_gather(length, lengths).wait();
-  auto lengths_cpu = lengths.cpu();
-  const std::int64_t longest = lengths_cpu.max().item<std::int64_t>();
+  rt.host_comm().all_gather(length, lengths).wait();
+  const std::int64_t longest = lengths.max().item<std::int64_t>();
 
-  auto mine = at::zeros({longest}, at::kLong);
+  auto mine = at::zeros({longest}, options);
   std::memcpy(mine.data_ptr<std::int64_t>(), hashes.data(), hashes.size() * sizeof(std::uint64_t));
   auto all = at::empty({world * longest}, options);
-  if (longest > 0) rt.comm().all_gather(mine.to(rt.device()), all).wait();
-  auto all_cpu = all.cpu().view({world, longest});
-  const auto* table = all_cpu.data_ptr<std::int64_t>();
-  const auto* length_of = lengths_cpu.data_ptr<std::int64_t>();
+  if (longest > 0) rt.host_comm().all_gather(mine, all).wait();
+  const auto* table = all.data_ptr<std::int64_t>();
+  const auto* length_of = lengths.data_ptr<std::int64_t>();
 
   for (std::int64_t i = 0; i < longest; ++i) {
     for (std::int64_t r = 1; r < world; ++r) {
@@ -93,11 +92,11 @@ std::optional<rank_problem> first_problem(const runtime& rt, std::string_view to
     if (!mine) return std::nullopt;
     return rank_problem{rt.rank(), *mine};
   }
-  const auto options = at::TensorOptions().dtype(at::kInt).device(rt.device());
+  const auto options = at::TensorOptions().dtype(at::kInt);
   const at::Tensor found = at::full({1}, mine ? 1 : 0, options);
   at::Tensor every = at::empty({rt.world_size()}, options);
-  rt.comm().all_gather(found, every).wait();
-  const at::Tensor finders = every.cpu().nonzero();
+  rt.host_comm().all_gather(found, every).wait();
+  const at::Tensor finders = every.nonzero();
   if (finders.numel() == 0) return std::nullopt;
   const int rank = static_cast<int>(finders[0].item<std::int64_t>());
 

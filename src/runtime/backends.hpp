@@ -4,7 +4,10 @@
 
 #include <loom/runtime/launch_env.hpp>
 
+#include <c10/core/Device.h>
 #include <c10/util/intrusive_ptr.h>
+
+#include <string>
 
 namespace c10d {
 class Backend;
@@ -18,8 +21,11 @@ namespace loom {
 c10::intrusive_ptr<c10d::Backend> make_gloo(const c10::intrusive_ptr<c10d::Store>& store, const launch_env& env,
                                             int rank, int size);
 #ifdef LOOM_HAVE_NCCL
+// A NCCL backend named `name` (its flight recorder's and watchdog's entries say which group), bound
+// to `device`, its communicator made now, at build, rather than lazily by the first collective
+// inside a step, on whichever thread issues it; nccl_environment's settings applied first.
 c10::intrusive_ptr<c10d::Backend> make_nccl(const c10::intrusive_ptr<c10d::Store>& store, const launch_env& env,
-                                            int rank, int size);
+                                            int rank, int size, const std::string& name, c10::Device device);
 #endif
 
 }  // namespace loom

@@ -15,8 +15,6 @@
 namespace loom {
 namespace {
 
-c10d::ReduceOp sum() { return c10d::ReduceOp(c10d::ReduceOp::SUM); }
-
 // A contiguous flat view when the tensor allows one, otherwise a contiguous flat copy.
 at::Tensor flat_contiguous(const at::Tensor& tensor) { return tensor.contiguous().view(-1); }
 
@@ -24,8 +22,8 @@ at::Tensor flat_contiguous(const at::Tensor& tensor) { return tensor.contiguous(
 
 pending_collective::pending_collective() = default;
 pending_collective::pending_collective(c10::intrusive_ptr<c10d::Work> work, std::function<void()> then,
-                                       collective_label label)
-    : work_(std::move(work)), then_(std::move(then)), label_(std::move(label)) {}
+                                       collective_label label, bool device_ordered)
+    : work_(std::move(work)), then_(std::move(then)), label_(std::move(label)), device_ordered_(device_ordered) {}
 pending_collective::~pending_collective() = default;
 pending_collective::pending_collective(pending_collective&&) noexcept = default;
 pending_collective& pending_collective::operator=(pending_collective&&) noexcept = default;
@@ -41,6 +39,10 @@ void pending_collective::wait() {
 }
 
 bool pending_collective::is_completed() const { return !work_ || work_->isCompleted(); }
+
+void pending_collective::settle() {
+  if (device_ordered_ || is_completed()) wait();
+}
 
 pending_collective pending_collective::and_then(std::function<void()> next) && {
   then_ = [first = std::move(then_), next = std::move(next)] {
@@ -61,6 +63,7 @@ collectives::collectives(c10::intrusive_ptr<c10d::Backend> backend, int rank, in
   if (world_size_ > 1 && !backend_) {
     throw_error<std::invalid_argument>("collectives over more than one rank need a c10d backend");
   }
+  device_ordered_ = backend_ && backend_->getBackendName() == "nccl";
 }
 
 collectives::~collectives() = default;
@@ -73,8 +76,9 @@ pending_collective collectives::issued(c10::intrusive_ptr<c10d::Work> work, std:
                      ? fmt::format("{} {}", op, tensor_spec{{}, tensor.sizes().vec(), tensor.scalar_type()}.layout())
                      : std::string(op);
     label.group = group_;
+    progress_->issued(label.number, label.what, label.group);
   }
-  return pending_collective(std::move(work), std::move(then), std::move(label));
+  return pending_collective(std::move(work), std::move(then), std::move(label), device_ordered_);
 }
 
 std::int64_t collectives::shard_numel(std::int64_t numel) const noexcept {
@@ -89,13 +93,17 @@ pending_collective collectives::all_reduce(at::Tensor& tensor, reduce_op op) {
   }
   std::vector<at::Tensor> tensors{tensor};
   c10d::AllreduceOptions options;
-  options.reduceOp = sum();
+  options.reduceOp = backend_op(op);
   return issued(backend_->allreduce(tensors, options), "all_reduce", tensor, divided_after(tensor, op));
 }
 
 std::function<void()> collectives::divided_after(const at::Tensor& sum, reduce_op op) const {
-  if (op != reduce_op::mean) return {};
+  if (op != reduce_op::mean || device_ordered_) return {};
   return [sum, world = world_size_]() mutable { sum.div_(world); };
+}
+
+c10d::ReduceOp collectives::backend_op(reduce_op op) const {
+  return c10d::ReduceOp(op == reduce_op::mean && device_ordered_ ? c10d::ReduceOp::AVG : c10d::ReduceOp::SUM);
 }
 
 pending_collective collectives::broadcast(at::Tensor& tensor, int root) {
@@ -159,14 +167,14 @@ pending_collective collectives::reduce_scatter(const at::Tensor& flat, at::Tenso
   }
   if (emulate_reduce_scatter_) {
     pending_collective work = emulated_reduce_scatter(input, shard);
-    if (op == reduce_op::mean) return std::move(work).and_then(divided_after(shard, op));
-    return work;
+    if (op != reduce_op::mean) return work;
+    return std::move(work).and_then([shard, world = world_size_]() mutable { shard.div_(world); });
   }
 
   const bool direct = shard.is_contiguous();
   at::Tensor output = direct ? shard.view(-1) : at::empty({shard_size}, shard.options());
   c10d::ReduceScatterOptions options;
-  options.reduceOp = sum();
+  options.reduceOp = backend_op(op);
   auto work = backend_->_reduce_scatter_base(output, input, options);
   if (direct) return issued(std::move(work), "reduce_scatter", input, divided_after(shard, op));
   return issued(std::move(work), "reduce_scatter", input, [shard, output, mean = divided_after(shard, op)]() mutable {
@@ -179,7 +187,7 @@ pending_collective collectives::emulated_reduce_scatter(const at::Tensor& padded
   at::Tensor reduced = padded.clone();  // all-reduce works in place; the input may be the caller's
   std::vector<at::Tensor> tensors{reduced};
   c10d::AllreduceOptions options;
-  options.reduceOp = sum();
+  options.reduceOp = backend_op(reduce_op::sum);
   auto work = backend_->allreduce(tensors, options);
   const std::int64_t shard_size = shard.numel();
   return issued(std::move(work), "all_reduce", reduced, [shard, reduced, offset = rank_ * shard_size]() mutable {

@@ -272,8 +272,8 @@ void run_and_agree(const runtime& rt, std::string_view what, bool mine, const st
       failures.publish(error_text(failure));
     }
   }
-  at::Tensor failed = at::full({1}, error ? 1 : 0, at::TensorOptions().dtype(at::kInt).device(rt.device()));
-  rt.comm().all_reduce(failed).wait();
+  at::Tensor failed = at::full({1}, error ? 1 : 0, at::TensorOptions().dtype(at::kInt));
+  rt.host_comm().all_reduce(failed).wait();
   if (error || failed.item<int>() != 0) failures.mark_failed();
   if (error) std::rethrow_exception(error);
   if (failed.item<int>() != 0) {

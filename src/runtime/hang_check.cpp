@@ -12,6 +12,11 @@ bool same_wait(const progress_snapshot& a, const progress_snapshot& b) {
          a.group == b.group;
 }
 
+bool waits_on_collective(const progress_snapshot& snapshot) {
+  return snapshot.waiting == wait_kind::collective ||
+         (snapshot.waiting == wait_kind::host_read && snapshot.collective > 0);
+}
+
 }  // namespace
 
 hang_watch::hang_watch(int rank, std::chrono::milliseconds after, std::chrono::milliseconds silence)
@@ -65,7 +70,8 @@ std::optional<hang_watch::finding> hang_watch::reason(const progress_snapshot& m
                                "the wait can never end: {}",
                                waited, peer.rank, peer.left_at->to_string(), different_collectives)};
   }
-  if (mine.waiting == wait_kind::collective) {
+  // A host read under NCCL blocks on the collectives issued before it, the last of which it names.
+  if (waits_on_collective(mine)) {
     // Only the members of the collective's group take part in it: a rank of another group may be
     // anywhere (hybrid sharding's other shard groups run ahead or behind), and its collectives are
     // numbered in its own groups.
@@ -77,7 +83,7 @@ std::optional<hang_watch::finding> hang_watch::reason(const progress_snapshot& m
                        fmt::format("{}, but rank {} has gone on to {} without joining it: {}", waited, peer.rank,
                                    theirs.at.to_string(), different_collectives)};
       }
-      if (theirs.waiting == wait_kind::collective && theirs.group == mine.group &&
+      if (waits_on_collective(theirs) && theirs.group == mine.group &&
           theirs.collective == mine.collective && theirs.what != mine.what) {
         return finding{
             peer_differs, peer.rank,

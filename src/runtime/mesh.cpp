@@ -21,10 +21,10 @@ namespace {
 // A name for this mesh's groups that no earlier mesh of the job used: rank 0 counts the meshes in
 // the rendezvous store and tells the others, so that two meshes never share a group's keys.
 std::int64_t next_generation(const runtime& rt) {
-  at::Tensor generation = at::zeros({1}, at::TensorOptions(at::kLong).device(rt.device()));
+  at::Tensor generation = at::zeros({1}, at::kLong);
   if (rt.rank() == 0) generation.fill_(rt.store()->add("loom/meshes", 1));
-  rt.comm().broadcast(generation, 0).wait();
-  return generation.cpu().item<std::int64_t>();
+  rt.host_comm().broadcast(generation, 0).wait();
+  return generation.item<std::int64_t>();
 }
 
 }  // namespace
@@ -62,7 +62,8 @@ rank_mesh::rank_mesh(const runtime& rt, int shard_size)
     collective_group group{name, std::move(members)};
 #ifdef LOOM_HAVE_NCCL
     if (nccl) {
-      return std::make_unique<collectives>(make_nccl(store, rt.env(), rank, size), rank, size, staged, &rt.progress(),
+      return std::make_unique<collectives>(make_nccl(store, rt.env(), rank, size, name, rt.device()), rank, size,
+                                           staged, &rt.progress(),
                                            std::move(group));
     }
 #endif

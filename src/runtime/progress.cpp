@@ -97,6 +97,11 @@ std::string progress_snapshot::where() const {
                        place.starts_with("the ") ? "in " + place : place);
   }
   if (waiting == wait_kind::part) return fmt::format("{} ({})", place, what);
+  if (waiting == wait_kind::host_read) {
+    if (collective == 0) return fmt::format("a host read {}", place.starts_with("the ") ? "in " + place : place);
+    return fmt::format("a host read after {}{} {}", what, group.world() ? std::string() : " over " + group.name,
+                       place.starts_with("the ") ? "in " + place : place);
+  }
   return place;
 }
 
@@ -111,7 +116,7 @@ std::optional<std::pair<std::int64_t, progress_snapshot>> decode_progress(std::s
   if (!fields) return std::nullopt;
   const auto at = position_from(*fields, 1);
   const std::int64_t waiting = (*fields)[4];
-  if (!at || waiting < 0 || waiting > static_cast<std::int64_t>(wait_kind::part)) return std::nullopt;
+  if (!at || waiting < 0 || waiting > static_cast<std::int64_t>(wait_kind::host_read)) return std::nullopt;
   const std::size_t space = text.find(' ');
   const std::optional<collective_group> group = group_from(text.substr(0, space));
   if (!group) return std::nullopt;
@@ -164,6 +169,37 @@ job_progress::wait_scope::~wait_scope() {
   tracker_->collective_since_ = outer_since_;
 }
 
+void job_progress::issued(std::int64_t number, std::string what, collective_group group) {
+  std::lock_guard lock(mutex_);
+  last_issued_ = waited_collective{number, std::move(what), std::move(group)};
+}
+
+job_progress::host_read_scope::host_read_scope(job_progress& tracker) : tracker_(tracker) {
+  std::lock_guard lock(tracker_.mutex_);
+  switch (tracker_.at_.part) {
+    case pass_part::forward: ++tracker_.host_reads_.forward; break;
+    case pass_part::backward: ++tracker_.host_reads_.backward; break;
+    case pass_part::between: ++tracker_.host_reads_.between; break;
+  }
+  // Not inside a collective's wait: that wait already names what the rank is blocked on.
+  if (tracker_.collective_) return;
+  tracker_.collective_ = tracker_.last_issued_.value_or(waited_collective{0, {}, {}});
+  tracker_.collective_since_ = clock::now();
+  tracker_.reading_ = true;
+}
+
+job_progress::host_read_scope::~host_read_scope() {
+  std::lock_guard lock(tracker_.mutex_);
+  if (!tracker_.reading_) return;
+  tracker_.collective_.reset();
+  tracker_.reading_ = false;
+}
+
+host_read_counts job_progress::host_reads() const {
+  std::lock_guard lock(mutex_);
+  return host_reads_;
+}
+
 progress_snapshot job_progress::snapshot(clock::time_point now) const {
   std::lock_guard lock(mutex_);
   progress_snapshot snapshot{
@@ -172,7 +208,7 @@ progress_snapshot job_progress::snapshot(clock::time_point now) const {
     return std::chrono::duration_cast<std::chrono::milliseconds>(now - start);
   };
   if (collective_) {
-    snapshot.waiting = wait_kind::collective;
+    snapshot.waiting = reading_ ? wait_kind::host_read : wait_kind::collective;
     snapshot.waited = since(collective_since_);
     snapshot.collective = collective_->number;
     snapshot.what = collective_->what;

@@ -31,6 +31,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
+#include <numeric>
 #include <optional>
 #include <string>
 #include <thread>
@@ -38,6 +39,14 @@
 
 namespace loom {
 namespace {
+
+// Every rank of a world of `size`, as a collective_group's members: a group over all of them that is
+// not the world's own communicator.
+std::vector<int> all_ranks(int size) {
+  std::vector<int> ranks(static_cast<std::size_t>(size));
+  std::iota(ranks.begin(), ranks.end(), 0);
+  return ranks;
+}
 
 std::string seconds(std::chrono::milliseconds timeout) {
   return fmt::format("{:g} s", static_cast<double>(timeout.count()) / 1000.0);
@@ -213,11 +222,18 @@ c10::intrusive_ptr<c10d::Backend> make_gloo(const c10::intrusive_ptr<c10d::Store
 
 #ifdef LOOM_HAVE_NCCL
 c10::intrusive_ptr<c10d::Backend> make_nccl(const c10::intrusive_ptr<c10d::Store>& store, const launch_env& env,
-                                            int rank, int size) {
+                                            int rank, int size, const std::string& name, c10::Device device) {
+  for (const environment_setting& setting : nccl_environment(env)) {
+    ::setenv(setting.name.c_str(), setting.value.c_str(), /*overwrite=*/0);
+  }
   auto options = c10d::ProcessGroupNCCL::Options::create();
   options->timeout = env.timeout;
-  return c10::make_intrusive<c10d::ProcessGroupNCCL>(c10::make_intrusive<c10d::PrefixStore>("nccl", store), rank, size,
-                                                     options);
+  options->group_name = name;
+  auto backend = c10::make_intrusive<c10d::ProcessGroupNCCL>(c10::make_intrusive<c10d::PrefixStore>("nccl", store),
+                                                             rank, size, options);
+  backend->setBoundDeviceId(device);
+  backend->eagerConnectSingleDevice(device);
+  return backend;
 }
 #endif
 
@@ -230,6 +246,7 @@ struct runtime::state {
   job_progress progress;                   // before failures, comm and pulse, which hold it
   std::unique_ptr<job_failures> failures;  // before pulse, which holds it
   std::unique_ptr<collectives> comm;
+  std::unique_ptr<collectives> host_comm;  // set when comm's backend is not Gloo
   std::unique_ptr<heartbeat> pulse;  // after the store: stops beating before the store goes
 };
 
@@ -276,15 +293,16 @@ runtime::runtime(const launch_env& env) : state_(std::make_shared<state>()) {
   s.store = rendezvous(env);
   s.group = c10::make_intrusive<c10d::ProcessGroup>(s.store, env.rank, env.world_size);
   c10::intrusive_ptr<c10d::Backend> device_backend;
+  c10::intrusive_ptr<c10d::Backend> gloo;
   try {
-    auto gloo = make_gloo(s.store, env, env.rank, env.world_size);
+    gloo = make_gloo(s.store, env, env.rank, env.world_size);
     s.group->setBackend(c10::kCPU, c10d::ProcessGroup::BackendType::GLOO, gloo);
     // Gloo over CUDA tensors (several ranks sharing a GPU): the Reducer's buckets go to Gloo too.
     if (s.device.is_cuda()) s.group->setBackend(c10::kCUDA, c10d::ProcessGroup::BackendType::GLOO, gloo);
     device_backend = gloo;
 #ifdef LOOM_HAVE_NCCL
     if (s.backend == backend_kind::nccl) {
-      device_backend = make_nccl(s.store, env, env.rank, env.world_size);
+      device_backend = make_nccl(s.store, env, env.rank, env.world_size, "world", s.device);
       s.group->setBackend(c10::kCUDA, c10d::ProcessGroup::BackendType::NCCL, device_backend);
     }
 #endif
@@ -299,6 +317,10 @@ runtime::runtime(const launch_env& env) : state_(std::make_shared<state>()) {
   s.comm = std::make_unique<collectives>(device_backend, env.rank, env.world_size,
                                          /*stage_through_host=*/s.backend == backend_kind::gloo && s.device.is_cuda(),
                                          &s.progress);
+  if (s.backend == backend_kind::nccl) {
+    s.host_comm = std::make_unique<collectives>(gloo, env.rank, env.world_size, /*stage_through_host=*/false,
+                                                &s.progress, collective_group{"host", all_ranks(env.world_size)});
+  }
   s.failures->watch(s.store, s.progress);
   s.pulse = std::make_unique<heartbeat>(s.store, env.rank, env.world_size, s.progress, *s.failures, env.hang_check);
 }
@@ -312,6 +334,7 @@ c10::Device runtime::device() const noexcept { return state_->device; }
 std::chrono::milliseconds runtime::timeout() const noexcept { return state_->env.timeout; }
 const launch_env& runtime::env() const noexcept { return state_->env; }
 collectives& runtime::comm() const noexcept { return *state_->comm; }
+collectives& runtime::host_comm() const noexcept { return state_->host_comm ? *state_->host_comm : *state_->comm; }
 job_progress& runtime::progress() const noexcept { return state_->progress; }
 job_failures& runtime::failures() const noexcept { return *state_->failures; }
 const c10::intrusive_ptr<c10d::ProcessGroup>& runtime::process_group() const noexcept { return state_->group; }

@@ -2,12 +2,14 @@
 
 #include <loom/runtime/text.hpp>
 
+#include <ATen/ATen.h>
 #include <torch/nn/module.h>
-#include <torch/nn/utils/clip_grad.h>
 #include <torch/types.h>
 
 #include <fmt/format.h>
 
+#include <cmath>
+#include <map>
 #include <stdexcept>
 #include <vector>
 
@@ -19,8 +21,45 @@ std::vector<at::Tensor> trainable_tensors(const strategy_context& context) {
   return tensors;
 }
 
-double clip_local_grad_norm(const std::vector<at::Tensor>& parameters, double max_norm, double norm_type) {
-  return torch::nn::utils::clip_grad_norm_(parameters, max_norm, norm_type);
+namespace {
+
+bool infinite(double norm_type) { return std::isinf(norm_type) && norm_type > 0; }
+
+// The gradients of `parameters` that exist, by dtype: what one foreach kernel takes.
+std::map<at::ScalarType, std::vector<at::Tensor>> grads_by_dtype(const std::vector<at::Tensor>& parameters) {
+  std::map<at::ScalarType, std::vector<at::Tensor>> grads;
+  for (const at::Tensor& p : parameters) {
+    if (p.grad().defined()) grads[p.grad().scalar_type()].push_back(p.grad());
+  }
+  return grads;
+}
+
+}  // namespace
+
+at::Tensor grad_norm_part(const std::vector<at::Tensor>& parameters, double norm_type, c10::Device device) {
+  const bool infinity = infinite(norm_type);
+  at::Tensor part = at::zeros({}, at::TensorOptions(at::kDouble).device(device));
+  for (const auto& [dtype, grads] : grads_by_dtype(parameters)) {
+    const at::Tensor norms = at::stack(at::_foreach_norm(grads, norm_type)).to(at::kDouble);
+    part = infinity ? at::maximum(part, norms.max()) : part + norms.pow(norm_type).sum();
+  }
+  return part;
+}
+
+at::Tensor grad_norm_of(const at::Tensor& part, double norm_type) {
+  return infinite(norm_type) ? part : part.pow(1.0 / norm_type);
+}
+
+void scale_grads_to(const std::vector<at::Tensor>& parameters, double max_norm, const at::Tensor& norm) {
+  const at::Tensor factor = (max_norm / (norm + 1e-6)).clamp_max(1.0);
+  for (auto& [dtype, grads] : grads_by_dtype(parameters)) at::_foreach_mul_(grads, factor.to(dtype));
+}
+
+at::Tensor clip_local_grad_norm(const std::vector<at::Tensor>& parameters, double max_norm, double norm_type,
+                                c10::Device device) {
+  const at::Tensor norm = grad_norm_of(grad_norm_part(parameters, norm_type, device), norm_type);
+  scale_grads_to(parameters, max_norm, norm);
+  return norm;
 }
 
 void require_no_strategy_state(std::string_view engine_name, const tensor_state& state) {

@@ -76,56 +76,39 @@ void fsdp_engine::describe_layout(strategy_context& context) const {
 
 void fsdp_engine::before_forward(strategy_context&) { state_->begin_step(); }
 
+const std::vector<std::size_t>& fsdp_engine::issued_entries() const { return state_->issued_entries(); }
+
 void fsdp_engine::after_backward(strategy_context&) { state_->end_backward(); }
 
 std::vector<at::Tensor> fsdp_engine::optimizer_parameters(const strategy_context&) const {
   return state_->optimizer_order();
 }
 
-double fsdp_engine::clip_grad_norm(strategy_context& context, double max_norm, double norm_type) {
+at::Tensor fsdp_engine::clip_grad_norm(strategy_context& context, double max_norm, double norm_type) {
   const bool infinity = std::isinf(norm_type) && norm_type > 0;
-  if (!infinity && norm_type != 2.0) {
-    throw_error<std::invalid_argument>(
-        "fsdp(): clip_grad_norm supports norm_type 2 and infinity (std::numeric_limits<double>::infinity()), "
-        "got {}",
-        norm_type);
-  }
   // Shards add up across a shard group (its replicas hold the same ones); the replicated adapters,
-  // identical on every rank, count once.
-  const auto contribution = [&](const at::Tensor& grad) {
-    return infinity ? grad.abs().max().to(at::kDouble) : grad.to(at::kDouble).square().sum();
-  };
-  const auto on_device = at::TensorOptions(at::kDouble).device(context.rt().device());
-  at::Tensor sharded = at::zeros({1}, on_device);
+  // identical on every rank, count once. All of it on the device: the host reads nothing.
+  const c10::Device device = context.rt().device();
+  std::vector<at::Tensor> shards;
   state_->for_each_group([&](const param_group& group) {
-    for (const sharded_param& p : group.params()) {
-      const at::Tensor& grad = p.shard().grad();
-      if (!grad.defined()) continue;
-      sharded = infinity ? at::maximum(sharded, contribution(grad)) : sharded + contribution(grad);
-    }
+    for (const sharded_param& p : group.params()) shards.push_back(p.shard());
   });
-  double total = 0;
-  collectives& shards = state_->comm();
+  at::Tensor sharded = hooks::grad_norm_part(shards, norm_type, device).reshape({1});
+  collectives& shard_group = state_->comm();
   if (infinity) {
-    at::Tensor all = at::empty({shards.world_size()}, on_device);
-    shards.all_gather(sharded, all).wait();
-    total = all.max().item<double>();
+    at::Tensor all = at::empty({shard_group.world_size()}, sharded.options());
+    shard_group.all_gather(sharded, all).wait();
+    sharded = all.max();
   } else {
-    shards.all_reduce(sharded, reduce_op::sum).wait();
-    total = sharded.item<double>();
+    shard_group.all_reduce(sharded, reduce_op::sum).wait();
+    sharded = sharded.reshape({});
   }
-  for (const named_tensor& a : state_->adapters().tensors()) {
-    if (!a.tensor.grad().defined()) continue;
-    const double part = contribution(a.tensor.grad()).item<double>();
-    total = infinity ? std::max(total, part) : total + part;
-  }
-  const double norm = infinity ? total : std::sqrt(total);
-  const double scale = max_norm / (norm + 1e-6);
-  if (scale < 1) {
-    for (at::Tensor& t : optimizer_parameters(context)) {
-      if (t.grad().defined()) t.mutable_grad().mul_(scale);
-    }
-  }
+  std::vector<at::Tensor> adapters;
+  for (const named_tensor& a : state_->adapters().tensors()) adapters.push_back(a.tensor);
+  const at::Tensor replicated = hooks::grad_norm_part(adapters, norm_type, device);
+  const at::Tensor norm =
+      hooks::grad_norm_of(infinity ? at::maximum(sharded, replicated) : sharded + replicated, norm_type);
+  hooks::scale_grads_to(optimizer_parameters(context), max_norm, norm);
   return norm;
 }
 

@@ -4,6 +4,7 @@
 #include <loom/io/optimizer_state.hpp>
 #include <loom/runtime/collectives.hpp>
 #include <loom/runtime/failures.hpp>
+#include <loom/runtime/host_reads.hpp>
 #include <loom/runtime/text.hpp>
 
 #include <ATen/ATen.h>
@@ -160,40 +161,62 @@ void train_session::begin_step(std::int64_t step, torch::optim::Optimizer& optim
   }
 }
 
-// Issued before the last backward so that it is under way while the backward computes, not a
-// round trip of its own after it; a signal that arrives after this point stops the next step.
-void train_session::share_loss(double loss_sum) {
-  shared_loss_ =
-      at::tensor({loss_sum / options_.accumulate, stop_signal.load() != 0 ? 1.0 : 0.0}, at::kDouble).to(rt_.device());
+// The slots of tracked_.
+enum tracked_slot : std::int64_t { loss_since_log, step_mean, rank_mean, first_bad_step, first_bad_loss, norm, slots };
+
+// Issued before the last backward so that they are under way while the backward computes, not a
+// round trip of their own after it; a signal that arrives after this point stops the next step.
+void train_session::share_loss(const at::Tensor& loss_sum) {
+  shared_loss_ = (loss_sum.to(at::kDouble) / options_.accumulate).reshape({1});
+  if (!tracked_.defined()) tracked_ = at::zeros({slots}, shared_loss_.options());
+  tracked_[rank_mean].copy_(shared_loss_[0]);
   loss_reduction_ = rt_.comm().all_reduce(shared_loss_, reduce_op::sum);
+  stop_ = at::full({1}, stop_signal.load() != 0 ? 1 : 0, at::kInt);
+  stop_reduction_ = rt_.host_comm().all_reduce(stop_, reduce_op::sum);
 }
 
-void train_session::end_step(std::int64_t step, std::optional<double> grad_norm) {
+void train_session::end_step(std::int64_t step, const at::Tensor& grad_norm, bool report) {
+  stop_reduction_.wait();
+  preempted_ = stop_.item<int>() > 0;
   loss_reduction_.wait();
-  const at::Tensor shared = shared_loss_.cpu();
-  const double loss = shared[0].item<double>() / rt_.world_size();
-  if (!std::isfinite(loss)) {
-    throw_error<std::runtime_error>(
-        "train: the loss of step {} is {} (averaged over the ranks); the run stops before that step's "
-        "update, and the newest checkpoint in '{}' is the last good state",
-        step, loss, (options_.out / "checkpoints").string());
-  }
-  preempted_ = shared[1].item<double>() > 0;
-  last_loss_ = loss;
-  grad_norm_ = grad_norm;
-  step_ms_ = seconds_between(step_started_, steady::now()) * 1e3;
-  loss_since_log_ += loss;
+  // The step's record, kept on the device.
+  const at::Tensor mean = shared_loss_[0] / rt_.world_size();
+  const at::Tensor first_bad = at::logical_and(mean.isfinite().logical_not(), tracked_[first_bad_step] == 0);
+  tracked_[loss_since_log].add_(mean);
+  tracked_[step_mean].copy_(mean);
+  tracked_[first_bad_loss].copy_(at::where(first_bad, mean, tracked_[first_bad_loss]));
+  tracked_[first_bad_step].masked_fill_(first_bad, static_cast<double>(step));
+  if (grad_norm.defined()) tracked_[norm].copy_(grad_norm);
   ++steps_since_log_;
   ++steps_this_run_;
+  step_ms_ = seconds_between(step_started_, steady::now()) * 1e3;
   const bool by_steps = step % options_.log_every == 0 || step == options_.steps || step == first_logged_step_;
   const bool by_time = seconds_between(last_progress_, steady::now()) >= options_.log_seconds;
-  if (by_steps || by_time || preempted_) log(step);
+  const bool logged = by_steps || by_time || preempted_;
+  if (logged || report || checkpoint_due(step)) read_losses(step, grad_norm.defined());
+  if (logged) log(step);
+}
+
+void train_session::read_losses(std::int64_t step, bool with_norm) {
+  const at::Tensor host = read_on_host(rt_.progress(), tracked_);
+  const auto* values = host.const_data_ptr<double>();
+  if (values[first_bad_step] != 0) {
+    throw_error<std::runtime_error>(
+        "train: the loss of step {} is {} (averaged over the ranks); the run stops before the update of step {}, "
+        "and the newest checkpoint in '{}' is the last good state",
+        static_cast<std::int64_t>(values[first_bad_step]), values[first_bad_loss], step,
+        (options_.out / "checkpoints").string());
+  }
+  loss_since_log_ = values[loss_since_log];
+  step_loss_ = values[step_mean];
+  rank_loss_ = values[rank_mean];
+  grad_norm_ = with_norm ? std::optional(values[norm]) : std::nullopt;
 }
 
 void train_session::record_eval(std::int64_t step, const at::Tensor& loss) {
   at::Tensor mean = loss.detach().to(at::kDouble).reshape({1}).to(rt_.device());
   rt_.comm().all_reduce(mean, reduce_op::mean).wait();
-  eval_loss_ = mean.cpu().item<double>();
+  eval_loss_ = read_on_host(rt_.progress(), mean).item<double>();
   if (rt_.rank() != 0) return;
   fmt::print("{}{}eval at step {}/{}  loss {:.3f}\n", options_.name, options_.name.empty() ? "" : " ", step,
              options_.steps, *eval_loss_);
@@ -219,12 +242,12 @@ void train_session::log(std::int64_t step) {
   const double elapsed = seconds_between(started_, now);
   const double per_step = elapsed / static_cast<double>(std::max<std::int64_t>(steps_this_run_, 1));
   const double mean_loss = loss_since_log_ / static_cast<double>(steps_since_log_);
+  tracked_[loss_since_log].zero_();
   const double tokens_per_s =
       options_.tokens_per_micro_batch > 0 && step_ms_ > 0
           ? static_cast<double>(options_.tokens_per_micro_batch * options_.accumulate * rt_.world_size()) /
                 (step_ms_ / 1e3)
           : 0.0;
-  loss_since_log_ = 0;
   steps_since_log_ = 0;
   last_progress_ = now;
   if (rt_.rank() != 0) return;

@@ -1,4 +1,4 @@
-// expect: loom R14: the strategy's clip_grad_norm does not match the hook of that name: declare it as double
+// expect: loom R14: the strategy's clip_grad_norm does not match the hook of that name: declare it as at::Tensor
 // A user-written strategy's clip_grad_norm without norm_type: the job cannot call it, and used to fall
 // back in silence to the local norm.
 #include <loom/loom.hpp>
@@ -14,9 +14,9 @@ struct clipped {
   void before_forward(loom::strategy_context&) {}
   void after_backward(loom::strategy_context&) {}
 #ifdef LOOM_CF_PASS
-  double clip_grad_norm(loom::strategy_context&, double, double) { return 0; }
+  at::Tensor clip_grad_norm(loom::strategy_context&, double, double) { return {}; }
 #else
-  double clip_grad_norm(loom::strategy_context&, double) { return 0; }
+  at::Tensor clip_grad_norm(loom::strategy_context&, double) { return {}; }
 #endif
 };
 

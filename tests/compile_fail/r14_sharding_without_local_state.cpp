@@ -15,7 +15,7 @@ struct zero3 {
   void before_forward(loom::strategy_context&) {}
   void after_backward(loom::strategy_context&) {}
   std::vector<at::Tensor> optimizer_parameters(const loom::strategy_context&) const { return {}; }
-  double clip_grad_norm(loom::strategy_context&, double, double) { return 0; }
+  at::Tensor clip_grad_norm(loom::strategy_context&, double, double) { return {}; }
   void with_full_parameters(loom::strategy_context&, const std::function<void()>& change) { change(); }
   loom::tensor_state full_state(loom::strategy_context&) { return {}; }
   void load_full_state(loom::strategy_context&, const loom::tensor_state&) {}

@@ -229,8 +229,8 @@ TEST_CASE("hybrid sharding's clip_grad_norm counts each shard once", "[hsdp][cli
   const batch b = data(0);
   with_out.backward(torch::mse_loss(with_out.forward(b.x), b.y));
   hybrid_job.backward(torch::mse_loss(hybrid_job.forward(my_rows(b.x)), my_rows(b.y)));
-  const double expected = with_out.clip_grad_norm(0.01, p);
-  const double actual = hybrid_job.clip_grad_norm(0.01, p);
+  const double expected = with_out.clip_grad_norm(0.01, p).item<double>();
+  const double actual = hybrid_job.clip_grad_norm(0.01, p).item<double>();
   CHECK(std::abs(actual - expected) <= 1e-6 * expected);
 }
 

@@ -175,7 +175,7 @@ TEST_CASE("loom::optim::AdamW's files load into torch::optim::AdamW and back, an
     check_same(reloaded, reloaded_params, reference, reference_params);
   }
   // Its state is torch's AdamW state, so an asynchronous checkpoint copies it as it copies torch's.
-  CHECK(loom::copied_state(*fused.state().begin()->second) != nullptr);
+  CHECK(loom::copied_state(*fused.state().begin()->second, [](const at::Tensor& t) { return t.clone(); }) != nullptr);
 }
 
 TEST_CASE("loom::optim::AdamW refuses a sparse gradient and a parameter it cannot step in place") {

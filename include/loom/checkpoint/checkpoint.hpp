@@ -17,6 +17,7 @@
 // loom/io/checksum.hpp) and the manifest against its own: a damaged or replaced newest checkpoint
 // is set aside and the run falls back to the one before it, every rank agreeing which.
 
+#include <loom/checkpoint/staging.hpp>
 #include <loom/io/checksum.hpp>
 #include <loom/runtime/runtime.hpp>
 #include <loom/runtime/tensors.hpp>
@@ -146,6 +147,8 @@ class checkpointer {
   // Every rank calls it: blocks until the save in flight, if any, is complete, or throws as poll().
   void wait();
   [[nodiscard]] bool saving() const noexcept { return in_flight_ != nullptr; }
+  // Where saves stage this rank's state on the host, kept from one save to the next (host_staging).
+  [[nodiscard]] std::vector<const void*> staging_addresses() const { return staging_.addresses(); }
 
   // The newest complete checkpoint's folder, if any.
   [[nodiscard]] std::optional<std::filesystem::path> latest() const;
@@ -199,6 +202,7 @@ class checkpointer {
 
   runtime rt_;
   checkpoint_options options_;
+  host_staging staging_;
   struct save_in_flight;
   std::unique_ptr<save_in_flight> in_flight_;
 };

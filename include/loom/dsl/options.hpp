@@ -14,8 +14,8 @@ namespace loom {
 // name each has in describe() and in a run file, and the member. describe(), the run-file reader and
 // its messages all read that list, so an option is one line in one place.
 // What an option changes. A checkpoint resumes only under the same `state` options (what training
-// computes and holds), but under any `layout` ones: those place the same state differently across
-// the ranks (fsdp's shard group size), as the world size does.
+// computes and holds), but under any `layout` ones: those place or move the same state differently
+// across the ranks (fsdp's shard group size, whether it accumulates sharded), as the world size does.
 enum class option_role { state, layout };
 
 template <class Options, class T>

@@ -80,11 +80,19 @@ struct fsdp_options {
   bool reshard_after_forward = true;  // free the gathered parameters after forward, gather again for backward
   std::size_t bucket_cap_mb = 25;     // the replicated adapters' gradient all-reduce, as ddp()'s buckets
   std::int64_t shard_group_size = every_rank;
+  // Inside job.no_sync() (every micro-batch but the last of loom::train's accumulation): false
+  // reduce-scatters each micro-batch's gradients into the shards, so that a rank never holds more than
+  // a unit or two of whole gradients, and leaves only the all-reduces across replicas for the last
+  // (FSDP2's default, set_requires_all_reduce(False)); true keeps the whole model's gradients unsharded
+  // until the last micro-batch, one reduce-scatter a step instead of one a micro-batch, for jobs whose
+  // bandwidth is scarcer than memory (FSDP2's set_requires_gradient_sync(False)).
+  bool accumulate_unsharded = false;
 
   static constexpr auto fields() {
     return std::tuple{option_field{"reshard_after_forward", &fsdp_options::reshard_after_forward},
                       option_field{"bucket_cap_mb", &fsdp_options::bucket_cap_mb},
-                      option_field{"shard_group_size", &fsdp_options::shard_group_size, option_role::layout}};
+                      option_field{"shard_group_size", &fsdp_options::shard_group_size, option_role::layout},
+                      option_field{"accumulate_unsharded", &fsdp_options::accumulate_unsharded, option_role::layout}};
   }
 };
 

@@ -5,6 +5,7 @@
 #include <ATen/core/ivalue.h>
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <utility>
@@ -22,11 +23,11 @@ using optimizer_fields = std::vector<std::pair<std::string, c10::IValue>>;
 [[nodiscard]] optimizer_fields state_fields(const torch::optim::OptimizerParamState& state);
 void set_state_fields(torch::optim::OptimizerParamState& state, const optimizer_fields& fields);
 
-// A copy of `state` in tensors of its own, which the optimizer's next steps leave alone: for the
-// states of torch::optim's Adam, AdamW, SGD, Adagrad and RMSprop, tensor by tensor; nullptr for any
-// other, whose fields only its serialisation knows.
+// A copy of `state` in tensors of its own, which the optimizer's next steps leave alone, each made
+// by `copy` (a save's host staging): for the states of torch::optim's Adam, AdamW, SGD, Adagrad and
+// RMSprop, tensor by tensor; nullptr for any other, whose fields only its serialisation knows.
 [[nodiscard]] std::unique_ptr<torch::optim::OptimizerParamState> copied_state(
-    const torch::optim::OptimizerParamState& state);
+    const torch::optim::OptimizerParamState& state, const std::function<at::Tensor(const at::Tensor&)>& copy);
 
 // The bytes of every tensor in the optimizer's state (moments, buffers), on this rank.
 [[nodiscard]] std::int64_t optimizer_state_bytes(const torch::optim::Optimizer& optimizer);

@@ -302,8 +302,10 @@ class job {
   // view of a bucket refuses.
   void zero_grad(bool set_to_none = true) { detail::job_core::zero_grad(trainable_parameters(), set_to_none); }
 
-  // The global gradient norm (before clipping), as torch::nn::utils::clip_grad_norm_ returns it.
-  double clip_grad_norm(double max_norm, double norm_type = 2.0) {
+  // Clips the gradients to a global p-norm of at most max_norm and returns the norm before clipping,
+  // as torch.nn.utils.clip_grad_norm_ does: a 0-d tensor on the job's device, computed there, so the
+  // host does not wait for it (read it with .item() when it is logged).
+  at::Tensor clip_grad_norm(double max_norm, double norm_type = 2.0) {
     return hooks::clip_grad_norm(engine_, core_.context(), max_norm, norm_type);
   }
 

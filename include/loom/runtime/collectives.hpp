@@ -16,6 +16,7 @@
 namespace c10d {
 class Backend;
 class Work;
+struct ReduceOp;
 }  // namespace c10d
 
 namespace loom {
@@ -39,13 +40,16 @@ class [[nodiscard]] pending_collective {
  public:
   pending_collective();  // nothing to wait for
   explicit pending_collective(c10::intrusive_ptr<c10d::Work> work, std::function<void()> then = {},
-                              collective_label label = {});
+                              collective_label label = {}, bool device_ordered = false);
   ~pending_collective();
   pending_collective(pending_collective&&) noexcept;
   pending_collective& operator=(pending_collective&&) noexcept;
 
   void wait();
   [[nodiscard]] bool is_completed() const;
+  // wait() when that does not stop the host: always where the backend orders its work on the device
+  // (NCCL: the current stream waits, and the collective's inputs are let go), once it is done elsewhere.
+  void settle();
   // This collective, then `next` once it is done (after its own completion step).
   [[nodiscard]] pending_collective and_then(std::function<void()> next) &&;
 
@@ -53,6 +57,7 @@ class [[nodiscard]] pending_collective {
   c10::intrusive_ptr<c10d::Work> work_;
   std::function<void()> then_;
   collective_label label_;
+  bool device_ordered_ = false;
 };
 
 class collectives {
@@ -71,8 +76,13 @@ class collectives {
   [[nodiscard]] int rank() const noexcept { return rank_; }
   [[nodiscard]] int world_size() const noexcept { return world_size_; }
 
-  // In place. mean sums, then divides the sum by the world size once it is there (as c10d's AVG,
-  // which FSDP2 reduces with): dividing first would round every rank's part before the sum.
+  // Whether the backend orders its collectives on the device (NCCL), so that waiting on one makes
+  // the device wait and the host goes on.
+  [[nodiscard]] bool device_ordered() const noexcept { return device_ordered_; }
+
+  // In place. mean is c10d's AVG where the backend has it (NCCL, in one kernel, as FSDP2 reduces);
+  // elsewhere a sum divided by the world size once it is there: dividing first would round every
+  // rank's part before the sum.
   pending_collective all_reduce(at::Tensor& tensor, reduce_op op = reduce_op::sum);
   pending_collective broadcast(at::Tensor& tensor, int root = 0);
 
@@ -96,8 +106,10 @@ class collectives {
 
  private:
   pending_collective emulated_reduce_scatter(const at::Tensor& padded, at::Tensor& shard);
-  // What finishes a mean once the sum is in `sum`; nothing for a sum.
+  // What finishes a mean once the sum is in `sum`; nothing for a sum, or a mean the backend averages.
   [[nodiscard]] std::function<void()> divided_after(const at::Tensor& sum, reduce_op op) const;
+  // The backend's reduction for `op`.
+  [[nodiscard]] c10d::ReduceOp backend_op(reduce_op op) const;
   // `work`, issued now as this rank's next collective, an `op` of `tensor`.
   pending_collective issued(c10::intrusive_ptr<c10d::Work> work, std::string_view op, const at::Tensor& tensor,
                             std::function<void()> then = {});
@@ -109,6 +121,7 @@ class collectives {
   int rank_;
   int world_size_;
   bool stage_through_host_;
+  bool device_ordered_ = false;
   bool emulate_reduce_scatter_ = false;
   job_progress* progress_;
   collective_group group_;

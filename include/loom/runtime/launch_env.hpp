@@ -9,6 +9,7 @@
 #include <stdexcept>
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace loom {
 
@@ -72,5 +73,20 @@ using env_lookup = std::function<std::optional<std::string>(const char* name)>;
 // LOOM_HANG_CHECK_S and TORCH_SHOW_CPP_STACKTRACES.
 // None of the launcher's variables set means a single process. Throws launch_error.
 [[nodiscard]] launch_env parse_launch_env(const env_lookup& lookup = process_env);
+
+// A variable of the process environment, and the value loom gives it.
+struct environment_setting {
+  std::string name;
+  std::string value;
+  friend bool operator==(const environment_setting&, const environment_setting&) = default;
+};
+
+// ProcessGroupNCCL's own safety nets, set from loom's settings for those variables the user left
+// unset (a user's value is kept): errors handled asynchronously (a collective past the timeout ends
+// the process, which loom-run sees), the flight recorder's ring of the last collectives and its dump
+// when one times out, and the watchdog's monitor, given the timeout and a minute more to report.
+// Read when a ProcessGroupNCCL is made, so they are set before the first one.
+[[nodiscard]] std::vector<environment_setting> nccl_environment(const launch_env& env,
+                                                                const env_lookup& lookup = process_env);
 
 }  // namespace loom

@@ -46,6 +46,9 @@ enum class wait_kind : std::uint8_t {
   none,
   collective,  // in the wait of one of loom's own collectives
   part,        // in a forward or backward whose collectives the strategy waits on inside it (ddp's Reducer)
+  host_read,   // reading a device tensor on the host: blocked until the device has run every collective
+               // issued before it (NCCL's wait returns at once; this is where the host stops), the last of
+               // which the snapshot names
 };
 
 struct progress_snapshot {
@@ -53,10 +56,12 @@ struct progress_snapshot {
   wait_kind waiting = wait_kind::none;
   std::chrono::milliseconds waited{0};
   std::int64_t collective = 0;  // the collective waited on: its number in its group's order of issue
+                                // (a host read: the last one issued; 0 when none was)
   std::string what;             // "all_reduce Float[1]", or the part's collectives
   collective_group group;       // the collective's
 
-  // "all_reduce Float[1] after pass 3", "reduce_scatter Float[8] over shard.1 in the backward of pass 2"
+  // "all_reduce Float[1] after pass 3", "reduce_scatter Float[8] over shard.1 in the backward of pass 2",
+  // "a host read after all_reduce Float[2] in the backward of pass 2"
   [[nodiscard]] std::string where() const;
   friend bool operator==(const progress_snapshot&, const progress_snapshot&) = default;
 };
@@ -68,6 +73,17 @@ struct progress_snapshot {
 // A position alone, as a rank that leaves records it.
 [[nodiscard]] std::string encode_position(const job_position& at);
 [[nodiscard]] std::optional<job_position> decode_position(std::string_view text);
+
+// How many times loom read a device tensor on the host (loom/runtime/host_reads.hpp), by the part of
+// the pass the rank was in.
+struct host_read_counts {
+  std::int64_t forward = 0;
+  std::int64_t backward = 0;
+  std::int64_t between = 0;
+
+  [[nodiscard]] std::int64_t total() const noexcept { return forward + backward + between; }
+  friend bool operator==(const host_read_counts&, const host_read_counts&) = default;
+};
 
 class job_progress {
   struct waited_collective {
@@ -100,6 +116,24 @@ class job_progress {
     clock::time_point outer_since_;
   };
 
+  // Collective number `number` of `group` was issued, described by `what`: what a host read that
+  // follows waits on, for the hang check.
+  void issued(std::int64_t number, std::string what, collective_group group);
+
+  // A read of a device tensor on the host, from construction to destruction: counted in its part of
+  // the pass, and marked as a wait on the last collective issued.
+  class [[nodiscard]] host_read_scope {
+   public:
+    explicit host_read_scope(job_progress& tracker);
+    ~host_read_scope();
+    host_read_scope(const host_read_scope&) = delete;
+    host_read_scope& operator=(const host_read_scope&) = delete;
+
+   private:
+    job_progress& tracker_;
+  };
+  [[nodiscard]] host_read_counts host_reads() const;
+
   [[nodiscard]] progress_snapshot snapshot(clock::time_point now = clock::now()) const;
 
  private:
@@ -110,6 +144,9 @@ class job_progress {
   clock::time_point part_since_;
   std::optional<waited_collective> collective_;
   clock::time_point collective_since_;
+  std::optional<waited_collective> last_issued_;
+  bool reading_ = false;  // collective_ is the last issued one, waited on by a host read
+  host_read_counts host_reads_;
 };
 
 }  // namespace loom

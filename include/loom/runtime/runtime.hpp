@@ -43,6 +43,9 @@ class runtime {
   [[nodiscard]] const launch_env& env() const noexcept;
 
   [[nodiscard]] collectives& comm() const noexcept;
+  // Collectives over host (CPU) tensors, through Gloo: what the ranks agree on without a read of the
+  // device (whether to stop, whether a background save is done). comm() itself unless it is NCCL's.
+  [[nodiscard]] collectives& host_comm() const noexcept;
   // Where this rank is in its job, which the heartbeat publishes for the hang check: a job marks
   // its passes, the collectives their waits.
   [[nodiscard]] job_progress& progress() const noexcept;

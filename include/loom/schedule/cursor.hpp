@@ -13,29 +13,48 @@
 #include <loom/schedule/schedule.hpp>
 
 #include <cstddef>
+#include <cstdint>
 #include <functional>
 #include <string>
 #include <vector>
 
 namespace loom {
 
+// How far a pass synchronises gradients, and so which of its collectives it issues: every pass
+// issues the ones that need no more than it does. A gather is needed by every pass; under fsdp() a
+// reduce-scatter by every backward but those that accumulate unsharded; an all-reduce of gradients
+// across replicas (hybrid sharding's, the replicated adapters') only by the backward before the
+// optimizer's step.
+enum class gradient_sync : std::uint8_t {
+  none,      // job.no_sync() keeping whole gradients: nothing reduced
+  shards,    // job.no_sync() under fsdp(): gradients reduce-scattered into the shards, not yet across replicas
+  replicas,  // every reduction: the backward before the optimizer's step
+};
+
 class schedule_cursor {
  public:
   using issue_fn = std::function<void()>;
 
-  // Appends `entries` to `schedule`, issued together by `issue`; returns the index to ask for.
-  // A gradient-sync collective (a reduce-scatter or all-reduce of gradients) is left out of a step
-  // under no_sync.
+  // Appends `entries` to `schedule`, issued together by `issue`, in a pass that synchronises at
+  // least `needs`; returns the index to ask for.
   std::size_t declare(collective_schedule& schedule, std::vector<schedule_entry> entries, issue_fn issue,
-                      bool gradient_sync);
+                      gradient_sync needs);
 
   // The next step starts from the first declared collective.
-  void begin_step() noexcept { next_ = 0; }
-  // Issues, in order, every declared collective up to and including `index` not yet issued in this step.
-  void issue_through(std::size_t index, bool sync_gradients);
+  void begin_step() noexcept {
+    next_ = 0;
+    issued_entries_.clear();
+  }
+  // Issues, in order, every declared collective up to and including `index` not yet issued in this
+  // step, of those a pass that synchronises `sync` needs; passes over the others.
+  void issue_through(std::size_t index, gradient_sync sync);
   // Issues the rest of the step's collectives.
-  void issue_rest(bool sync_gradients);
+  void issue_rest(gradient_sync sync);
   [[nodiscard]] bool issued(std::size_t index) const noexcept { return index < next_; }
+
+  // The schedule entries issued in this step, by index, in the order of issue: what a test compares
+  // across ranks and runs.
+  [[nodiscard]] const std::vector<std::size_t>& issued_entries() const noexcept { return issued_entries_; }
 
   // "entry #3 (all_gather forward, 1024 B: blocks.1.ln.weight ... blocks.1.mlp.bias)": its first
   // schedule entry, for messages.
@@ -44,11 +63,14 @@ class schedule_cursor {
  private:
   struct declared_collective {
     issue_fn issue;
-    bool gradient_sync = false;
+    gradient_sync needs = gradient_sync::none;
     std::string text;
+    std::size_t first_entry = 0;  // its entries' indices in the schedule
+    std::size_t entries = 0;
   };
   std::vector<declared_collective> declared_;
   std::size_t next_ = 0;
+  std::vector<std::size_t> issued_entries_;
 };
 
 }  // namespace loom

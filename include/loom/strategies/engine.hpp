@@ -13,7 +13,8 @@
 //   optional, with what the job does when the engine has none:
 //     void before_backward(strategy_context&, const at::Tensor& loss)        nothing
 //     std::vector<at::Tensor> optimizer_parameters(const strategy_context&)  the trainable parameters
-//     double clip_grad_norm(strategy_context&, double max, double p)  the local norm: replicas agree
+//     at::Tensor clip_grad_norm(strategy_context&, double max, double p)  the local norm: replicas agree
+//         the global norm before clipping, a 0-d tensor on the device: the host never waits for it
 //     void explain_forward_failure(strategy_context&, std::exception_ptr error)               nothing
 //         may throw a clearer error for what ended a forward (a unit used while sharded)
 //     void with_full_parameters(strategy_context&, const std::function<void()>& change)
@@ -86,7 +87,7 @@ concept overrides_optimizer_parameters = requires(const E& engine, const strateg
 };
 template <class E>
 concept overrides_clip_grad_norm = requires(E& engine, strategy_context& context, double max_norm, double p) {
-  { engine.clip_grad_norm(context, max_norm, p) } -> std::convertible_to<double>;
+  { engine.clip_grad_norm(context, max_norm, p) } -> std::convertible_to<at::Tensor>;
 };
 template <class E>
 concept overrides_explain_forward_failure = requires(E& engine, strategy_context& context, std::exception_ptr error) {
@@ -191,16 +192,26 @@ std::vector<at::Tensor> optimizer_parameters(const E& engine, const strategy_con
   }
 }
 
-// torch::nn::utils::clip_grad_norm_ over `parameters`: the global norm where every rank holds the
-// same gradients.
-double clip_local_grad_norm(const std::vector<at::Tensor>& parameters, double max_norm, double norm_type);
+// The gradients' p-norm, computed and applied on their device as torch.nn.utils.clip_grad_norm_
+// (foreach) does, without a read on the host.
+// What the gradients of `parameters` add to the norm (those without one add nothing): the sum of
+// their p-th powers, or for p = infinity their largest magnitude; a 0-d double tensor on `device`.
+[[nodiscard]] at::Tensor grad_norm_part(const std::vector<at::Tensor>& parameters, double norm_type,
+                                        c10::Device device);
+// The norm from a part, or from parts added up (or, for infinity, maxed) across tensors and ranks.
+[[nodiscard]] at::Tensor grad_norm_of(const at::Tensor& part, double norm_type);
+// Scales the gradients by min(1, max_norm / (norm + 1e-6)), the factor computed on the device.
+void scale_grads_to(const std::vector<at::Tensor>& parameters, double max_norm, const at::Tensor& norm);
+// The three over `parameters`, where every rank holds the same gradients: the global norm.
+at::Tensor clip_local_grad_norm(const std::vector<at::Tensor>& parameters, double max_norm, double norm_type,
+                                c10::Device device);
 
 template <Engine E>
-double clip_grad_norm(E& engine, strategy_context& context, double max_norm, double norm_type) {
+at::Tensor clip_grad_norm(E& engine, strategy_context& context, double max_norm, double norm_type) {
   if constexpr (overrides_clip_grad_norm<E>) {
     return engine.clip_grad_norm(context, max_norm, norm_type);
   } else {
-    return clip_local_grad_norm(optimizer_parameters(engine, context), max_norm, norm_type);
+    return clip_local_grad_norm(optimizer_parameters(engine, context), max_norm, norm_type, context.rt().device());
   }
 }
 

@@ -48,8 +48,11 @@ class fsdp_engine {
   // This rank's shards of the trainable sharded parameters and the replicated adapters, in the
   // module's registration order.
   [[nodiscard]] std::vector<at::Tensor> optimizer_parameters(const strategy_context& context) const;
-  // The global norm: shards summed across ranks, replicated adapters counted once; p = 2 or infinity.
-  double clip_grad_norm(strategy_context& context, double max_norm, double norm_type);
+  // The global norm, on the device: shards' parts added across ranks, replicated adapters counted once.
+  at::Tensor clip_grad_norm(strategy_context& context, double max_norm, double norm_type);
+  // The schedule entries the step under way issued so far, by index, in the order of issue: every
+  // communicator's collectives in one order, the same on every rank whatever the timing.
+  [[nodiscard]] const std::vector<std::size_t>& issued_entries() const;
   // A forward that read a parameter at rest went around loom::nn::Unit: says which unit.
   void explain_forward_failure(strategy_context& context, std::exception_ptr error);
   // Gathers every parameter, runs `change`, and keeps this rank's rows of the result.

@@ -15,16 +15,18 @@
 // learning rate of the step, and steps. The run resumes from the newest checkpoint in out/, writes
 // one, every checkpoint_every steps, at the end, and when SIGTERM, SIGUSR1 or SIGINT arrives (after the step
 // under way, on every rank), stops on a loss that is not finite, and logs to out/metrics.jsonl.
+// The losses and the norm stay on the device, and the host reads them once on the steps it logs or
+// checkpoints (and every step for on_step), so that on a GPU it runs ahead into the next steps.
 
 #include <loom/checkpoint/checkpoint.hpp>
 #include <loom/runtime/failpoints.hpp>
+#include <loom/runtime/host_reads.hpp>
 #include <loom/runtime/runtime.hpp>
 #include <loom/train/lr_schedule.hpp>
 
 #include <ATen/TensorOperators.h>
 #include <ATen/core/Tensor.h>
 #include <c10/core/GradMode.h>
-#include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <torch/optim/optimizer.h>
 
 #include <chrono>
@@ -109,14 +111,22 @@ class train_session {
   void announce(const resume_point& resumed) const;
   void begin_step(std::int64_t step, torch::optim::Optimizer& optimizer);
   // After the last micro-batch's forward, before its backward: `loss_sum` is this rank's summed
-  // micro-batch losses. Starts the step's one small all-reduce, which agrees with every rank on the
-  // step's mean loss and on whether to stop for a signal, so that it travels during the backward.
-  void share_loss(double loss_sum);
-  // After the step's backward (and clipping): waits for that all-reduce; throws on a loss that is
-  // not finite, naming the step.
-  void end_step(std::int64_t step, std::optional<double> grad_norm);
+  // micro-batch losses, on the device. Starts the step's two small all-reduces, so that they travel
+  // during the backward: the loss's mean over the ranks, on the device, and on the host whether any
+  // rank was asked to stop.
+  void share_loss(const at::Tensor& loss_sum);
+  // After the step's backward (and clipping, whose norm `grad_norm` is, on the device): waits for the
+  // stop; keeps the step's loss and norm on the device, and reads them on a step that is logged,
+  // checkpointed or the last, where the run stops, and every step with `report` (then they are in
+  // step_loss() and rank_loss()). Throws on a read that finds a loss that was not finite, naming the
+  // first such step: before the update of the step that read it, and before any checkpoint after it.
+  void end_step(std::int64_t step, const at::Tensor& grad_norm, bool report);
+  // The step's loss averaged over the ranks, and this rank's own: read at end_step(..., report = true).
+  [[nodiscard]] double step_loss() const noexcept { return step_loss_; }
+  [[nodiscard]] double rank_loss() const noexcept { return rank_loss_; }
   [[nodiscard]] bool preempted() const noexcept { return preempted_; }
-  [[nodiscard]] double last_loss() const noexcept { return last_loss_; }
+  // The last step's loss averaged over the ranks, as last read (the run's last step is always read).
+  [[nodiscard]] double last_loss() const noexcept { return step_loss_; }
   [[nodiscard]] bool checkpoint_due(std::int64_t step) const noexcept;
   [[nodiscard]] bool eval_due(std::int64_t step) const noexcept;
   // Averages this rank's eval loss over the ranks and logs it with the step.
@@ -127,6 +137,9 @@ class train_session {
 
  private:
   void prepare_run_folder();
+  // Reads what the device holds of the steps so far (one copy), at `step`, with its gradient norm or
+  // without; throws when a loss was not finite.
+  void read_losses(std::int64_t step, bool with_norm);
   void log(std::int64_t step);
   void write_metrics(const std::string& line) const;  // one JSON line, rank 0, when out/ is set
 
@@ -135,11 +148,16 @@ class train_session {
   std::unique_ptr<checkpointer> checkpoints_;
   std::int64_t first_logged_step_ = 0;
   std::chrono::steady_clock::time_point started_, step_started_, last_progress_;
-  double step_ms_ = 0, last_loss_ = 0, lr_ = 0, parameters_mb_ = 0, optimizer_mb_ = 0;
+  double step_ms_ = 0, lr_ = 0, parameters_mb_ = 0, optimizer_mb_ = 0;
   std::optional<double> grad_norm_, eval_loss_;
-  at::Tensor shared_loss_;  // {this rank's mean loss, whether it was asked to stop}, then summed
-  pending_collective loss_reduction_;
-  double loss_since_log_ = 0;
+  at::Tensor shared_loss_;  // this rank's mean loss of the step, then summed over the ranks (device)
+  at::Tensor stop_;         // whether this rank was asked to stop, then summed over the ranks (host)
+  pending_collective loss_reduction_, stop_reduction_;
+  // On the device, updated each step without a read: the losses summed since the last log, the step's
+  // mean loss and this rank's, the first step whose loss was not finite (0: none) and that loss, the
+  // step's gradient norm (tracked_slot).
+  at::Tensor tracked_;
+  double step_loss_ = 0, rank_loss_ = 0, loss_since_log_ = 0;
   std::int64_t steps_since_log_ = 0, steps_this_run_ = 0;
   bool preempted_ = false;
   struct signal_handlers;
@@ -161,11 +179,11 @@ train_result train(Job& job, torch::optim::Optimizer& optimizer, const train_fun
   for (std::int64_t step = result.first_step; step <= options.steps; ++step) {
     const auto step_started = std::chrono::steady_clock::now();
     session.begin_step(step, optimizer);
-    double loss_sum = 0;
+    at::Tensor loss_sum;
     for (int micro = 0; micro < options.accumulate; ++micro) {
       const auto run_micro_batch = [&] {
         const at::Tensor loss = functions.loss(step, micro);
-        loss_sum += loss.detach().item<double>();
+        loss_sum = loss_sum.defined() ? loss_sum + loss.detach() : loss.detach();
         if (micro + 1 == options.accumulate) session.share_loss(loss_sum);
         job.backward(loss / options.accumulate);
       };
@@ -176,22 +194,18 @@ train_result train(Job& job, torch::optim::Optimizer& optimizer, const train_fun
         run_micro_batch();
       }
     }
-    std::optional<double> norm;
+    at::Tensor norm;
     if (options.clip_norm) norm = job.clip_grad_norm(*options.clip_norm);
-    session.end_step(step, norm);  // throws on a loss that is not finite, before the update
+    session.end_step(step, norm, /*report=*/static_cast<bool>(functions.on_step));  // before the update
     failpoint("step.optimizer");
     optimizer.step();
     job.zero_grad(options.set_to_none);
     if (functions.on_step) {
       // The step's time includes its device work: wait for the kernels it queued.
-      if (const c10::Device device = job.rt().device(); !device.is_cpu()) {
-        c10::impl::getDeviceGuardImpl(device.type())->synchronizeDevice(device.index());
-      }
+      wait_for_device(job.rt().progress(), job.rt().device());
       const std::chrono::duration<double, std::milli> took = std::chrono::steady_clock::now() - step_started;
-      functions.on_step({.step = step,
-                         .loss = session.last_loss(),
-                         .rank_loss = loss_sum / options.accumulate,
-                         .step_ms = took.count()});
+      functions.on_step(
+          {.step = step, .loss = session.step_loss(), .rank_loss = session.rank_loss(), .step_ms = took.count()});
     }
     if (step == result.first_step) session.measure_memory(optimizer);
     result.last_step = step;

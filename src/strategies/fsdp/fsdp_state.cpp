@@ -67,37 +67,53 @@ void fsdp_state::shard(strategy_context& context) {
   declare_collectives(context.schedule());
 }
 
-void fsdp_state::issue_through(std::size_t collective) {
-  if (collective != unit_collectives::none) cursor_.issue_through(collective, context_->sync_gradients());
+gradient_sync fsdp_state::pass_sync() const noexcept {
+  if (context_->sync_gradients()) return gradient_sync::replicas;
+  return settings_.accumulate_unsharded ? gradient_sync::none : gradient_sync::shards;
 }
 
-// The collectives of a step, declared in the order every rank issues them; the schedule gets their
-// entries in that order. Forward: the root's gather, then each unit's (the first issued with the
-// root's, each next one prefetched during a unit's forward). Backward, as each unit's output
-// gradient is complete (its successor's backward done): the successor's reduce-scatter, then the
-// gather of the unit before it (prefetched; the last unit stays whole from its forward). After
-// backward: the first unit's and the root's reduce-scatters, and the adapters' all-reduces over
-// every rank. Under hybrid sharding each reduce-scatter's entries are followed by those of its
-// all-reduce across the replicas, which replica_cursor_ issues in that order once the
-// reduce-scatter is done.
+void fsdp_state::issue_through(std::size_t collective) {
+  if (collective != unit_collectives::none) cursor_.issue_through(collective, pass_sync());
+}
+
+// The collectives of a step, declared in the one order every rank issues them, over every
+// communicator; the schedule gets their entries in that order. Forward: the root's gather, then each
+// unit's (the first issued with the root's, each next one prefetched during a unit's forward).
+// Backward, as each unit's output gradient is complete (its successor's backward done): the
+// successor's reduce-scatter, then the gather of the unit before it (prefetched; the last unit stays
+// whole from its forward). After backward: the first unit's and the root's reduce-scatters, and the
+// adapters' all-reduces over every rank. Under hybrid sharding each reduce-scatter's all-reduce
+// across the replicas comes just before the next reduce-scatter, a unit's backward later, so that
+// the two communicators' collectives interleave alike on every rank whatever the timing (NCCL can
+// deadlock when they do not); the last two reduce-scatters' come after both.
 void fsdp_state::declare_collectives(collective_schedule& schedule) {
-  const auto declare = [&](std::vector<schedule_entry> entries, schedule_cursor::issue_fn issue, bool gradient_sync) {
-    return cursor_.declare(schedule, std::move(entries), std::move(issue), gradient_sync);
-  };
   const std::string shard_group = mesh_->shard_role();
   const auto gather = [&](param_group& group, step_phase phase) {
-    return declare(
-        group.gather_entries(phase, shard_group), [this, &group] { group.start_gather(comm()); }, false);
+    return cursor_.declare(
+        schedule, group.gather_entries(phase, shard_group), [this, &group] { group.start_gather(comm()); },
+        gradient_sync::none);
   };
-  const auto reduce_scatter = [&](param_group& group) {
-    const std::size_t index = declare(
-        group.reduce_scatter_entries(shard_group), [this, &group] { group.start_reduce_scatter(comm()); }, true);
-    if (hybrid()) {
-      replica_cursor_.declare(
-          schedule, group.replicate_entries(mesh_->replicate_role()),
-          [this, &group] { group.start_replicate_all_reduce(mesh_->replicate()); }, true);
-      replica_reductions_.push_back({&group, index});
+  std::vector<param_group*> awaiting_replicas;  // reduce-scatters whose all-reduce is not declared yet
+  const auto replicate = [&] {
+    for (param_group* group : awaiting_replicas) {
+      cursor_.declare(
+          schedule, group->replicate_entries(mesh_->replicate_role()),
+          [this, group] { group->start_replicate_all_reduce(mesh_->replicate()); }, gradient_sync::replicas);
     }
+    awaiting_replicas.clear();
+  };
+  const auto reduce_scatter = [&](param_group& group, bool after_replicas) {
+    if (after_replicas) replicate();
+    const std::size_t index = cursor_.declare(
+        schedule, group.reduce_scatter_entries(shard_group),
+        [this, &group] {
+          // The one before is done or ordered before this one on the device: its inputs can go.
+          if (last_reduced_ != nullptr) last_reduced_->settle_reduce_scatter();
+          group.start_reduce_scatter(comm());
+          last_reduced_ = &group;
+        },
+        gradient_sync::shards);
+    if (hybrid()) awaiting_replicas.push_back(&group);
     return index;
   };
   const std::size_t count = units_.size();
@@ -105,32 +121,24 @@ void fsdp_state::declare_collectives(collective_schedule& schedule) {
   root_gather_ = gather(root_, step_phase::forward);
   for (std::size_t u = 0; u < count; ++u) unit_steps_[u].forward_gather = gather(units_[u], step_phase::forward);
   for (std::size_t u = count; u-- > 0;) {
-    if (u + 1 < count) unit_steps_[u + 1].reduce_scatter = reduce_scatter(units_[u + 1]);
+    if (u + 1 < count) unit_steps_[u + 1].reduce_scatter = reduce_scatter(units_[u + 1], true);
     if (settings_.reshard_after_forward && u > 0) {
       unit_steps_[u - 1].backward_gather = gather(units_[u - 1], step_phase::backward);
     }
   }
-  if (count > 0) unit_steps_[0].reduce_scatter = reduce_scatter(units_[0]);
-  reduce_scatter(root_);
+  if (count > 0) unit_steps_[0].reduce_scatter = reduce_scatter(units_[0], true);
+  reduce_scatter(root_, count == 0);
+  replicate();
   for (std::size_t b = 0; b < adapters_.bucket_count(); ++b) {
-    declare(
-        {adapters_.bucket_entry(b)}, [this, b] { adapters_.start_all_reduce(b, context_->rt().comm()); }, true);
-  }
-}
-
-void fsdp_state::issue_replica_reductions(bool all) {
-  if (!context_->sync_gradients()) return;
-  for (; next_replica_ < replica_reductions_.size(); ++next_replica_) {
-    const replica_reduction& next = replica_reductions_[next_replica_];
-    if (!all && (!cursor_.issued(next.reduce_scatter) || !next.group->reduce_scatter_done())) return;
-    replica_cursor_.issue_through(next_replica_, /*sync_gradients=*/true);
+    cursor_.declare(
+        schedule, {adapters_.bucket_entry(b)}, [this, b] { adapters_.start_all_reduce(b, context_->rt().comm()); },
+        gradient_sync::replicas);
   }
 }
 
 void fsdp_state::begin_step() {
   cursor_.begin_step();
-  replica_cursor_.begin_step();
-  next_replica_ = 0;
+  last_reduced_ = nullptr;
   next_unit_ = 0;
   // The first unit's gather goes out with the root's: nothing else precedes it to hide it behind.
   issue_through(units_.empty() ? root_gather_ : unit_steps_.front().forward_gather);
@@ -144,14 +152,15 @@ void fsdp_state::end_backward() {
         "Unit type (blocks[i]->as<loom::nn::Unit<Block>>()->forward(x)), not the inner block's",
         units_[next_unit_].name()));
   }
+  const gradient_sync sync = pass_sync();
   // What the units' hooks did not issue (a unit whose output needed no gradient on this rank).
-  cursor_.issue_rest(context_->sync_gradients());
+  cursor_.issue_rest(sync);
   for (param_group& unit : units_) {
     unit.finish_gather();
     unit.reshard();
   }
   root_.reshard();
-  if (!context_->sync_gradients()) {
+  if (sync == gradient_sync::none) {
     for_each_group([](param_group& group) { group.stash_grads(); });
     return;
   }
@@ -166,10 +175,14 @@ void fsdp_state::end_backward() {
           late->name(), group.name()));
     }
   });
-  issue_replica_reductions(/*all=*/true);
+  if (sync == gradient_sync::shards && hybrid()) {
+    // The replicas' all-reduce waits for the last micro-batch, with these rows added in.
+    for_each_group([](param_group& group) { group.keep_partial(); });
+    return;
+  }
   for (std::size_t u = units_.size(); u-- > 0;) units_[u].finish_reduce_scatter();
   root_.finish_reduce_scatter();
-  adapters_.finish_all_reduces();
+  if (sync == gradient_sync::replicas) adapters_.finish_all_reduces();
 }
 
 void fsdp_state::before_forward(std::size_t unit) {
@@ -211,7 +224,6 @@ void fsdp_state::before_backward(std::size_t unit) {
   if (unit + 1 < units_.size()) issue_through(unit_steps_[unit + 1].reduce_scatter);
   if (unit > 0) issue_through(unit_steps_[unit - 1].backward_gather);
   issue_through(unit_steps_[unit].backward_gather);
-  issue_replica_reductions(/*all=*/false);
   units_[unit].finish_gather();
 }
 

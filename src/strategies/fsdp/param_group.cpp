@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <map>
+#include <utility>
 
 namespace loom::sharding {
 
@@ -51,12 +52,13 @@ std::vector<schedule_entry> param_group::replicate_entries(const std::string& gr
 void param_group::start_gather(collectives& comm) {
   for (auto& indices : batches(false)) {
     std::vector<at::Tensor> shards;
-    // Cast to what the parameters compute in: mixed precision's gathers move half the bytes.
-    for (std::size_t i : indices) shards.push_back(params_[i].shard().detach().to(carried_dtype(i, false)));
-    at::Tensor packed = at::cat(shards);
+    for (std::size_t i : indices) shards.push_back(params_[i].shard().detach());
+    // One kernel to pack, and one more under mixed precision to cast to what the parameters compute
+    // in, so that its gathers move half the bytes.
+    const at::Tensor packed = at::cat(shards).to(carried_dtype(indices.front(), false));
     at::Tensor all = at::empty({comm.world_size(), packed.numel()}, packed.options());
     pending_collective work = comm.all_gather(packed, all);
-    gathers_.push_back({std::move(indices), std::move(all), std::move(work), {}});
+    gathers_.push_back({std::move(indices), std::move(all), std::move(work)});
   }
 }
 
@@ -85,18 +87,42 @@ void param_group::reshard() {
 }
 
 void param_group::start_reduce_scatter(collectives& comm) {
+  const std::int64_t ranks = comm.world_size();
   for (auto& indices : batches(true)) {
-    std::vector<std::int64_t> sizes;
-    for (std::size_t i : indices) sizes.push_back(params_[i].shard_numel());
-    flagged_gradients layout(std::move(sizes));
-    const at::Tensor input = layout.pack(
-        comm.world_size(), params_[indices.front()].shard().options().dtype(carried_dtype(indices.front(), true)),
-        [&](std::size_t k, const at::Tensor& by_rank) { return params_[indices[k]].move_grad_into(by_rank); });
-    at::Tensor output = at::empty({layout.row_numel()}, input.options());
-    pending_collective work = comm.reduce_scatter(input.view(-1), output, reduce_op::mean);
+    const at::TensorOptions options =
+        params_[indices.front()].shard().options().dtype(carried_dtype(indices.front(), true)).requires_grad(false);
+    std::vector<at::Tensor> grads;
+    std::vector<const sharded_param*> sent;
+    std::int64_t row_numel = 0;
+    for (std::size_t i : indices) {
+      at::Tensor grad = params_[i].take_grad();
+      if (params_[i].shard_numel() == 0) continue;  // an empty parameter: nothing to send
+      grads.push_back(std::move(grad));
+      sent.push_back(&params_[i]);
+      row_numel += params_[i].shard_numel();
+    }
+    // Each gradient's rows split into the ranks' blocks, zero-padded, rank-major: the layout the
+    // reduce-scatter hands out, written by one kernel (FSDP2's _chunk_cat), cast on the way. Its
+    // inputs share one dtype: a gradient of another (what stash_grad kept), or none, is made so.
+    at::Tensor input = at::zeros({ranks, row_numel}, options);
+    if (row_numel > 0) {
+      const auto computed = std::find_if(grads.begin(), grads.end(), [](const at::Tensor& g) { return g.defined(); });
+      const at::ScalarType dtype = computed != grads.end() ? computed->scalar_type() : options.dtype().toScalarType();
+      for (std::size_t k = 0; k < grads.size(); ++k) {
+        if (!grads[k].defined()) grads[k] = at::zeros({sent[k]->rows(), sent[k]->row_numel()}, options.dtype(dtype));
+        if (grads[k].scalar_type() != dtype) grads[k] = grads[k].to(dtype);
+      }
+      at::_chunk_cat_out(input, grads, 0, ranks);
+    }
+    at::Tensor reduced = at::empty({row_numel}, options);
+    pending_collective work = comm.reduce_scatter(input.view(-1), reduced, reduce_op::mean);
     failpoint("step.backward");  // mid backward, with a reduce-scatter under way
-    reductions_.push_back({std::move(indices), std::move(output), std::move(work), std::move(layout)});
+    reductions_.push_back({std::move(indices), std::move(reduced), std::move(work)});
   }
+}
+
+void param_group::settle_reduce_scatter() {
+  for (in_flight& reduction : reductions_) reduction.work.settle();
 }
 
 const sharded_param* param_group::late_gradient() const {
@@ -108,24 +134,34 @@ const sharded_param* param_group::late_gradient() const {
   return nullptr;
 }
 
-bool param_group::reduce_scatter_done() const {
-  return std::all_of(reductions_.begin(), reductions_.end(),
-                     [](const in_flight& reduction) { return reduction.work.is_completed(); });
-}
-
 void param_group::start_replicate_all_reduce(collectives& replicate) {
-  for (in_flight& reduction : reductions_) {
+  for (std::size_t k = 0; k < reductions_.size(); ++k) {
+    in_flight& reduction = reductions_[k];
     reduction.work.wait();
+    if (k < partials_.size() && partials_[k].defined()) reduction.buffer.add_(std::exchange(partials_[k], {}));
     reduction.work = replicate.all_reduce(reduction.buffer, reduce_op::mean);
   }
+}
+
+void param_group::keep_partial() {
+  partials_.resize(std::max(partials_.size(), reductions_.size()));
+  for (std::size_t k = 0; k < reductions_.size(); ++k) {
+    in_flight& reduction = reductions_[k];
+    reduction.work.wait();
+    partials_[k] = partials_[k].defined() ? partials_[k].add_(reduction.buffer) : std::move(reduction.buffer);
+  }
+  reductions_.clear();
 }
 
 void param_group::finish_reduce_scatter() {
   for (in_flight& reduction : reductions_) {
     reduction.work.wait();
-    reduction.layout.unpack(reduction.buffer, [&](std::size_t k, const at::Tensor& reduced) {
-      params_[reduction.indices[k]].accumulate_grad(reduced);
-    });
+    std::int64_t offset = 0;
+    for (std::size_t i : reduction.indices) {
+      sharded_param& p = params_[i];
+      p.accumulate_grad(reduction.buffer.narrow(0, offset, p.shard_numel()));
+      offset += p.shard_numel();
+    }
   }
   reductions_.clear();
 }

@@ -3,6 +3,8 @@
 #include <loom/runtime/failpoints.hpp>
 #include <loom/strategies/buckets.hpp>
 
+#include <ATen/ATen.h>
+
 #include <algorithm>
 #include <numeric>
 #include <utility>
@@ -18,9 +20,7 @@ replicated_adapters::replicated_adapters(std::vector<named_tensor> adapters, std
   std::iota(by_name.begin(), by_name.end(), std::size_t{0});
   for (std::vector<std::size_t>& members :
        assign_buckets(adapters_, by_name, [bucket_cap_bytes](std::size_t) { return bucket_cap_bytes; })) {
-    std::vector<std::int64_t> sizes;
-    for (std::size_t i : members) sizes.push_back(adapters_[i].tensor.numel());
-    buckets_.push_back({std::move(members), flagged_gradients(std::move(sizes))});
+    buckets_.push_back({std::move(members)});
   }
 }
 
@@ -40,17 +40,15 @@ schedule_entry replicated_adapters::bucket_entry(std::size_t bucket) const {
 
 void replicated_adapters::start_all_reduce(std::size_t bucket, collectives& comm) {
   const std::vector<std::size_t>& members = buckets_[bucket].members;
-  at::Tensor packed =
-      buckets_[bucket]
-          .layout
-          .pack(1, adapters_[members.front()].tensor.options().dtype(reduce_dtype(bucket)).requires_grad(false),
-                [&](std::size_t k, const at::Tensor& slot) {
-                  const at::Tensor& grad = adapters_[members[k]].tensor.grad();
-                  if (!grad.defined()) return false;
-                  slot.view(-1).copy_(grad.reshape(-1));
-                  return true;
-                })
-          .view(-1);
+  const at::ScalarType dtype = reduce_dtype(bucket);
+  std::vector<at::Tensor> grads;
+  for (std::size_t i : members) {
+    const at::Tensor& tensor = adapters_[i].tensor;
+    const at::Tensor& grad = tensor.grad();
+    grads.push_back(grad.defined() ? grad.reshape(-1).to(dtype)
+                                   : at::zeros({tensor.numel()}, tensor.options().dtype(dtype).requires_grad(false)));
+  }
+  at::Tensor packed = at::cat(grads);
   pending_collective work = comm.all_reduce(packed, reduce_op::mean);
   failpoint("step.backward");  // mid backward, with the replicated adapters' all-reduce under way
   in_flight_.push_back({bucket, std::move(packed), std::move(work)});
@@ -59,11 +57,13 @@ void replicated_adapters::start_all_reduce(std::size_t bucket, collectives& comm
 void replicated_adapters::finish_all_reduces() {
   for (reduction& r : in_flight_) {
     r.work.wait();
-    const std::vector<std::size_t>& members = buckets_[r.bucket].members;
-    buckets_[r.bucket].layout.unpack(r.packed, [&](std::size_t k, const at::Tensor& mean) {
-      const at::Tensor& tensor = adapters_[members[k]].tensor;
-      tensor.mutable_grad() = mean.view_as(tensor).to(tensor.scalar_type(), /*non_blocking=*/false, /*copy=*/true);
-    });
+    std::int64_t offset = 0;
+    for (std::size_t i : buckets_[r.bucket].members) {
+      const at::Tensor& tensor = adapters_[i].tensor;
+      const at::Tensor mean = r.packed.narrow(0, offset, tensor.numel()).view(tensor.sizes());
+      tensor.mutable_grad() = mean.scalar_type() == tensor.scalar_type() ? mean : mean.to(tensor.scalar_type());
+      offset += tensor.numel();
+    }
   }
   in_flight_.clear();
 }

@@ -79,16 +79,13 @@ at::Tensor sharded_param::whole_from(const at::Tensor& by_rank) const {
   return whole;
 }
 
-bool sharded_param::move_grad_into(const at::Tensor& by_rank) {
+at::Tensor sharded_param::take_grad() {
   const at::Tensor& grad = full_.grad();
-  if (!grad.defined() && !stashed_grad_.defined()) return false;
-  // Both when no_sync stashed some (a parameter used in an earlier micro-batch, this one, or both).
-  const at::Tensor total = !stashed_grad_.defined() ? grad : grad.defined() ? stashed_grad_.add_(grad) : stashed_grad_;
-  const at::Tensor blocks = by_rank.view({by_rank.size(0), shard_rows_, row_numel_});
-  for (const auto& [rows, padded] : matching_rows(total.reshape({rows_, row_numel_}), blocks)) padded.copy_(rows);
+  // Both when earlier backwards stashed some (a parameter used in an earlier micro-batch, this one, or both).
+  at::Tensor total = !stashed_grad_.defined() ? grad : grad.defined() ? stashed_grad_.add_(grad) : stashed_grad_;
   full_.mutable_grad().reset();
   stashed_grad_.reset();
-  return true;
+  return total.defined() ? total.reshape({rows_, row_numel_}) : total;
 }
 
 void sharded_param::stash_grad(at::ScalarType reduce) {
@@ -100,7 +97,11 @@ void sharded_param::stash_grad(at::ScalarType reduce) {
 
 void sharded_param::accumulate_grad(const at::Tensor& reduced) const {
   at::Tensor& grad = shard_.mutable_grad();
-  grad = grad.defined() ? grad.add_(reduced) : reduced.to(shard_.scalar_type(), /*non_blocking=*/false, /*copy=*/true);
+  if (grad.defined()) {
+    grad.add_(reduced);
+  } else {
+    grad = reduced.scalar_type() == shard_.scalar_type() ? reduced : reduced.to(shard_.scalar_type());
+  }
 }
 
 void sharded_param::hold_whole(const at::Tensor& whole) const { at::Tensor(full_).set_data(whole); }

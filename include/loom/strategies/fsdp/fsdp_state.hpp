@@ -1,9 +1,10 @@
 #pragma once
 // fsdp()'s state across a step (FSDP2's per-module state): the ranks' mesh, the root's and the
-// units' parameter groups, the replicated adapters, the step's collectives in the order every rank
-// issues them, and the unit hooks that issue them around each unit's forward and backward (gathers
-// prefetched one unit ahead, reduce-scatters as each unit's backward completes; under hybrid
-// sharding, each reduce-scatter's all-reduce across the replicas once it is done).
+// units' parameter groups, the replicated adapters, the step's collectives in the one order every
+// rank issues them over every communicator, and the unit hooks that issue them around each unit's
+// forward and backward (gathers prefetched one unit ahead, reduce-scatters as each unit's backward
+// completes; under hybrid sharding, each reduce-scatter's all-reduce across the replicas just before
+// the next reduce-scatter, ordered after its own on the device).
 
 #include <loom/dsl/strategies.hpp>
 #include <loom/nn/unit.hpp>
@@ -56,9 +57,14 @@ class fsdp_state : public nn::unit_hooks {
   }
 
   // The step: the root gathered before the forward; after the backward, everything not yet issued
-  // issued, the groups resharded and, when gradients synchronise, every reduction finished.
+  // issued, the groups resharded and the reductions the pass synchronises finished.
   void begin_step();
   void end_backward();
+  // How far this pass synchronises: everything but under job.no_sync(), where the gradients are
+  // reduce-scattered but not all-reduced across replicas, or, with accumulate_unsharded, kept whole.
+  [[nodiscard]] gradient_sync pass_sync() const noexcept;
+  // The schedule entries this step issued so far, by index, in the order they were issued.
+  [[nodiscard]] const std::vector<std::size_t>& issued_entries() const noexcept { return cursor_.issued_entries(); }
   // The unit whose forward the step expects next, if any (for the messages).
   [[nodiscard]] const param_group* next_unit() const noexcept {
     return next_unit_ < units_.size() ? &units_[next_unit_] : nullptr;
@@ -76,19 +82,8 @@ class fsdp_state : public nn::unit_hooks {
     std::size_t reduce_scatter = none;
   };
 
-  // A reduce-scatter's all-reduce across the replicas (hybrid sharding), with the reduce-scatter's
-  // index in cursor_.
-  struct replica_reduction {
-    param_group* group;
-    std::size_t reduce_scatter;
-  };
-
   void declare_collectives(collective_schedule& schedule);
   void issue_through(std::size_t collective);
-  // Issues, in the schedule's order, the replicas' all-reduces whose reduce-scatters are done; with
-  // `all`, every one left, waiting for its reduce-scatter. The replicate group's collectives keep
-  // their order on every rank; when each starts depends on this rank's reduce-scatters alone.
-  void issue_replica_reductions(bool all);
   // The gradient of the unit's output is complete: its successor's backward is done.
   void before_backward(std::size_t unit);
   [[noreturn]] void fail_out_of_order(std::size_t unit) const;
@@ -104,10 +99,8 @@ class fsdp_state : public nn::unit_hooks {
   schedule_cursor cursor_;
   std::size_t root_gather_ = unit_collectives::none;
   std::vector<unit_collectives> unit_steps_;
-  schedule_cursor replica_cursor_;  // the replicate group's all-reduces, in replica_reductions_ order
-  std::vector<replica_reduction> replica_reductions_;
-  std::size_t next_replica_ = 0;
-  std::size_t next_unit_ = 0;  // the unit whose forward comes next in this step
+  param_group* last_reduced_ = nullptr;  // the group whose reduce-scatter this step issued last
+  std::size_t next_unit_ = 0;            // the unit whose forward comes next in this step
 };
 
 }  // namespace loom::sharding

@@ -7,7 +7,6 @@
 
 #include <loom/runtime/collectives.hpp>
 #include <loom/schedule/schedule.hpp>
-#include <loom/strategies/fsdp/flagged_gradients.hpp>
 #include <loom/strategies/fsdp/sharded_param.hpp>
 
 #include <ATen/core/Tensor.h>
@@ -51,23 +50,32 @@ class param_group {
   // Frees the full parameters' bytes.
   void reshard();
 
-  // Issues the reduce-scatter of the trainable parameters' gradients (SUM, divided by N) and drops
-  // the full gradients, flagged (flagged_gradients): a parameter no rank used keeps no gradient.
+  // Issues the reduce-scatter of the trainable parameters' gradients (their mean over the group), packed
+  // rank-major in one kernel, and drops the full gradients. A parameter this rank produced no gradient
+  // for sends zeros: every rank issues the same collective, and the parameter ends the backward with
+  // the mean (zero where no rank used it).
   void start_reduce_scatter(collectives& comm);
+  // Lets the backend go on from the issued reduce-scatters where that does not stop the host (NCCL: the
+  // current stream waits on them and their inputs, a unit's full gradients, are freed), so that no
+  // more than a unit or two of full gradients is alive at once.
+  void settle_reduce_scatter();
   // A parameter whose gradient reached it after its reduce-scatter began (which would be lost), if
   // any: the caller fails the step, naming it.
   [[nodiscard]] const sharded_param* late_gradient() const;
-  // Hybrid sharding: whether the issued reduce-scatters are done (true when none was issued); then
-  // each one's reduced rows, used-flags included, averaged across the replicate group, issued without
-  // waiting (waiting first for a reduce-scatter not yet done). Over S ranks a shard and R replicas,
-  // the mean of means is the mean over every rank.
-  [[nodiscard]] bool reduce_scatter_done() const;
+  // Hybrid sharding: once the reduce-scatters are done (ordered on the device under NCCL, waited
+  // for elsewhere), each one's reduced rows, with what keep_partial() kept of the micro-batches
+  // before, averaged across the replicate group, issued without waiting. Over S ranks a shard and R
+  // replicas, the mean of means is the mean over every rank.
   void start_replicate_all_reduce(collectives& replicate);
-  // Waits for it (and the replicas' all-reduce, if issued) and adds each parameter's reduced rows to
-  // its shard's gradient (adding, as after no_sync).
+  // Hybrid sharding, in a micro-batch that does not reach across replicas: the reduced rows kept
+  // aside, added up, for the all-reduce of the last micro-batch (FSDP2's partial reduce output).
+  void keep_partial();
+  // Waits for the reductions issued and adds each parameter's reduced rows to its shard's gradient
+  // (its first, a view of the reduced rows when the dtypes agree: no copy).
   void finish_reduce_scatter();
-  // After a backward under no_sync: the gradients computed narrower than the reduce dtype are kept
-  // in it until the reduce-scatter (sharded_param::stash_grad).
+  // After a backward that accumulates unsharded (fsdp_options::accumulate_unsharded): the gradients
+  // computed narrower than the reduce dtype are kept in it until the reduce-scatter
+  // (sharded_param::stash_grad).
   void stash_grads();
 
   // Every parameter's master weights (the shards' dtype), gathered whole, in params() order.
@@ -93,9 +101,8 @@ class param_group {
 
   struct in_flight {
     std::vector<std::size_t> indices;
-    at::Tensor buffer;         // a gather's N × packed shards; a reduce-scatter's output, its used-flags last
-    pending_collective work;   // a reduce-scatter's, then its replicas' all-reduce
-    flagged_gradients layout;  // a reduce-scatter's
+    at::Tensor buffer;        // a gather's N × packed shards; a reduction's reduced rows, in indices' order
+    pending_collective work;  // a gather's; a reduce-scatter's, then its replicas' all-reduce
   };
 
   std::string name_;
@@ -104,6 +111,7 @@ class param_group {
   bool whole_ = true;  // until the first reshard
   std::vector<in_flight> gathers_;
   std::vector<in_flight> reductions_;
+  std::vector<at::Tensor> partials_;  // hybrid: keep_partial()'s sums, one a reduction, in batches(true) order
 };
 
 }  // namespace loom::sharding

@@ -1,13 +1,12 @@
 #pragma once
 // The trainable parameters fsdp() does not shard (LoRA's adapters over a frozen, sharded base):
 // replicated on every rank, identical at creation, their gradients averaged after backward bucket by
-// bucket in name order, flagged (flagged_gradients): a rank that did not use an adapter contributes
-// zeros, and an adapter that no rank used keeps no gradient.
+// bucket in name order: a rank that did not use an adapter contributes zeros, so that every rank
+// issues the same all-reduces, and every adapter ends the backward with the mean.
 
 #include <loom/runtime/collectives.hpp>
 #include <loom/runtime/tensors.hpp>
 #include <loom/schedule/schedule.hpp>
-#include <loom/strategies/fsdp/flagged_gradients.hpp>
 
 #include <cstddef>
 #include <cstdint>
@@ -30,13 +29,13 @@ class replicated_adapters {
 
   // Packs the bucket's gradients and issues their mean, without waiting.
   void start_all_reduce(std::size_t bucket, collectives& comm);
-  // Waits for what was issued and sets each used adapter's gradient to its mean.
+  // Waits for what was issued and sets each adapter's gradient to its mean (a view of the bucket
+  // when the dtypes agree: no copy).
   void finish_all_reduces();
 
  private:
   struct bucket {
     std::vector<std::size_t> members;  // indices into adapters_
-    flagged_gradients layout;
   };
   struct reduction {
     std::size_t bucket;

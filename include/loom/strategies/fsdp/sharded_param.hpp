@@ -52,15 +52,18 @@ class sharded_param {
   void unshard_from(const at::Tensor& by_rank) const;
   // Every rank's rows as a new whole tensor of the shard's dtype (the master weights, gathered).
   [[nodiscard]] at::Tensor whole_from(const at::Tensor& by_rank) const;
-  // Writes the full parameter's gradient (with what stash_grad kept of earlier backwards), rank-major,
-  // into `by_rank` (N × shard_numel(), zeroed by the caller, in the reduce dtype) and drops it; false,
-  // writing nothing, when there is none.
-  [[nodiscard]] bool move_grad_into(const at::Tensor& by_rank);
-  // Between the backwards of no_sync accumulation: moves the full parameter's gradient into a
+  // The full parameter's rows and each row's elements: the gradient's shape in a reduce-scatter.
+  [[nodiscard]] std::int64_t rows() const noexcept { return rows_; }
+  [[nodiscard]] std::int64_t row_numel() const noexcept { return row_numel_; }
+  // The full parameter's gradient, with what stash_grad kept of earlier backwards, as rows() ×
+  // row_numel(), dropped from the parameter; undefined when there is none.
+  [[nodiscard]] at::Tensor take_grad();
+  // Between the backwards of unsharded accumulation: moves the full parameter's gradient into a
   // gradient of `reduce`'s dtype, when it is computed narrower, so that the micro-batches add up in
   // `reduce` rather than in the compute dtype.
   void stash_grad(at::ScalarType reduce);
-  // Adds this rank's reduced gradient (shard_numel() elements) to the shard's, in the shard's dtype.
+  // Adds this rank's reduced gradient (shard_numel() elements) to the shard's, in the shard's dtype;
+  // a shard without a gradient takes `reduced` itself as its gradient when the dtypes agree.
   void accumulate_grad(const at::Tensor& reduced) const;
   // Around a change made to the whole parameters (merge, loading weights): the full parameter holds
   // `whole`, the master weights of the shard's dtype; then this rank's rows of it go back into the
