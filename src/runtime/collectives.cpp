@@ -22,8 +22,8 @@ at::Tensor flat_contiguous(const at::Tensor& tensor) { return tensor.contiguous(
 
 pending_collective::pending_collective() = default;
 pending_collective::pending_collective(c10::intrusive_ptr<c10d::Work> work, std::function<void()> then,
-                                       collective_label label, bool device_ordered)
-    : work_(std::move(work)), then_(std::move(then)), label_(std::move(label)), device_ordered_(device_ordered) {}
+                                       collective_label label)
+    : work_(std::move(work)), then_(std::move(then)), label_(std::move(label)) {}
 pending_collective::~pending_collective() = default;
 pending_collective::pending_collective(pending_collective&&) noexcept = default;
 pending_collective& pending_collective::operator=(pending_collective&&) noexcept = default;
@@ -39,10 +39,6 @@ void pending_collective::wait() {
 }
 
 bool pending_collective::is_completed() const { return !work_ || work_->isCompleted(); }
-
-void pending_collective::settle() {
-  if (device_ordered_ || is_completed()) wait();
-}
 
 pending_collective pending_collective::and_then(std::function<void()> next) && {
   then_ = [first = std::move(then_), next = std::move(next)] {
@@ -78,7 +74,7 @@ pending_collective collectives::issued(c10::intrusive_ptr<c10d::Work> work, std:
     label.group = group_;
     progress_->issued(label.number, label.what, label.group);
   }
-  return pending_collective(std::move(work), std::move(then), std::move(label), device_ordered_);
+  return pending_collective(std::move(work), std::move(then), std::move(label));
 }
 
 std::int64_t collectives::shard_numel(std::int64_t numel) const noexcept {

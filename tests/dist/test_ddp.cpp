@@ -12,6 +12,7 @@
 #include <catch2/generators/catch_generators.hpp>
 
 using loom::testing::branchy;
+using loom::testing::same_on_every_rank;
 using loom::testing::world;
 
 namespace {
@@ -84,17 +85,6 @@ at::Tensor flat_parameters(torch::nn::Module& module) {
   std::vector<at::Tensor> flat;
   for (auto& p : module.parameters()) flat.push_back(p.detach().reshape(-1));
   return torch::cat(flat);
-}
-
-// Whether every rank holds the same `tensor`.
-bool same_on_every_rank(const at::Tensor& tensor) {
-  auto gathered = at::empty({tensor.numel() * world().world_size()}, tensor.options());
-  world().comm().all_gather(tensor.contiguous().view(-1), gathered).wait();
-  auto rows = gathered.view({world().world_size(), -1});
-  for (int r = 1; r < world().world_size(); ++r) {
-    if (!torch::equal(rows[r], rows[0])) return false;
-  }
-  return true;
 }
 
 }  // namespace

@@ -4,6 +4,7 @@
 // forms, a rank that skips an adapted layer or a unit's output, no_sync, clipping; state per rank
 // about 1/S; the schedule's groups; checkpoints resumed under another group size and under plain
 // fsdp(); ranks that ask for different group sizes.
+#include "delayed_order.hpp"
 #include "odd_units.hpp"
 #include "same_state.hpp"
 #include "training_state.hpp"
@@ -186,15 +187,40 @@ TEST_CASE("a rank that skips an adapted layer or a unit's output: no hang, the s
   }
 }
 
-TEST_CASE("hybrid sharding no_sync: micro-batches accumulated skip both reductions and equal local()",
-          "[hsdp][no_sync]") {
+TEST_CASE(
+    "hybrid sharding no_sync: micro-batches reduce-scatter, the replicas all-reduce once a step, and equal local()",
+    "[hsdp][no_sync]") {
   const std::int64_t size = GENERATE_COPY(from_range(group_sizes()));
-  CAPTURE(size);
+  const bool unsharded = GENERATE(false, true);
+  CAPTURE(size, unsharded);
   auto reference = loom::build(loom::model<odd_units>() | loom::seeded(15) | loom::local(), world());
-  auto hybrid_job = loom::build(loom::model<odd_units>() | loom::seeded(15) | loom::fsdp(hybrid(size)), world());
+  loom::fsdp_options options = hybrid(size);
+  options.accumulate_unsharded = unsharded;
+  auto hybrid_job = loom::build(loom::model<odd_units>() | loom::seeded(15) | loom::fsdp(options), world());
   torch::optim::SGD reference_optimizer(reference.trainable_parameters(), 0.1);
   torch::optim::SGD hybrid_optimizer(hybrid_job.trainable_parameters(), 0.1);
+  const auto entries = hybrid_job.schedule().entries();
+  // How many of the pass's collectives were reduce-scatters, and how many the replicas' all-reduces.
+  const auto issued_reductions = [&] {
+    std::pair<int, int> counts{0, 0};
+    for (const std::size_t index : hybrid_job.strategy().issued_entries()) {
+      REQUIRE(index < entries.size());
+      const loom::schedule_entry& entry = entries[index];
+      if (entry.op == loom::collective_op::reduce_scatter) ++counts.first;
+      if (entry.op == loom::collective_op::all_reduce && entry.group.starts_with("replicate")) ++counts.second;
+    }
+    return counts;
+  };
+  int scheduled_reduce_scatters = 0, scheduled_replica_reductions = 0;
+  for (const loom::schedule_entry& entry : entries) {
+    if (entry.op == loom::collective_op::reduce_scatter) ++scheduled_reduce_scatters;
+    if (entry.op == loom::collective_op::all_reduce && entry.group.starts_with("replicate")) {
+      ++scheduled_replica_reductions;
+    }
+  }
+  REQUIRE(scheduled_replica_reductions > 0);
   for (int step = 0; step < 2; ++step) {
+    int replica_reductions = 0;
     for (int micro = 0; micro < 3; ++micro) {
       const batch b = data(10 * step + micro);
       reference.backward(torch::mse_loss(reference.forward(b.x), b.y));
@@ -202,18 +228,47 @@ TEST_CASE("hybrid sharding no_sync: micro-batches accumulated skip both reductio
       if (micro < 2) {
         auto accumulate = hybrid_job.no_sync();
         hybrid_job.backward(loss());
-        // Nothing reduced yet: this rank's shards have no gradient.
+        // Reduce-scattered in the shard group (unless accumulated unsharded), and kept apart until
+        // the replicas' all-reduce: the shards have no gradient yet.
+        CHECK(issued_reductions().first == (unsharded ? 0 : scheduled_reduce_scatters));
         for (const at::Tensor& shard : hybrid_job.trainable_parameters()) CHECK_FALSE(shard.grad().defined());
       } else {
         hybrid_job.backward(loss());
+        CHECK(issued_reductions().first == scheduled_reduce_scatters);
       }
+      replica_reductions += issued_reductions().second;
     }
+    // Once per optimizer step.
+    CHECK(replica_reductions == scheduled_replica_reductions);
     reference_optimizer.step();
     reference.zero_grad();
     hybrid_optimizer.step();
     hybrid_job.zero_grad();
   }
   check_same_state(reference, hybrid_job, 1e-5);
+}
+
+TEST_CASE("hybrid sharding under random delays in backward: every rank and every run issue the same collectives",
+          "[hsdp][order]") {
+  const std::int64_t size = GENERATE_COPY(from_range(group_sizes()));
+  CAPTURE(size);
+  constexpr std::int64_t width = 6;
+  constexpr auto base = loom::model<loom::testing::hooked_units>(width, 3) | loom::seeded(23);
+  const auto check_order = [&](const auto& plan, const std::string& name) {
+    CAPTURE(name);
+    at::Tensor first;
+    for (unsigned run = 0; run < 3; ++run) {
+      CAPTURE(run);
+      auto job = loom::build(plan, world());
+      const at::Tensor issued = loom::testing::issued_under_delays(job, width, run);
+      CHECK(loom::testing::same_on_every_rank(issued));
+      if (run == 0) first = issued;
+      CHECK(at::equal(issued, first));
+    }
+  };
+  check_order(base | loom::fsdp(hybrid(size)), "hybrid");
+  check_order(base | loom::lora(2, {"fc"}) | loom::trainable({"out"}) | loom::fsdp(hybrid(size, false)),
+              "lora | hybrid, not resharded");
 }
 
 TEST_CASE("hybrid sharding's clip_grad_norm counts each shard once", "[hsdp][clip]") {

@@ -3,6 +3,7 @@
 // unit (and in LoRA's adapters), under mixed precision, with no_sync accumulation and with a rank
 // that skips a unit; nothing renamed (state_dict, weights and adapter files byte for byte); fsdp()'s
 // schedule unchanged; the activations a step holds measured; and the errors a user meets.
+#include "heap.hpp"
 #include "world.hpp"
 
 #include <loom/loom.hpp>
@@ -15,8 +16,6 @@
 #include <catch2/generators/catch_generators.hpp>
 #include <catch2/matchers/catch_matchers_string.hpp>
 
-#include <malloc.h>
-
 #include <filesystem>
 #include <fstream>
 #include <iterator>
@@ -25,6 +24,7 @@
 #include <vector>
 
 using Catch::Matchers::ContainsSubstring;
+using loom::testing::heap_in_use;
 using loom::testing::shared_scratch;
 using loom::testing::world;
 
@@ -329,12 +329,6 @@ TEST_CASE("recompute without a unit, choosing none, or on a unit it cannot repla
 }
 
 namespace {
-
-// Bytes the C heap holds now: LibTorch's CPU allocator takes tensor storage from it.
-std::int64_t heap_in_use() {
-  const struct mallinfo2 info = mallinfo2();
-  return static_cast<std::int64_t>(info.uordblks + info.hblkhd);
-}
 
 // The bytes a step holds between its forward and its backward: what autograd saved for backward.
 template <class Job>

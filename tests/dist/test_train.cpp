@@ -1,6 +1,6 @@
 // loom::train across processes: a signal that reaches one rank stops every rank after the same
-// step, a loss that is not finite on one rank stops them all, and accumulation under ddp() and
-// fsdp() equals one batch.
+// step, a loss that is not finite on one rank stops them all, accumulation under ddp() and fsdp()
+// equals one batch, and the device is read on the host only for a logged step.
 #include "world.hpp"
 
 #include <loom/loom.hpp>
@@ -17,6 +17,8 @@
 #include <csignal>
 #include <filesystem>
 #include <limits>
+#include <string>
+#include <vector>
 
 using Catch::Matchers::ContainsSubstring;
 using loom::testing::shared_scratch;
@@ -124,4 +126,42 @@ TEST_CASE("a loss that is not finite on one rank stops every rank, naming the st
                                      }},
                                 {.steps = 4, .out = shared_scratch("train", "not-finite")}),
                     ContainsSubstring("the loss of step 2 is inf"));
+}
+
+TEST_CASE("loom::train reads the device on the host only to log: never in forward or backward, once a logged step",
+          "[train][host_reads]") {
+  const auto check_reads = [&](const auto& plan, const std::string& name) {
+    CAPTURE(name);
+    auto job = loom::build(plan, world());
+    torch::optim::SGD optimizer(job.trainable_parameters(), 0.1);
+    const loom::job_progress& progress = world().progress();
+    std::vector<loom::host_read_counts> at_step_start;
+    loom::train(job, optimizer,
+                {.loss =
+                     [&](std::int64_t step, int micro) {
+                       if (micro == 0) at_step_start.push_back(progress.host_reads());
+                       auto [x, y] = rows(step, 2 * micro, 2);
+                       return job.forward(x, y);
+                     }},
+                {.steps = 7, .accumulate = 2, .clip_norm = 0.5, .log_every = 3, .log_seconds = 1e9});
+    at_step_start.push_back(progress.host_reads());
+    REQUIRE(at_step_start.size() == 8);
+    for (std::size_t step = 1; step <= 7; ++step) {
+      CAPTURE(step);
+      const loom::host_read_counts& before = at_step_start[step - 1];
+      const loom::host_read_counts& after = at_step_start[step];
+      CHECK(after.forward == before.forward);
+      CHECK(after.backward == before.backward);
+      // The first step, every third and the last are logged: one read of the loss and the norm.
+      const bool logged = step == 1 || step % 3 == 0 || step == 7;
+      CHECK(after.between - before.between == (logged ? 1 : 0));
+    }
+  };
+  check_reads(model | loom::local(), "local");
+  check_reads(model | loom::ddp(), "ddp");
+  check_reads(model | loom::lora(2, {"q_proj"}) | loom::ddp(), "lora | ddp");
+  check_reads(model | loom::fsdp(), "fsdp");
+  check_reads(model | loom::lora(2, {"q_proj"}) | loom::fsdp(), "lora | fsdp");
+  check_reads(model | loom::fsdp({.shard_group_size = 1}), "hybrid");
+  check_reads(model | loom::lora(2, {"q_proj"}) | loom::fsdp({.shard_group_size = 1}), "lora | hybrid");
 }

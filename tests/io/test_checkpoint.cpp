@@ -431,10 +431,17 @@ TEST_CASE("an asynchronous save holds what a synchronous one does, from the stat
     CHECK(torch::equal(from_async[i].tensor, now[i].tensor));
   }
 
-  // The next save waits for the one in flight; wait() completes it.
+  // The next save waits for the one in flight; wait() completes it. Every save stages into the
+  // host buffers the first one made: the model's tensors and AdamW's moments, at the same addresses.
+  const std::vector<const void*> first_buffers = background.staging_addresses();
+  CHECK(first_buffers.size() >= 2 * job.trainable_parameters().size());
   background.save(job, optimizer, 8);
+  CHECK(background.staging_addresses() == first_buffers);
   background.save(job, optimizer, 12);
+  CHECK(background.staging_addresses() == first_buffers);
   background.wait();
   CHECK_FALSE(background.saving());
   CHECK(entries(async_folder) == std::vector<std::string>{"step-00000008", "step-00000012"});
+  // A synchronous save of tensors on the CPU writes them as they are: nothing to stage.
+  CHECK(sync.staging_addresses().empty());
 }

@@ -246,3 +246,67 @@ TEST_CASE("a failure a peer published trips it, quoted, once the failed rank had
   CHECK(result.look == 7);  // the first look at 0 s, the silence at 2.5 s, confirmed at 3 s
   CHECK_THAT(*result.error, ContainsSubstring("before the first pass, and rank 0 failed: bad batch"));
 }
+
+TEST_CASE("a host read is counted in its part and waits on the last collective issued", "[hang_check][host_read]") {
+  loom::job_progress progress;
+  progress.enter(pass_part::forward, true, {});
+  progress.issued(4, "all_gather Float[2, 40]", {"shard.0", {0, 1}});
+  {
+    const loom::job_progress::host_read_scope reading(progress);
+    const progress_snapshot snapshot = progress.snapshot();
+    CHECK(snapshot.waiting == wait_kind::host_read);
+    CHECK(snapshot.collective == 4);
+    CHECK(snapshot.where() == "a host read after all_gather Float[2, 40] over shard.0 in the forward of pass 1");
+    const auto decoded = loom::decode_progress(loom::encode_progress(3, snapshot));
+    REQUIRE(decoded);
+    CHECK(decoded->second == snapshot);
+  }
+  CHECK(progress.snapshot().waiting == wait_kind::part);  // back in the forward, which communicates
+  progress.leave_part();
+  progress.enter(pass_part::backward, true, {});
+  { const loom::job_progress::host_read_scope reading(progress); }
+  progress.leave_part();
+  {
+    // Inside a collective's wait, the wait already names what the rank is blocked on.
+    const loom::job_progress::wait_scope waiting(&progress, 9, "barrier");
+    const loom::job_progress::host_read_scope reading(progress);
+    CHECK(progress.snapshot().waiting == wait_kind::collective);
+    CHECK(progress.snapshot().collective == 9);
+  }
+  { const loom::job_progress::host_read_scope reading(progress); }
+  CHECK(progress.host_reads() == loom::host_read_counts{.forward = 1, .backward = 1, .between = 2});
+  CHECK(progress.host_reads().total() == 4);
+}
+
+TEST_CASE("a rank blocked in a host read after a collective a peer has gone past trips the check",
+          "[hang_check][host_read]") {
+  // NCCL: rank 0's wait on the reduce-scatter returned at once; it blocks in the loss's read after the
+  // step, which waits for every collective issued before it.
+  hang_watch check(0, after, silence);
+  progress_snapshot mine = waiting_on(7, "reduce_scatter Float[64]", {3, pass_part::between, 6}, after);
+  mine.waiting = wait_kind::host_read;
+  const auto result = watch(check, mine, {peer(1, 4, computing({4, pass_part::forward, 7}))}, 10);
+  REQUIRE(result.error);
+  CHECK(result.look == 2);
+  CHECK_THAT(*result.error, ContainsSubstring("in a host read after reduce_scatter Float[64] after pass 3") &&
+                                ContainsSubstring("rank 1 has gone on to the forward of pass 4 without joining it"));
+  // A peer that waits on another collective of the same number trips it too.
+  hang_watch differs(0, after, silence);
+  CHECK(watch(differs, mine, {peer(1, 4, waiting_on(7, "all_gather Float[64]", {3, pass_part::between, 6}, after))}, 4)
+            .error);
+  // A peer still at the same point, slow, does not.
+  hang_watch slow(0, after, silence);
+  CHECK_FALSE(watch(slow, mine, {peer(1, 4, computing({3, pass_part::backward, 5}))}, 20).error);
+  // A read before any collective waits on none: a peer further on is not known to be a hang, and a
+  // stopped one is still named by its silence.
+  hang_watch before_any(0, after, silence);
+  progress_snapshot first = computing({1, pass_part::forward, 1});
+  first.waiting = wait_kind::host_read;
+  first.waited = after;
+  CHECK_FALSE(watch(before_any, first, {peer(1, 4, computing({2, pass_part::forward, 3}))}, 20).error);
+  hang_watch stopped(0, after, silence);
+  const auto silent = watch(stopped, first, {peer(1, 4, computing({1, pass_part::forward, 1}))}, 20, /*frozen=*/true);
+  REQUIRE(silent.error);
+  CHECK_THAT(*silent.error, ContainsSubstring("a host read in the forward of pass 1") &&
+                                ContainsSubstring("rank 1 has sent no heartbeat"));
+}

@@ -5,7 +5,9 @@
 #include <catch2/matchers/catch_matchers_string.hpp>
 
 #include <map>
+#include <optional>
 #include <string>
+#include <vector>
 
 using Catch::Matchers::ContainsSubstring;
 using loom::launch_env;
@@ -169,4 +171,25 @@ TEST_CASE("a missing variable is named, with the launcher that sets it", "[launc
   CAPTURE(name);
   CHECK_THAT(error_for(without(torchrun(0, 2), name)),
              ContainsSubstring(name + " is not set") && ContainsSubstring("loom-run or torchrun"));
+}
+
+TEST_CASE("ProcessGroupNCCL's safety nets follow loom's timeout, and a user's own values are kept", "[launch_env]") {
+  const launch_env env = parse_launch_env(lookup({{"LOOM_TIMEOUT_S", "120"}}));
+  const auto value_of = [](const std::vector<loom::environment_setting>& settings, const std::string& name) {
+    for (const auto& setting : settings) {
+      if (setting.name == name) return std::optional<std::string>(setting.value);
+    }
+    return std::optional<std::string>();
+  };
+  const auto defaults = loom::nccl_environment(env, lookup({}));
+  CHECK(value_of(defaults, "TORCH_NCCL_ASYNC_ERROR_HANDLING") == "3");
+  CHECK(value_of(defaults, "TORCH_NCCL_BLOCKING_WAIT") == "0");
+  CHECK(value_of(defaults, "TORCH_NCCL_DUMP_ON_TIMEOUT") == "1");
+  CHECK(value_of(defaults, "TORCH_NCCL_TRACE_BUFFER_SIZE") == "2000");
+  CHECK(value_of(defaults, "TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC") == "180");  // the timeout and a minute to report
+  const auto user = loom::nccl_environment(
+      env, lookup({{"TORCH_NCCL_TRACE_BUFFER_SIZE", "0"}, {"TORCH_NCCL_ASYNC_ERROR_HANDLING", "1"}}));
+  CHECK_FALSE(value_of(user, "TORCH_NCCL_TRACE_BUFFER_SIZE"));
+  CHECK_FALSE(value_of(user, "TORCH_NCCL_ASYNC_ERROR_HANDLING"));
+  CHECK(user.size() == defaults.size() - 2);
 }

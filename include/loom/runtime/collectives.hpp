@@ -40,16 +40,13 @@ class [[nodiscard]] pending_collective {
  public:
   pending_collective();  // nothing to wait for
   explicit pending_collective(c10::intrusive_ptr<c10d::Work> work, std::function<void()> then = {},
-                              collective_label label = {}, bool device_ordered = false);
+                              collective_label label = {});
   ~pending_collective();
   pending_collective(pending_collective&&) noexcept;
   pending_collective& operator=(pending_collective&&) noexcept;
 
   void wait();
   [[nodiscard]] bool is_completed() const;
-  // wait() when that does not stop the host: always where the backend orders its work on the device
-  // (NCCL: the current stream waits, and the collective's inputs are let go), once it is done elsewhere.
-  void settle();
   // This collective, then `next` once it is done (after its own completion step).
   [[nodiscard]] pending_collective and_then(std::function<void()> next) &&;
 
@@ -57,7 +54,6 @@ class [[nodiscard]] pending_collective {
   c10::intrusive_ptr<c10d::Work> work_;
   std::function<void()> then_;
   collective_label label_;
-  bool device_ordered_ = false;
 };
 
 class collectives {

@@ -107,8 +107,7 @@ void fsdp_state::declare_collectives(collective_schedule& schedule) {
     const std::size_t index = cursor_.declare(
         schedule, group.reduce_scatter_entries(shard_group),
         [this, &group] {
-          // The one before is done or ordered before this one on the device: its inputs can go.
-          if (last_reduced_ != nullptr) last_reduced_->settle_reduce_scatter();
+          if (last_reduced_ != nullptr) retire_reduce_scatter(*last_reduced_);
           group.start_reduce_scatter(comm());
           last_reduced_ = &group;
         },
@@ -134,6 +133,19 @@ void fsdp_state::declare_collectives(collective_schedule& schedule) {
         schedule, {adapters_.bucket_entry(b)}, [this, b] { adapters_.start_all_reduce(b, context_->rt().comm()); },
         gradient_sync::replicas);
   }
+}
+
+// One reduce-scatter in flight at a time, as FSDP2 has it: as the next is issued, the one before is
+// waited on (under NCCL the device waits and the host goes on), its input goes and its result joins
+// the shards' gradients (under hybrid sharding's micro-batches, the partial sums), so that a backward
+// holds one unit's packed gradients and no second copy of the shards'.
+void fsdp_state::retire_reduce_scatter(param_group& group) {
+  if (!hybrid()) {
+    group.finish_reduce_scatter();
+  } else if (pass_sync() == gradient_sync::shards) {
+    group.keep_partial();
+  }
+  // Otherwise its all-reduce across the replicas, declared before this reduce-scatter, waited on it.
 }
 
 void fsdp_state::begin_step() {
@@ -164,9 +176,9 @@ void fsdp_state::end_backward() {
     for_each_group([](param_group& group) { group.stash_grads(); });
     return;
   }
-  for_each_group([this](const param_group& group) {
+  for_each_group([this](param_group& group) {
     // A gradient after the reduce-scatter began would be lost: never silently.
-    if (const sharded_param* late = group.late_gradient()) {
+    if (const sharded_param* late = group.end_backward()) {
       context_->fail(fmt::format(
           "fsdp(): '{}' received a gradient after {}'s reduce-scatter began. fsdp() reduces a unit's gradients "
           "once the gradient of the previous unit's output is complete, which holds when the units form a chain "
@@ -221,7 +233,12 @@ void fsdp_state::after_forward(std::size_t unit, const std::vector<at::Tensor>& 
 }
 
 void fsdp_state::before_backward(std::size_t unit) {
-  if (unit + 1 < units_.size()) issue_through(unit_steps_[unit + 1].reduce_scatter);
+  if (unit + 1 < units_.size()) {
+    // The unit after this one is done with its backward: its gradients go, and its parameters'
+    // bytes (FSDP2's reshard after backward), so that a backward holds one or two units whole.
+    issue_through(unit_steps_[unit + 1].reduce_scatter);
+    units_[unit + 1].reshard();
+  }
   if (unit > 0) issue_through(unit_steps_[unit - 1].backward_gather);
   issue_through(unit_steps_[unit].backward_gather);
   units_[unit].finish_gather();

@@ -117,19 +117,15 @@ void param_group::start_reduce_scatter(collectives& comm) {
     at::Tensor reduced = at::empty({row_numel}, options);
     pending_collective work = comm.reduce_scatter(input.view(-1), reduced, reduce_op::mean);
     failpoint("step.backward");  // mid backward, with a reduce-scatter under way
+    reduced_.insert(reduced_.end(), indices.begin(), indices.end());
     reductions_.push_back({std::move(indices), std::move(reduced), std::move(work)});
   }
 }
 
-void param_group::settle_reduce_scatter() {
-  for (in_flight& reduction : reductions_) reduction.work.settle();
-}
-
-const sharded_param* param_group::late_gradient() const {
-  for (const in_flight& reduction : reductions_) {
-    for (std::size_t i : reduction.indices) {
-      if (params_[i].full().grad().defined()) return &params_[i];
-    }
+const sharded_param* param_group::end_backward() {
+  const std::vector<std::size_t> reduced = std::exchange(reduced_, {});
+  for (std::size_t i : reduced) {
+    if (params_[i].full().grad().defined()) return &params_[i];
   }
   return nullptr;
 }

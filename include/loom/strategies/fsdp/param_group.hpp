@@ -55,23 +55,21 @@ class param_group {
   // for sends zeros: every rank issues the same collective, and the parameter ends the backward with
   // the mean (zero where no rank used it).
   void start_reduce_scatter(collectives& comm);
-  // Lets the backend go on from the issued reduce-scatters where that does not stop the host (NCCL: the
-  // current stream waits on them and their inputs, a unit's full gradients, are freed), so that no
-  // more than a unit or two of full gradients is alive at once.
-  void settle_reduce_scatter();
-  // A parameter whose gradient reached it after its reduce-scatter began (which would be lost), if
-  // any: the caller fails the step, naming it.
-  [[nodiscard]] const sharded_param* late_gradient() const;
+  // Ends this backward's reductions: a parameter whose gradient reached it after its reduce-scatter
+  // began (which would be lost), if any, for the caller to fail the step naming it.
+  [[nodiscard]] const sharded_param* end_backward();
   // Hybrid sharding: once the reduce-scatters are done (ordered on the device under NCCL, waited
   // for elsewhere), each one's reduced rows, with what keep_partial() kept of the micro-batches
   // before, averaged across the replicate group, issued without waiting. Over S ranks a shard and R
   // replicas, the mean of means is the mean over every rank.
   void start_replicate_all_reduce(collectives& replicate);
-  // Hybrid sharding, in a micro-batch that does not reach across replicas: the reduced rows kept
-  // aside, added up, for the all-reduce of the last micro-batch (FSDP2's partial reduce output).
+  // Hybrid sharding, in a micro-batch that does not reach across replicas: waits for the reductions
+  // issued and keeps their reduced rows aside, added up, for the all-reduce of the last micro-batch
+  // (FSDP2's partial reduce output).
   void keep_partial();
-  // Waits for the reductions issued and adds each parameter's reduced rows to its shard's gradient
-  // (its first, a view of the reduced rows when the dtypes agree: no copy).
+  // Waits for the reductions issued (under NCCL the current stream waits, not the host), lets their
+  // inputs go, and adds each parameter's reduced rows to its shard's gradient (its first, a view of
+  // the reduced rows when the dtypes agree: no copy).
   void finish_reduce_scatter();
   // After a backward that accumulates unsharded (fsdp_options::accumulate_unsharded): the gradients
   // computed narrower than the reduce dtype are kept in it until the reduce-scatter
@@ -111,6 +109,7 @@ class param_group {
   bool whole_ = true;  // until the first reshard
   std::vector<in_flight> gathers_;
   std::vector<in_flight> reductions_;
+  std::vector<std::size_t> reduced_;  // the parameters whose reduce-scatter this backward issued
   std::vector<at::Tensor> partials_;  // hybrid: keep_partial()'s sums, one a reduction, in batches(true) order
 };
 
