@@ -91,7 +91,8 @@ at::Tensor optimizer_bytes(torch::optim::Optimizer& optimizer) {
 // The optimizer's archive of its state as it is now, in tensors its next steps leave alone: its
 // states swapped for copies while it saves, then given back. Nothing when a state is of a kind
 // copied_state() does not know, whose archive would hold the live tensors.
-std::optional<torch::serialize::OutputArchive> frozen_archive(torch::optim::Optimizer& optimizer, host_staging& staging) {
+std::optional<torch::serialize::OutputArchive> frozen_archive(torch::optim::Optimizer& optimizer,
+                                                              host_staging& staging) {
   auto& states = optimizer.state();
   std::vector<std::pair<void*, std::unique_ptr<torch::optim::OptimizerParamState>>> swapped;
   for (const auto& [key, state] : states) {

@@ -83,8 +83,8 @@ std::optional<hang_watch::finding> hang_watch::reason(const progress_snapshot& m
                        fmt::format("{}, but rank {} has gone on to {} without joining it: {}", waited, peer.rank,
                                    theirs.at.to_string(), different_collectives)};
       }
-      if (waits_on_collective(theirs) && theirs.group == mine.group &&
-          theirs.collective == mine.collective && theirs.what != mine.what) {
+      if (waits_on_collective(theirs) && theirs.group == mine.group && theirs.collective == mine.collective &&
+          theirs.what != mine.what) {
         return finding{
             peer_differs, peer.rank,
             fmt::format("{} (its collective #{}), but rank {}'s collective #{} is {}: {}", waited, mine.collective,

@@ -158,12 +158,9 @@ std::vector<environment_setting> nccl_environment(const launch_env& env, const e
   const auto timeout_s = std::chrono::ceil<std::chrono::seconds>(env.timeout).count();
   const std::vector<environment_setting> wanted{
       // 3 (SkipCleanUp): a failed or timed-out collective ends the process without waiting on NCCL.
-      {"TORCH_NCCL_ASYNC_ERROR_HANDLING", "3"},
-      {"TORCH_NCCL_BLOCKING_WAIT", "0"},
-      {"TORCH_NCCL_TRACE_BUFFER_SIZE", "2000"},
-      {"TORCH_NCCL_DUMP_ON_TIMEOUT", "1"},
-      {"TORCH_NCCL_ENABLE_MONITORING", "1"},
-      {"TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC", std::to_string(timeout_s + 60)},
+      {"TORCH_NCCL_ASYNC_ERROR_HANDLING", "3"}, {"TORCH_NCCL_BLOCKING_WAIT", "0"},
+      {"TORCH_NCCL_TRACE_BUFFER_SIZE", "2000"}, {"TORCH_NCCL_DUMP_ON_TIMEOUT", "1"},
+      {"TORCH_NCCL_ENABLE_MONITORING", "1"},    {"TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC", std::to_string(timeout_s + 60)},
   };
   std::vector<environment_setting> settings;
   for (const environment_setting& setting : wanted) {

@@ -63,8 +63,7 @@ rank_mesh::rank_mesh(const runtime& rt, int shard_size)
 #ifdef LOOM_HAVE_NCCL
     if (nccl) {
       return std::make_unique<collectives>(make_nccl(store, rt.env(), rank, size, name, rt.device()), rank, size,
-                                           staged, &rt.progress(),
-                                           std::move(group));
+                                           staged, &rt.progress(), std::move(group));
     }
 #endif
     return std::make_unique<collectives>(make_gloo(store, rt.env(), rank, size), rank, size, staged, &rt.progress(),

@@ -247,7 +247,7 @@ struct runtime::state {
   std::unique_ptr<job_failures> failures;  // before pulse, which holds it
   std::unique_ptr<collectives> comm;
   std::unique_ptr<collectives> host_comm;  // set when comm's backend is not Gloo
-  std::unique_ptr<heartbeat> pulse;  // after the store: stops beating before the store goes
+  std::unique_ptr<heartbeat> pulse;        // after the store: stops beating before the store goes
 };
 
 runtime runtime::from_env() { return runtime(parse_launch_env()); }

@@ -37,7 +37,8 @@ at::Tensor issued_under_delays(Job& job, std::int64_t width, unsigned run) {
       } else {
         job.backward(loss);
       }
-      for (const std::size_t entry : job.strategy().issued_entries()) issued.push_back(static_cast<std::int64_t>(entry));
+      for (const std::size_t entry : job.strategy().issued_entries())
+        issued.push_back(static_cast<std::int64_t>(entry));
       issued.push_back(-1);
     }
     job.zero_grad();

@@ -28,8 +28,8 @@ using loom::testing::check_same_state;
 using loom::testing::heap_in_use;
 using loom::testing::hooked_units;
 using loom::testing::issued_under_delays;
-using loom::testing::same_on_every_rank;
 using loom::testing::odd_units;
+using loom::testing::same_on_every_rank;
 using loom::testing::training_state_bytes;
 using loom::testing::world;
 
@@ -304,10 +304,9 @@ TEST_CASE("under random delays in backward, every rank and every run issue the s
         const at::Tensor sync_pass = at::cat({at::arange(entries, at::kLong), at::full({1}, -1, at::kLong)});
         std::int64_t pass_start = 0;
         for (int pass = 0; pass < 6; ++pass) {
-          const std::int64_t pass_end = pass_start + (issued.narrow(0, pass_start, issued.numel() - pass_start) == -1)
-                                                         .nonzero()[0]
-                                                         .item<std::int64_t>() +
-                                        1;
+          const std::int64_t pass_end =
+              pass_start +
+              (issued.narrow(0, pass_start, issued.numel() - pass_start) == -1).nonzero()[0].item<std::int64_t>() + 1;
           if (pass % 2 == 1) CHECK(at::equal(issued.narrow(0, pass_start, pass_end - pass_start), sync_pass));
           pass_start = pass_end;
         }

@@ -66,7 +66,8 @@
   X(before_backward, "void before_backward(loom::strategy_context&, const at::Tensor& loss)", __VA_ARGS__)             \
   X(optimizer_parameters, "std::vector<at::Tensor> optimizer_parameters(const loom::strategy_context&) const",         \
     __VA_ARGS__)                                                                                                       \
-  X(clip_grad_norm, "at::Tensor clip_grad_norm(loom::strategy_context&, double max_norm, double norm_type)", __VA_ARGS__)  \
+  X(clip_grad_norm, "at::Tensor clip_grad_norm(loom::strategy_context&, double max_norm, double norm_type)",           \
+    __VA_ARGS__)                                                                                                       \
   X(explain_forward_failure, "void explain_forward_failure(loom::strategy_context&, std::exception_ptr)", __VA_ARGS__) \
   X(with_full_parameters, "void with_full_parameters(loom::strategy_context&, const std::function<void()>& change)",   \
     __VA_ARGS__)                                                                                                       \

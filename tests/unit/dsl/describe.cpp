@@ -38,10 +38,12 @@ TEST_CASE("describe fills in defaults, the strategy included", "[dsl][describe]"
 
 TEST_CASE("describe the other strategies and a closure", "[dsl][describe]") {
   CHECK((loom::model<demo::TinyGpt>(1, 2) | loom::fsdp()).describe() ==
-        "model<demo::TinyGpt>(2 args)\nfsdp(reshard_after_forward=true, bucket_cap_mb=25, shard_group_size=0, accumulate_unsharded=false)\n");
+        "model<demo::TinyGpt>(2 args)\nfsdp(reshard_after_forward=true, bucket_cap_mb=25, shard_group_size=0, "
+        "accumulate_unsharded=false)\n");
   CHECK((loom::model<demo::TinyGpt>() | loom::local()).describe() == "model<demo::TinyGpt>(0 args)\nlocal()\n");
   CHECK((loom::seeded(7) | loom::fsdp({.reshard_after_forward = false})).describe() ==
-        "seeded(7)\nfsdp(reshard_after_forward=false, bucket_cap_mb=25, shard_group_size=0, accumulate_unsharded=false)\n");
+        "seeded(7)\nfsdp(reshard_after_forward=false, bucket_cap_mb=25, shard_group_size=0, "
+        "accumulate_unsharded=false)\n");
 }
 
 TEST_CASE("describe_state leaves out the layout options, which a checkpoint resumes across", "[dsl][describe]") {
