@@ -271,9 +271,10 @@ TEST_CASE("accumulating under fsdp() keeps the gradients sharded; accumulate_uns
     INFO("one micro-batch " << one_micro_batch << " B, four: " << sharded_peak << " B sharded, " << unsharded_peak
                             << " B unsharded; a unit's gradients " << unit_bytes << " B, the model's "
                             << whole_gradients << " B");
-    // Four micro-batches hold what one does, give or take a unit's reduction in flight (its packed
-    // gradients and reduced rows: about 1.1 units' gradients measured at 2 and 3 ranks).
-    CHECK(sharded_peak <= one_micro_batch + 2 * unit_bytes);
+    // Four micro-batches hold what one does, give or take the reductions in flight as the sample is
+    // taken (a unit's packed gradients and its reduced rows: up to 2 units' gradients measured at 2
+    // and 3 ranks on a loaded machine); before loom kept sharded gradients, a whole model's more.
+    CHECK(sharded_peak <= one_micro_batch + 3 * unit_bytes);
     // Accumulating unsharded holds every unit's whole gradients until the last micro-batch.
     // (Measured: 4.2 to 4.5 MB of the 4.7 MB more, its transients overlapping one micro-batch's.)
     CHECK(unsharded_peak >= one_micro_batch + whole_gradients * 3 / 4);
