@@ -1,16 +1,22 @@
 #pragma once
 // The order of a strategy's collectives under random delays: the schedule entries a job issued,
-// recorded by its cursor, with each rank held up at random points of its backward.
+// recorded by its cursor, with each rank held up at random points of its backward, compared across
+// ranks and runs.
 
 #include "hooked_units.hpp"
 #include "world.hpp"
 
+#include <loom/job/build.hpp>
+
 #include <ATen/ATen.h>
+
+#include <catch2/catch_test_macros.hpp>
 
 #include <chrono>
 #include <cstdint>
 #include <random>
 #include <thread>
+#include <utility>
 #include <vector>
 
 namespace loom::testing {
@@ -45,6 +51,27 @@ at::Tensor issued_under_delays(Job& job, std::int64_t width, unsigned run) {
   }
   job.module().in_backward = nullptr;
   return at::tensor(issued, at::kLong);
+}
+
+// Builds `plan` (over hooked_units of width `width`) three times, each run with other delays, and
+// checks that every rank issued the same sequence and every run the first one's; returns the first
+// run's sequence and its schedule's number of entries.
+template <class Plan>
+std::pair<at::Tensor, std::int64_t> check_order_under_delays(const Plan& plan, std::int64_t width) {
+  at::Tensor first;
+  std::int64_t entries = 0;
+  for (unsigned run = 0; run < 3; ++run) {
+    CAPTURE(run);
+    auto job = loom::build(plan, world());
+    const at::Tensor issued = issued_under_delays(job, width, run);
+    CHECK(same_on_every_rank(issued));
+    if (run == 0) {
+      first = issued;
+      entries = static_cast<std::int64_t>(job.schedule().entries().size());
+    }
+    CHECK(at::equal(issued, first));
+  }
+  return {first, entries};
 }
 
 }  // namespace loom::testing

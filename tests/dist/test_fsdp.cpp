@@ -27,9 +27,7 @@
 using loom::testing::check_same_state;
 using loom::testing::heap_in_use;
 using loom::testing::hooked_units;
-using loom::testing::issued_under_delays;
 using loom::testing::odd_units;
-using loom::testing::same_on_every_rank;
 using loom::testing::training_state_bytes;
 using loom::testing::world;
 
@@ -292,28 +290,18 @@ TEST_CASE("under random delays in backward, every rank and every run issue the s
   constexpr auto base = loom::model<hooked_units>(width, 3) | loom::seeded(22);
   const auto check_order = [&](const auto& plan, const std::string& name) {
     CAPTURE(name);
-    at::Tensor first;
-    for (unsigned run = 0; run < 3; ++run) {
-      CAPTURE(run);
-      auto job = loom::build(plan, world());
-      const at::Tensor issued = issued_under_delays(job, width, run);
-      CHECK(same_on_every_rank(issued));
-      if (run == 0) {
-        first = issued;
-        // The passes that synchronise (every second one) issue every entry of the schedule, in order.
-        const auto entries = static_cast<std::int64_t>(job.schedule().entries().size());
-        const at::Tensor sync_pass = at::cat({at::arange(entries, at::kLong), at::full({1}, -1, at::kLong)});
-        std::int64_t pass_start = 0;
-        for (int pass = 0; pass < 6; ++pass) {
-          const std::int64_t pass_end =
-              pass_start +
-              (issued.narrow(0, pass_start, issued.numel() - pass_start) == -1).nonzero()[0].item<std::int64_t>() + 1;
-          if (pass % 2 == 1) CHECK(at::equal(issued.narrow(0, pass_start, pass_end - pass_start), sync_pass));
-          pass_start = pass_end;
-        }
-      } else {
-        CHECK(at::equal(issued, first));
-      }
+    const std::pair<at::Tensor, std::int64_t> order = loom::testing::check_order_under_delays(plan, width);
+    const at::Tensor& issued = order.first;
+    const std::int64_t entries = order.second;
+    // The passes that synchronise (every second one) issue every entry of the schedule, in order.
+    const at::Tensor sync_pass = at::cat({at::arange(entries, at::kLong), at::full({1}, -1, at::kLong)});
+    std::int64_t pass_start = 0;
+    for (int pass = 0; pass < 6; ++pass) {
+      const std::int64_t pass_end =
+          pass_start +
+          (issued.narrow(0, pass_start, issued.numel() - pass_start) == -1).nonzero()[0].item<std::int64_t>() + 1;
+      if (pass % 2 == 1) CHECK(at::equal(issued.narrow(0, pass_start, pass_end - pass_start), sync_pass));
+      pass_start = pass_end;
     }
   };
   check_order(base | loom::fsdp(), "fsdp");
