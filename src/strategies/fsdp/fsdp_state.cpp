@@ -32,6 +32,7 @@ void fsdp_state::shard(strategy_context& context) {
   constexpr std::int64_t int_min = std::numeric_limits<int>::min();
   constexpr std::int64_t int_max = std::numeric_limits<int>::max();
   mesh_.emplace(rt, static_cast<int>(std::clamp(shard_size, int_min, int_max)));
+  streams_ = comm_streams(rt.device());
   const std::optional<precision_policy>& precision = context.precision();
   const std::optional<at::ScalarType> reduce = precision ? std::optional(precision->reduce) : std::nullopt;
   root_ = param_group("(root)", reduce);
@@ -90,7 +91,7 @@ void fsdp_state::declare_collectives(collective_schedule& schedule) {
   const std::string shard_group = mesh_->shard_role();
   const auto gather = [&](param_group& group, step_phase phase) {
     return cursor_.declare(
-        schedule, group.gather_entries(phase, shard_group), [this, &group] { group.start_gather(comm()); },
+        schedule, group.gather_entries(phase, shard_group), [this, &group] { group.start_gather(comm(), streams_); },
         gradient_sync::none);
   };
   std::vector<param_group*> awaiting_replicas;  // reduce-scatters whose all-reduce is not declared yet
@@ -98,7 +99,7 @@ void fsdp_state::declare_collectives(collective_schedule& schedule) {
     for (param_group* group : awaiting_replicas) {
       cursor_.declare(
           schedule, group->replicate_entries(mesh_->replicate_role()),
-          [this, group] { group->start_replicate_all_reduce(mesh_->replicate()); }, gradient_sync::replicas);
+          [this, group] { group->start_replicate_all_reduce(mesh_->replicate(), streams_); }, gradient_sync::replicas);
     }
     awaiting_replicas.clear();
   };
@@ -108,7 +109,7 @@ void fsdp_state::declare_collectives(collective_schedule& schedule) {
         schedule, group.reduce_scatter_entries(shard_group),
         [this, &group] {
           if (last_reduced_ != nullptr) retire_reduce_scatter(*last_reduced_);
-          group.start_reduce_scatter(comm());
+          group.start_reduce_scatter(comm(), streams_);
           last_reduced_ = &group;
         },
         gradient_sync::shards);

@@ -49,7 +49,11 @@ std::vector<schedule_entry> param_group::replicate_entries(const std::string& gr
   return entries(collective_op::all_reduce, step_phase::backward, true, group);
 }
 
-void param_group::start_gather(collectives& comm) {
+// The copy-in stream waits for the current one, where the optimizer wrote the shards; the bytes it
+// allocates are freed only once the compute stream has waited for the gather and copied out of
+// them, and taken again only after the next such wait: no event needs to outlive a call.
+void param_group::start_gather(collectives& comm, const comm_streams& streams) {
+  const comm_streams::scope copy_in = streams.enter(comm_role::gather_copy_in);
   for (auto& indices : batches(false)) {
     std::vector<at::Tensor> shards;
     for (std::size_t i : indices) shards.push_back(params_[i].shard().detach());
@@ -57,8 +61,9 @@ void param_group::start_gather(collectives& comm) {
     // in, so that its gathers move half the bytes.
     const at::Tensor packed = at::cat(shards).to(carried_dtype(indices.front(), false));
     at::Tensor all = at::empty({comm.world_size(), packed.numel()}, packed.options());
+    const comm_streams::scope gather = streams.enter(comm_role::gather);
     pending_collective work = comm.all_gather(packed, all);
-    gathers_.push_back({std::move(indices), std::move(all), std::move(work)});
+    gathers_.push_back({std::move(indices), std::move(all), std::move(work), {}});
   }
 }
 
@@ -69,12 +74,14 @@ void param_group::finish_gather() {
   }
   for (in_flight& gather : gathers_) {
     gather.work.wait();
-    std::int64_t offset = 0;
+    // One kernel (on CUDA) writes every parameter's rank-major blocks, padding included, into its bytes.
+    std::vector<at::Tensor> destinations;
+    std::vector<std::int64_t> sizes;
     for (std::size_t i : gather.indices) {
-      const sharded_param& p = params_[i];
-      p.unshard_from(gather.buffer.narrow(1, offset, p.shard_numel()));
-      offset += p.shard_numel();
+      destinations.push_back(params_[i].gathered_rows());
+      sizes.push_back(params_[i].shard_numel());
     }
+    at::split_with_sizes_copy_out(destinations, gather.buffer, sizes, 1);
   }
   gathers_.clear();
   whole_ = true;
@@ -86,7 +93,7 @@ void param_group::reshard() {
   whole_ = false;
 }
 
-void param_group::start_reduce_scatter(collectives& comm) {
+void param_group::start_reduce_scatter(collectives& comm, const comm_streams& streams) {
   const std::int64_t ranks = comm.world_size();
   for (auto& indices : batches(true)) {
     const at::TensorOptions options =
@@ -115,10 +122,12 @@ void param_group::start_reduce_scatter(collectives& comm) {
       at::_chunk_cat_out(input, grads, 0, ranks);
     }
     at::Tensor reduced = at::empty({row_numel}, options);
+    // Both allocated on the compute stream, and let go once it has waited for the reduction.
+    const comm_streams::scope reduce_scatter = streams.enter(comm_role::reduce_scatter);
     pending_collective work = comm.reduce_scatter(input.view(-1), reduced, reduce_op::mean);
     failpoint("step.backward");  // mid backward, with a reduce-scatter under way
     reduced_.insert(reduced_.end(), indices.begin(), indices.end());
-    reductions_.push_back({std::move(indices), std::move(reduced), std::move(work)});
+    reductions_.push_back({std::move(indices), std::move(reduced), std::move(work), {}});
   }
 }
 
@@ -130,11 +139,17 @@ const sharded_param* param_group::end_backward() {
   return nullptr;
 }
 
-void param_group::start_replicate_all_reduce(collectives& replicate) {
+void param_group::start_replicate_all_reduce(collectives& replicate, const comm_streams& streams) {
+  // After the reduce-scatter stream, which waited for the partial sums' last write when this
+  // reduce-scatter was issued, and then for the reduce-scatter itself: not for the compute since.
+  const comm_streams::scope replicas = streams.enter_after(comm_role::replicate, comm_role::reduce_scatter);
   for (std::size_t k = 0; k < reductions_.size(); ++k) {
     in_flight& reduction = reductions_[k];
     reduction.work.wait();
-    if (k < partials_.size() && partials_[k].defined()) reduction.buffer.add_(std::exchange(partials_[k], {}));
+    if (k < partials_.size() && partials_[k].defined()) {
+      reduction.read_elsewhere = std::exchange(partials_[k], {});
+      reduction.buffer.add_(reduction.read_elsewhere);
+    }
     reduction.work = replicate.all_reduce(reduction.buffer, reduce_op::mean);
   }
 }
@@ -151,7 +166,7 @@ void param_group::keep_partial() {
 
 void param_group::finish_reduce_scatter() {
   for (in_flight& reduction : reductions_) {
-    reduction.work.wait();
+    reduction.work.wait();  // the current stream waits, then what the replicate stream read may go
     std::int64_t offset = 0;
     for (std::size_t i : reduction.indices) {
       sharded_param& p = params_[i];

@@ -39,6 +39,7 @@ sharded_param::sharded_param(std::string name, at::Tensor parameter, int ranks, 
   rows_ = full_.dim() == 0 ? 1 : full_.size(0);
   row_numel_ = rows_ == 0 ? 0 : full_.numel() / rows_;
   shard_rows_ = (rows_ + ranks - 1) / ranks;
+  ranks_ = ranks;
   trainable_ = full_.requires_grad();
   shard_ = at::zeros({shard_numel()}, full_.options().requires_grad(false));
   shard_.requires_grad_(trainable_);
@@ -47,7 +48,7 @@ sharded_param::sharded_param(std::string name, at::Tensor parameter, int ranks, 
 
 at::Tensor sharded_param::full_rows() const { return full_.variable_data().view({rows_, row_numel_}); }
 
-bool sharded_param::allocated() const noexcept { return full_.storage().nbytes() == full_.nbytes(); }
+bool sharded_param::allocated() const noexcept { return full_.storage().nbytes() >= full_.nbytes(); }
 
 // As FSDP2's free_storage / alloc_storage: the storage object, and so every view and autograd handle
 // of the parameter, stays; only its bytes come and go. An empty parameter has no bytes either way.
@@ -63,13 +64,14 @@ void sharded_param::alloc_storage() const {
   if (full_.nbytes() == 0) return;
   c10::StorageImpl& storage = *full_.storage().unsafeGetStorageImpl();
   TORCH_INTERNAL_ASSERT(storage.nbytes() == 0, "fsdp(): '", name_, "' given bytes while whole");
-  storage.set_data_ptr_noswap(storage.allocator()->allocate(full_.nbytes()));
-  storage.set_nbytes(full_.nbytes());
+  const std::size_t padded = static_cast<std::size_t>(ranks_ * shard_numel()) * full_.itemsize();
+  storage.set_data_ptr_noswap(storage.allocator()->allocate(padded));
+  storage.set_nbytes(padded);
 }
 
-void sharded_param::unshard_from(const at::Tensor& by_rank) const {
-  const at::Tensor blocks = by_rank.view({by_rank.size(0), shard_rows_, row_numel_});
-  for (const auto& [rows, padded] : matching_rows(full_rows(), blocks)) rows.copy_(padded);
+at::Tensor sharded_param::gathered_rows() const {
+  TORCH_INTERNAL_ASSERT(full_.storage_offset() == 0, "fsdp(): '", name_, "' does not start its storage");
+  return full_.variable_data().as_strided({ranks_, shard_numel()}, {shard_numel(), 1}, 0);
 }
 
 at::Tensor sharded_param::whole_from(const at::Tensor& by_rank) const {

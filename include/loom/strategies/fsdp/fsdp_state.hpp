@@ -4,7 +4,7 @@
 // rank issues them over every communicator, and the unit hooks that issue them around each unit's
 // forward and backward (gathers prefetched one unit ahead, reduce-scatters as each unit's backward
 // completes; under hybrid sharding, each reduce-scatter's all-reduce across the replicas just before
-// the next reduce-scatter, ordered after its own on the device).
+// the next reduce-scatter, ordered after its own on the device), each kind on its own stream on a GPU.
 
 #include <loom/dsl/strategies.hpp>
 #include <loom/nn/unit.hpp>
@@ -92,6 +92,7 @@ class fsdp_state : public nn::unit_hooks {
   fsdp_options settings_;
   strategy_context* context_ = nullptr;
   std::optional<rank_mesh> mesh_;
+  comm_streams streams_;        // none on the CPU
   param_group root_{"(root)"};  // with the policy's reduce dtype, once shard() knows it
   std::vector<param_group> units_;
   std::vector<nn::unit_base*> unit_modules_;

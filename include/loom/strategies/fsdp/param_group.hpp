@@ -7,6 +7,7 @@
 
 #include <loom/runtime/collectives.hpp>
 #include <loom/schedule/schedule.hpp>
+#include <loom/strategies/fsdp/comm_streams.hpp>
 #include <loom/strategies/fsdp/sharded_param.hpp>
 
 #include <ATen/core/Tensor.h>
@@ -42,8 +43,9 @@ class param_group {
   // group (a forward with no backward, an evaluation) it writes the rows into the bytes it holds.
   // Resharding a group at rest does nothing.
 
-  // Issues the all-gathers without waiting, so that they overlap other work.
-  void start_gather(collectives& comm);
+  // Issues the all-gathers without waiting, so that they overlap other work: packed on the
+  // copy-in stream, gathered on the gather stream.
+  void start_gather(collectives& comm, const comm_streams& streams);
   // Waits for the issued all-gathers, if any, and writes every rank's rows into the full parameters.
   void finish_gather();
   [[nodiscard]] bool whole() const noexcept { return whole_; }
@@ -51,18 +53,19 @@ class param_group {
   void reshard();
 
   // Issues the reduce-scatter of the trainable parameters' gradients (their mean over the group), packed
-  // rank-major in one kernel, and drops the full gradients. A parameter this rank produced no gradient
-  // for sends zeros: every rank issues the same collective, and the parameter ends the backward with
-  // the mean (zero where no rank used it).
-  void start_reduce_scatter(collectives& comm);
+  // rank-major in one kernel on the current stream, reduced on the reduce-scatter stream, and drops
+  // the full gradients. A parameter this rank produced no gradient for sends zeros: every rank issues
+  // the same collective, and the parameter ends the backward with the mean (zero where no rank used it).
+  void start_reduce_scatter(collectives& comm, const comm_streams& streams);
   // Ends this backward's reductions: a parameter whose gradient reached it after its reduce-scatter
   // began (which would be lost), if any, for the caller to fail the step naming it.
   [[nodiscard]] const sharded_param* end_backward();
-  // Hybrid sharding: once the reduce-scatters are done (ordered on the device under NCCL, waited
-  // for elsewhere), each one's reduced rows, with what keep_partial() kept of the micro-batches
-  // before, averaged across the replicate group, issued without waiting. Over S ranks a shard and R
-  // replicas, the mean of means is the mean over every rank.
-  void start_replicate_all_reduce(collectives& replicate);
+  // Hybrid sharding: once the reduce-scatters are done (on the replicate stream, which waits for
+  // them and for nothing the compute stream issued since; waited for on the CPU), each one's reduced
+  // rows, with what keep_partial() kept of the micro-batches before, averaged across the replicate
+  // group, issued without waiting. Over S ranks a shard and R replicas, the mean of means is the mean
+  // over every rank.
+  void start_replicate_all_reduce(collectives& replicate, const comm_streams& streams);
   // Hybrid sharding, in a micro-batch that does not reach across replicas: waits for the reductions
   // issued and keeps their reduced rows aside, added up, for the all-reduce of the last micro-batch
   // (FSDP2's partial reduce output).
@@ -101,6 +104,9 @@ class param_group {
     std::vector<std::size_t> indices;
     at::Tensor buffer;        // a gather's N × packed shards; a reduction's reduced rows, in indices' order
     pending_collective work;  // a gather's; a reduce-scatter's, then its replicas' all-reduce
+    // What another stream reads until `work` is waited for (the partial sums added into `buffer` on
+    // the replicate stream): kept, so that the compute stream's allocator does not hand out its bytes.
+    at::Tensor read_elsewhere;
   };
 
   std::string name_;

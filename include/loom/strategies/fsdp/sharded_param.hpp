@@ -42,14 +42,17 @@ class sharded_param {
 
   // Whether the full parameter holds its bytes (whole), or none (at rest).
   [[nodiscard]] bool allocated() const noexcept;
-  // Frees the full parameter's bytes, and gives it new, unwritten ones of its full size, through its
-  // storage's own allocator (the device's: no copy, no host code). Only a whole parameter is freed
-  // and only one at rest is given bytes; anything else is a bug in the caller (an internal error).
+  // Frees the full parameter's bytes, and gives it new, unwritten ones through its storage's own
+  // allocator (the device's: no copy, no host code): N × shard_numel() elements, the full parameter
+  // and its padding past the last row, as FSDP2 pads, so that a gather writes it in one piece. Only a
+  // whole parameter is freed and only one at rest is given bytes; anything else is a bug in the
+  // caller (an internal error).
   void free_storage() const;
   void alloc_storage() const;
 
-  // Writes every rank's rows into the whole full parameter: `by_rank` is N × shard_numel(), rank-major.
-  void unshard_from(const at::Tensor& by_rank) const;
+  // Where a gather writes the whole parameter, rank-major: N × shard_numel(), over the bytes
+  // alloc_storage() gave it (the full parameter's rows, then the padding).
+  [[nodiscard]] at::Tensor gathered_rows() const;
   // Every rank's rows as a new whole tensor of the shard's dtype (the master weights, gathered).
   [[nodiscard]] at::Tensor whole_from(const at::Tensor& by_rank) const;
   // The full parameter's rows and each row's elements: the gradient's shape in a reduce-scatter.
@@ -100,6 +103,7 @@ class sharded_param {
   std::int64_t rows_ = 1;
   std::int64_t row_numel_ = 1;
   std::int64_t shard_rows_ = 1;
+  std::int64_t ranks_ = 1;
   bool trainable_ = false;
 };
 
