@@ -60,8 +60,27 @@ fs::path checkpoint_of(const loom::run_file& file, const std::string& config) {
         "run file '{}' has no pretrained stage: add {{ pretrained = \"checkpoint/\" }} to its plan, after seeded",
         config));
   }
+  // Each message names the path as the user gave it, and the file loom would read beside it.
   const fs::path path = file.stages.pretrained->path();
-  return fs::is_directory(path) ? path : path.parent_path();
+  if (fs::is_directory(path)) return path;
+  if (!fs::exists(path)) {
+    throw std::invalid_argument(fmt::format(
+        "pretrained '{}' does not exist: give a checkpoint's folder (its config.json and model.safetensors, or "
+        "a sharded index)",
+        path.string()));
+  }
+  if (path.filename() == "config.json") {
+    throw std::invalid_argument(fmt::format(
+        "pretrained '{}' is the model's config, not its weights: give the folder that holds both, '{}'", path.string(),
+        path.parent_path().string()));
+  }
+  if (!fs::exists(path.parent_path() / "config.json")) {
+    throw std::invalid_argument(
+        fmt::format("pretrained '{}' is a weights file, and its folder '{}' has no config.json to build the model "
+                    "from: give a checkpoint's folder that holds both",
+                    path.string(), path.parent_path().string()));
+  }
+  return path.parent_path();
 }
 
 int run(const options& opts) {
@@ -78,6 +97,15 @@ int run(const options& opts) {
   const std::int64_t split = tokens.numel() * 9 / 10;
   const auto plan = loom::plan_from_file(loom::model<loom::models::Llama>(model_config), file);
   const std::uint64_t seed = plan.seed().value_or(0);
+  // Before the model is built: too little data is a sentence, not a wait for the build.
+  const loom::launch_env env = loom::parse_launch_env();
+  const std::string knobs = "give a longer token file, a shorter --seq-len or a smaller --batch-size";
+  const text_data::batch_sampler batches(tokens.narrow(0, 0, split), seed, env.rank, env.world_size,
+                                         opts.batch_per_rank, opts.seq_len,
+                                         fmt::format("the first nine tenths of --tokens '{}'", opts.tokens), knobs);
+  const text_data::batch_sampler held_out(tokens.narrow(0, split, tokens.numel() - split), seed + 1, env.rank,
+                                          env.world_size, opts.batch_per_rank, opts.seq_len,
+                                          fmt::format("the held-out last tenth of --tokens '{}'", opts.tokens), knobs);
 
   auto built = loom::build(plan, loom::runtime::from_env());
   return std::visit(
@@ -87,10 +115,6 @@ int run(const options& opts) {
           for (const std::string& note : file.notes) fmt::print("{}\n", note);
           fmt::print("{}\n", job.describe());
         }
-        const text_data::batch_sampler batches(tokens.narrow(0, 0, split), seed, rt.rank(), rt.world_size(),
-                                               opts.batch_per_rank, opts.seq_len);
-        const text_data::batch_sampler held_out(tokens.narrow(0, split, tokens.numel() - split), seed + 1, rt.rank(),
-                                                rt.world_size(), opts.batch_per_rank, opts.seq_len);
         loom::train_options train_options = file.train;
         const double peak = train_options.lr ? train_options.lr->peak : 1e-3;
         loom::optim::AdamW optimizer(job.trainable_parameters(), torch::optim::AdamWOptions(peak).weight_decay(0.0));
@@ -113,9 +137,8 @@ int run(const options& opts) {
         if (opts.merged) {
           const fs::path merged = train_options.out / "merged";
           if (plan.lora()) job.merge();
-          job.save_weights(merged);
+          job.save_pretrained(merged);  // in the checkpoint's dtypes, with its config and tokenizer files
           if (rt.rank() == 0) {
-            fs::copy_file(checkpoint / "config.json", merged / "config.json", fs::copy_options::overwrite_existing);
             fmt::print("saved {} (transformers' format: LlamaForCausalLM.from_pretrained)\n", merged.string());
           }
         }

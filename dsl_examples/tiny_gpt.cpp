@@ -9,11 +9,12 @@
 //
 // Phase 1: model<TinyGpt> | seeded | ddp. Each rank samples its own batches; the DDP reducer
 //          averages the gradients. Rank 0 saves the weights.
-// Phase 2: model<PretrainedTinyGpt> | seeded | lora | fsdp. The pretrained weights are loaded as the
-//          model is constructed, so LoRA adapts them; only the adapters train. The frozen base is
-//          sharded across the ranks (each block a loom::nn::Unit), the adapters are replicated.
-//          With --config, phase 2's stages after the model and its loop come from a run file
-//          instead (one per strategy in dsl_examples/configs/), with dotted overrides.
+// Phase 2: model<TinyGpt> | seeded | pretrained | lora | fsdp. Each rank constructs and reads only its
+//          rows of the pretrained weights, LoRA adapts them, and only the adapters train. The frozen
+//          base is sharded across the ranks (each block a loom::nn::Unit), the adapters are
+//          replicated. With --config, phase 2's stages after the model and its loop come from a run
+//          file instead (one per strategy in dsl_examples/configs/), with dotted overrides; the
+//          pretrained stage is the recipe's.
 #include "models/tiny_gpt.hpp"
 #include "common/command_line.hpp"
 #include "models/text_data.hpp"
@@ -103,7 +104,7 @@ std::variant<options, int> parse_options(int argc, char** argv) {
   app.get_option("--config")
       ->description(
           "phase 2 from a run file: its stages after the pretrained model and its loop "
-          "(dsl_examples/configs/tiny-gpt-adapt-*.toml); train.out defaults to --out/adapt")
+          "(dsl_examples/configs/tiny-gpt-adapt-*.toml); train.out defaults to --out/adapt-<its name>")
       ->excludes(steps_adapt);
   if (const auto exit_code = recipes::parse_command_line(app, argc, argv)) return *exit_code;
   if (parsed.adapt_config.config.empty() && !parsed.adapt_config.overrides.empty()) {
@@ -156,16 +157,6 @@ corpus_files split_corpus(const fs::path& folder) {
 }
 
 // ---------------------------------------------------------------- the model
-
-// TinyGpt with its pretrained weights (safetensors, by name) loaded as it is constructed: the plan
-// builds it, so LoRA adapts these weights and seeded(...) draws only the adapters.
-class PretrainedTinyGpt : public models::TinyGpt {
- public:
-  PretrainedTinyGpt(const models::tiny_gpt_config& config, const fs::path& weights) : models::TinyGpt(config) {
-    (void)loom::copy_weights(*this, loom::load_weights(weights), /*strict=*/true,
-                             &loom::lora_adapter::is_adapter_parameter);
-  }
-};
 
 // Temperature sampling from a fixed prompt with a fixed generator: runs compare like with like.
 std::string sample(models::TinyGpt& model) {
@@ -240,28 +231,34 @@ bool train(Job& job, loom::train_options options, std::uint64_t data_seed, const
   return result.outcome == loom::train_outcome::finished;
 }
 
-// `job`'s weights, whole, in a plain TinyGpt (adapters left out: zero, or merged into the weights):
-// what the samples and the saved files are made from, under any strategy. Every rank calls it, since
-// under fsdp() the whole weights are gathered.
+// A sample of `job`'s model, said by rank 0: the model called directly, inside with_whole_module,
+// which under fsdp() gathers its parameters (on every rank) for the length of the call.
 template <class Job>
-std::shared_ptr<models::TinyGpt> plain_copy(Job& job) {
-  loom::tensor_state state = job.state_dict();
-  std::erase_if(state, [](const loom::named_tensor& t) { return loom::lora_adapter::is_adapter_parameter(t.name); });
-  auto plain = std::make_shared<models::TinyGpt>(model_config);
-  loom::load_module_state(*plain, state);
-  return plain;
-}
-
-void print_sample(const loom::runtime& rt, models::TinyGpt& model, std::string_view when) {
-  say(rt, "{}, from \"{}\":\n  {}\n", when, sample_prompt, is_leader(rt) ? sample(model) : std::string());
+void print_sample(Job& job, std::string_view when) {
+  const loom::runtime& rt = job.rt();
+  const std::string text =
+      job.with_whole_module([&](models::TinyGpt& model) { return is_leader(rt) ? sample(model) : std::string(); });
+  say(rt, "{}, from \"{}\":\n  {}\n", when, sample_prompt, text);
 }
 
 // Phase 1: every parameter trains; the pretrained weights go to `weights`. Skipped when they are
-// there already (a run started again after phase 1). False when stopped to be resumed.
+// there already from as many steps or more (a run started again after phase 1); with more steps
+// asked for, it goes on from its last checkpoint. False when stopped to be resumed.
 bool pretrain(const loom::runtime& rt, const options& opts, const corpus_files& corpus, const fs::path& weights) {
+  const fs::path out = fs::path(opts.out) / "pretrain";
   if (fs::exists(weights / "model.safetensors")) {
-    say(rt, "== phase 1: done already, {} holds the pretrained weights\n\n", weights.string());
-    return true;
+    const auto latest = loom::checkpointer(rt, {.folder = out / "checkpoints"}).latest();
+    const std::int64_t done = latest ? loom::read_checkpoint_manifest(*latest).step : 0;
+    if (done >= opts.steps_pretrain) {
+      say(rt, "== phase 1: done already, {} holds the weights of {} steps{}\n\n", weights.string(), done,
+          done > opts.steps_pretrain
+              ? fmt::format(", more than --steps-pretrain {} (give another --out to pretrain {} steps afresh)",
+                            opts.steps_pretrain, opts.steps_pretrain)
+              : std::string());
+      return true;
+    }
+    say(rt, "== phase 1: {} holds the weights of {} steps; going on to --steps-pretrain {}\n", weights.string(), done,
+        opts.steps_pretrain);
   }
   const auto plan = loom::model<models::TinyGpt>(model_config) | loom::seeded(model_seed) | loom::ddp();
   auto job = loom::build(plan, rt);
@@ -270,12 +267,11 @@ bool pretrain(const loom::runtime& rt, const options& opts, const corpus_files& 
   say(rt, "== phase 1: pretraining on {} in {} ({} characters), {}\n{}\n",
       loom::counted(static_cast<std::int64_t>(corpus.pretrain.size()), "text"), licence_folder.string(), tokens.numel(),
       loom::counted(rt.world_size(), "rank"), job.describe());
-  const fs::path out = fs::path(opts.out) / "pretrain";
   if (!train(job, phase_options("pretrain", opts.steps_pretrain, 2e-3, opts.checkpoint_every, out), 1000, tokens,
              unseen)) {
     return false;
   }
-  print_sample(rt, *plain_copy(job), "after pretraining");
+  print_sample(job, "after pretraining");
   job.save_weights(weights);  // every rank returns once rank 0 has written it: phase 2 reads it
   say(rt, "saved {}\n\n", weights.string());
   return true;
@@ -294,7 +290,7 @@ bool adapt(Job& job, bool has_adapters, const loom::train_options& train_options
   const auto held_out = text.narrow(0, split, text.numel() - split);
   say(rt, "== phase 2: adapting to {} ({} characters), held apart from pretraining\n{}\n", corpus.held_apart.string(),
       tokens.numel(), job.describe());
-  print_sample(rt, *plain_copy(job), "before adapting (lora_B starts at zero: the pretrained model's sample)");
+  print_sample(job, "before adapting (lora_B starts at zero: the pretrained model's sample)");
   if (!train(job, train_options, 2000, tokens, held_out)) return false;
 
   const fs::path out = opts.out;
@@ -303,20 +299,24 @@ bool adapt(Job& job, bool has_adapters, const loom::train_options& train_options
     say(rt, "saved {} (PEFT's LoRA format)\n", (out / "adapter").string());
     job.merge();  // merged, the adapted weights are a plain TinyGpt's
   }
-  print_sample(rt, *plain_copy(job), "after adapting");
+  print_sample(job, "after adapting");
   job.save_weights(out / "adapted");
   say(rt, "saved {}{}\n", (out / "adapted").string(), has_adapters ? " (adapters merged)" : "");
   return true;
 }
 
 // Phase 2's plan from the run file of --config, checked by the compiler's rules (plan_error), and
-// its loop's options, with train.out defaulting to --out/adapt.
+// its loop's options, with train.out defaulting to --out/adapt-<the run file's name>: a folder of
+// its own, so that it does not meet the built-in phase 2's checkpoints.
 auto adapt_plan_from_file(const options& opts, const fs::path& weights) {
   const auto& [config, overrides] = opts.adapt_config;
-  const loom::run_file file = loom::read_run_file(config, overrides);
-  auto plan = loom::plan_from_file(loom::model<PretrainedTinyGpt>(model_config, weights), file);
+  // The pretrained stage first, so that the user's overrides have the last word.
+  std::vector<std::string> with_weights{"pretrained=" + weights.string()};
+  with_weights.insert(with_weights.end(), overrides.begin(), overrides.end());
+  const loom::run_file file = loom::read_run_file(config, with_weights);
+  auto plan = loom::plan_from_file(loom::model<models::TinyGpt>(model_config), file);
   loom::train_options train_options = file.train;
-  if (train_options.out.empty()) train_options.out = fs::path(opts.out) / "adapt";
+  if (train_options.out.empty()) train_options.out = fs::path(opts.out) / ("adapt-" + fs::path(config).stem().string());
   if (train_options.name.empty()) train_options.name = "adapt";
   return std::pair{std::move(plan), std::move(train_options)};
 }
@@ -325,9 +325,10 @@ auto adapt_plan_from_file(const options& opts, const fs::path& weights) {
 // the run file of --config says.
 bool adapt(const loom::runtime& rt, const options& opts, const corpus_files& corpus, const fs::path& weights) {
   if (opts.adapt_config.config.empty()) {
-    const auto model = loom::model<PretrainedTinyGpt>(model_config, weights);
+    const auto plan = loom::model<models::TinyGpt>(model_config) | loom::seeded(model_seed) |
+                      loom::pretrained(weights.string()) | loom::lora(8, {"q_proj", "v_proj"}) | loom::fsdp();
     const fs::path out = fs::path(opts.out) / "adapt";
-    auto job = loom::build(model | loom::seeded(model_seed) | loom::lora(8, {"q_proj", "v_proj"}) | loom::fsdp(), rt);
+    auto job = loom::build(plan, rt);
     return adapt(job, true, phase_options("adapt", opts.steps_adapt, 5e-3, opts.checkpoint_every, out), opts, corpus);
   }
   const auto [plan, train_options] = adapt_plan_from_file(opts, weights);

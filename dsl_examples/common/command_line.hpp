@@ -7,6 +7,7 @@
 #include <fmt/core.h>
 #include <CLI/CLI.hpp>
 
+#include <algorithm>
 #include <exception>
 #include <optional>
 #include <string>
@@ -19,10 +20,23 @@ namespace recipes {
 inline constexpr int usage_exit_code = 2;
 
 // Parses argv into `app`'s options; the exit code to end with (0 after --help, 2 for a bad command
-// line) or nothing when the program goes on.
+// line) or nothing when the program goes on. A flag is taken in torchrun's spelling too
+// (`--seq_len` for `--seq-len`), where the app has the hyphenated one: a run file's overrides keep
+// their underscores (`--train.lr.warmup_steps=10`, `--mixed_precision=...`).
 inline std::optional<int> parse_command_line(CLI::App& app, int argc, char** argv) {
+  std::vector<std::string> words;  // last first, as CLI11 takes a vector
+  for (int i = argc - 1; i > 0; --i) {
+    std::string word = argv[i];
+    const std::size_t end = std::min(word.find('='), word.size());
+    if (word.starts_with("--") && word.find('_') < end) {
+      std::string hyphenated = word.substr(0, end);
+      std::replace(hyphenated.begin(), hyphenated.end(), '_', '-');
+      if (app.get_option_no_throw(hyphenated) != nullptr) word = hyphenated + word.substr(end);
+    }
+    words.push_back(std::move(word));
+  }
   try {
-    app.parse(argc, argv);
+    app.parse(words);
     return std::nullopt;
   } catch (const CLI::CallForHelp&) {
     fmt::print("{}", app.help());
@@ -39,7 +53,7 @@ struct run_file_arguments {
   std::vector<std::string> overrides;
 
   void add_to(CLI::App& app, bool required) {
-    app.add_option("--config", config, "a run file (TOML or JSON): the plan's stages and the loop's options")
+    app.add_option("--config", config, "a run file (TOML, JSON, or YAML as FastVideo writes it): the plan's stages and the loop's options")
         ->check(CLI::ExistingFile)
         ->required(required);
     app.allow_extras();

@@ -50,11 +50,14 @@ inline at::Tensor load_tokens(const std::vector<std::filesystem::path>& files) {
 // targets. An epoch cuts the text into windows from an offset drawn from (seed, epoch), and LibTorch's
 // DistributedRandomSampler gives each rank its own share of them, shuffled by (seed, epoch); an
 // epoch is one pass over a rank's share. The batch of a step is a function of (seed, rank, epoch,
-// step), so nothing needs saving to resume.
+// step), so nothing needs saving to resume. Too short a text for a batch on every rank is refused,
+// naming it as `described` ("the held-out tenth of --tokens 'gpl3.bin'") with `remedy` (the
+// recipe's knobs: "give a longer token file, a shorter --seq-len or a smaller --batch-size").
 class batch_sampler {
  public:
   batch_sampler(at::Tensor tokens, std::uint64_t seed, int rank, int world_size, std::int64_t batch,
-                std::int64_t context)
+                std::int64_t context, std::string_view described = "the text",
+                std::string_view remedy = "give a longer text or fewer ranks")
       : tokens_(std::move(tokens)),
         seed_(seed),
         rank_(rank),
@@ -64,10 +67,10 @@ class batch_sampler {
         windows_(static_cast<std::size_t>(std::max<std::int64_t>(0, (tokens_.numel() - context_ - 1) / context_))) {
     share_ = (windows_ + static_cast<std::size_t>(world_size_) - 1) / static_cast<std::size_t>(world_size_);
     if (share_ < static_cast<std::size_t>(batch_)) {
-      throw std::runtime_error("the text (" + std::to_string(tokens_.numel()) + " characters) has " +
-                               std::to_string(windows_) + " windows of " + std::to_string(context_) + ", fewer than " +
-                               std::to_string(batch_) + " for each of " + std::to_string(world_size_) +
-                               " ranks: give a longer text or fewer ranks");
+      throw std::runtime_error(std::string(described) + " (" + std::to_string(tokens_.numel()) + " tokens) has " +
+                               std::to_string(windows_) + " windows of " + std::to_string(context_) +
+                               " tokens, fewer than a batch of " + std::to_string(batch_) + " for each of " +
+                               std::to_string(world_size_) + " ranks: " + std::string(remedy));
     }
     steps_per_epoch_ = static_cast<std::int64_t>(share_) / batch_;
   }

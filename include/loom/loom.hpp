@@ -1,6 +1,7 @@
 #pragma once
 // Everything a recipe needs: the plan DSL, the runtime, build() and the job, the built-in
-// strategies' engines, loom::nn::Linear.
+// strategies' engines, loom::train, run files, checkpoints, loom::nn (Linear, Embedding, Unit) and
+// loom::optim::AdamW.
 
 #include <loom/checkpoint/checkpoint.hpp>
 #include <loom/config/run_file.hpp>
@@ -8,8 +9,11 @@
 #include <loom/io/peft.hpp>
 #include <loom/io/safetensors.hpp>
 #include <loom/job/build.hpp>
+#include <loom/nn/at_rest.hpp>
+#include <loom/nn/embedding.hpp>
 #include <loom/nn/linear.hpp>
 #include <loom/nn/unit.hpp>
+#include <loom/optim/adamw.hpp>
 #include <loom/runtime/failures.hpp>
 #include <loom/runtime/runtime.hpp>
 #include <loom/schedule/cursor.hpp>

@@ -7,6 +7,7 @@
 #include <loom/runtime/failpoints.hpp>
 #include <loom/runtime/failures.hpp>
 #include <loom/runtime/text.hpp>
+#include <loom/schedule/schedule.hpp>
 
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
@@ -145,8 +146,13 @@ std::string described(const json& value) {
   return fmt::format("{} {}", kind.find_first_of("aeiou") == 0 ? "an" : "a", kind);
 }
 
+// A checkpoint that this job cannot continue from, though nothing in it is damaged: the run in its
+// folder is another one, which loom does not overwrite.
 [[noreturn]] void unusable(const fs::path& checkpoint, const std::string& problem) {
-  throw_error<checkpoint_error>("the checkpoint '{}' cannot be resumed: {}", checkpoint.string(), problem);
+  throw_error<checkpoint_error>(
+      "the checkpoint '{}' cannot be resumed: {}. To start this run afresh, give it a folder of its own (loom::train's "
+      "out; --train.out=DIR with a run file) or remove '{}'",
+      checkpoint.string(), problem, checkpoint.parent_path().string());
 }
 
 // A checkpoint whose bytes are not those its save wrote: a manifest or a file damaged, missing,
@@ -196,7 +202,9 @@ struct choice_field {  // true is `yes`, false is `no`
   const char* yes;
   const char* no;
 };
-struct text_field {};
+struct text_field {
+  bool optional = false;  // absent from manifests written before it
+};
 struct json_field {};  // JSON of the caller's, kept as its text
 
 // The manifest's fields, each once: its key, its member of checkpoint_manifest and its kind. The
@@ -215,6 +223,7 @@ void for_each_manifest_field(Manifest& manifest, Visit&& visit) {
   visit("plan", manifest.plan, text_field{});
   visit("describe", manifest.describe, text_field{});
   visit("schedule_fingerprint", manifest.schedule_fingerprint, text_field{});
+  visit("schedule", manifest.schedule, text_field{.optional = true});
   visit("libtorch", manifest.libtorch, text_field{});
   visit("loom", manifest.loom, text_field{});
   visit("user_state", manifest.user_state, json_field{});
@@ -252,7 +261,7 @@ checkpoint_manifest manifest_fields(const fs::path& path, const json& manifest) 
   checkpoint_manifest read;
   for_each_manifest_field(read, [&](const char* key, auto& value, const auto& kind) {
     using kind_type = std::remove_cvref_t<decltype(kind)>;
-    if constexpr (std::is_same_v<kind_type, count_field>) {
+    if constexpr (std::is_same_v<kind_type, count_field> || std::is_same_v<kind_type, text_field>) {
       if (kind.optional && !manifest.contains(key)) return;
     }
     const json& field = at(key);
@@ -531,6 +540,7 @@ void checkpointer::save(const checkpoint_target& target, torch::optim::Optimizer
                                .plan = target.plan,
                                .describe = target.describe,
                                .schedule_fingerprint = hex(target.schedule_fingerprint),
+                               .schedule = target.schedule,
                                .libtorch = TORCH_VERSION,
                                .loom = LOOM_VERSION,
                                .user_state = user_state,
@@ -722,8 +732,15 @@ checkpointer::read_files checkpointer::read(const fs::path& path, const checkpoi
   const std::string fingerprint = hex(target.schedule_fingerprint);
   // A sharded schedule lists shard sizes and groups, which change with the layout.
   if (!files.resharding && manifest.schedule_fingerprint != fingerprint) {
-    unusable(path, fmt::format("its schedule's fingerprint is {}, this job's {}", manifest.schedule_fingerprint,
-                               fingerprint));
+    // A manifest written before the schedule was recorded has its fingerprint only.
+    const std::string differs =
+        manifest.schedule.empty() || manifest.schedule == target.schedule
+            ? fmt::format("its step's collectives are not this job's (its schedule's fingerprint is {}, this job's {})",
+                          manifest.schedule_fingerprint, fingerprint)
+            : fmt::format("its step's collectives are not this job's: {}",
+                          schedule_difference(manifest.schedule, target.schedule));
+    unusable(path, differs + "; the model's parameters (their names, shapes or dtypes, or which of them train) or "
+                             "how the strategy groups them differ from the saved run's");
   }
 
   // The files this rank reads: its own, or under a replicating strategy rank 0's, or when resharding

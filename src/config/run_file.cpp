@@ -184,11 +184,34 @@ class reader {
   explicit reader(std::filesystem::path path) : path_(std::move(path)) {}
 
   // Names the file, the key's line where the file gave the key (TOML), the key and the problem.
+  // Names the key as the user wrote it: an override's as given (the command line's, not the file's),
+  // a key of FastVideo's layout in FastVideo's spelling, with the line it is on.
   [[noreturn]] void fail(const std::string& key, const std::string& problem) const {
+    throw_error<run_file_error>("{}: {}", located(key), problem);
+  }
+
+  // Where `key` was written: "run file 'x.yaml', line 7: models.transformer.lora", or "the override
+  // lora.rnak=4 (over run file 'x.yaml'): lora.rnak".
+  [[nodiscard]] std::string located(const std::string& key) const {
+    for (const auto& [given, text] : overrides_) {
+      if (!key.empty() && (key == given || key.starts_with(given + "."))) {
+        return fmt::format("the override {} (over run file '{}'): {}", text, path_.string(), key);
+      }
+    }
     const auto line = lines_.find(key);
-    throw_error<run_file_error>("run file '{}'{}: {}{}", path_.string(),
-                                line == lines_.end() ? "" : fmt::format(", line {}", line->second),
-                                key.empty() ? "" : key + ": ", problem);
+    const std::string written = as_written(key);
+    return fmt::format("run file '{}'{}{}", path_.string(),
+                       line == lines_.end() ? "" : fmt::format(", line {}", line->second),
+                       written.empty() ? "" : ": " + written);
+  }
+
+  // `key` (loom's spelling) as the file writes it: FastVideo's `training.steps` for `train.steps`.
+  [[nodiscard]] std::string as_written(std::string key) const {
+    for (auto it = spellings_.rbegin(); it != spellings_.rend(); ++it) {
+      const auto& [loom_key, file_key] = *it;
+      if (key == loom_key || key.starts_with(loom_key + ".")) key = file_key + key.substr(loom_key.size());
+    }
+    return key;
   }
 
   // The file as a JSON tree: TOML (with each key's line noted) or JSON, by its extension.
@@ -314,8 +337,9 @@ class reader {
     return stage;
   }
 
-  // The lines noted for `from` and its keys, now under `to`.
+  // The lines noted for `from` and its keys, now under `to`, and `from` the spelling messages use.
   void move_lines(const std::string& from, const std::string& to) {
+    spellings_.emplace_back(to, from);
     source_lines moved;
     for (auto it = lines_.begin(); it != lines_.end();) {
       if (it->first == from || it->first.starts_with(from + ".")) {
@@ -342,6 +366,7 @@ class reader {
       const std::string key = text.substr(0, equals);
       const std::string raw = text.substr(equals + 1);
       forget_line(key);
+      overrides_.insert_or_assign(key, text);
       json value = json::parse(raw, nullptr, /*allow_exceptions=*/false);
       if (value.is_discarded()) value = raw;
       if (key.starts_with("train.")) {
@@ -364,48 +389,57 @@ class reader {
       }
       const std::string name = entry.begin().key();
       const json& value = entry.begin().value();
-      if (name == "seeded") {
-        result.kinds.push_back(stage_kind::seeded);
-        if (!value.is_number_unsigned()) fail(name, "give the seed as a whole number, e.g. \"seeded\": 42");
-        if (!result.seeded) result.seeded = seeded(value.get<std::uint64_t>());
-      } else if (name == "default_dtype") {
-        result.kinds.push_back(stage_kind::default_dtype);
-        if (!result.default_dtype) result.default_dtype = default_dtype_stage::checked(type_of(name, value));
-      } else if (name == "mixed_precision") {
-        result.kinds.push_back(stage_kind::mixed_precision);
-        if (!value.is_object())
-          fail(name, "give {\"param\": \"bf16\", \"reduce\": \"fp32\"} (any of them may be left out)");
-        require_keys(name, field_names<mixed_precision_options>(), value, name);
-        if (!result.mixed_precision) {
-          result.mixed_precision = mixed_precision_stage::checked(fields<mixed_precision_options>(value, name));
-        }
-      } else if (name == "pretrained") {
-        result.kinds.push_back(stage_kind::pretrained);
-        if (!value.is_string()) fail(name, "give the checkpoint's folder or .safetensors file as a string");
-        if (!result.pretrained) result.pretrained = pretrained_stage::checked(value.get<std::string>());
-      } else if (name == "recompute") {
-        result.kinds.push_back(stage_kind::recompute);
-        if (!value.is_object()) fail(name, "give {\"every\": 1} to recompute every unit, or k for every k-th one");
-        require_keys(name, field_names<recompute_options>(), value, name);
-        if (!result.recompute) result.recompute = recompute_stage::checked(fields<recompute_options>(value, name));
-      } else if (name == "lora") {
-        result.kinds.push_back(stage_kind::lora);
-        if (!result.lora) result.lora = lora(value);
-      } else if (name == "trainable") {
-        result.kinds.push_back(stage_kind::trainable);
-        if (!result.trainable) result.trainable = trainable_stage::checked(targets("trainable", value, false));
-      } else if (name == "strategy") {
-        run_strategy chosen = strategy(value);
-        result.kinds.push_back(std::visit([](const auto& stage) { return stage.kind; }, chosen));
-        if (!result.strategy) result.strategy = chosen;
-      } else {
-        fail(where, fmt::format("unknown stage '{}'; the stages after the model are {}", name, stage_names));
+      try {
+        add_stage(result, where, name, value);
+      } catch (const plan_error& broken) {
+        throw plan_error(broken.code(), located(name));  // the rule's sentence, with where it was broken
       }
     }
     return result;
   }
 
  private:
+  // One stage of the plan, its values checked.
+  void add_stage(run_stages& result, const std::string& where, const std::string& name, const json& value) const {
+    if (name == "seeded") {
+      result.kinds.push_back(stage_kind::seeded);
+      if (!value.is_number_unsigned()) fail(name, "give the seed as a whole number, e.g. \"seeded\": 42");
+      if (!result.seeded) result.seeded = seeded(value.get<std::uint64_t>());
+    } else if (name == "default_dtype") {
+      result.kinds.push_back(stage_kind::default_dtype);
+      if (!result.default_dtype) result.default_dtype = default_dtype_stage::checked(type_of(name, value));
+    } else if (name == "mixed_precision") {
+      result.kinds.push_back(stage_kind::mixed_precision);
+      if (!value.is_object())
+        fail(name, "give {\"param\": \"bf16\", \"reduce\": \"fp32\"} (any of them may be left out)");
+      require_keys(name, field_names<mixed_precision_options>(), value, name);
+      if (!result.mixed_precision) {
+        result.mixed_precision = mixed_precision_stage::checked(fields<mixed_precision_options>(value, name));
+      }
+    } else if (name == "pretrained") {
+      result.kinds.push_back(stage_kind::pretrained);
+      if (!value.is_string()) fail(name, "give the checkpoint's folder or .safetensors file as a string");
+      if (!result.pretrained) result.pretrained = pretrained_stage::checked(value.get<std::string>());
+    } else if (name == "recompute") {
+      result.kinds.push_back(stage_kind::recompute);
+      if (!value.is_object()) fail(name, "give {\"every\": 1} to recompute every unit, or k for every k-th one");
+      require_keys(name, field_names<recompute_options>(), value, name);
+      if (!result.recompute) result.recompute = recompute_stage::checked(fields<recompute_options>(value, name));
+    } else if (name == "lora") {
+      result.kinds.push_back(stage_kind::lora);
+      if (!result.lora) result.lora = lora(value);
+    } else if (name == "trainable") {
+      result.kinds.push_back(stage_kind::trainable);
+      if (!result.trainable) result.trainable = trainable_stage::checked(targets("trainable", value, false));
+    } else if (name == "strategy") {
+      run_strategy chosen = strategy(value);
+      result.kinds.push_back(std::visit([](const auto& stage) { return stage.kind; }, chosen));
+      if (!result.strategy) result.strategy = chosen;
+    } else {
+      fail(where, fmt::format("unknown stage '{}'; the stages after the model are {}", name, stage_names));
+    }
+  }
+
   target_list targets(const std::string& key, const json& value, bool patterns) const {
     if (!value.is_array()) fail(key, "give a list of strings, e.g. [\"q_proj\", \"v_proj\"]");
     target_list list;
@@ -540,7 +574,11 @@ class reader {
     }
     if (entry == nullptr) {
       if (dot != std::string::npos) fail(key, fmt::format("the run file has no {} stage to set it in", stage));
-      stages.push_back(json{{stage, std::move(value)}});
+      // Where the rules want it: before the first stage that comes after it in a plan.
+      const auto later = std::find_if(stages.begin(), stages.end(), [&](const json& each) {
+        return each.is_object() && each.size() == 1 && plan_position(each.begin().key()) > plan_position(stage);
+      });
+      stages.insert(later, json{{stage, std::move(value)}});
       return;
     }
     if (dot == std::string::npos) {
@@ -659,6 +697,16 @@ class reader {
     }
     // What train() would refuse after the model is built is refused now, before anything is.
     if (!train.contains("steps")) fail("train.steps", "missing; give the number of optimizer steps, e.g. 300");
+    if (const auto& lr = options.lr; lr && lr->warmup_steps >= 0 && lr->decay_steps >= 0 && options.steps > 0 &&
+                                     lr->warmup_steps + lr->decay_steps > options.steps) {
+      // Most often train.steps lowered by an override: the lengths that keep their proportions.
+      const std::int64_t lengths = lr->warmup_steps + lr->decay_steps;
+      fail("train.lr",
+           fmt::format("warmup_steps ({}) and decay_steps ({}) add up to more than train.steps ({}); give lengths "
+                       "that fit, e.g. --train.lr.warmup_steps={} --train.lr.decay_steps={} (the same proportions)",
+                       lr->warmup_steps, lr->decay_steps, options.steps, lr->warmup_steps * options.steps / lengths,
+                       lr->decay_steps * options.steps / lengths));
+    }
     if (const auto found = train_options_problem(options)) fail("train." + found->option, found->problem);
     return options;
   }
@@ -671,6 +719,8 @@ class reader {
 
   std::filesystem::path path_;
   source_lines lines_;
+  std::map<std::string, std::string> overrides_;                 // each override's key, and it as given
+  std::vector<std::pair<std::string, std::string>> spellings_;  // loom's key, and the file's (move_lines)
   std::vector<std::string> notes_;
 };
 

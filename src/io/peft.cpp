@@ -70,7 +70,7 @@ void save_peft_adapter(const std::filesystem::path& folder, const peft_lora_adap
   std::filesystem::create_directories(folder);
   const json config = {
       {"peft_type", "LORA"},
-      {"task_type", nullptr},
+      {"task_type", adapter.task_type.empty() ? json(nullptr) : json(adapter.task_type)},
       {"r", adapter.r},
       {"lora_alpha", number(adapter.lora_alpha)},
       {"lora_dropout", adapter.lora_dropout},
@@ -86,7 +86,8 @@ void save_peft_adapter(const std::filesystem::path& folder, const peft_lora_adap
       {"layers_pattern", nullptr},
       {"rank_pattern", json::object()},
       {"alpha_pattern", json::object()},
-      {"base_model_name_or_path", nullptr},
+      {"base_model_name_or_path",
+       adapter.base_model_name_or_path.empty() ? json(nullptr) : json(adapter.base_model_name_or_path)},
       {"revision", nullptr},
   };
   std::vector<named_tensor> keyed;
@@ -134,6 +135,8 @@ peft_lora_adapter load_peft_adapter(const std::filesystem::path& folder) {
   adapter.r = config["r"].get<std::int64_t>();
   adapter.lora_alpha = config["lora_alpha"].get<double>();
   adapter.lora_dropout = setting(folder, config, "lora_dropout", 0.0);
+  adapter.task_type = setting(folder, config, "task_type", std::string());
+  adapter.base_model_name_or_path = setting(folder, config, "base_model_name_or_path", std::string());
   if (!(adapter.lora_dropout >= 0 && adapter.lora_dropout <= 1)) {
     refuse(folder,
            fmt::format("has lora_dropout {} in {}, not a probability in [0, 1]", adapter.lora_dropout, config_file));

@@ -12,6 +12,7 @@
 #include <torch/types.h>
 #include <nlohmann/json.hpp>
 
+#include <array>
 #include <fstream>
 #include <map>
 #include <memory>
@@ -46,6 +47,10 @@ struct pretrained_checkpoint::files {
       } else {
         throw_error<std::invalid_argument>("'{}' holds neither {} nor {}", path.string(), single_file, index_file);
       }
+    } else if (path.filename() == "config.json") {
+      throw_error<std::invalid_argument>(
+          "'{}' is the model's config, not its weights: give the folder that holds it and the weights, '{}'",
+          path.string(), path.parent_path().string());
     } else if (path.extension() == ".json") {
       open_index(path);
     } else {
@@ -253,6 +258,23 @@ void pretrained_checkpoint::copy_into(torch::nn::Module& module, bool (*skip)(st
     at::Tensor(destination).copy_(files_->read(files_->tensors()[index]));
   }
 }
+
+std::vector<std::string> copy_model_files(const std::filesystem::path& from, const std::filesystem::path& to) {
+  static constexpr std::array names{"config.json",           "generation_config.json", "tokenizer.json",
+                                    "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model",
+                                    "vocab.json",            "merges.txt",             "added_tokens.json",
+                                    "chat_template.jinja"};
+  std::vector<std::string> copied;
+  std::filesystem::create_directories(to);
+  for (const char* name : names) {
+    if (!std::filesystem::is_regular_file(from / name)) continue;
+    std::filesystem::copy_file(from / name, to / name, std::filesystem::copy_options::overwrite_existing);
+    copied.emplace_back(name);
+  }
+  return copied;
+}
+
+std::vector<tensor_spec> pretrained_checkpoint::specs() const { return files_->specs(); }
 
 at::Tensor pretrained_checkpoint::read(const std::string& name) {
   const files::source& source = files_->named(name);

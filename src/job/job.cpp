@@ -24,7 +24,14 @@ job_core::job_core(runtime rt, std::shared_ptr<torch::nn::Module> module, std::s
       model_name_(std::move(model_name)),
       lora_(std::move(lora)),
       plan_text_(std::move(plan_text)),
-      plan_state_(decided.plan_state.empty() ? plan_text_ : decided.plan_state) {
+      plan_state_(decided.plan_state.empty() ? plan_text_ : decided.plan_state),
+      peft_task_type_(decided.peft_task_type) {
+  if (decided.pretrained) {
+    // PEFT loads a base model from a folder: the checkpoint's, for a single file.
+    const std::filesystem::path& path = decided.pretrained->path();
+    base_model_ = std::filesystem::absolute(std::filesystem::is_directory(path) ? path : path.parent_path());
+    for (const tensor_spec& spec : decided.pretrained->specs()) pretrained_dtypes_.emplace(spec.name, spec.dtype);
+  }
   if (decided.built_in) {
     built_text_ = fmt::format("built in {}", name_of(*decided.built_in));
     if (decided.trainable_held_in_fp32 > 0) {
@@ -106,7 +113,7 @@ void job_core::set_up(function_ref<void(strategy_context&)> setup, bool engine_c
   }
   setup(*context_);
   verify_schedule_across_ranks(context_->schedule(), context_->rt());
-  built_schedule_fingerprint_ = context_->schedule().fingerprint();
+  built_schedule_ = context_->schedule();
 }
 
 namespace {
@@ -156,7 +163,8 @@ void job_core::save_adapter(const std::filesystem::path& folder) {
         "adapter would apply it twice; call job.unmerge() first, or save the merged model with job.save_weights()");
   }
   std::vector<std::string> not_adapters;
-  peft_lora_adapter adapter{lora.rank(), lora.alpha(), lora.dropout(), lora.adapted(), {}};
+  peft_lora_adapter adapter{lora.rank(), lora.alpha(), lora.dropout(), lora.adapted(), peft_task_type_,
+                            base_model_.string(), {}};
   for (const auto& item : context_->module().named_parameters()) {
     if (lora_adapter::is_adapter_parameter(item.key())) {
       adapter.tensors.push_back({item.key(), item.value()});
@@ -228,6 +236,29 @@ void job_core::save_weights(const std::filesystem::path& folder, const tensor_st
     if (!lora_adapter::is_adapter_parameter(t.name)) base.push_back(t);
   }
   run_on_rank_zero(context_->rt(), "saving the weights", [&] { loom::save_weights(folder, base, max_shard_bytes); });
+}
+
+void job_core::save_pretrained(const std::filesystem::path& folder, const tensor_state& whole,
+                               std::int64_t max_shard_bytes) {
+  if (base_model_.empty()) {
+    throw_error<std::logic_error>(
+        "job.save_pretrained(): the plan has no pretrained(...) checkpoint to take config.json and the dtypes from; "
+        "save the weights alone with job.save_weights()");
+  }
+  if (lora_ && !lora_->merged()) {
+    throw_error<std::logic_error>(
+        "job.save_pretrained(): the adapters are not merged, and a Hugging Face model has none: call job.merge() "
+        "first, or save the adapter itself with job.save_adapter()");
+  }
+  tensor_state cast;
+  for (const named_tensor& t : whole) {
+    const auto saved = pretrained_dtypes_.find(t.name);
+    const bool recast = saved != pretrained_dtypes_.end() && saved->second != t.tensor.scalar_type() &&
+                        at::isFloatingType(saved->second) && at::isFloatingType(t.tensor.scalar_type());
+    cast.push_back({t.name, recast ? t.tensor.to(saved->second) : t.tensor});
+  }
+  save_weights(folder, cast, max_shard_bytes);
+  run_on_rank_zero(context_->rt(), "copying the model's files", [&] { (void)copy_model_files(base_model_, folder); });
 }
 
 void job_core::zero_grad(const std::vector<at::Tensor>& parameters, bool set_to_none) {

@@ -17,6 +17,10 @@ int main(int argc, char** argv) {
       std::cout << usage_text();
       return 0;
     }
+    if (std::holds_alternative<version_requested>(parsed)) {
+      std::cout << "loom-run " << LOOM_VERSION << '\n';
+      return 0;
+    }
     const auto& options = std::get<launch_options>(parsed);
     return supervise(options);
   } catch (const usage_error& error) {

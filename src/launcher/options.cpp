@@ -75,11 +75,56 @@ constexpr std::array value_flags{
                [](launch_options& o, auto flag, auto form, auto value) {
                  o.grace_seconds = parse_seconds(flag, form, value);
                }},
+    // torchrun's c10d rendezvous: node 0's TCPStore, which is what loom-run's master is.
+    value_flag{"--rdzv-endpoint,--rdzv_endpoint", "HOST[:PORT]", "HOST or HOST:PORT, node 0's address and port",
+               [](launch_options& o, auto flag, auto form, auto value) {
+                 const auto colon = value.rfind(':');
+                 const std::string_view host = value.substr(0, colon);
+                 if (host.empty()) reject(flag, form, value);
+                 o.master_addr = text(host);
+                 if (colon != std::string_view::npos) {
+                   o.master_port = parse_int(flag, form, value.substr(colon + 1), 1, 65535);
+                 }
+               }},
+    value_flag{"--rdzv-backend,--rdzv_backend", "NAME",
+               "c10d or static: loom-run meets at node 0's TCPStore (etcd is not supported; give --master-addr and "
+               "--master-port)",
+               [](launch_options&, auto flag, auto form, auto value) {
+                 if (value != "c10d" && value != "static") reject(flag, form, value);
+               }},
+    // Not needed: each start of the ranks gets a key space of its own in the store.
+    value_flag{"--rdzv-id,--rdzv_id", "ID", "a job id", [](launch_options&, auto, auto, auto) {}},
+};
+
+// torchrun's flags that loom-run does not take, each with what to do instead.
+struct hinted_flag {
+  std::string_view names;
+  std::string_view hint;
+};
+
+constexpr std::string_view output_hint =
+    "every rank's output comes through loom-run's own, each line prefixed \"[rank k] \": keep it with "
+    "'loom-run ... 2>&1 | tee run.log' (loom::train also writes metrics.jsonl in its out folder)";
+
+constexpr std::array hinted_flags{
+    hinted_flag{"--log-dir,--log_dir", output_hint},
+    hinted_flag{"--tee", output_hint},
+    hinted_flag{"--redirects,-r", output_hint},
+    hinted_flag{"--local-ranks-filter,--local_ranks_filter",
+                "every rank's lines are prefixed \"[rank k] \": show one rank's with "
+                "'loom-run ... 2>&1 | grep \"^\\[rank 0\\]\"'"},
+    hinted_flag{"--module,-m", "loom-run starts an executable once per rank (a C++ program), not a Python module"},
 };
 
 void check_consistency(const launch_options& options, bool standalone) {
   if (options.program.empty())
     throw usage_error{"loom-run: no program given; usage: loom-run [flags] [--] PROGRAM [ARGS...]"};
+  if (const std::string& program = options.program.front(); program.ends_with(".py")) {
+    throw usage_error{"loom-run: '" + program +
+                      "' is a Python script; loom-run starts an executable once per rank (a C++ program built "
+                      "against loom, e.g. build/dsl_examples/tiny-gpt): build it and give its path (for a Python "
+                      "script, use torchrun)"};
+  }
   if (options.node_rank >= options.nnodes)
     throw usage_error{"loom-run: --node-rank expects an integer R with 0 <= R < --nnodes (" +
                       std::to_string(options.nnodes) + "), got '" + std::to_string(options.node_rank) + "'"};
@@ -94,17 +139,21 @@ void check_consistency(const launch_options& options, bool standalone) {
 
 // CLI11 splits the words (both spellings, `--flag=VALUE`, `--`, the program and its arguments as a
 // prefix command); each value is checked by its flag's own rule, whose sentence is the error.
-std::variant<launch_options, help_requested> parse_command_line(std::span<const std::string_view> args) {
+std::variant<launch_options, help_requested, version_requested> parse_command_line(std::span<const std::string_view> args) {
   launch_options options;
   bool standalone = false;
   bool help = false;
   bool no_prefix = false;
   bool default_allocator = false;
+  bool version = false;
 
   CLI::App app{"", "loom-run"};
   app.set_help_flag();  // usage_text() is the help; CLI11's own would repeat it less well
   app.prefix_command();
   app.add_flag("-h,--help", help)->disable_flag_override();
+  app.add_flag("--version", version)->disable_flag_override();
+  // torchrun's, and what loom-run always does: it starts the program itself.
+  app.add_flag("--no-python,--no_python")->disable_flag_override();
   app.add_flag("--no-prefix,--no_prefix", no_prefix)->disable_flag_override();
   app.add_flag("--standalone", standalone)->disable_flag_override();
   app.add_flag("--use-default-allocator,--use_default_allocator", default_allocator)->disable_flag_override();
@@ -116,6 +165,13 @@ std::variant<launch_options, help_requested> parse_command_line(std::span<const 
                                          })
         ->type_name(std::string{flag.type_name});
   }
+  for (const hinted_flag& flag : hinted_flags) {
+    app.add_option_function<std::string>(std::string{flag.names}, [&flag](const std::string&) {
+      const std::string_view names = flag.names;
+      throw usage_error{"loom-run: " + text(names.substr(0, names.find(','))) + " is torchrun's, not loom-run's: " +
+                        text(flag.hint)};
+    });
+  }
 
   // CLI11 wants the words last first, as argv would give them after the program's name.
   std::vector<std::string> words(args.rbegin(), args.rend());
@@ -125,6 +181,7 @@ std::variant<launch_options, help_requested> parse_command_line(std::span<const 
     throw usage_error{"loom-run: " + std::string{error.what()}};
   }
   if (help) return help_requested{};
+  if (version) return version_requested{};
 
   // CLI11 stops at the first word it does not take: the program, the `--` before it, or a flag it
   // does not know, whatever follows (a `--` further on included).
@@ -137,7 +194,8 @@ std::variant<launch_options, help_requested> parse_command_line(std::span<const 
     throw usage_error{
         "loom-run: unknown flag '" + written.substr(0, written.find('=')) +
         "'; accepted: --nproc-per-node N, --nnodes M, --node-rank R, --master-addr A, "
-        "--master-port P, --max-restarts N, --grace-s S, --no-prefix, --use-default-allocator, --standalone, --help"};
+        "--master-port P, --rdzv-endpoint A:P, --rdzv-backend c10d, --rdzv-id ID, --max-restarts N, --grace-s S, "
+        "--no-prefix, --use-default-allocator, --standalone, --no-python, --help, --version"};
   }
   options.prefix_output = !no_prefix;
   options.tune_malloc = !default_allocator;
@@ -160,7 +218,11 @@ flags (torchrun's; '_' and '-' are interchangeable, '--flag=VALUE' works too):
   --node-rank R        this node's index, 0 <= R < M (default 0)
   --master-addr A      node 0's address (default 127.0.0.1; required when M > 1)
   --master-port P      rendezvous port (default: a free port on one node, 29500 on several)
+  --rdzv-endpoint A[:P]  torchrun's c10d rendezvous: the same as --master-addr A --master-port P
+  --rdzv-backend c10d  accepted (static too): loom-run meets at node 0's TCPStore; etcd is not supported
+  --rdzv-id ID         accepted and not needed: each start of the ranks has a key space of its own
   --standalone         accepted for torchrun compatibility: a single node (the default)
+  --no-python          accepted: loom-run always starts PROGRAM itself, an executable
   --max-restarts N     when a rank fails, stop every rank and start them all again, at most N times
                        (default 0), each time with TORCHELASTIC_RESTART_COUNT one higher and a fresh
                        rendezvous; a rank that exits 75 (stopped to be resumed) is not a failure
@@ -171,6 +233,10 @@ flags (torchrun's; '_' and '-' are interchangeable, '--flag=VALUE' works too):
                        glibc.malloc.mmap_threshold=33554432 and glibc.malloc.trim_threshold=1073741824
                        (where not set already), so that a step reuses the last step's heap
   -h, --help           this text
+  --version            loom-run's version
+
+not taken, with what to do instead: --log-dir, --tee, --redirects (redirect loom-run's output),
+--local-ranks-filter (grep one rank's prefixed lines), -m/--module (loom-run starts executables).
 
 exit status: 0 when every rank exits 0; 1 when a rank fails and no restart is left (the last line
 names the first one to fail in the last attempt);

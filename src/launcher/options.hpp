@@ -25,6 +25,7 @@ struct launch_options {
 };
 
 struct help_requested {};
+struct version_requested {};
 
 // A malformed command line; what() is one sentence naming the flag and the accepted form.
 class usage_error : public std::runtime_error {
@@ -33,7 +34,7 @@ class usage_error : public std::runtime_error {
 };
 
 // `args` excludes argv[0]. Throws usage_error.
-[[nodiscard]] std::variant<launch_options, help_requested> parse_command_line(std::span<const std::string_view> args);
+[[nodiscard]] std::variant<launch_options, help_requested, version_requested> parse_command_line(std::span<const std::string_view> args);
 
 [[nodiscard]] std::string_view usage_text();
 

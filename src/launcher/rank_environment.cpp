@@ -74,7 +74,7 @@ std::vector<std::string> current_environment() {
 
 std::vector<std::string> rank_environment(std::vector<std::string> inherited, const launch_options& options,
                                           const rendezvous_point& master, int restart_count, int local_rank,
-                                          int cores) {
+                                          int cores, const std::string& error_file) {
   const int world_size = options.nnodes * options.nproc_per_node;
   const int rank = options.node_rank * options.nproc_per_node + local_rank;
   set_variable(inherited, "RANK", rank);
@@ -94,6 +94,7 @@ std::vector<std::string> rank_environment(std::vector<std::string> inherited, co
   // inherited "True" (loom-run started inside a torchrun job) would send ranks to a store
   // that is not theirs.
   set_variable(inherited, "TORCHELASTIC_USE_AGENT_STORE", "False");
+  set_variable(inherited, "LOOM_ERROR_FILE", error_file);
   if (std::ranges::none_of(inherited, entry_for("OMP_NUM_THREADS")))
     set_variable(inherited, "OMP_NUM_THREADS", std::max(1, cores / options.nproc_per_node));
   if (options.tune_malloc) {

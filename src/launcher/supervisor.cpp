@@ -1,5 +1,6 @@
 #include "supervisor.hpp"
 
+#include "error_files.hpp"
 #include "fd_io.hpp"
 #include "line_relay.hpp"
 #include "rank_environment.hpp"
@@ -63,6 +64,7 @@ class supervisor {
  private:
   void run_attempt(int restart) {
     cause_ = std::monostate{};
+    errors_.clear();
     resumable_ranks_ = 0;
     kill_deadline_.reset();
     start_ranks(restart, resolve_rendezvous(options_));
@@ -88,10 +90,11 @@ class supervisor {
       const int rank = options_.node_rank * options_.nproc_per_node + local_rank;
       pipe_ends out = make_pipe();
       pipe_ends err = make_pipe();
-      ranks_.emplace_back(rank_command{rank, options_.program,
-                                       rank_environment(inherited, options_, master, restart, local_rank, cores),
-                                       out.write_end.get(), err.write_end.get()},
-                          signals_);
+      ranks_.emplace_back(
+          rank_command{rank, options_.program,
+                       rank_environment(inherited, options_, master, restart, local_rank, cores, errors_.path_of(rank)),
+                       out.write_end.get(), err.write_end.get()},
+          signals_);
       const std::string prefix = options_.prefix_output ? "[rank " + std::to_string(rank) + "] " : "";
       add_output(std::move(out.read_end), prefix, STDOUT_FILENO);
       add_output(std::move(err.read_end), prefix, STDERR_FILENO);
@@ -211,7 +214,14 @@ class supervisor {
                                     ? std::string{}
                                     : " (after " + std::to_string(restarts) + " restart" + (restarts == 1 ? "" : "s") +
                                           ", none left: --max-restarts " + std::to_string(options_.max_restarts) + ")";
-      say("rank " + std::to_string(failed->rank) + " failed first: " + failed->status.describe() + after);
+      const std::string rank = "rank " + std::to_string(failed->rank);
+      if (const auto found = errors_.read(failed->rank); found && found->rank != failed->rank) {
+        // The first to exit only found the rank at fault: a stopped or silent peer exits last, if at all.
+        say("rank " + std::to_string(found->rank) + " failed first, as " + rank + "'s hang check found: " +
+            found->error + "; " + rank + " then " + failed->status.describe() + after);
+      } else {
+        say(rank + " failed first: " + failed->status.describe() + after);
+      }
       return 1;
     }
     if (const auto* signalled = std::get_if<launcher_signalled>(&cause_)) {
@@ -224,6 +234,7 @@ class supervisor {
   const launch_options& options_;
   // SIGUSR1 too: what cluster schedulers send before they stop a job, forwarded like SIGTERM.
   signal_pipe signals_{SIGINT, SIGTERM, SIGHUP, SIGUSR1, SIGCHLD};
+  error_files errors_;
   std::vector<output_stream> outputs_;
   std::vector<rank_process> ranks_;  // destroyed first: no rank outlives the supervisor
   stop_cause cause_;

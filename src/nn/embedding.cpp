@@ -1,5 +1,7 @@
 #include <loom/nn/embedding.hpp>
 
+#include <loom/nn/at_rest.hpp>
+
 #include <loom/nn/deferred_init.hpp>
 #include <loom/runtime/text.hpp>
 
@@ -49,6 +51,7 @@ void EmbeddingImpl::pretty_print(std::ostream& stream) const {
 
 at::Tensor EmbeddingImpl::forward(const at::Tensor& indices) {
   namespace F = torch::nn::functional;
+  require_bytes(weight, "loom::nn::Embedding");
   return F::detail::embedding(indices, weight, options.padding_idx(), options.max_norm(), options.norm_type(),
                               options.scale_grad_by_freq(), options.sparse());
 }

@@ -1,5 +1,7 @@
 #include <loom/nn/linear.hpp>
 
+#include <loom/nn/at_rest.hpp>
+
 #include <loom/nn/deferred_init.hpp>
 #include <loom/precision/linear.hpp>
 
@@ -45,6 +47,7 @@ at::Tensor LinearImpl::forward(const at::Tensor& input) {
   // at::linear, as PyTorch's nn.Linear calls it: a batch of rows and the bias in one addmm, rounded
   // once (torch::nn::functional::linear adds the bias after a matmul, a second rounding in bf16);
   // in bf16 on a CPU without bf16 instructions, through the fp32 GEMM (loom/precision/linear.hpp).
+  require_bytes(weight, "loom::nn::Linear");
   at::Tensor output = loom::linear(input, weight, bias);
   if (!adapter_ || merged_) return output;
   return adapter_->add_update(std::move(output), input, is_training());

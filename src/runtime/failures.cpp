@@ -159,7 +159,7 @@ class job_failures::terminate_report {
   std::terminate_handler previous_;
 };
 
-job_failures::job_failures(int rank) : rank_(rank) {}
+job_failures::job_failures(int rank, std::string error_file) : rank_(rank), error_file_(std::move(error_file)) {}
 job_failures::~job_failures() = default;
 
 void job_failures::watch(c10::intrusive_ptr<c10d::Store> store, const job_progress& progress) {
@@ -226,8 +226,15 @@ void job_failures::say_and_publish(const std::string& message) const noexcept {
   }
 }
 
-void job_failures::stop_hung_job(c10d::Store& store, const std::string& error) const {
+void job_failures::stop_hung_job(c10d::Store& store, const std::string& error, std::optional<int> blamed) const {
   publish(store, error);
+  if (!error_file_.empty() && blamed) {
+    // Written before this rank exits, so that loom-run, which reads it then, names the rank at fault.
+    if (std::FILE* file = std::fopen(error_file_.c_str(), "w")) {
+      fmt::print(file, "{}\n{}\n", *blamed, without_prefix(error));
+      std::fclose(file);
+    }
+  }
   fmt::print(stderr, "{}\n", error_message("rank {} failed: {}", rank_, without_prefix(error)));
   std::fflush(nullptr);
   std::this_thread::sleep_for(publish_linger);

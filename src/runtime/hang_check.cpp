@@ -32,6 +32,11 @@ void hang_watch::reset() noexcept {
   suspected_.reset();
 }
 
+std::optional<int> hang_watch::blamed() const noexcept {
+  if (!suspected_ || suspected_->second.peer < 0) return std::nullopt;
+  return suspected_->second.peer;
+}
+
 std::optional<std::string> hang_watch::look(const progress_snapshot& mine, std::span<const peer_record> peers,
                                             const std::optional<std::string>& published, clock::time_point now) {
   for (const peer_record& peer : peers) {

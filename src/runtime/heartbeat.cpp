@@ -70,7 +70,7 @@ void heartbeat::beat_until_stopped() {
       if (!watch.due(mine)) continue;
       const auto peers = read_peers(*store_);
       if (auto error = watch.look(mine, peers, published, hang_watch::clock::now()))
-        failures_.stop_hung_job(*store_, *error);
+        failures_.stop_hung_job(*store_, *error, watch.blamed());
     } catch (const std::exception&) {
       return;  // the store is gone, and with it everyone who could listen
     }

@@ -119,6 +119,7 @@ launch_env parse_launch_env(const env_lookup& lookup) {
                                     "a number of seconds, e.g. LOOM_HANG_CHECK_S=10, or 0 to turn the check off", true);
   result.backend = parse_backend(env);
   result.device = parse_device(env);
+  result.error_file = env.get("LOOM_ERROR_FILE").value_or("");
   if (auto shown = env.get("TORCH_SHOW_CPP_STACKTRACES"); shown && !shown->empty()) {
     if (*shown != "0" && *shown != "1") reject("TORCH_SHOW_CPP_STACKTRACES", *shown, "0 or 1, as PyTorch reads it");
     result.show_cpp_stack_traces = *shown == "1";

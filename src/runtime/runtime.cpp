@@ -27,10 +27,12 @@
 
 #include <cerrno>
 #include <cmath>
+#include <condition_variable>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
+#include <mutex>
 #include <numeric>
 #include <optional>
 #include <string>
@@ -138,16 +140,88 @@ void check_rendezvous_address(const launch_env& env) {
   }
 }
 
+// How long a rendezvous goes before a rank says what it waits for, once (as torchrun's does).
+constexpr std::chrono::seconds rendezvous_announcement{5};
+
+// Says `announcement` on stderr, once, if this object still lives `rendezvous_announcement` after it
+// was made: the wait it stands for has not ended by then.
+class announce_if_long {
+ public:
+  explicit announce_if_long(std::string announcement)
+      : thread_([this, text = std::move(announcement)] {
+          std::unique_lock lock(mutex_);
+          if (!done_cv_.wait_for(lock, rendezvous_announcement, [this] { return done_; })) {
+            fmt::print(stderr, "{}\n", error_message("{}", text));
+            std::fflush(stderr);
+          }
+        }) {}
+  ~announce_if_long() {
+    {
+      const std::lock_guard lock(mutex_);
+      done_ = true;
+    }
+    done_cv_.notify_one();
+    thread_.join();
+  }
+  announce_if_long(const announce_if_long&) = delete;
+  announce_if_long& operator=(const announce_if_long&) = delete;
+
+ private:
+  std::mutex mutex_;
+  std::condition_variable done_cv_;
+  bool done_ = false;
+  std::thread thread_;  // last: it starts once the rest is made
+};
+
+// Every rank counts itself in, and the first on each node counts the node; then each waits for all.
+// Rank 0 says, once and early, how many have joined, and a rendezvous short of ranks at the timeout
+// names how many came, rather than c10d's bare timeout.
+void wait_for_every_rank(c10d::Store& store, const launch_env& env) {
+  const std::string ranks_key = fmt::format("/loom/attempt_{}/ranks_joined", env.restart_count);
+  const std::string nodes_key = fmt::format("/loom/attempt_{}/nodes_joined", env.restart_count);
+  store.add(ranks_key, 1);
+  if (env.local_rank == 0) store.add(nodes_key, 1);
+  const int nodes = std::max(1, env.world_size / std::max(1, env.local_world_size));
+  const auto joined = [&] {
+    return fmt::format("{} of {} ranks ({} of {} nodes)", store.add(ranks_key, 0), env.world_size,
+                       store.add(nodes_key, 0), nodes);
+  };
+  const auto start = std::chrono::steady_clock::now();
+  bool announced = false;
+  while (store.add(ranks_key, 0) < env.world_size) {
+    const auto waited = std::chrono::steady_clock::now() - start;
+    if (waited >= env.timeout) {
+      throw_error<launch_error>(
+          "only {} joined the rendezvous at {}:{} within {} (LOOM_TIMEOUT_S): start loom-run on every node with "
+          "--nnodes {} --master-addr {} --master-port {}, each with its --node-rank",
+          joined(), env.master_addr, env.master_port, seconds(env.timeout), nodes, env.master_addr, env.master_port);
+    }
+    if (env.rank == 0 && !announced && waited >= rendezvous_announcement) {
+      announced = true;
+      fmt::print(stderr, "{}\n",
+                 error_message("rank 0 waits for the rendezvous at {}:{}: {} have joined; it gives up after {} "
+                               "(LOOM_TIMEOUT_S)",
+                               env.master_addr, env.master_port, joined(), seconds(env.timeout)));
+      std::fflush(stderr);
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+}
+
 c10::intrusive_ptr<c10d::Store> rendezvous(const launch_env& env) {
   check_rendezvous_address(env);
   c10d::TCPStoreOptions options;
   options.port = env.master_port;
   options.isServer = !env.agent_store && env.rank == 0;
   options.numWorkers = env.agent_store ? std::nullopt : std::optional<std::size_t>(env.world_size);
-  options.waitWorkers = !env.agent_store;
+  options.waitWorkers = false;  // loom waits itself, saying for whom (wait_for_every_rank)
   options.timeout = env.timeout;
   c10::intrusive_ptr<c10d::Store> store;
   try {
+    const announce_if_long announcement(
+        fmt::format("rank {} waits to reach the rendezvous at {}:{} (rank 0's node); it gives up after {} "
+                    "(LOOM_TIMEOUT_S)",
+                    env.rank, env.master_addr, env.master_port, seconds(env.timeout)));
     store = c10::make_intrusive<c10d::TCPStore>(env.master_addr, options);
   } catch (const std::exception& error) {
     throw_error<launch_error>(
@@ -155,6 +229,7 @@ c10::intrusive_ptr<c10d::Store> rendezvous(const launch_env& env) {
         "{}; check that rank 0 is running and that this address and port are reachable",
         env.rank, env.master_addr, env.master_port, seconds(env.timeout), error_text(error));
   }
+  if (!env.agent_store) wait_for_every_rank(*store, env);
   // Each restart of the workers gets a fresh key space (torchrun's agent hosts the store then; under
   // loom-run rank 0 does, on a new port on one node): no rank of an earlier attempt meets a later one.
   return c10::make_intrusive<c10d::PrefixStore>(fmt::format("/worker/attempt_{}", env.restart_count), std::move(store));
@@ -278,7 +353,7 @@ runtime::runtime(const launch_env& env) : state_(std::make_shared<state>()) {
   choose_cpp_stack_traces(env);
   state& s = *state_;
   s.env = env;
-  s.failures = std::make_unique<job_failures>(env.rank);
+  s.failures = std::make_unique<job_failures>(env.rank, env.error_file);
   s.device = choose_device(env);
   s.backend = choose_backend(env, s.device);
 #ifdef LOOM_HAVE_NCCL

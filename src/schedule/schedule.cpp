@@ -6,7 +6,37 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <algorithm>
+#include <ranges>
+#include <sstream>
+#include <string_view>
+#include <utility>
+
 namespace loom {
+namespace {
+
+// A schedule line, "all_gather forward shard.0 160 B [a Float[8,4], b Float[8]]", as what the
+// collective is ("all_gather forward over shard.0") and the tensors it carries.
+std::pair<std::string, std::vector<std::string>> collective_parts(std::string_view line) {
+  const std::size_t open = std::min(line.find(" ["), line.size());
+  std::vector<std::string> words;
+  for (const auto word : std::views::split(line.substr(0, open), ' ')) words.emplace_back(word.begin(), word.end());
+  std::string what = words.empty() ? std::string(line) : words[0];
+  if (words.size() >= 3) what = fmt::format("{} {} over {}", words[0], words[1], words[2]);
+  std::vector<std::string> tensors;
+  if (open < line.size() && line.ends_with(']')) {
+    const std::string_view inside = line.substr(open + 2, line.size() - open - 3);
+    for (std::size_t start = 0; start <= inside.size();) {
+      const std::size_t comma = std::min(inside.find(", ", start), inside.size());
+      if (comma > start) tensors.emplace_back(inside.substr(start, comma - start));
+      start = comma + 2;
+    }
+  }
+  return {std::move(what), std::move(tensors)};
+}
+
+}  // namespace
+
 
 std::string_view to_string(collective_op op) noexcept {
   switch (op) {
@@ -49,10 +79,12 @@ std::int64_t collective_schedule::bytes_per_step() const noexcept {
   return total;
 }
 
-std::uint64_t collective_schedule::fingerprint() const {
-  std::uint64_t hash = fnv1a("loom schedule v1\n");
-  for (const schedule_entry& e : entries_) hash = fnv1a(e.to_string() + "\n", hash);
-  return hash;
+std::uint64_t collective_schedule::fingerprint() const { return fnv1a(entry_lines(), fnv1a("loom schedule v1\n")); }
+
+std::string collective_schedule::entry_lines() const {
+  std::string lines;
+  for (const schedule_entry& e : entries_) lines += e.to_string() + "\n";
+  return lines;
 }
 
 std::string collective_schedule::to_string() const {
@@ -75,6 +107,35 @@ void verify_schedule_across_ranks(const collective_schedule& schedule, const run
             "same model; compare job.schedule() across ranks",
             d.index, d.rank0_item, d.rank, d.other_item);
       });
+}
+
+std::string schedule_difference(const std::string& saved, const std::string& now) {
+  const auto lines = [](const std::string& text) {
+    std::vector<std::string> all;
+    std::istringstream in(text);
+    for (std::string line; std::getline(in, line);) all.push_back(line);
+    return all;
+  };
+  const std::vector<std::string> before = lines(saved);
+  const std::vector<std::string> after = lines(now);
+  for (std::size_t i = 0; i < std::min(before.size(), after.size()); ++i) {
+    if (before[i] == after[i]) continue;
+    const auto [was, was_carrying] = collective_parts(before[i]);
+    const auto [is, carrying] = collective_parts(after[i]);
+    if (was != is) return fmt::format("the step's collective {} was {} in the saved run, {} in this job", i + 1, was, is);
+    for (std::size_t k = 0; k < std::min(was_carrying.size(), carrying.size()); ++k) {
+      if (was_carrying[k] != carrying[k]) {
+        return fmt::format("the step's collective {} ({}) carried '{}' in the saved run, '{}' in this job", i + 1,
+                           is, was_carrying[k], carrying[k]);
+      }
+    }
+    return fmt::format("the step's collective {} ({}) carried {} in the saved run, {} in this job", i + 1, is,
+                       counted(static_cast<std::int64_t>(was_carrying.size()), "tensor"),
+                       counted(static_cast<std::int64_t>(carrying.size()), "tensor"));
+  }
+  return fmt::format("a step had {} in the saved run, {} in this job",
+                     counted(static_cast<std::int64_t>(before.size()), "collective"),
+                     counted(static_cast<std::int64_t>(after.size()), "collective"));
 }
 
 }  // namespace loom

@@ -1,9 +1,11 @@
 #include <loom/strategies/fsdp.hpp>
 
+#include <loom/nn/at_rest.hpp>
 #include <loom/runtime/text.hpp>
 #include <loom/strategies/fsdp/fsdp_state.hpp>
 
 #include <ATen/ATen.h>
+#include <c10/util/Exception.h>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 #include <torch/nn/module.h>
@@ -175,11 +177,14 @@ tensor_state fsdp_engine::full_state(strategy_context& context) {
 void fsdp_engine::explain_forward_failure(strategy_context& context, std::exception_ptr error) {
   try {
     std::rethrow_exception(error);
-  } catch (const c10::Error& failure) {
-    // What LibTorch says when an operation reads a tensor whose storage fsdp freed at rest. Both
-    // checks raise a plain c10::Error (no type or code of their own), so their text is the only sign.
-    const std::string_view text = failure.what_without_backtrace();
-    const bool read_at_rest = text.find("out of bounds for storage of size 0") != std::string_view::npos ||
+  } catch (const std::exception& failure) {
+    // What loom's layers say when their weight is at rest, or LibTorch when another operation reads
+    // a tensor whose storage fsdp freed: a plain c10::Error (no type or code of its own), whose text
+    // is the only sign.
+    const auto* aten = dynamic_cast<const c10::Error*>(&failure);
+    const std::string_view text = aten != nullptr ? aten->what_without_backtrace() : std::string_view();
+    const bool read_at_rest = dynamic_cast<const nn::parameters_at_rest*>(&failure) != nullptr ||
+                              text.find("out of bounds for storage of size 0") != std::string_view::npos ||
                               text.find("its data is not allocated yet") != std::string_view::npos;
     const param_group* skipped = state_->next_unit();
     if (!read_at_rest || skipped == nullptr) return;
@@ -195,10 +200,13 @@ void fsdp_engine::explain_forward_failure(strategy_context& context, std::except
 void fsdp_engine::with_full_parameters(strategy_context&, const std::function<void()>& change) {
   // On the master weights in their own dtype, so that a change (merge, loading) loses no precision.
   sharding::fsdp_state& s = *state_;
-  s.for_each_group([&](param_group& group) { group.hold_masters(s.comm()); });
+  s.hold_masters();
+  // Also when `change` throws (a user's call inside job.with_whole_module): the rows go back, locally.
+  struct release_on_exit {
+    sharding::fsdp_state& state;
+    ~release_on_exit() { state.release_masters(); }
+  } const release{s};
   change();
-  const int rank = s.mesh().shard_rank();
-  s.for_each_group([rank](param_group& group) { group.release_masters(rank); });
 }
 
 void fsdp_engine::load_full_state(strategy_context& context, const tensor_state& full) {

@@ -136,6 +136,14 @@ void train_session::prepare_run_folder() {
 }
 
 void train_session::announce(const resume_point& resumed) const {
+  // Every rank resumed the same checkpoint, so every rank refuses alike.
+  if (resumed.step > options_.steps) {
+    throw_error<std::invalid_argument>(
+        "train: the checkpoint '{}' is at step {}, past this run's {} steps, so there is nothing to train: give more "
+        "steps than {} to go on from it, or another out folder (or remove '{}') to train {} steps afresh",
+        resumed.path.string(), resumed.step, options_.steps, resumed.step, resumed.path.parent_path().string(),
+        options_.steps);
+  }
   if (rt_.rank() != 0) return;
   fmt::print("{}{}resumed from {} (step {})\n", options_.name, options_.name.empty() ? "" : ": ", resumed.path.string(),
              resumed.step);

@@ -33,7 +33,7 @@ class Checker:
         self.failures: list[str] = []
 
     def run(self, case: str, ranks: str, command: list[str], env: dict, bound_s: float, expect_ok: bool = False,
-            expect: list[str] = ()) -> str:
+            expect: list[str] = (), at_fault: str | None = None) -> str:
         start = time.monotonic()
         done = subprocess.run([self.loom_run, "--grace-s", str(GRACE_S), "--nproc-per-node", ranks, "--", *command],
                               env=env, capture_output=True, text=True, timeout=120)
@@ -53,6 +53,9 @@ class Checker:
         if done.returncode != 1 or "failed first" not in last:
             self.failures.append(f"{case}: expected loom-run to report the failed rank, got exit {done.returncode}, "
                                  f"'{last}'")
+        if at_fault is not None and not last.startswith(f"loom-run: rank {at_fault} failed first, as rank "):
+            self.failures.append(f"{case}: loom-run's last line does not name rank {at_fault}, which the hang check "
+                                 f"found at fault: '{last}'")
         if took > bound_s:
             self.failures.append(f"{case}: the job took {took:.1f} s to end, more than {bound_s} s")
         for pattern in expect:
@@ -121,7 +124,7 @@ def main() -> int:
             check.run(f"{strategy}, rank {victim} stopped (SIGSTOP) in its second backward", ranks,
                       [device_parity, strategy, str(out), "20"], stop, bound_s=20 + 5,
                       expect=[rf"rank \d failed: it waited [\d.]+ s in {wait}.*, but rank {victim} has sent no heartbeat "
-                              r"for [\d.]+ s \(its last beat: .*\): it is stopped \(SIGSTOP"])
+                              r"for [\d.]+ s \(its last beat: .*\): it is stopped \(SIGSTOP"], at_fault=victim)
             if survivors(str(out)):
                 check.failures.append(f"{strategy}, rank {victim} stopped: processes left behind")
         # The same with the defaults a user has, at the 10 s timeout (13 s before, with Gloo's words).
@@ -130,7 +133,7 @@ def main() -> int:
         del defaults["LOOM_HANG_CHECK_S"]
         check.run(f"ddp, rank {victim} stopped in its first forward, LOOM_TIMEOUT_S=10, the default hang check", ranks,
                   [device_parity, "ddp", str(out), "20"], defaults, bound_s=10 + 5,
-                  expect=[rf"but rank {victim} has sent no heartbeat"])
+                  expect=[rf"but rank {victim} has sent no heartbeat"], at_fault=victim)
 
         # Merely slow: a rank that sleeps 3 hang checks long in its backward or forward, while its peers
         # wait for it, is not a hang; the job finishes.

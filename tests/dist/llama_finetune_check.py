@@ -104,8 +104,14 @@ def main() -> int:
                 before = base(ids).logits
             adapted = PeftModel.from_pretrained(base, straight / "adapter").eval()
             merged = LlamaForCausalLM.from_pretrained(straight / "merged").eval()
+            # The adapter names its task and its base model: PEFT loads both from the folder alone.
+            from peft import AutoPeftModelForCausalLM
+            on_its_own = AutoPeftModelForCausalLM.from_pretrained(straight / "adapter").eval()
         with torch.no_grad():
             with_adapter, with_merged = adapted(ids).logits, merged(ids).logits
+            alone = on_its_own(ids).logits
+        if not torch.equal(alone, with_adapter):
+            failures.append("AutoPeftModelForCausalLM on the adapter folder alone gives other logits than PeftModel")
         scale = with_adapter.abs().max().item()
         difference = (with_adapter - with_merged).abs().max().item()
         moved = (with_adapter - before).abs().max().item()
@@ -121,6 +127,14 @@ def main() -> int:
         if disabled.returncode != 0 or disabled.stdout.count("enable is false: no LoRA is applied") != 1:
             failures.append(f"enable: false was not said once: {disabled.stdout[-1500:]}{disabled.stderr[-800:]}")
         config.write_text(RUN_FILE.format(model=model, enable="true"))
+        short = subprocess.run([loom_run, "--nproc-per-node", "2", "--", recipe, "--config", str(config), "--tokens",
+                                str(tokens), "--batch_size", "16", "--seq_len", "128", f"--train.out={root / 'short'}"],
+                               capture_output=True, text=True)
+        if (short.returncode == 0 or "the held-out last tenth of --tokens" not in short.stderr
+                or "give a longer token file, a shorter --seq-len or a smaller --batch-size" not in short.stderr
+                or "build:" in short.stdout):
+            failures.append(f"too little held-out data was not refused before the build, naming the knobs: "
+                            f"{short.stdout[-800:]}{short.stderr[-800:]}")
         bad = root / "bad.bin"  # an llm.c header for three uint16 tokens, one of them beyond the vocabulary
         bad.write_bytes(b"".join(v.to_bytes(4, "little") for v in [20240520, 1, 3] + [0] * 253)
                         + b"".join(v.to_bytes(2, "little") for v in (7, 300, 9)))

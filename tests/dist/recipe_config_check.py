@@ -32,7 +32,7 @@ def main() -> int:
                 failures.append(f"{config}: phase 2 did not run the file's 4 steps with evaluation")
             if not (Path(out) / "adapter" / "adapter_config.json").exists():
                 failures.append(f"{config}: no adapter was saved")
-            for folder in ("adapt", "adapter", "adapted"):  # phase 1 stays: the next config reuses it
+            for folder in (f"adapt-{Path(config).stem}", "adapter", "adapted"):  # phase 1 stays: the next reuses it
                 subprocess.run(["rm", "-rf", str(Path(out) / folder)], check=True)
 
     fsdp = str(configs / "tiny-gpt-adapt-fsdp.toml")

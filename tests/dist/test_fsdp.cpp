@@ -17,6 +17,7 @@
 
 #include <catch2/catch_test_macros.hpp>
 #include <catch2/generators/catch_generators.hpp>
+#include <catch2/matchers/catch_matchers_exception.hpp>
 #include <catch2/matchers/catch_matchers_string.hpp>
 
 #include <algorithm>
@@ -30,6 +31,7 @@ using loom::testing::hooked_units;
 using loom::testing::odd_units;
 using loom::testing::training_state_bytes;
 using loom::testing::world;
+using Catch::Matchers::ContainsSubstring;
 
 namespace {
 
@@ -92,6 +94,49 @@ TEST_CASE("fsdp: N ranks with 1/N of the batch each equal one process on the who
       loom::build(loom::model<odd_units>() | loom::seeded(5) | loom::fsdp({.reshard_after_forward = reshard}), world());
   train_side_by_side(reference, sharded, /*reference_whole=*/true, kind);
   check_same_state(reference, sharded, 1e-5);
+}
+
+namespace {
+
+struct HeldOddUnitsImpl : odd_units {};
+TORCH_MODULE(HeldOddUnits);
+
+template <class Model>
+at::Tensor forward_of(Model& model, const at::Tensor& x) {
+  if constexpr (requires { model->forward(x); }) {
+    return model->forward(x);
+  } else {
+    return model.forward(x);
+  }
+}
+
+// The model called directly under fsdp(): refused with loom's sentence outside with_whole_module,
+// the replica's output inside it (on each rank's own rows), and training goes on as ddp()'s after.
+template <class Model>
+void call_the_model_yourself() {
+  auto replicated = loom::build(loom::model<Model>() | loom::seeded(21) | loom::ddp(), world());
+  auto sharded = loom::build(loom::model<Model>() | loom::seeded(21) | loom::fsdp(), world());
+  train_side_by_side(replicated, sharded, /*reference_whole=*/false);
+  const at::Tensor x = my_rows(data(40 + world().rank()).x);
+  CHECK_THROWS_MATCHES(forward_of(sharded.module(), x), loom::nn::parameters_at_rest,
+                       Catch::Matchers::MessageMatches(ContainsSubstring(
+                           "loom::nn::Linear: its weight holds no bytes, because the strategy (fsdp()) shards it") &&
+                                                       ContainsSubstring("job.with_whole_module")));
+  {
+    const torch::NoGradGuard no_grad;
+    const at::Tensor whole = sharded.with_whole_module([&](Model& model) { return forward_of(model, x); });
+    CHECK(torch::allclose(whole, forward_of(replicated.module(), x), 1e-6, 1e-6));
+  }
+  train_side_by_side(replicated, sharded, /*reference_whole=*/false);
+  check_same_state(replicated, sharded, 1e-5);
+}
+
+}  // namespace
+
+TEST_CASE("the model called yourself under fsdp(): a sentence outside with_whole_module, the replica's inside",
+          "[fsdp]") {
+  SECTION("a Module subclass") { call_the_model_yourself<odd_units>(); }
+  SECTION("a TORCH_MODULE holder") { call_the_model_yourself<HeldOddUnits>(); }
 }
 
 TEST_CASE("fsdp equals ddp on the same rows", "[fsdp][parity]") {

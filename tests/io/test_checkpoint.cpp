@@ -150,7 +150,16 @@ TEST_CASE("a checkpoint that cannot be resumed is refused with its path, its fil
     manifest.replace(at + 25, 16, "0123456789abcdef");
     write_sealed(saved / "manifest.json", nlohmann::json::parse(manifest));
     CHECK_THROWS_WITH(resume_with(plan),
-                      ContainsSubstring("its schedule's fingerprint is 0123456789abcdef, this job's " + original));
+                      ContainsSubstring("its schedule's fingerprint is 0123456789abcdef, this job's " + original) &&
+                          ContainsSubstring("give it a folder of its own (loom::train's out; --train.out=DIR with a "
+                                            "run file) or remove '" +
+                                            folder.string() + "'"));
+    // With the saved run's collectives recorded, the message says which differs.
+    nlohmann::json with_schedule = nlohmann::json::parse(manifest);
+    with_schedule["schedule"] = "all_reduce backward world 64 B [lm_head.weight Float[16]]\n";
+    write_sealed(saved / "manifest.json", with_schedule);
+    CHECK_THROWS_WITH(resume_with(plan), ContainsSubstring("its step's collectives are not this job's: a step had 1 "
+                                                           "collective in the saved run, 0 collectives in this job"));
     manifest.replace(at + 25, 16, original);
     write_sealed(saved / "manifest.json", nlohmann::json::parse(manifest));
   }

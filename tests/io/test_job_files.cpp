@@ -145,6 +145,8 @@ TEST_CASE("an adapter_config.json that is not a plain LoRA's, or holds the wrong
   loom::save_peft_adapter(folder, {.r = 2,
                                    .lora_alpha = 4,
                                    .target_modules = {"layers.0.q_proj"},
+                                   .task_type = {},
+                                   .base_model_name_or_path = {},
                                    .tensors = {{"layers.0.q_proj.lora_A", at::zeros({2, 4})},
                                                {"layers.0.q_proj.lora_B", at::zeros({4, 2})}}});
   const auto with = [&](const std::string& settings) {

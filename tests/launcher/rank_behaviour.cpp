@@ -10,6 +10,7 @@
 //   --print TEXT         print "TEXT" on stdout and "TEXT (stderr)" on stderr
 //   --partial TEXT       print TEXT without a newline at the end
 //   --fail-rank R --exit-code C   rank R exits with code C
+//   --blame B            ... having written to LOOM_ERROR_FILE that its hang check found rank B at fault
 //   --kill-rank R        rank R raises SIGKILL on itself
 //   --fail-attempts K    ... only in the first K attempts (TORCHELASTIC_RESTART_COUNT < K); later it
 //                        exits 0 (default: in every attempt)
@@ -45,6 +46,7 @@ struct behaviour {
   std::vector<std::string> lines;
   std::optional<std::string> partial;
   std::optional<int> fail_rank;
+  std::optional<int> blame;
   int exit_code = 1;
   std::optional<int> kill_rank;
   std::optional<int> fail_attempts;
@@ -90,6 +92,8 @@ behaviour parse(int argc, char** argv) {
       b.partial = value();
     else if (flag == "--fail-rank")
       b.fail_rank = std::stoi(value());
+    else if (flag == "--blame")
+      b.blame = std::stoi(value());
     else if (flag == "--exit-code")
       b.exit_code = std::stoi(value());
     else if (flag == "--kill-rank")
@@ -166,6 +170,11 @@ int main(int argc, char** argv) {
 
   const char* attempt = std::getenv("TORCHELASTIC_RESTART_COUNT");
   const bool failing = !b.fail_attempts || (attempt ? std::atoi(attempt) : 0) < *b.fail_attempts;
+  if (b.fail_rank == rank && failing && b.blame) {
+    const char* error_file = std::getenv("LOOM_ERROR_FILE");
+    if (error_file == nullptr) usage("--blame needs LOOM_ERROR_FILE, which loom-run sets");
+    std::ofstream(error_file) << *b.blame << "\nrank " << *b.blame << " has sent no heartbeat\n";
+  }
   if (b.fail_rank == rank) return failing ? b.exit_code : 0;
   if (b.kill_rank == rank && failing) ::raise(SIGKILL);
   if (b.others_sleep) {

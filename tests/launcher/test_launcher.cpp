@@ -236,6 +236,18 @@ TEST_CASE("a rank that exits with code 3 stops the others well within the grace 
   CHECK(run.last_err_line() == "loom-run: rank 1 failed first: exited with code 3");
 }
 
+TEST_CASE("the last line names the rank a hang check found at fault, not the rank that found it", "[launcher]") {
+  const auto run = run_launcher(with_helper({"--nproc-per-node", "3", "--grace-s", "20"},
+                                            {"--fail-rank", "0", "--blame", "2", "--others", "sleep"}));
+  CHECK(run.exit_code == 1);
+  CHECK(run.last_err_line() ==
+        "loom-run: rank 2 failed first, as rank 0's hang check found: rank 2 has sent no heartbeat; rank 0 then "
+        "exited with code 1");
+  // Without a finding, the rank that failed first is the one that exited first.
+  const auto plain = run_launcher(with_helper({"--nproc-per-node", "2"}, {"--fail-rank", "0", "--others", "sleep"}));
+  CHECK(plain.last_err_line() == "loom-run: rank 0 failed first: exited with code 1");
+}
+
 TEST_CASE("a rank killed by SIGKILL is named with its signal", "[launcher]") {
   const auto run = run_launcher(
       with_helper({"--nproc-per-node", "2", "--grace-s", "20"}, {"--kill-rank", "0", "--others", "sleep"}));
@@ -441,6 +453,15 @@ TEST_CASE("bad flags are rejected naming the flag and its accepted form", "[laun
       {{"--max_restarts=two", "true"}, "--max-restarts expects a whole number N of restarts after a failure"},
       {{"--max-restarts", "1.5", "true"}, "--max-restarts expects a whole number N"},
       {{"--max-restarts", "", "true"}, "--max-restarts expects a whole number N"},
+      // torchrun's spellings: each answered with what to do.
+      {{"--rdzv-endpoint", ":29400", "true"}, "--rdzv-endpoint expects HOST or HOST:PORT"},
+      {{"--rdzv-endpoint=node0:http", "true"}, "--rdzv-endpoint expects HOST or HOST:PORT"},
+      {{"--rdzv-backend", "etcd", "true"}, "--rdzv-backend expects c10d or static"},
+      {{"--log-dir", "/tmp/logs", "true"}, "--log-dir is torchrun's, not loom-run's: every rank's output comes"},
+      {{"--tee", "3", "true"}, "--tee is torchrun's, not loom-run's: every rank's output comes"},
+      {{"--local-ranks-filter", "0", "true"}, "--local-ranks-filter is torchrun's, not loom-run's"},
+      {{"train.py"}, "'train.py' is a Python script; loom-run starts an executable"},
+      {{"--nproc-per-node", "2", "--", "train.py", "--lr", "1"}, "'train.py' is a Python script"},
   };
   for (const auto& [args, message] : cases) {
     CAPTURE(args, message);
@@ -535,6 +556,18 @@ TEST_CASE("a program that cannot be run fails its rank with code 127, saying why
   const auto dashed = run_launcher({"--nproc-per-node", "1", "--", "-dashed-program"});
   CHECK(dashed.exit_code == 1);
   CHECK(dashed.err.find("[rank 0] loom-run: cannot run '-dashed-program'") != std::string::npos);
+}
+
+TEST_CASE("torchrun's rendezvous flags: the c10d endpoint is node 0's address and port", "[launcher]") {
+  const auto run = run_launcher(with_helper({"--rdzv-backend", "c10d", "--rdzv-id", "job-7", "--rdzv-endpoint",
+                                             "127.0.0.1:29731", "--nproc-per-node", "2", "--no-python"},
+                                            {"--print-env", "MASTER_ADDR,MASTER_PORT"}));
+  CHECK(run.exit_code == 0);
+  CHECK(run.out.find("[rank 1] MASTER_ADDR=127.0.0.1") != std::string::npos);
+  CHECK(run.out.find("[rank 1] MASTER_PORT=29731") != std::string::npos);
+  const auto version = run_launcher({"--version"});
+  CHECK(version.exit_code == 0);
+  CHECK(version.out.starts_with("loom-run "));
 }
 
 TEST_CASE("--help lists the flags and exits 0", "[launcher]") {

@@ -184,6 +184,50 @@ TEST_CASE("pretrained(path) loads by name while the model is built: strict, cast
                         "\"): the weights do not match the model: missing [], unexpected [lm_head.weight]"));
 }
 
+TEST_CASE("save_pretrained writes what from_pretrained reads: the checkpoint's dtypes, its config and tokenizer",
+          "[llama][pretrained]") {
+  namespace fs = std::filesystem;
+  const llama_config config = llama_config::from_json(config_json(), "config.json");
+  const fs::path folder = fs::temp_directory_path() / "loom-test-llama-save-pretrained";
+  fs::remove_all(folder);
+  const auto base = loom::model<loom::models::Llama>(config);
+  {
+    // A bf16 checkpoint, with its model files beside it.
+    auto saved = loom::build(base | loom::seeded(1) | loom::default_dtype(loom::bf16), loom::runtime::single_process());
+    saved.save_weights(folder / "checkpoint");
+  }
+  for (const char* name : {"config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json"}) {
+    std::ofstream(folder / "checkpoint" / name) << R"({"from": "the checkpoint"})";
+  }
+  // Built in fp32 from it, adapted and merged: written back in bf16.
+  auto job = loom::build(base | loom::seeded(2) | loom::pretrained((folder / "checkpoint").string()) |
+                             loom::lora(2, {"q_proj"}),
+                         loom::runtime::single_process());
+  CHECK_THROWS_WITH(job.save_pretrained(folder / "merged"), ContainsSubstring("call job.merge() first"));
+  // Its adapter names its task and base model, as AutoPeftModelForCausalLM needs.
+  job.save_adapter(folder / "adapter");
+  std::ifstream adapter_config(folder / "adapter" / "adapter_config.json");
+  const std::string adapter_text((std::istreambuf_iterator<char>(adapter_config)), {});
+  CHECK_THAT(adapter_text, ContainsSubstring(R"("task_type": "CAUSAL_LM")"));
+  CHECK_THAT(adapter_text, ContainsSubstring(R"("base_model_name_or_path": ")" +
+                                             fs::absolute(folder / "checkpoint").string() + "\""));
+  job.merge();
+  job.save_pretrained(folder / "merged");
+  for (const char* name : {"config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json"}) {
+    CAPTURE(name);
+    CHECK(fs::exists(folder / "merged" / name));
+  }
+  CHECK_FALSE(fs::exists(folder / "merged" / "special_tokens_map.json"));  // the checkpoint has none
+  const std::vector<loom::named_tensor> written = loom::load_weights(folder / "merged");
+  CHECK(written.size() == 21);
+  for (const loom::named_tensor& t : written) {
+    CAPTURE(t.name);
+    CHECK(t.tensor.scalar_type() == at::kBFloat16);
+  }
+  auto without = loom::build(base | loom::seeded(2), loom::runtime::single_process());
+  CHECK_THROWS_WITH(without.save_pretrained(folder / "other"), ContainsSubstring("has no pretrained(...) checkpoint"));
+}
+
 namespace {
 
 // An llm.c token file: `magic`, version, `count` in the header, then `ids` of `width` bytes each.

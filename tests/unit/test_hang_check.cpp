@@ -138,6 +138,7 @@ TEST_CASE("a peer past this rank's wait trips the check, at the second look", "[
   CHECK(result.look == 2);
   CHECK_THAT(*result.error, ContainsSubstring("it waited 5.5 s in all_gather Float[6] after pass 2") &&
                                 ContainsSubstring("rank 1 has gone on to the backward of pass 3 without joining it"));
+  CHECK(check.blamed() == 1);  // for loom-run's last line
 }
 
 TEST_CASE("peers that are only slow, or at the same point, never trip it", "[hang_check]") {
@@ -184,6 +185,7 @@ TEST_CASE("a silent peer trips it once the silence lasts", "[hang_check]") {
                                 ContainsSubstring("rank 0 has sent no heartbeat for") &&
                                 ContainsSubstring("its last beat: the forward of pass 3") &&
                                 ContainsSubstring("SIGSTOP"));
+  CHECK(check.blamed() == 0);
   hang_watch beating(2, after, silence);
   CHECK_FALSE(watch(beating, mine, {peer(0, 9, computing({3, pass_part::forward, 4}))}, 20).error);
 }
@@ -245,6 +247,7 @@ TEST_CASE("a failure a peer published trips it, quoted, once the failed rank had
   REQUIRE(result.error);
   CHECK(result.look == 7);  // the first look at 0 s, the silence at 2.5 s, confirmed at 3 s
   CHECK_THAT(*result.error, ContainsSubstring("before the first pass, and rank 0 failed: bad batch"));
+  CHECK_FALSE(check.blamed());  // the failed rank names itself, first
 }
 
 TEST_CASE("a host read is counted in its part and waits on the last collective issued", "[hang_check][host_read]") {

@@ -120,6 +120,28 @@ TEST_CASE("a plan from a file describes itself as the typed plan does", "[run_fi
   CHECK(local_only.describe() == (loom::model<models::TinyGpt>(small) | loom::seeded(3)).describe());
 }
 
+TEST_CASE("an override that adds a stage puts it where the rules want it", "[run_file]") {
+  const fs::path file = source / "tests" / "run_files" / "tiny_gpt_lora_fsdp.json";
+  // Each alone, and all of them: every stage a run file can add, given after a file with a strategy.
+  const std::vector<std::string> added{R"(mixed_precision={"param": "bf16"})", "recompute={}", "default_dtype=fp32",
+                                       "pretrained=weights/", "seeded=3"};
+  for (const std::string& override : added) {
+    CAPTURE(override);
+    CHECK_NOTHROW((void)loom::read_run_stages(file, std::vector<std::string>{override}));
+  }
+  const loom::run_stages all = loom::read_run_stages(file, added);
+  std::vector<std::string> order;
+  for (const loom::stage_kind kind : all.kinds) order.emplace_back(loom::name_of(kind));
+  CHECK(order == std::vector<std::string>{"seeded", "default_dtype", "pretrained", "mixed_precision", "recompute",
+                                          "lora", "trainable", "fsdp"});
+  const auto typed = loom::model<models::TinyGpt>(small) | loom::seeded(7) |
+                     loom::mixed_precision({.param = loom::bf16}) | loom::recompute() |
+                     loom::lora(4, {"q_proj", "v_proj"}, {.alpha = 8}) | loom::trainable({"head"}) |
+                     loom::fsdp({.reshard_after_forward = false});
+  const std::vector<std::string> two{R"(mixed_precision={"param": "bf16"})", "recompute={}"};
+  CHECK(loom::plan_from_file(loom::model<models::TinyGpt>(small), file, two).describe() == typed.describe());
+}
+
 TEST_CASE("overrides in dotted form apply on top of the file", "[run_file]") {
   const std::vector<std::string> overrides{"lora.rank=16", "strategy=ddp", "strategy.bucket_cap_mb=50", "seeded=9"};
   const auto plan = loom::plan_from_file(loom::model<models::TinyGpt>(small),
@@ -154,6 +176,10 @@ TEST_CASE("a run file's own mistakes name the file, the key and the accepted for
                     ContainsSubstring("lora.rank: the run file has no lora stage to set it in"));
   CHECK_THROWS_WITH(read("override-form", R"({"plan": []})", {"lora.rank"}),
                     ContainsSubstring("an override is KEY=VALUE"));
+  // An override's mistake is the command line's, not the file's.
+  CHECK_THROWS_WITH(read("override-key", R"({"plan": [{"lora": {"rank": 8}}]})", {"lora.rnak=4"}),
+                    ContainsSubstring("the override lora.rnak=4 (over run file '") &&
+                        ContainsSubstring("override-key.json'): lora.rnak: unknown key; lora takes rank"));
   CHECK_THROWS_AS(read("missing", "x"), loom::run_file_error);
   // Found by tests/fuzz: a number beyond every type was nlohmann's out_of_range, naming no file.
   CHECK_THROWS_WITH(read("overflow", R"({"plan": [{"seeded": 8888888333333333E3333000000333960700868093884}]})"),
@@ -256,12 +282,16 @@ TEST_CASE("FastVideo's LoRA block: enable, rank, alpha, target_modules, as its L
                       ContainsSubstring(", line 6: models.transformer.lora.target_module: unknown key; "
                                         "models.transformer.lora takes enable, rank, alpha, target_modules"));
     CHECK_THROWS_WITH(read("rank-type", "models:\n  transformer:\n    lora:\n      enable: true\n      rank: 8.5\n"),
-                      ContainsSubstring(", line 5: lora.rank: give a whole number"));
+                      ContainsSubstring(", line 5: models.transformer.lora.rank: give a whole number"));
     CHECK_THROWS_WITH(read("enable-type", "models:\n  transformer:\n    lora: {enable: yes, rank: 8}\n"),
                       ContainsSubstring("models.transformer.lora.enable: give true or false"));
     CHECK_THROWS_WITH(
         read("strategy", "training:\n  distributed:\n    strategy: zero3\n"),
-        ContainsSubstring(", line 3: strategy: unknown strategy 'zero3'; the strategies are local, ddp, fsdp"));
+        ContainsSubstring(", line 3: training.distributed.strategy: unknown strategy 'zero3'; the strategies are "
+                          "local, ddp, fsdp"));
+    // loom's train.* is FastVideo's training.*, in the file's spelling.
+    CHECK_THROWS_WITH(read("training-key", "training:\n  step: 3\n"),
+                      ContainsSubstring(", line 2: training.step: unknown key"));
     CHECK_THROWS_WITH(read("two-roles",
                            "models:\n  a:\n    lora: {enable: true, rank: 4}\n  b:\n"
                            "    lora: {enable: true, rank: 4}\n"),
@@ -278,6 +308,8 @@ TEST_CASE("FastVideo's LoRA block: enable, rank, alpha, target_modules, as its L
       FAIL("rank 0 was accepted");
     } catch (const loom::plan_error& error) {
       CHECK(std::regex_search(error.what(), std::regex(expected_of("r5_rank_zero"))));
+      // With the file, the line and the key as written.
+      CHECK_THAT(error.what(), ContainsSubstring("rule.yaml', line 3: models.transformer.lora: loom R5"));
     }
   }
 }
@@ -346,8 +378,17 @@ TEST_CASE("the values train() refuses are refused when the run file is read", "[
   CHECK_THROWS_WITH(loom::read_train_options(file, std::vector<std::string>{"train.clip_norm=-1"}),
                     ContainsSubstring("train.clip_norm: is -1; give a positive norm, or none"));
   CHECK_THROWS_WITH(loom::read_train_options(file, std::vector<std::string>{"train.steps=3"}),
-                    ContainsSubstring("train.lr.warmup_steps: (4) and decay_steps (0) add up to more than "
-                                      "total_steps (3)"));
+                    ContainsSubstring("train.lr: warmup_steps (4) and decay_steps (0) add up to more than "
+                                      "train.steps (3); give lengths that fit, e.g. --train.lr.warmup_steps=3 "
+                                      "--train.lr.decay_steps=0 (the same proportions)"));
+  // The shipped tiny-gpt-adapt-ddp.toml with the steps the help suggests: the overrides that fit.
+  const fs::path shipped = written(
+      "shipped", R"({"train": {"steps": 300, "lr": {"peak": 0.005, "warmup_steps": 30, "decay_steps": 150}}})");
+  CHECK_THROWS_WITH(loom::read_train_options(shipped, std::vector<std::string>{"train.steps=100"}),
+                    ContainsSubstring("--train.lr.warmup_steps=16 --train.lr.decay_steps=83"));
+  CHECK(loom::read_train_options(shipped, std::vector<std::string>{"train.steps=100", "train.lr.warmup_steps=16",
+                                                                   "train.lr.decay_steps=83"})
+            .lr->total_steps == 100);
   CHECK_THROWS_WITH(loom::read_train_options(file, std::vector<std::string>{"train.lr.peak=0"}),
                     ContainsSubstring("train.lr.peak: is 0; give a positive learning rate"));
   CHECK(loom::read_train_options(file).steps == 10);

@@ -2,6 +2,7 @@
 // error in a single process.
 #include <loom/runtime/failures.hpp>
 #include <loom/runtime/runtime.hpp>
+#include <loom/schedule/schedule.hpp>
 
 #include <ATen/ATen.h>
 
@@ -12,9 +13,13 @@
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
+#include <fcntl.h>
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
 #include <stdexcept>
 
 using Catch::Matchers::ContainsSubstring;
@@ -65,6 +70,40 @@ TEST_CASE("an unreachable master fails within the timeout, naming it", "[runtime
                    ContainsSubstring("within 2 s"));
   }
   CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(20));
+}
+
+TEST_CASE("a rendezvous short of ranks says early what it waits for, and at the timeout how many came",
+          "[runtime]") {
+  loom::launch_env env;
+  env.rank = 0;
+  env.world_size = 2;
+  env.local_world_size = 1;  // two nodes of one rank: the other never starts
+  env.master_addr = "127.0.0.1";
+  env.master_port = unused_port();
+  env.timeout = std::chrono::seconds(7);
+  // stderr into a file for the length of the rendezvous.
+  const std::string captured = (std::filesystem::temp_directory_path() / "loom-test-rendezvous.txt").string();
+  std::fflush(stderr);
+  const int saved = ::dup(STDERR_FILENO);
+  const int file = ::open(captured.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+  ::dup2(file, STDERR_FILENO);
+  std::string error;
+  try {
+    loom::runtime rt(env);
+  } catch (const loom::launch_error& failure) {
+    error = failure.what();
+  }
+  std::fflush(stderr);
+  ::dup2(saved, STDERR_FILENO);
+  ::close(saved);
+  ::close(file);
+  std::ifstream in(captured);
+  const std::string said((std::istreambuf_iterator<char>(in)), {});
+  const std::string where = "127.0.0.1:" + std::to_string(env.master_port);
+  CHECK_THAT(said, ContainsSubstring("rank 0 waits for the rendezvous at " + where +
+                                     ": 1 of 2 ranks (1 of 2 nodes) have joined; it gives up after 7 s"));
+  CHECK_THAT(error, ContainsSubstring("only 1 of 2 ranks (1 of 2 nodes) joined the rendezvous at " + where +
+                                      " within 7 s (LOOM_TIMEOUT_S): start loom-run on every node with --nnodes 2"));
 }
 
 TEST_CASE("a master address that does not resolve, or a taken port on rank 0, fails at once, naming it", "[runtime]") {
@@ -170,4 +209,28 @@ TEST_CASE("c10's errors carry a C++ backtrace only when TORCH_SHOW_CPP_STACKTRAC
   { const loom::runtime rt(loom::launch_env{}); }
   CHECK_THAT(what(), !ContainsSubstring("frame #"));
   CHECK_THAT(what(), ContainsSubstring("is invalid for input of size 2"));
+}
+
+TEST_CASE("two schedules' difference is named by collective and tensor, for a refused resume", "[schedule]") {
+  loom::collective_schedule saved;
+  saved.add({loom::collective_op::all_gather, loom::step_phase::forward, {{"w", {64}, at::kFloat}}, "shard.0"});
+  saved.add({loom::collective_op::reduce_scatter, loom::step_phase::backward,
+             {{"w", {64}, at::kFloat}, {"b", {8}, at::kFloat}}, "shard.0"});
+  loom::collective_schedule wider = saved;
+  loom::collective_schedule now;
+  now.add(saved.entries()[0]);
+  now.add({loom::collective_op::reduce_scatter, loom::step_phase::backward,
+           {{"w", {128}, at::kFloat}, {"b", {8}, at::kFloat}}, "shard.0"});
+  CHECK(loom::schedule_difference(saved.entry_lines(), now.entry_lines()) ==
+        "the step's collective 2 (reduce_scatter backward over shard.0) carried 'w Float[64]' in the saved run, "
+        "'w Float[128]' in this job");
+  wider.add({loom::collective_op::all_reduce, loom::step_phase::backward, {{"a", {4}, at::kFloat}}, "world"});
+  CHECK(loom::schedule_difference(saved.entry_lines(), wider.entry_lines()) ==
+        "a step had 2 collectives in the saved run, 3 collectives in this job");
+  loom::collective_schedule other_group;
+  other_group.add({loom::collective_op::all_gather, loom::step_phase::forward, {{"w", {64}, at::kFloat}}, "world"});
+  CHECK(loom::schedule_difference(saved.entry_lines(), other_group.entry_lines()) ==
+        "the step's collective 1 was all_gather forward over shard.0 in the saved run, all_gather forward over world "
+        "in this job");
+  CHECK(saved.fingerprint() != now.fingerprint());
 }

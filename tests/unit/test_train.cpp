@@ -169,6 +169,24 @@ TEST_CASE("SIGUSR1 ends the run after the step under way, with a checkpoint; the
               {.steps = 5, .out = scratch("straight")});
   const auto a = straight.state_dict(), b = second.state_dict();
   for (std::size_t i = 0; i < a.size(); ++i) CHECK(torch::equal(a[i].tensor, b[i].tensor));
+
+  // Fewer steps than the checkpoint has: said, with what to do, and nothing trained or saved.
+  auto fewer = loom::build(plan, one());
+  torch::optim::SGD fewer_optimizer(fewer.trainable_parameters(), 0.1);
+  CHECK_THROWS_WITH(
+      loom::train(fewer, fewer_optimizer,
+                  {.loss = [&](std::int64_t step, int) { return loss_of(fewer, step, false); }}, {.steps = 3, .out = out}),
+      ContainsSubstring("is at step 5, past this run's 3 steps, so there is nothing to train: give more steps than 5") &&
+          ContainsSubstring("or remove '" + (out / "checkpoints").string() + "') to train 3 steps afresh"));
+  CHECK_FALSE(fs::exists(out / "checkpoints" / "step-00000003"));
+  // More steps go on from it.
+  auto more = loom::build(plan, one());
+  torch::optim::SGD more_optimizer(more.trainable_parameters(), 0.1);
+  const loom::train_result further = loom::train(
+      more, more_optimizer, {.loss = [&](std::int64_t step, int) { return loss_of(more, step, false); }},
+      {.steps = 7, .out = out});
+  CHECK(further.first_step == 6);
+  CHECK(further.last_step == 7);
 }
 
 TEST_CASE("the loop's options are checked before the first step, naming the option", "[train][errors]") {

@@ -75,6 +75,9 @@ struct checkpoint_manifest {
   std::string plan;
   std::string describe;
   std::string schedule_fingerprint;  // 16 hexadecimal digits
+  // The collectives of a step, one line each (schedule_entry::to_string), so that a refused resume
+  // can say which differs; empty in a manifest written before it was recorded.
+  std::string schedule;
   std::string libtorch;
   std::string loom;
   std::string user_state;  // the JSON given to save()
@@ -102,6 +105,7 @@ struct checkpoint_target {
   std::string plan;      // job.plan_state(): compared on resume
   std::string describe;  // job.describe(): recorded in the manifest
   std::uint64_t schedule_fingerprint = 0;
+  std::string schedule;  // job.built_schedule(), one line a collective
   bool sharded = false;
   int shard_group_size = 0;             // job.shard_group_size()
   std::function<tensor_state()> state;  // what this rank saves: its shards, or the whole
@@ -161,6 +165,7 @@ class checkpointer {
     target.plan = job.plan_state();
     target.describe = job.describe();
     target.schedule_fingerprint = job.built_schedule_fingerprint();
+    target.schedule = job.built_schedule().entry_lines();
     target.sharded = Job::shards_state();
     target.shard_group_size = job.shard_group_size();
     target.state = [&job] { return Job::shards_state() ? job.local_state_dict() : job.state_dict(); };

@@ -24,6 +24,7 @@ enum class stage_kind : unsigned char {
 
 constexpr bool is_strategy(stage_kind k) noexcept { return k >= stage_kind::local; }
 
+
 // The stage function's name, as a plan read from a file would spell it.
 constexpr std::string_view name_of(stage_kind k) noexcept {
   switch (k) {
@@ -41,6 +42,16 @@ constexpr std::string_view name_of(stage_kind k) noexcept {
     case stage_kind::custom_strategy: return "strategy";
   }
   return {};
+}
+
+// Where a stage named `name` (as a run file spells it; "strategy" for any strategy) goes in a plan
+// that the rules accept: stage_kind's order, which is one such plan's. An unknown name goes last.
+constexpr int plan_position(std::string_view name) noexcept {
+  if (name == "strategy") return static_cast<int>(stage_kind::local);
+  for (int k = 0; k <= static_cast<int>(stage_kind::custom_strategy); ++k) {
+    if (name_of(static_cast<stage_kind>(k)) == name) return k;
+  }
+  return static_cast<int>(stage_kind::custom_strategy) + 1;
 }
 
 }  // namespace loom

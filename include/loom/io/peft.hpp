@@ -25,6 +25,10 @@ struct peft_lora_adapter {
   double lora_alpha = 0;  // as given: a fractional alpha stays fractional
   double lora_dropout = 0;
   std::vector<std::string> target_modules;  // the adapted layers' full dotted names
+  // What AutoPeftModel*.from_pretrained(folder) needs to load the base model itself: PEFT's task
+  // ("CAUSAL_LM") and the base model's folder; null in the file when empty.
+  std::string task_type;
+  std::string base_model_name_or_path;
   // Under the module's names: "<layer>.lora_A" and "<layer>.lora_B".
   std::vector<named_tensor> tensors;
 };

@@ -42,6 +42,11 @@ struct weights_report {
 weights_report copy_weights(torch::nn::Module& module, const std::vector<named_tensor>& weights, bool strict,
                             bool (*skip)(std::string_view name));
 
+// The files of a Hugging Face model folder that are not its weights (config.json,
+// generation_config.json, the tokenizer's), copied from `from` into `to` where they exist: what
+// save_pretrained writes beside the weights. The names copied.
+std::vector<std::string> copy_model_files(const std::filesystem::path& from, const std::filesystem::path& to);
+
 // The plan's pretrained(path): a checkpoint (a .safetensors file, a model.safetensors.index.json or
 // a folder holding either) opened with every file's header read and checked and no tensor yet; its
 // tensors are read on demand, whole or by rows, so that a rank reads only what it keeps.
@@ -56,6 +61,8 @@ class pretrained_checkpoint {
   [[nodiscard]] std::size_t size() const noexcept;
   [[nodiscard]] std::uint64_t total_bytes() const noexcept;
   [[nodiscard]] std::uint64_t bytes_read() const noexcept;
+  // Every tensor's name, shape and dtype, as its file's header gives them.
+  [[nodiscard]] std::vector<tensor_spec> specs() const;
 
   // The module's parameters and buffers against the checkpoint, before a byte of it is read: the
   // same names (strict), the same shapes, the same dtype or both floating (a floating tensor is

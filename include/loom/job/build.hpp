@@ -62,6 +62,8 @@ auto build_checked(const Plan& plan, runtime rt) {
   // one forked stream when seeded; for an engine that materialises its parameters, without their
   // bytes while the construction allows it (loom/nn/deferred_init.hpp), else whole.
   constexpr std::string_view model_name = type_name<M>();
+  using module_type = std::remove_pointer_t<decltype(std::declval<module_storage<M>&>().operator->())>;
+  if constexpr (requires { module_type::peft_task_type; }) decided.peft_task_type = module_type::peft_task_type;
   const auto construct = [&](nn::deferred_init* deferred) {
     std::optional<forked_rng> fork;
     if (auto seed = plan.seed()) fork.emplace(*seed);

@@ -6,6 +6,7 @@
 #include <loom/lora/lora.hpp>
 #include <loom/precision/precision.hpp>
 #include <loom/runtime/failpoints.hpp>
+#include <loom/schedule/schedule.hpp>
 #include <loom/strategies/engine.hpp>
 #include <loom/strategies/strategy_context.hpp>
 
@@ -15,6 +16,7 @@
 #include <concepts>
 #include <exception>
 #include <filesystem>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -130,6 +132,7 @@ struct build_decisions {
   std::shared_ptr<nn::deferred_init> deferred;        // the records of a construction without bytes
   std::string constructed_whole;                      // why an engine that could not have it so
   std::string plan_state;  // the plan's describe_state(): what a checkpoint of the job must have been saved by
+  std::string peft_task_type;  // the model's peft_task_type ("CAUSAL_LM"), if it declares one
 };
 
 // The part of a job that does not depend on M or the strategy (src/job/job.cpp).
@@ -149,10 +152,11 @@ class job_core {
   // Runs the strategy's setup, then checks the schedule it derived against every other rank's.
   // `engine_casts`: the engine carries out mixed precision itself (else the job, under autocast).
   void set_up(function_ref<void(strategy_context&)> setup, bool engine_casts);
-  // The fingerprint of the schedule as setup derived it, before an engine rebuilt it from what the
-  // first step did (ddp()'s buckets, in the order gradients became ready): what a checkpoint is
-  // compatible with, since the rebuild follows from it and the model alone.
-  [[nodiscard]] std::uint64_t built_schedule_fingerprint() const noexcept { return built_schedule_fingerprint_; }
+  // The schedule as setup derived it, before an engine rebuilt it from what the first step did
+  // (ddp()'s buckets, in the order gradients became ready): what a checkpoint is compatible with,
+  // since the rebuild follows from it and the model alone.
+  [[nodiscard]] const collective_schedule& built_schedule() const noexcept { return built_schedule_; }
+  [[nodiscard]] std::uint64_t built_schedule_fingerprint() const { return built_schedule_.fingerprint(); }
 
   // Under mixed_precision(...), what the forward's floating arguments are cast to (an engine that
   // casts parameters computes in param from its inputs on), and its result; none: as they are.
@@ -173,6 +177,8 @@ class job_core {
   void load_adapter(const std::filesystem::path& folder);
   // `whole` (the state_dict) without the adapters; rank 0 writes, every rank returns once it has.
   void save_weights(const std::filesystem::path& folder, const tensor_state& whole, std::int64_t max_shard_bytes);
+  // `whole` in pretrained(...)'s dtypes, with its checkpoint's config and tokenizer files.
+  void save_pretrained(const std::filesystem::path& folder, const tensor_state& whole, std::int64_t max_shard_bytes);
 
   // Clears the gradients of `parameters`, in place or to undefined.
   static void zero_grad(const std::vector<at::Tensor>& parameters, bool set_to_none);
@@ -189,7 +195,11 @@ class job_core {
   std::string plan_text_;
   std::string plan_state_;
   std::string built_text_;  // how the model was built: its dtype, the parameters held in fp32
-  std::uint64_t built_schedule_fingerprint_ = 0;
+  collective_schedule built_schedule_;
+  // What a saved adapter names for PEFT: the model's task and pretrained(...)'s folder, if any.
+  std::string peft_task_type_;
+  std::filesystem::path base_model_;
+  std::map<std::string, at::ScalarType> pretrained_dtypes_;  // by tensor name, as its files hold them
 };
 
 }  // namespace detail
@@ -216,8 +226,21 @@ class job {
     core_.finish_initial_values();
   }
 
-  // The user's module, typed.
+  // The user's module, typed. Under a strategy that shards parameters at rest (fsdp()), they hold
+  // no bytes outside job.forward: call the model yourself inside with_whole_module.
   [[nodiscard]] M& module() noexcept { return model_.get(); }
+  // Calls `use(module())` with every parameter whole, and returns what it returns: for calling the
+  // model yourself (sampling, an evaluation of your own) under any strategy, as FSDP2's unshard() or
+  // FSDP1's summon_full_params. A sharding strategy gathers the master weights first and takes each
+  // rank's rows back after (changes made inside are kept); every rank calls it. Elsewhere it is
+  // `use(module())`.
+  template <class F>
+  decltype(auto) with_whole_module(F&& use) {
+    using result = std::invoke_result_t<F&, M&>;
+    detail::returned<result> out;
+    hooks::with_full_parameters(engine_, core_.context(), [&] { out.capture([&] { return use(model_.get()); }); });
+    return out.take();
+  }
   [[nodiscard]] E& strategy() noexcept { return engine_; }
   [[nodiscard]] const runtime& rt() const noexcept { return core_.context().rt(); }
 
@@ -327,7 +350,8 @@ class job {
   no_sync_guard no_sync() { return no_sync_guard(core_.context()); }
 
   [[nodiscard]] const collective_schedule& schedule() const noexcept { return core_.context().schedule(); }
-  [[nodiscard]] std::uint64_t built_schedule_fingerprint() const noexcept { return core_.built_schedule_fingerprint(); }
+  [[nodiscard]] const collective_schedule& built_schedule() const noexcept { return core_.built_schedule(); }
+  [[nodiscard]] std::uint64_t built_schedule_fingerprint() const { return core_.built_schedule_fingerprint(); }
   [[nodiscard]] std::string describe() const { return core_.describe(); }
   // The plan alone, as the DSL describes it: the same on every rank and at any world size.
   [[nodiscard]] const std::string& plan_text() const noexcept { return core_.plan_text(); }
@@ -353,6 +377,13 @@ class job {
   // in), as safetensors in Hugging Face's layout (loom/io/weights.hpp); every rank calls it.
   void save_weights(const std::filesystem::path& folder, std::int64_t max_shard_bytes = default_max_shard_bytes) {
     core_.save_weights(folder, state_dict(), max_shard_bytes);
+  }
+  // The model as Hugging Face's from_pretrained reads it (save_pretrained's files): the base weights as
+  // save_weights writes them, each in the dtype pretrained(...)'s checkpoint holds it in, and that
+  // checkpoint's config.json, generation config and tokenizer files beside them. LoRA's adapters
+  // must be merged first (job.merge()); every rank calls it.
+  void save_pretrained(const std::filesystem::path& folder, std::int64_t max_shard_bytes = default_max_shard_bytes) {
+    core_.save_pretrained(folder, state_dict(), max_shard_bytes);
   }
   // Loads base weights by name (the adapters are left as they are): strict, every other parameter
   // and buffer must be there and nothing else; or not, reporting what it left alone.

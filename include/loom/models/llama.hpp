@@ -131,6 +131,9 @@ TORCH_MODULE(LlamaModel);
 // matrix and has no weight of its own, as a checkpoint of it has no lm_head.weight.
 class LlamaImpl : public torch::nn::Module {
  public:
+  // What a saved adapter tells PEFT, so that AutoPeftModelForCausalLM loads it with its base model.
+  static constexpr std::string_view peft_task_type = "CAUSAL_LM";
+
   explicit LlamaImpl(const llama_config& config);
   // Logits [batch, seq, vocab] of token ids [batch, seq] (int64).
   at::Tensor forward(const at::Tensor& ids);

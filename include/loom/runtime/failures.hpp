@@ -43,7 +43,8 @@ class job_failure : public std::runtime_error {
 // "loom: ", which the failure's error starts with.
 class job_failures {
  public:
-  explicit job_failures(int rank);
+  // `error_file`: launch_env::error_file.
+  explicit job_failures(int rank, std::string error_file = {});
   ~job_failures();
   job_failures(const job_failures&) = delete;
   job_failures& operator=(const job_failures&) = delete;
@@ -79,7 +80,8 @@ class job_failures {
   // The heartbeat's answer to a wait that can never end (on its thread, with its connection): the
   // training thread is blocked inside the wait, so this rank publishes why, says it, and ends the
   // process, as PyTorch's NCCL watchdog does.
-  [[noreturn]] void stop_hung_job(c10d::Store& store, const std::string& error) const;
+  // `blamed`: the rank the hang check found at fault, written with the error to the error file.
+  [[noreturn]] void stop_hung_job(c10d::Store& store, const std::string& error, std::optional<int> blamed) const;
   // Says `message` and publishes it on a connection of its own, then lingers a beat so that waiting
   // peers read it before this process ends.
   void say_and_publish(const std::string& message) const noexcept;
@@ -88,6 +90,7 @@ class job_failures {
   class terminate_report;
 
   int rank_;
+  std::string error_file_;
   c10::intrusive_ptr<c10d::Store> store_;
   std::atomic<bool> failed_ = false;
   mutable std::mutex remembered_mutex_;

@@ -54,6 +54,9 @@ class hang_watch {
 
   // This rank is not waiting (any more): forget what the looks saw.
   void reset() noexcept;
+  // The peer that the error look() returned is about, when it names one (a peer that failed and
+  // published it names itself in its own words).
+  [[nodiscard]] std::optional<int> blamed() const noexcept;
 
  private:
   // Which rule found the wait hopeless, about which peer, and the error that says so.

@@ -53,6 +53,10 @@ struct launch_env {
   // TORCH_SHOW_CPP_STACKTRACES, as PyTorch reads it: whether c10's errors keep their C++ backtrace
   // (the "frame #N" lines that c10d's warnings print); loom's own messages never carry one.
   bool show_cpp_stack_traces = false;
+  // LOOM_ERROR_FILE (loom-run sets one a rank, as torchrun sets TORCHELASTIC_ERROR_FILE): where a
+  // rank whose hang check stops the job writes which rank it found at fault, and why, for loom-run's
+  // last line: the rank's number on the first line, the error after it. Empty: nowhere.
+  std::string error_file;
 
   [[nodiscard]] bool is_distributed() const noexcept { return world_size > 1; }
   [[nodiscard]] bool is_launched() const noexcept { return !master_addr.empty(); }
@@ -70,7 +74,7 @@ using env_lookup = std::function<std::optional<std::string>(const char* name)>;
 
 // Reads RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT,
 // TORCHELASTIC_USE_AGENT_STORE, TORCHELASTIC_RESTART_COUNT, LOOM_BACKEND, LOOM_DEVICE, LOOM_TIMEOUT_S,
-// LOOM_HANG_CHECK_S and TORCH_SHOW_CPP_STACKTRACES.
+// LOOM_HANG_CHECK_S, LOOM_ERROR_FILE and TORCH_SHOW_CPP_STACKTRACES.
 // None of the launcher's variables set means a single process. Throws launch_error.
 [[nodiscard]] launch_env parse_launch_env(const env_lookup& lookup = process_env);
 

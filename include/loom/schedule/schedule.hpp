@@ -43,10 +43,17 @@ class collective_schedule {
   [[nodiscard]] std::uint64_t fingerprint() const;
   // A header (entries, bytes, fingerprint), then one numbered line per entry.
   [[nodiscard]] std::string to_string() const;
+  // Every entry's line, each ending in a newline: what the fingerprint digests.
+  [[nodiscard]] std::string entry_lines() const;
 
  private:
   std::vector<schedule_entry> entries_;
 };
+
+// Where two schedules' entry_lines() differ, in words: the first collective of the step that is
+// another ("the step's collective 3 (all_gather forward over shard.0) carried 'w f32[64]' in the
+// saved run, 'w f32[128]' in this job"), or how many a step has. `saved` comes from a checkpoint.
+[[nodiscard]] std::string schedule_difference(const std::string& saved, const std::string& now);
 
 // Checks through the agreement service (loom/runtime/agreement.hpp) that every rank derived the
 // same entries; throws rank_mismatch naming the first differing entry and the ranks' versions of it.

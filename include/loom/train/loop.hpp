@@ -107,7 +107,8 @@ class train_session {
   [[nodiscard]] checkpointer& checkpoints() noexcept { return *checkpoints_; }
   [[nodiscard]] const train_options& options() const noexcept { return options_; }
 
-  // Rank 0 says where the run continues from.
+  // Rank 0 says where the run continues from; a checkpoint past options().steps is refused, naming
+  // what to do (std::invalid_argument, on every rank).
   void announce(const resume_point& resumed) const;
   void begin_step(std::int64_t step, torch::optim::Optimizer& optimizer);
   // After the last micro-batch's forward, before its backward: `loss_sum` is this rank's summed

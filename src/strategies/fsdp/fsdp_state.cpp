@@ -198,7 +198,19 @@ void fsdp_state::end_backward() {
   if (sync == gradient_sync::replicas) adapters_.finish_all_reduces();
 }
 
+void fsdp_state::hold_masters() {
+  for_each_group([this](param_group& group) { group.hold_masters(comm()); });
+  holding_masters_ = true;
+}
+
+void fsdp_state::release_masters() {
+  holding_masters_ = false;
+  const int rank = mesh_->shard_rank();
+  for_each_group([rank](param_group& group) { group.release_masters(rank); });
+}
+
 void fsdp_state::before_forward(std::size_t unit) {
+  if (holding_masters_) return;  // whole already, and outside a step
   if (unit != next_unit_) fail_out_of_order(unit);
   ++next_unit_;
   issue_through(unit_steps_[unit].forward_gather);
@@ -219,6 +231,7 @@ void fsdp_state::fail_out_of_order(std::size_t unit) const {
 }
 
 void fsdp_state::after_forward(std::size_t unit, const std::vector<at::Tensor>& outputs) {
+  if (holding_masters_) return;
   const bool backward_follows =
       at::GradMode::is_enabled() &&
       std::any_of(outputs.begin(), outputs.end(), [](const at::Tensor& t) { return t.defined() && t.requires_grad(); });

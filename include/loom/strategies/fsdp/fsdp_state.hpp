@@ -70,6 +70,12 @@ class fsdp_state : public nn::unit_hooks {
     return next_unit_ < units_.size() ? &units_[next_unit_] : nullptr;
   }
 
+  // Around a change to the whole model, or a call of it outside a step (job.with_whole_module): every
+  // group holds its master weights gathered, and the unit hooks stand aside; then each rank takes
+  // its rows back and the groups are at rest.
+  void hold_masters();
+  void release_masters();
+
   void before_forward(std::size_t unit) override;
   void after_forward(std::size_t unit, const std::vector<at::Tensor>& outputs) override;
 
@@ -103,6 +109,7 @@ class fsdp_state : public nn::unit_hooks {
   std::vector<unit_collectives> unit_steps_;
   param_group* last_reduced_ = nullptr;  // the group whose reduce-scatter this step issued last
   std::size_t next_unit_ = 0;            // the unit whose forward comes next in this step
+  bool holding_masters_ = false;         // between hold_masters() and release_masters()
 };
 
 }  // namespace loom::sharding

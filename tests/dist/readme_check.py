@@ -1,0 +1,84 @@
+"""The README's commands, run in the order it gives them, all succeed: every ```sh block's
+scripts/demo, Python and build/loom-run lines, with small step counts and the README's /tmp folders
+moved into a scratch one (the builds they start are meson's here; scripts/test is this suite).
+
+    readme_check.py README LOOM_RUN TINY_GPT LLAMA_FINETUNE PYTHON
+"""
+import re
+import shlex
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+SHORT_RUN_FILE = ["--train.steps=4", "--train.lr.warmup_steps=1", "--train.lr.decay_steps=2",
+                  "--train.eval_every=2", "--train.log_every=2", "--train.checkpoint_every=2"]
+SHORT_TINY_GPT = ["--steps-pretrain", "6", "--steps-adapt", "4", "--checkpoint-every", "3"]
+
+
+def commands(readme: Path) -> list[str]:
+    """Each ```sh block's lines, continuation lines joined, comments dropped, in order."""
+    found = []
+    for block in re.findall(r"```sh\n(.*?)```", readme.read_text(), re.S):
+        for line in block.replace("\\\n", " ").splitlines():
+            line = line.split("  #")[0].strip()
+            if line:
+                found.append(line)
+    return found
+
+
+def runnable(line: str, scratch: Path, programs: dict[str, str]) -> list[str] | None:
+    """The command as this test runs it, or None for one the suite does itself (builds, tests)."""
+    words = shlex.split(line.replace("/tmp/loom-llama", str(scratch / "llama")))
+    if words[0] in ("ninja", "scripts/test"):
+        return None
+    if words[0] == "scripts/demo":
+        tail = words[1:]
+        short = SHORT_RUN_FILE if "--config" in tail else SHORT_TINY_GPT
+        return [programs["loom-run"], "--nproc-per-node", "2", "--", programs["tiny-gpt"], *tail, *short,
+                "--out", str(scratch / "tiny-gpt")]
+    if words[0] == ".venv/bin/python":
+        return [programs["python"], *words[1:]]
+    if words[0] == "build/loom-run":
+        split = words.index("--")
+        program = Path(words[split + 1]).name
+        tail = words[split + 2:]
+        if program == "llama-finetune":
+            if not any(w.startswith("--pretrained") for w in tail):
+                tail.append(f"--pretrained={scratch / 'llama' / 'model'}")
+            if not any(w.startswith("--train.out") for w in tail):
+                tail.append(f"--train.out={scratch / 'llama' / 'run'}")
+            tail += SHORT_RUN_FILE
+        return [programs["loom-run"], *words[1:split], "--", programs[program], *tail]
+    raise SystemExit(f"readme_check: the README has a command this test does not know how to run: {line}")
+
+
+def main() -> int:
+    readme = Path(sys.argv[1])
+    programs = {"loom-run": sys.argv[2], "tiny-gpt": sys.argv[3], "llama-finetune": sys.argv[4],
+                "python": sys.argv[5]}
+    lines = commands(readme)
+    if not any(line.startswith("scripts/demo --config") for line in lines):
+        print("FAIL: the README gives no second phase from a run file")
+        return 1
+    ran = 0
+    with tempfile.TemporaryDirectory() as folder:
+        scratch = Path(folder)
+        (scratch / "llama").mkdir()
+        for line in lines:
+            command = runnable(line, scratch, programs)
+            if command is None:
+                continue
+            done = subprocess.run(command, cwd=readme.parent, capture_output=True, text=True, timeout=600)
+            ran += 1
+            if done.returncode != 0:
+                print(f"FAIL: README command {ran} exited {done.returncode}: {line}\n"
+                      f"{done.stdout[-2000:]}{done.stderr[-2000:]}")
+                return 1
+            print(f"ok: {line}")
+    print(f"readme: {ran} commands ran, in the README's order")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
