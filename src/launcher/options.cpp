@@ -103,7 +103,7 @@ struct hinted_flag {
 };
 
 constexpr std::string_view output_hint =
-    "every rank's output comes through loom-run's own, each line prefixed \"[rank k] \": keep it with "
+    "every rank's output comes through loom-run's own, each line prefixed with its rank: keep it with "
     "'loom-run ... 2>&1 | tee run.log' (loom::train also writes metrics.jsonl in its out folder)";
 
 constexpr std::array hinted_flags{
@@ -111,8 +111,8 @@ constexpr std::array hinted_flags{
     hinted_flag{"--tee", output_hint},
     hinted_flag{"--redirects,-r", output_hint},
     hinted_flag{"--local-ranks-filter,--local_ranks_filter",
-                "every rank's lines are prefixed \"[rank k] \": show one rank's with "
-                "'loom-run ... 2>&1 | grep \"^\\[rank 0\\]\"'"},
+                "every rank's lines are prefixed with its rank: keep one rank's with grep (--no-prefix drops the "
+                "prefix)"},
     hinted_flag{"--module,-m", "loom-run starts an executable once per rank (a C++ program), not a Python module"},
 };
 

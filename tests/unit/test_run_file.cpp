@@ -221,7 +221,8 @@ TEST_CASE("a TOML run file reads as its JSON twin, and its mistakes name their l
                     ContainsSubstring("seeded: give the seed as a whole number"));
   // A key set on the command line is not the file's: no line.
   CHECK_THROWS_WITH(read("override", "plan = [\n  { lora = { rank = 8 } },\n]\n", {"lora.rank=x"}),
-                    ContainsSubstring("override.toml': lora.rank: give a whole number"));
+                    ContainsSubstring("the override lora.rank=x (over run file '") &&
+                        ContainsSubstring("override.toml'): lora.rank: give a whole number"));
   CHECK_THROWS_WITH(loom::read_run_stages(written("extension", "{}", ".ini")),
                     ContainsSubstring("give a run file named *.toml, *.yaml or *.json"));
   CHECK_THROWS_WITH(loom::read_train_options(written("train-key", "[train]\nsteps = 10\nstesp = 3\n", ".toml")),

@@ -265,5 +265,5 @@ TEST_CASE("the recipes' batches: each rank its own share, a function of (seed, r
   CHECK(starts(rank0, 0) != starts(rank0, 52));  // the next epoch: other windows, another order
   CHECK(starts(rank0, 0) != starts(other_seed, 0));
   CHECK_THROWS_WITH(text_data::batch_sampler(text.narrow(0, 0, 150), 7, 0, 3, batch, context),
-                    ContainsSubstring("fewer than 4 for each of 3 ranks"));
+                    ContainsSubstring("fewer than a batch of 4 for each of 3 ranks"));
 }
