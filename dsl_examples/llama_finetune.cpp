@@ -70,9 +70,9 @@ fs::path checkpoint_of(const loom::run_file& file, const std::string& config) {
         path.string()));
   }
   if (path.filename() == "config.json") {
-    throw std::invalid_argument(fmt::format(
-        "pretrained '{}' is the model's config, not its weights: give the folder that holds both, '{}'", path.string(),
-        path.parent_path().string()));
+    throw std::invalid_argument(
+        fmt::format("pretrained '{}' is the model's config, not its weights: give the folder that holds both, '{}'",
+                    path.string(), path.parent_path().string()));
   }
   if (!fs::exists(path.parent_path() / "config.json")) {
     throw std::invalid_argument(

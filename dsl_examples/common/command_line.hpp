@@ -53,7 +53,8 @@ struct run_file_arguments {
   std::vector<std::string> overrides;
 
   void add_to(CLI::App& app, bool required) {
-    app.add_option("--config", config, "a run file (TOML, JSON, or YAML as FastVideo writes it): the plan's stages and the loop's options")
+    app.add_option("--config", config,
+                   "a run file (TOML, JSON, or YAML as FastVideo writes it): the plan's stages and the loop's options")
         ->check(CLI::ExistingFile)
         ->required(required);
     app.allow_extras();

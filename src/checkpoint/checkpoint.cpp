@@ -739,8 +739,9 @@ checkpointer::read_files checkpointer::read(const fs::path& path, const checkpoi
                           manifest.schedule_fingerprint, fingerprint)
             : fmt::format("its step's collectives are not this job's: {}",
                           schedule_difference(manifest.schedule, target.schedule));
-    unusable(path, differs + "; the model's parameters (their names, shapes or dtypes, or which of them train) or "
-                             "how the strategy groups them differ from the saved run's");
+    unusable(path, differs +
+                       "; the model's parameters (their names, shapes or dtypes, or which of them train) or "
+                       "how the strategy groups them differ from the saved run's");
   }
 
   // The files this rank reads: its own, or under a replicating strategy rank 0's, or when resharding

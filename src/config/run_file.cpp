@@ -18,6 +18,7 @@
 #include <iterator>
 #include <map>
 #include <optional>
+#include <regex>
 #include <sstream>
 #include <string_view>
 #include <tuple>
@@ -73,6 +74,14 @@ std::string dtype_list() {
   std::vector<std::string_view> names;
   for (const dtype_name& entry : dtype_names) names.push_back(entry.short_name);
   return fmt::format("{}", fmt::join(names, ", "));
+}
+
+// A rule's sentence in a run file's words: an option as C++ spells it (".param = loom::bf16",
+// ".every = 1") as a run file writes it ("param = \"bf16\"", "every = 1").
+std::string in_run_file_words(const std::string& sentence) {
+  static const std::regex dtype(R"(loom::(bf16|fp16|fp32|fp64))");
+  static const std::regex field(R"( \.([a-z_]+) )");
+  return std::regex_replace(std::regex_replace(sentence, dtype, "\"$1\""), field, " $1 ");
 }
 
 // Where each key of a run file was written: "lora.rank", "strategy.name", "train.lr.peak", "plan[2]"
@@ -392,7 +401,7 @@ class reader {
       try {
         add_stage(result, where, name, value);
       } catch (const plan_error& broken) {
-        throw plan_error(broken.code(), located(name));  // the rule's sentence, with where it was broken
+        throw plan_error(broken.code(), located(name) + ": " + in_run_file_words(broken.what()));
       }
     }
     return result;
@@ -719,7 +728,7 @@ class reader {
 
   std::filesystem::path path_;
   source_lines lines_;
-  std::map<std::string, std::string> overrides_;                 // each override's key, and it as given
+  std::map<std::string, std::string> overrides_;                // each override's key, and it as given
   std::vector<std::pair<std::string, std::string>> spellings_;  // loom's key, and the file's (move_lines)
   std::vector<std::string> notes_;
 };

@@ -260,9 +260,15 @@ void pretrained_checkpoint::copy_into(torch::nn::Module& module, bool (*skip)(st
 }
 
 std::vector<std::string> copy_model_files(const std::filesystem::path& from, const std::filesystem::path& to) {
-  static constexpr std::array names{"config.json",           "generation_config.json", "tokenizer.json",
-                                    "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model",
-                                    "vocab.json",            "merges.txt",             "added_tokens.json",
+  static constexpr std::array names{"config.json",
+                                    "generation_config.json",
+                                    "tokenizer.json",
+                                    "tokenizer_config.json",
+                                    "special_tokens_map.json",
+                                    "tokenizer.model",
+                                    "vocab.json",
+                                    "merges.txt",
+                                    "added_tokens.json",
                                     "chat_template.jinja"};
   std::vector<std::string> copied;
   std::filesystem::create_directories(to);

@@ -163,8 +163,8 @@ void job_core::save_adapter(const std::filesystem::path& folder) {
         "adapter would apply it twice; call job.unmerge() first, or save the merged model with job.save_weights()");
   }
   std::vector<std::string> not_adapters;
-  peft_lora_adapter adapter{lora.rank(), lora.alpha(), lora.dropout(), lora.adapted(), peft_task_type_,
-                            base_model_.string(), {}};
+  peft_lora_adapter adapter{
+      lora.rank(), lora.alpha(), lora.dropout(), lora.adapted(), peft_task_type_, base_model_.string(), {}};
   for (const auto& item : context_->module().named_parameters()) {
     if (lora_adapter::is_adapter_parameter(item.key())) {
       adapter.tensors.push_back({item.key(), item.value()});

@@ -139,7 +139,8 @@ void check_consistency(const launch_options& options, bool standalone) {
 
 // CLI11 splits the words (both spellings, `--flag=VALUE`, `--`, the program and its arguments as a
 // prefix command); each value is checked by its flag's own rule, whose sentence is the error.
-std::variant<launch_options, help_requested, version_requested> parse_command_line(std::span<const std::string_view> args) {
+std::variant<launch_options, help_requested, version_requested> parse_command_line(
+    std::span<const std::string_view> args) {
   launch_options options;
   bool standalone = false;
   bool help = false;
@@ -168,8 +169,8 @@ std::variant<launch_options, help_requested, version_requested> parse_command_li
   for (const hinted_flag& flag : hinted_flags) {
     app.add_option_function<std::string>(std::string{flag.names}, [&flag](const std::string&) {
       const std::string_view names = flag.names;
-      throw usage_error{"loom-run: " + text(names.substr(0, names.find(','))) + " is torchrun's, not loom-run's: " +
-                        text(flag.hint)};
+      throw usage_error{"loom-run: " + text(names.substr(0, names.find(','))) +
+                        " is torchrun's, not loom-run's: " + text(flag.hint)};
     });
   }
 

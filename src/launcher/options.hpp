@@ -34,7 +34,8 @@ class usage_error : public std::runtime_error {
 };
 
 // `args` excludes argv[0]. Throws usage_error.
-[[nodiscard]] std::variant<launch_options, help_requested, version_requested> parse_command_line(std::span<const std::string_view> args);
+[[nodiscard]] std::variant<launch_options, help_requested, version_requested> parse_command_line(
+    std::span<const std::string_view> args);
 
 [[nodiscard]] std::string_view usage_text();
 

@@ -73,8 +73,8 @@ std::vector<std::string> current_environment() {
 }
 
 std::vector<std::string> rank_environment(std::vector<std::string> inherited, const launch_options& options,
-                                          const rendezvous_point& master, int restart_count, int local_rank,
-                                          int cores, const std::string& error_file) {
+                                          const rendezvous_point& master, int restart_count, int local_rank, int cores,
+                                          const std::string& error_file) {
   const int world_size = options.nnodes * options.nproc_per_node;
   const int rank = options.node_rank * options.nproc_per_node + local_rank;
   set_variable(inherited, "RANK", rank);

@@ -217,8 +217,8 @@ class supervisor {
       const std::string rank = "rank " + std::to_string(failed->rank);
       if (const auto found = errors_.read(failed->rank); found && found->rank != failed->rank) {
         // The first to exit only found the rank at fault: a stopped or silent peer exits last, if at all.
-        say("rank " + std::to_string(found->rank) + " failed first, as " + rank + "'s hang check found: " +
-            found->error + "; " + rank + " then " + failed->status.describe() + after);
+        say("rank " + std::to_string(found->rank) + " failed first, as " + rank +
+            "'s hang check found: " + found->error + "; " + rank + " then " + failed->status.describe() + after);
       } else {
         say(rank + " failed first: " + failed->status.describe() + after);
       }

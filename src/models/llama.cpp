@@ -127,8 +127,7 @@ llama_config llama_config::from_pretrained(const std::filesystem::path& path) {
   std::ifstream in(file);
   if (!in) {
     throw_error<std::invalid_argument>(
-        "Llama config '{}' cannot be read: give a checkpoint folder holding config.json, or the file",
-        file.string());
+        "Llama config '{}' cannot be read: give a checkpoint folder holding config.json, or the file", file.string());
   }
   std::stringstream text;
   text << in.rdbuf();

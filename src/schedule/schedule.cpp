@@ -37,7 +37,6 @@ std::pair<std::string, std::vector<std::string>> collective_parts(std::string_vi
 
 }  // namespace
 
-
 std::string_view to_string(collective_op op) noexcept {
   switch (op) {
     case collective_op::all_reduce: return "all_reduce";
@@ -122,11 +121,12 @@ std::string schedule_difference(const std::string& saved, const std::string& now
     if (before[i] == after[i]) continue;
     const auto [was, was_carrying] = collective_parts(before[i]);
     const auto [is, carrying] = collective_parts(after[i]);
-    if (was != is) return fmt::format("the step's collective {} was {} in the saved run, {} in this job", i + 1, was, is);
+    if (was != is)
+      return fmt::format("the step's collective {} was {} in the saved run, {} in this job", i + 1, was, is);
     for (std::size_t k = 0; k < std::min(was_carrying.size(), carrying.size()); ++k) {
       if (was_carrying[k] != carrying[k]) {
-        return fmt::format("the step's collective {} ({}) carried '{}' in the saved run, '{}' in this job", i + 1,
-                           is, was_carrying[k], carrying[k]);
+        return fmt::format("the step's collective {} ({}) carried '{}' in the saved run, '{}' in this job", i + 1, is,
+                           was_carrying[k], carrying[k]);
       }
     }
     return fmt::format("the step's collective {} ({}) carried {} in the saved run, {} in this job", i + 1, is,

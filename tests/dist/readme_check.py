@@ -55,8 +55,10 @@ def runnable(line: str, scratch: Path, programs: dict[str, str]) -> list[str] | 
 
 def main() -> int:
     readme = Path(sys.argv[1])
-    programs = {"loom-run": sys.argv[2], "tiny-gpt": sys.argv[3], "llama-finetune": sys.argv[4],
-                "python": sys.argv[5]}
+    # Absolute: the commands run in the README's folder.
+    programs = {name: str(Path(path).resolve()) for name, path in
+                (("loom-run", sys.argv[2]), ("tiny-gpt", sys.argv[3]), ("llama-finetune", sys.argv[4]))}
+    programs["python"] = sys.argv[5]
     lines = commands(readme)
     if not any(line.startswith("scripts/demo --config") for line in lines):
         print("FAIL: the README gives no second phase from a run file")

@@ -2,13 +2,14 @@
 """The flagship recipe killed in the middle of its second phase (rank 0, right after a checkpoint)
 and started again with the same --out: it skips the first phase, resumes the second from the
 newest checkpoint, and writes the same adapter and adapted weights, byte for byte, as a run left
-alone.
+alone (the adapter's config names each run's own pretrained folder as its base model: else equal).
 
     recipe_resume.py LOOM_RUN TINY_GPT
 """
 from __future__ import annotations
 
 import filecmp
+import json
 import os
 import subprocess
 import sys
@@ -40,9 +41,17 @@ def main() -> int:
                 failures.append(f"the second run does not say '{expected}':\n{again.stdout[-1500:]}{again.stderr[-1500:]}")
         if run(loom_run, recipe, straight).returncode != 0:
             failures.append("the run left alone failed")
-        for file in ("adapter/adapter_model.safetensors", "adapter/adapter_config.json", "adapted/model.safetensors"):
+        for file in ("adapter/adapter_model.safetensors", "adapted/model.safetensors"):
             if not (stopped / file).exists() or not filecmp.cmp(stopped / file, straight / file, shallow=False):
                 failures.append(f"{file} differs from the run left alone")
+        configs = {}
+        for out in (stopped, straight):
+            config = json.loads((out / "adapter" / "adapter_config.json").read_text())
+            if config.pop("base_model_name_or_path") != str((out / "pretrained").resolve()):
+                failures.append(f"{out.name}'s adapter does not name its pretrained folder as its base model")
+            configs[out] = config
+        if configs[stopped] != configs[straight]:
+            failures.append("adapter/adapter_config.json differs from the run left alone")
     for failure in failures:
         print("FAIL:", failure)
     print("recipe resume:", "ok" if not failures else f"{len(failures)} failures")

@@ -25,13 +25,13 @@
 #include <limits>
 #include <memory>
 
+using Catch::Matchers::ContainsSubstring;
 using loom::testing::check_same_state;
 using loom::testing::heap_in_use;
 using loom::testing::hooked_units;
 using loom::testing::odd_units;
 using loom::testing::training_state_bytes;
 using loom::testing::world;
-using Catch::Matchers::ContainsSubstring;
 
 namespace {
 
@@ -118,10 +118,11 @@ void call_the_model_yourself() {
   auto sharded = loom::build(loom::model<Model>() | loom::seeded(21) | loom::fsdp(), world());
   train_side_by_side(replicated, sharded, /*reference_whole=*/false);
   const at::Tensor x = my_rows(data(40 + world().rank()).x);
-  CHECK_THROWS_MATCHES(forward_of(sharded.module(), x), loom::nn::parameters_at_rest,
-                       Catch::Matchers::MessageMatches(ContainsSubstring(
-                           "loom::nn::Linear: its weight holds no bytes, because the strategy (fsdp()) shards it") &&
-                                                       ContainsSubstring("job.with_whole_module")));
+  CHECK_THROWS_MATCHES(
+      forward_of(sharded.module(), x), loom::nn::parameters_at_rest,
+      Catch::Matchers::MessageMatches(
+          ContainsSubstring("loom::nn::Linear: its weight holds no bytes, because the strategy (fsdp()) shards it") &&
+          ContainsSubstring("job.with_whole_module")));
   {
     const torch::NoGradGuard no_grad;
     const at::Tensor whole = sharded.with_whole_module([&](Model& model) { return forward_of(model, x); });

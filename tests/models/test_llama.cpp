@@ -202,9 +202,9 @@ TEST_CASE("save_pretrained writes what from_pretrained reads: the checkpoint's d
     std::ofstream(folder / "checkpoint" / name) << R"({"from": "the checkpoint"})";
   }
   // Built in fp32 from it, adapted and merged: written back in bf16.
-  auto job = loom::build(base | loom::seeded(2) | loom::pretrained((folder / "checkpoint").string()) |
-                             loom::lora(2, {"q_proj"}),
-                         loom::runtime::single_process());
+  auto job = loom::build(
+      base | loom::seeded(2) | loom::pretrained((folder / "checkpoint").string()) | loom::lora(2, {"q_proj"}),
+      loom::runtime::single_process());
   CHECK_THROWS_WITH(job.save_pretrained(folder / "merged"), ContainsSubstring("call job.merge() first"));
   // Its adapter names its task and base model, as AutoPeftModelForCausalLM needs.
   job.save_adapter(folder / "adapter");

@@ -383,12 +383,12 @@ TEST_CASE("the values train() refuses are refused when the run file is read", "[
                                       "train.steps (3); give lengths that fit, e.g. --train.lr.warmup_steps=3 "
                                       "--train.lr.decay_steps=0 (the same proportions)"));
   // The shipped tiny-gpt-adapt-ddp.toml with the steps the help suggests: the overrides that fit.
-  const fs::path shipped = written(
-      "shipped", R"({"train": {"steps": 300, "lr": {"peak": 0.005, "warmup_steps": 30, "decay_steps": 150}}})");
+  const fs::path shipped =
+      written("shipped", R"({"train": {"steps": 300, "lr": {"peak": 0.005, "warmup_steps": 30, "decay_steps": 150}}})");
   CHECK_THROWS_WITH(loom::read_train_options(shipped, std::vector<std::string>{"train.steps=100"}),
                     ContainsSubstring("--train.lr.warmup_steps=16 --train.lr.decay_steps=83"));
-  CHECK(loom::read_train_options(shipped, std::vector<std::string>{"train.steps=100", "train.lr.warmup_steps=16",
-                                                                   "train.lr.decay_steps=83"})
+  CHECK(loom::read_train_options(
+            shipped, std::vector<std::string>{"train.steps=100", "train.lr.warmup_steps=16", "train.lr.decay_steps=83"})
             .lr->total_steps == 100);
   CHECK_THROWS_WITH(loom::read_train_options(file, std::vector<std::string>{"train.lr.peak=0"}),
                     ContainsSubstring("train.lr.peak: is 0; give a positive learning rate"));
@@ -423,6 +423,18 @@ TEST_CASE("default_dtype and mixed_precision are read from run files, with overr
                         "output, cast_forward_inputs"));
   CHECK_THROWS_WITH(loom::read_run_stages(written("bad-type", R"({"plan": [{"default_dtype": 16}]})")),
                     ContainsSubstring("default_dtype: give a dtype as a string"));
+  // A rule broken in a run file is said with the file, and its advice as a run file writes it.
+  try {
+    (void)loom::read_run_stages(
+        written("wide", "plan = [\n  { mixed_precision = { param = \"fp32\" } },\n]\n", ".toml"));
+    FAIL("param fp32 was accepted");
+  } catch (const loom::plan_error& error) {
+    CHECK(error.rule() == 16);
+    CHECK_THAT(error.what(), ContainsSubstring("wide.toml', line 2: mixed_precision: loom R16: mixed_precision param "
+                                               "is fp32 or wider") &&
+                                 ContainsSubstring("pass param = \"bf16\""));
+    CHECK_THAT(error.what(), !ContainsSubstring(".param = loom::bf16"));
+  }
 }
 
 TEST_CASE("recompute is read from run files, with overrides", "[run_file]") {

@@ -11,9 +11,9 @@
 #include <catch2/matchers/catch_matchers_string.hpp>
 
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
-#include <fcntl.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -72,8 +72,7 @@ TEST_CASE("an unreachable master fails within the timeout, naming it", "[runtime
   CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(20));
 }
 
-TEST_CASE("a rendezvous short of ranks says early what it waits for, and at the timeout how many came",
-          "[runtime]") {
+TEST_CASE("a rendezvous short of ranks says early what it waits for, and at the timeout how many came", "[runtime]") {
   loom::launch_env env;
   env.rank = 0;
   env.world_size = 2;
@@ -214,13 +213,17 @@ TEST_CASE("c10's errors carry a C++ backtrace only when TORCH_SHOW_CPP_STACKTRAC
 TEST_CASE("two schedules' difference is named by collective and tensor, for a refused resume", "[schedule]") {
   loom::collective_schedule saved;
   saved.add({loom::collective_op::all_gather, loom::step_phase::forward, {{"w", {64}, at::kFloat}}, "shard.0"});
-  saved.add({loom::collective_op::reduce_scatter, loom::step_phase::backward,
-             {{"w", {64}, at::kFloat}, {"b", {8}, at::kFloat}}, "shard.0"});
+  saved.add({loom::collective_op::reduce_scatter,
+             loom::step_phase::backward,
+             {{"w", {64}, at::kFloat}, {"b", {8}, at::kFloat}},
+             "shard.0"});
   loom::collective_schedule wider = saved;
   loom::collective_schedule now;
   now.add(saved.entries()[0]);
-  now.add({loom::collective_op::reduce_scatter, loom::step_phase::backward,
-           {{"w", {128}, at::kFloat}, {"b", {8}, at::kFloat}}, "shard.0"});
+  now.add({loom::collective_op::reduce_scatter,
+           loom::step_phase::backward,
+           {{"w", {128}, at::kFloat}, {"b", {8}, at::kFloat}},
+           "shard.0"});
   CHECK(loom::schedule_difference(saved.entry_lines(), now.entry_lines()) ==
         "the step's collective 2 (reduce_scatter backward over shard.0) carried 'w Float[64]' in the saved run, "
         "'w Float[128]' in this job");

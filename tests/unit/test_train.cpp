@@ -174,17 +174,18 @@ TEST_CASE("SIGUSR1 ends the run after the step under way, with a checkpoint; the
   auto fewer = loom::build(plan, one());
   torch::optim::SGD fewer_optimizer(fewer.trainable_parameters(), 0.1);
   CHECK_THROWS_WITH(
-      loom::train(fewer, fewer_optimizer,
-                  {.loss = [&](std::int64_t step, int) { return loss_of(fewer, step, false); }}, {.steps = 3, .out = out}),
-      ContainsSubstring("is at step 5, past this run's 3 steps, so there is nothing to train: give more steps than 5") &&
+      loom::train(fewer, fewer_optimizer, {.loss = [&](std::int64_t step, int) { return loss_of(fewer, step, false); }},
+                  {.steps = 3, .out = out}),
+      ContainsSubstring(
+          "is at step 5, past this run's 3 steps, so there is nothing to train: give more steps than 5") &&
           ContainsSubstring("or remove '" + (out / "checkpoints").string() + "') to train 3 steps afresh"));
   CHECK_FALSE(fs::exists(out / "checkpoints" / "step-00000003"));
   // More steps go on from it.
   auto more = loom::build(plan, one());
   torch::optim::SGD more_optimizer(more.trainable_parameters(), 0.1);
-  const loom::train_result further = loom::train(
-      more, more_optimizer, {.loss = [&](std::int64_t step, int) { return loss_of(more, step, false); }},
-      {.steps = 7, .out = out});
+  const loom::train_result further =
+      loom::train(more, more_optimizer, {.loss = [&](std::int64_t step, int) { return loss_of(more, step, false); }},
+                  {.steps = 7, .out = out});
   CHECK(further.first_step == 6);
   CHECK(further.last_step == 7);
 }

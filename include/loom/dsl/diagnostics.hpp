@@ -16,9 +16,8 @@ namespace loom {
 class plan_error : public std::invalid_argument {
  public:
   explicit plan_error(violation v) : std::invalid_argument(std::string(sentence(v))), violation_(v) {}
-  // The same, saying where the plan broke it: "run file 'x.yaml', line 7: models.transformer.lora".
-  plan_error(violation v, std::string_view where)
-      : std::invalid_argument(std::string(where) + ": " + std::string(sentence(v))), violation_(v) {}
+  // The same rule said in other words: where a run file broke it, in that file's spelling.
+  plan_error(violation v, const std::string& said) : std::invalid_argument(said), violation_(v) {}
 
   [[nodiscard]] violation code() const noexcept { return violation_; }
   [[nodiscard]] int rule() const noexcept { return rule_of(violation_); }

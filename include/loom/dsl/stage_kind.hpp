@@ -24,7 +24,6 @@ enum class stage_kind : unsigned char {
 
 constexpr bool is_strategy(stage_kind k) noexcept { return k >= stage_kind::local; }
 
-
 // The stage function's name, as a plan read from a file would spell it.
 constexpr std::string_view name_of(stage_kind k) noexcept {
   switch (k) {

@@ -131,7 +131,7 @@ struct build_decisions {
   bool pretrained_read = false;                       // copied in already (else after the setup)
   std::shared_ptr<nn::deferred_init> deferred;        // the records of a construction without bytes
   std::string constructed_whole;                      // why an engine that could not have it so
-  std::string plan_state;  // the plan's describe_state(): what a checkpoint of the job must have been saved by
+  std::string plan_state;      // the plan's describe_state(): what a checkpoint of the job must have been saved by
   std::string peft_task_type;  // the model's peft_task_type ("CAUSAL_LM"), if it declares one
 };
 
