@@ -39,6 +39,9 @@
   "ModuleHolder made by TORCH_MODULE(...)"
 #define LOOM_R7_NOT_CONSTRUCTIBLE \
   "loom R7: M cannot be constructed from the arguments given to model<M>(...): pass what M's constructor takes"
+#define LOOM_R7_NO_FORWARD                                                                       \
+  "loom R7: M has no forward(...): add the forward that job.forward and loom::train call, e.g. " \
+  "torch::Tensor forward(torch::Tensor tokens)"
 #define LOOM_R8_NO_NAME                                                                       \
   "loom R8: the strategy has no static constexpr std::string_view name: add one (describe() " \
   "and the collective schedule name the strategy by it)"
@@ -162,12 +165,13 @@
   X(r6_two_loras,                                                                                              \
     "loom R6: the plan has two lora(...) stages: keep one and list every target in it "                        \
     "(a plan carries one adapter set)")                                                                        \
-  /* R7: M is a LibTorch module constructible from the arguments; the DSL checks that it is a class. */        \
+  /* R7: a LibTorch module with a forward, constructible from the arguments; the DSL checks it is a class. */  \
   X(r7_model_not_class,                                                                                        \
     "loom R7: model<M>(...) needs a class type M: pass the module type, e.g. "                                 \
     "model<TinyGpt>(config)")                                                                                  \
   X(r7_not_a_module, LOOM_R7_NOT_A_MODULE)                                                                     \
   X(r7_not_constructible, LOOM_R7_NOT_CONSTRUCTIBLE)                                                           \
+  X(r7_no_forward, LOOM_R7_NO_FORWARD)                                                                         \
   /* R8: a user-written strategy models loom::Strategy; one sentence per requirement. */                       \
   X(r8_no_name, LOOM_R8_NO_NAME)                                                                               \
   X(r8_no_options, LOOM_R8_NO_OPTIONS)                                                                         \

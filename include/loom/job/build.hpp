@@ -167,6 +167,7 @@ template <class Model>
   static_assert(TorchModule<M>, LOOM_R7_NOT_A_MODULE);
   static_assert(detail::constructible_from_tuple<M, std::remove_cvref_t<decltype(plan.model_args())>>,
                 LOOM_R7_NOT_CONSTRUCTIBLE);
+  static_assert(detail::has_forward<M>, LOOM_R7_NO_FORWARD);
   return std::visit(
       [&](const auto& stage) -> run_job<M> {
         return detail::build_checked(detail::with_strategy<Model, std::remove_cvref_t<decltype(stage)>>{plan, stage},
@@ -186,10 +187,12 @@ requires is_plan<Plan>
   constexpr bool has_engine = detail::has_engine<typename Plan::strategy_type>;
   static_assert(is_module, LOOM_R7_NOT_A_MODULE);
   static_assert(!is_module || constructible, LOOM_R7_NOT_CONSTRUCTIBLE);
+  static_assert(!is_module || !constructible || detail::has_forward<M>, LOOM_R7_NO_FORWARD);
   static_assert(has_engine,
                 "loom: this strategy stage has no engine: include its header, loom/strategies/<name>.hpp (or "
                 "loom/loom.hpp)");
-  if constexpr (is_module && constructible && has_engine) return detail::build_checked(plan, std::move(rt));
+  if constexpr (is_module && constructible && detail::has_forward<M> && has_engine)
+    return detail::build_checked(plan, std::move(rt));
 }
 
 // READ THIS: build() takes a whole plan. A partial pipeline such as `lora(8) | ddp()` has no model

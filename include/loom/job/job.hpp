@@ -36,6 +36,29 @@ concept module_holder = requires {
 &&std::derived_from<M, torch::nn::ModuleHolder<typename M::ContainedType>>&&
     std::derived_from<typename M::ContainedType, torch::nn::Module>;
 
+// Whether a class has a member named forward in any form (overloaded, a template, inherited): a class
+// derived from it and from one more forward finds the name ambiguous exactly when it has one.
+struct one_more_forward {
+  void forward();
+};
+template <class T>
+struct with_one_more_forward : T, one_more_forward {};
+template <class T>
+concept names_forward = std::is_class_v<T> &&
+    (std::is_final_v<T> ? requires { &T::forward; } : !requires { &with_one_more_forward<T>::forward; });
+
+// The class whose forward job.forward calls: a holder's module, else M itself.
+template <class M>
+struct forward_owner {
+  using type = M;
+};
+template <module_holder M>
+struct forward_owner<M> {
+  using type = typename M::ContainedType;
+};
+template <class M>
+concept has_forward = names_forward<typename forward_owner<M>::type>;
+
 // How a job holds M: a ModuleHolder (TORCH_MODULE) by value, a Module subclass by shared_ptr.
 template <class M>
 struct module_storage {
