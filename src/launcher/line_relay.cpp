@@ -15,9 +15,12 @@ void line_relay::feed(std::string_view bytes) {
       pending_.append(bytes);
       break;
     }
-    ready += prefix_;
-    ready += pending_;
-    ready.append(bytes.substr(0, newline + 1));
+    pending_.append(bytes.substr(0, newline));
+    if (!filter_ || !filter_->matches(pending_)) {
+      ready += prefix_;
+      ready += pending_;
+      ready += '\n';
+    }
     pending_.clear();
     bytes.remove_prefix(newline + 1);
   }
@@ -26,6 +29,10 @@ void line_relay::feed(std::string_view bytes) {
     pending_.clear();
   }
   write_all(destination_, ready);
+}
+
+void line_relay::leave_out_c10d_warnings() {
+  if (!filter_) filter_.emplace();
 }
 
 void line_relay::finish() {

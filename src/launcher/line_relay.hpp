@@ -1,5 +1,8 @@
 #pragma once
 
+#include "c10d_warnings.hpp"
+
+#include <optional>
 #include <string>
 #include <string_view>
 
@@ -14,6 +17,10 @@ class line_relay {
   void feed(std::string_view bytes);  // emits every line that is now complete
   void finish();                      // emits a last line that lacked its newline
 
+  // From now on, c10d's warning records are held back (while the launcher stops the rank).
+  void leave_out_c10d_warnings();
+  [[nodiscard]] std::size_t left_out() const noexcept { return filter_ ? filter_->matched() : 0; }
+
  private:
   // A line longer than this is emitted in pieces, so a rank that never prints a newline
   // cannot make the launcher buffer without bound.
@@ -22,6 +29,7 @@ class line_relay {
   std::string prefix_;
   int destination_;
   std::string pending_;  // the incomplete line so far
+  std::optional<c10d_warning_filter> filter_;
 };
 
 }  // namespace loom::launcher

@@ -156,6 +156,7 @@ std::variant<launch_options, help_requested, version_requested> parse_command_li
   // torchrun's, and what loom-run always does: it starts the program itself.
   app.add_flag("--no-python,--no_python")->disable_flag_override();
   app.add_flag("--no-prefix,--no_prefix", no_prefix)->disable_flag_override();
+  app.add_flag("--all-output,--all_output", options.all_output)->disable_flag_override();
   app.add_flag("--standalone", standalone)->disable_flag_override();
   app.add_flag("--use-default-allocator,--use_default_allocator", default_allocator)->disable_flag_override();
   for (const value_flag& flag : value_flags) {
@@ -196,7 +197,7 @@ std::variant<launch_options, help_requested, version_requested> parse_command_li
         "loom-run: unknown flag '" + written.substr(0, written.find('=')) +
         "'; accepted: --nproc-per-node N, --nnodes M, --node-rank R, --master-addr A, "
         "--master-port P, --rdzv-endpoint A:P, --rdzv-backend c10d, --rdzv-id ID, --max-restarts N, --grace-s S, "
-        "--no-prefix, --use-default-allocator, --standalone, --no-python, --help, --version"};
+        "--no-prefix, --all-output, --use-default-allocator, --standalone, --no-python, --help, --version"};
   }
   options.prefix_output = !no_prefix;
   options.tune_malloc = !default_allocator;
@@ -228,6 +229,8 @@ flags (torchrun's; '_' and '-' are interchangeable, '--flag=VALUE' works too):
                        (default 0), each time with TORCHELASTIC_RESTART_COUNT one higher and a fresh
                        rendezvous; a rank that exits 75 (stopped to be resumed) is not a failure
   --no-prefix          do not prefix output lines with "[rank k] "
+  --all-output         also relay c10d's warnings that ranks print while being stopped (their broken
+                       connections to the failed rank); by default they are left out and counted
   --grace-s S          seconds between SIGTERM and SIGKILL when stopping ranks (default 10)
   --use-default-allocator
                        leave glibc's malloc as it is; by default each rank's GLIBC_TUNABLES gains

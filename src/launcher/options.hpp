@@ -18,6 +18,7 @@ struct launch_options {
   std::optional<std::string> master_addr;  // single node: 127.0.0.1
   std::optional<int> master_port;          // single node: a free port; several nodes: 29500
   bool prefix_output = true;
+  bool all_output = false;           // keep c10d's warnings from ranks being stopped (c10d_warnings.hpp)
   bool tune_malloc = true;           // malloc_tuning.hpp; off: glibc's defaults
   double grace_seconds = 10.0;       // from SIGTERM to SIGKILL when stopping the ranks
   int max_restarts = 0;              // torchrun's: how often every rank is started again after a failure

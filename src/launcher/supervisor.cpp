@@ -74,12 +74,18 @@ class supervisor {
       kill_after_grace();
     }
     ranks_.clear();  // kills what the ranks left behind, which may hold their pipes open
+    std::size_t left_out = 0;
     for (output_stream& output : outputs_) {
       while (read_some(output)) {
       }
       output.relay.finish();
+      left_out += output.relay.left_out();
     }
     outputs_.clear();
+    if (left_out > 0)
+      say("left out " + std::to_string(left_out) +
+          " lines of c10d's warnings that ranks printed while being "
+          "stopped (their connections to the stopped job broke); --all-output keeps them");
   }
 
   void start_ranks(int restart, const rendezvous_point& master) {
@@ -176,6 +182,8 @@ class supervisor {
   }
 
   void stop_all(int signal_number) {
+    if (!options_.all_output)
+      for (output_stream& output : outputs_) output.relay.leave_out_c10d_warnings();
     for (const rank_process& rank : ranks_) {
       if (!rank.running()) continue;
       rank.send(signal_number);

@@ -100,9 +100,27 @@ bool is_transport_failure(const std::exception& error) {
 
 }  // namespace
 
+namespace {
+
+// Gloo's words without what loom says better: the source location it starts with ("[.../pair.cc:553] ")
+// and the advice after the cause ("This is typically caused by a remote worker crashing. Check the
+// logs ... GLHF!"), which loom's sentence gives with the rank's name.
+std::string transport_words(std::string text) {
+  if (text.starts_with('[')) {
+    const std::size_t close = text.find("] ");
+    if (close != std::string::npos && text.rfind(':', close) != std::string::npos) text.erase(0, close + 2);
+  }
+  if (const std::size_t advice = text.find(" This is typically caused by"); advice != std::string::npos)
+    text.erase(advice);
+  return text;
+}
+
+}  // namespace
+
 std::string error_text(const std::exception& error) {
-  if (const auto* c10_error = dynamic_cast<const c10::Error*>(&error)) return c10_error->what_without_backtrace();
-  return error.what();
+  std::string text = error.what();
+  if (const auto* c10_error = dynamic_cast<const c10::Error*>(&error)) text = c10_error->what_without_backtrace();
+  return is_transport_failure(error) ? transport_words(std::move(text)) : text;
 }
 
 // An exception on a thread where nothing catches it ends the process through std::terminate: Gloo

@@ -8,7 +8,9 @@ struct Layers : torch::nn::Module {
 #ifdef LOOM_CF_PASS
   torch::Tensor forward(torch::Tensor x) { return x; }
   template <class T>
-  torch::Tensor forward(torch::Tensor x, T) { return x; }
+  torch::Tensor forward(torch::Tensor x, T) {
+    return x;
+  }
 #endif
 };
 struct HeldImpl : Layers {};

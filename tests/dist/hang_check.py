@@ -44,6 +44,11 @@ class Checker:
         if frames and env.get("TORCH_SHOW_CPP_STACKTRACES") != "1":
             self.failures.append(f"{case}: {len(frames)} lines of a C++ backtrace reached the output, e.g. "
                                  f"'{frames[0][:200]}'")
+        # Gloo's and c10d's words around a broken connection: loom's sentence is what a user reads.
+        noise = [line for line in done.stderr.splitlines() if "GLHF" in line or "Exception raised from" in line]
+        if noise and env.get("TORCH_SHOW_CPP_STACKTRACES") != "1":
+            self.failures.append(f"{case}: {len(noise)} lines of Gloo's or c10d's noise reached the output, e.g. "
+                                 f"'{noise[0][:200]}'")
         last = lines[-1] if lines else ""
         print(f"--- {case}: exit {done.returncode} in {took:.1f} s\n" + "\n".join(lines[-6:]))
         if expect_ok:

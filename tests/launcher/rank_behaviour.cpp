@@ -16,6 +16,8 @@
 //                        exits 0 (default: in every attempt)
 //   --others sleep|exit  what the other ranks do then (default exit 0)
 //   --sleep-s S          how long "sleep" lasts (default 30, at most 60: a test never hangs)
+//   --c10d-warning-on-sigterm  while sleeping, on SIGTERM print to stderr what c10d prints when a
+//                        store connection breaks (a warning record), then "rank-K stopping", and exit 1
 #include <signal.h>
 #include <unistd.h>
 
@@ -52,6 +54,7 @@ struct behaviour {
   std::optional<int> fail_attempts;
   bool others_sleep = false;
   int sleep_seconds = 30;
+  bool c10d_warning_on_sigterm = false;
 };
 
 [[noreturn]] void usage(std::string_view problem) {
@@ -102,6 +105,8 @@ behaviour parse(int argc, char** argv) {
       b.fail_attempts = std::stoi(value());
     else if (flag == "--others")
       b.others_sleep = value() == "sleep";
+    else if (flag == "--c10d-warning-on-sigterm")
+      b.c10d_warning_on_sigterm = true;
     else if (flag == "--sleep-s")
       b.sleep_seconds = std::clamp(std::stoi(value()), 0, 60);
     else
@@ -129,6 +134,17 @@ void wait_for_every_pid_file(const std::filesystem::path& dir) {
 
 volatile std::sig_atomic_t preempted = 0;
 extern "C" void note_preemption(int) { preempted = 1; }
+volatile std::sig_atomic_t terminated = 0;
+extern "C" void note_termination(int) { terminated = 1; }
+
+// What c10d's TCPStore client logs when rank 0, which hosts the store, is gone.
+void print_c10d_warning() {
+  std::cerr << "[W1203 11:55:53.593908036 TCPStore.cpp:106] [c10d] sendBytes failed on SocketImpl(fd=9): Broken "
+               "pipe\n"
+               "Exception raised from sendBytes at torch/csrc/distributed/c10d/Utils.hpp:758 (most recent call "
+               "first):\n"
+               "\n";
+}
 
 }  // namespace
 
@@ -139,6 +155,7 @@ int main(int argc, char** argv) {
   const std::string name = "rank-" + std::to_string(rank);
 
   if (b.ignore_sigterm) ::signal(SIGTERM, SIG_IGN);
+  if (b.c10d_warning_on_sigterm) ::signal(SIGTERM, note_termination);
   if (b.preemptible) {
     ::signal(SIGTERM, note_preemption);
     ::signal(SIGUSR1, note_preemption);
@@ -181,6 +198,11 @@ int main(int argc, char** argv) {
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds{b.sleep_seconds};
     while (std::chrono::steady_clock::now() < deadline) {
       if (preempted) return 75;  // the step under way finished, the checkpoint written
+      if (terminated) {
+        print_c10d_warning();
+        std::cerr << name << " stopping" << std::endl;
+        return 1;
+      }
       std::this_thread::sleep_for(std::chrono::milliseconds{5});
     }
   }

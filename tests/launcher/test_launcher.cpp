@@ -248,6 +248,35 @@ TEST_CASE("the last line names the rank a hang check found at fault, not the ran
   CHECK(plain.last_err_line() == "loom-run: rank 0 failed first: exited with code 1");
 }
 
+TEST_CASE("c10d's warnings that ranks print while being stopped are left out and counted, unless --all-output",
+          "[launcher]") {
+  const std::vector<std::string> helper{
+      "--fail-rank", "1", "--exit-code", "3", "--others", "sleep", "--c10d-warning-on-sigterm"};
+  SECTION("left out: the ranks' own lines stay, and the failure is the last line") {
+    const auto run = run_launcher(with_helper({"--nproc-per-node", "3", "--grace-s", "20"}, helper));
+    CHECK(run.exit_code == 1);
+    CHECK(run.err.find("[c10d]") == std::string::npos);
+    CHECK(run.err.find("Exception raised from") == std::string::npos);
+    const auto err = lines_of(run.err);
+    CHECK(contains(err, "[rank 0] rank-0 stopping"));
+    CHECK(contains(err, "[rank 2] rank-2 stopping"));
+    CHECK(contains(err,
+                   "loom-run: left out 6 lines of c10d's warnings that ranks printed while being stopped (their "
+                   "connections to the stopped job broke); --all-output keeps them"));
+    CHECK(run.last_err_line() == "loom-run: rank 1 failed first: exited with code 3");
+  }
+  SECTION("--all-output relays them") {
+    const auto run = run_launcher(with_helper({"--nproc-per-node", "2", "--grace-s", "20", "--all-output"}, helper));
+    CHECK(run.exit_code == 1);
+    const auto err = lines_of(run.err);
+    CHECK(contains(err,
+                   "[rank 0] Exception raised from sendBytes at torch/csrc/distributed/c10d/Utils.hpp:758 (most "
+                   "recent call first):"));
+    CHECK(contains(err, "[rank 0] rank-0 stopping"));
+    CHECK(run.err.find("left out") == std::string::npos);
+  }
+}
+
 TEST_CASE("a rank killed by SIGKILL is named with its signal", "[launcher]") {
   const auto run = run_launcher(
       with_helper({"--nproc-per-node", "2", "--grace-s", "20"}, {"--kill-rank", "0", "--others", "sleep"}));

@@ -5,6 +5,7 @@
 #include <loom/schedule/schedule.hpp>
 
 #include <ATen/ATen.h>
+#include <gloo/common/error.h>
 
 #include <catch2/catch_test_macros.hpp>
 #include <catch2/matchers/catch_matchers_exception.hpp>
@@ -208,6 +209,17 @@ TEST_CASE("c10's errors carry a C++ backtrace only when TORCH_SHOW_CPP_STACKTRAC
   { const loom::runtime rt(loom::launch_env{}); }
   CHECK_THAT(what(), !ContainsSubstring("frame #"));
   CHECK_THAT(what(), ContainsSubstring("is invalid for input of size 2"));
+}
+
+TEST_CASE("a transport's error is quoted without Gloo's source location and generic advice", "[runtime]") {
+  const ::gloo::IoException broken(
+      "[/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection closed by peer "
+      "[127.0.0.1]:9966. This is typically caused by a remote worker crashing. Check the logs of the remote worker "
+      "before reporting an error. GLHF!");
+  CHECK(loom::error_text(broken) == "Connection closed by peer [127.0.0.1]:9966.");
+  // Other errors are quoted whole, brackets and all.
+  const std::runtime_error own("[step 3] loss is nan. This is typically caused by a learning rate too high");
+  CHECK(loom::error_text(own) == own.what());
 }
 
 TEST_CASE("two schedules' difference is named by collective and tensor, for a refused resume", "[schedule]") {

@@ -32,7 +32,8 @@ class job_failure : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
-// An exception's message without the C++ backtrace that c10::Error's what() carries.
+// An exception's message without the C++ backtrace that c10::Error's what() carries; a transport's
+// without Gloo's source location and its generic advice.
 [[nodiscard]] std::string error_text(const std::exception& error);
 
 // This rank's part in the job's failures, and the one owner of them: whether its job has failed,
