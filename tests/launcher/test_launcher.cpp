@@ -250,8 +250,11 @@ TEST_CASE("the last line names the rank a hang check found at fault, not the ran
 
 TEST_CASE("c10d's warnings that ranks print while being stopped are left out and counted, unless --all-output",
           "[launcher]") {
+  // Every rank's SIGTERM handler is in place before rank 1 fails (--wait-for-all).
+  const temp_dir pids;
   const std::vector<std::string> helper{
-      "--fail-rank", "1", "--exit-code", "3", "--others", "sleep", "--c10d-warning-on-sigterm"};
+      "--pid-dir", pids.path().string(),       "--wait-for-all", "--fail-rank", "1", "--exit-code", "3", "--others",
+      "sleep",     "--c10d-warning-on-sigterm"};
   SECTION("left out: the ranks' own lines stay, and the failure is the last line") {
     const auto run = run_launcher(with_helper({"--nproc-per-node", "3", "--grace-s", "20"}, helper));
     CHECK(run.exit_code == 1);
