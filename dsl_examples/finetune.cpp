@@ -96,7 +96,7 @@ int run(const options& opts) {
                              }},
                         with_tokens);
         if (result.outcome == loom::train_outcome::preempted) return loom::resumable_exit_code;
-        if (plan.lora()) {
+        if (plan.find<loom::lora_stage>()) {
           job.save_adapter(train_options.out / "adapter");
           if (rt.rank() == 0) fmt::print("saved {} (PEFT's LoRA format)\n", (train_options.out / "adapter").string());
         }

@@ -55,13 +55,14 @@ std::variant<options, int> parse(int argc, char** argv) {
 
 // The folder of the checkpoint the plan loads: its config.json is the model's.
 fs::path checkpoint_of(const loom::run_file& file, const std::string& config) {
-  if (!file.stages.pretrained) {
+  const auto pretrained = file.stages.stages.find<loom::pretrained_stage>();
+  if (!pretrained) {
     throw std::invalid_argument(fmt::format(
         "run file '{}' has no pretrained stage: add {{ pretrained = \"checkpoint/\" }} to its plan, after seeded",
         config));
   }
   // Each message names the path as the user gave it, and the file loom would read beside it.
-  const fs::path path = file.stages.pretrained->path();
+  const fs::path path = pretrained->path();
   if (fs::is_directory(path)) return path;
   if (!fs::exists(path)) {
     throw std::invalid_argument(fmt::format(
@@ -96,7 +97,8 @@ int run(const options& opts) {
   const at::Tensor tokens = token_file::load(opts.tokens, model_config.vocab_size);
   const std::int64_t split = tokens.numel() * 9 / 10;
   const auto plan = loom::plan_from_file(loom::model<loom::models::Llama>(model_config), file);
-  const std::uint64_t seed = plan.seed().value_or(0);
+  const auto seeded = plan.find<loom::seeded_stage>();
+  const std::uint64_t seed = seeded ? seeded->seed() : 0;
   // Before the model is built: too little data is a sentence, not a wait for the build.
   const loom::launch_env env = loom::parse_launch_env();
   const std::string knobs = "give a longer token file, a shorter --seq-len or a smaller --batch-size";
@@ -130,13 +132,13 @@ int run(const options& opts) {
                          .eval_loss = [&] { return loss_of(held_out.at_step(0).first); }},
                         train_options);
         if (result.outcome == loom::train_outcome::preempted) return loom::resumable_exit_code;
-        if (plan.lora()) {
+        if (plan.find<loom::lora_stage>()) {
           job.save_adapter(train_options.out / "adapter");
           if (rt.rank() == 0) fmt::print("saved {} (PEFT's LoRA format)\n", (train_options.out / "adapter").string());
         }
         if (opts.merged) {
           const fs::path merged = train_options.out / "merged";
-          if (plan.lora()) job.merge();
+          if (plan.find<loom::lora_stage>()) job.merge();
           job.save_pretrained(merged);  // in the checkpoint's dtypes, with its config and tokenizer files
           if (rt.rank() == 0) {
             fmt::print("saved {} (transformers' format: LlamaForCausalLM.from_pretrained)\n", merged.string());

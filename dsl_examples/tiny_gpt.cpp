@@ -334,7 +334,7 @@ bool adapt(const loom::runtime& rt, const options& opts, const corpus_files& cor
   const auto [plan, train_options] = adapt_plan_from_file(opts, weights);
   auto built = loom::build(plan, rt);
   // Named again: clang before 16 (scripts/test --sanitize) cannot capture a structured binding.
-  const bool with_lora = plan.lora().has_value();
+  const bool with_lora = plan.find<loom::lora_stage>().has_value();
   const loom::train_options& phase = train_options;
   return std::visit([&](auto& job) { return adapt(job, with_lora, phase, opts, corpus); }, built);
 }

@@ -28,6 +28,7 @@
 #include <loom/dsl/run_plan.hpp>
 #include <loom/dsl/seeded.hpp>
 #include <loom/dsl/stage_kind.hpp>
+#include <loom/dsl/stage_list.hpp>
 #include <loom/dsl/strategies.hpp>
 #include <loom/dsl/strategy.hpp>
 #include <loom/dsl/targets.hpp>

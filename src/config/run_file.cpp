@@ -410,43 +410,42 @@ class reader {
  private:
   // One stage of the plan, its values checked.
   void add_stage(run_stages& result, const std::string& where, const std::string& name, const json& value) const {
-    if (name == "seeded") {
-      result.kinds.push_back(stage_kind::seeded);
-      if (!value.is_number_unsigned()) fail(name, "give the seed as a whole number, e.g. \"seeded\": 42");
-      if (!result.seeded) result.seeded = seeded(value.get<std::uint64_t>());
-    } else if (name == "default_dtype") {
-      result.kinds.push_back(stage_kind::default_dtype);
-      if (!result.default_dtype) result.default_dtype = default_dtype_stage::checked(type_of(name, value));
-    } else if (name == "mixed_precision") {
-      result.kinds.push_back(stage_kind::mixed_precision);
-      if (!value.is_object())
-        fail(name, "give {\"param\": \"bf16\", \"reduce\": \"fp32\"} (any of them may be left out)");
-      require_keys(name, field_names<mixed_precision_options>(), value, name);
-      if (!result.mixed_precision) {
-        result.mixed_precision = mixed_precision_stage::checked(fields<mixed_precision_options>(value, name));
-      }
-    } else if (name == "pretrained") {
-      result.kinds.push_back(stage_kind::pretrained);
-      if (!value.is_string()) fail(name, "give the checkpoint's folder or .safetensors file as a string");
-      if (!result.pretrained) result.pretrained = pretrained_stage::checked(value.get<std::string>());
-    } else if (name == "recompute") {
-      result.kinds.push_back(stage_kind::recompute);
-      if (!value.is_object()) fail(name, "give {\"every\": 1} to recompute every unit, or k for every k-th one");
-      require_keys(name, field_names<recompute_options>(), value, name);
-      if (!result.recompute) result.recompute = recompute_stage::checked(fields<recompute_options>(value, name));
-    } else if (name == "lora") {
-      result.kinds.push_back(stage_kind::lora);
-      if (!result.lora) result.lora = lora(value);
-    } else if (name == "trainable") {
-      result.kinds.push_back(stage_kind::trainable);
-      if (!result.trainable) result.trainable = trainable_stage::checked(targets("trainable", value, false));
-    } else if (name == "strategy") {
+    if (name == "strategy") {
       run_strategy chosen = strategy(value);
       result.kinds.push_back(std::visit([](const auto& stage) { return stage.kind; }, chosen));
       if (!result.strategy) result.strategy = chosen;
-    } else {
-      fail(where, fmt::format("unknown stage '{}'; the stages after the model are {}", name, stage_names));
+      return;
     }
+    plan_stage stage = plan_stage_from(where, name, value);
+    result.kinds.push_back(std::visit([](const auto& each) { return each.kind; }, stage));
+    result.stages.add(std::move(stage));
+  }
+
+  // A stage between the model and the strategy, from its run-file value.
+  plan_stage plan_stage_from(const std::string& where, const std::string& name, const json& value) const {
+    if (name == "seeded") {
+      if (!value.is_number_unsigned()) fail(name, "give the seed as a whole number, e.g. \"seeded\": 42");
+      return seeded(value.get<std::uint64_t>());
+    }
+    if (name == "default_dtype") return default_dtype_stage::checked(type_of(name, value));
+    if (name == "mixed_precision") {
+      if (!value.is_object())
+        fail(name, "give {\"param\": \"bf16\", \"reduce\": \"fp32\"} (any of them may be left out)");
+      require_keys(name, field_names<mixed_precision_options>(), value, name);
+      return mixed_precision_stage::checked(fields<mixed_precision_options>(value, name));
+    }
+    if (name == "pretrained") {
+      if (!value.is_string()) fail(name, "give the checkpoint's folder or .safetensors file as a string");
+      return pretrained_stage::checked(value.get<std::string>());
+    }
+    if (name == "recompute") {
+      if (!value.is_object()) fail(name, "give {\"every\": 1} to recompute every unit, or k for every k-th one");
+      require_keys(name, field_names<recompute_options>(), value, name);
+      return recompute_stage::checked(fields<recompute_options>(value, name));
+    }
+    if (name == "lora") return lora(value);
+    if (name == "trainable") return trainable_stage::checked(targets("trainable", value, false));
+    fail(where, fmt::format("unknown stage '{}'; the stages after the model are {}", name, stage_names));
   }
 
   target_list targets(const std::string& key, const json& value, bool patterns) const {

@@ -25,7 +25,7 @@ constexpr auto adapters = loom::lora(16, {"q_proj", loom::pattern("blocks\\.[0-9
 
 constexpr auto with_ddp =
     loom::model<Model>(64) | loom::seeded(42) | adapters | loom::ddp({.bucket_cap_mb = 50, .static_graph = true});
-static_assert(with_ddp.lora()->scaling() == 2.0);
+static_assert(with_ddp.find<loom::lora_stage>()->scaling() == 2.0);
 
 constexpr auto with_fsdp = loom::model<Model>(64) | loom::lora(8) | loom::fsdp({.reshard_after_forward = false});
 constexpr auto with_local = loom::model<Model>(64) | loom::local();

@@ -214,7 +214,7 @@ TEST_CASE("a TOML run file reads as its JSON twin, and its mistakes name their l
   CHECK_THROWS_WITH(read("non-ascii-string", "# caf\u00e9\nplan = [{ trainable = [\"caf\u00e9\"] }]\n"),
                     ContainsSubstring("line 2: a character outside ASCII") && ContainsSubstring("\\uXXXX"));
   const auto spelled = loom::read_run_stages(written("escaped", "  # caf\u00e9\nplan = [{ seeded = 1 }]\n", ".toml"));
-  CHECK(spelled.seeded.has_value());
+  CHECK(spelled.stages.find<loom::seeded_stage>().has_value());
   CHECK_THROWS_WITH(read("unclosed", "plan = [\n  { seeded = \"1 },\n]\n"),
                     ContainsSubstring("line 2: it is not TOML (Error while parsing"));
   CHECK_THROWS_WITH(read("date", "plan = [{ seeded = 1979-05-27 }]\n"),
@@ -248,7 +248,7 @@ TEST_CASE("a YAML run file reads as its JSON twin, in loom's layout and in FastV
   // Overrides reach the translated stages as they reach written ones.
   const auto overridden =
       loom::read_run_stages(files / "tiny_gpt_lora_fsdp_fastvideo.yaml", std::vector<std::string>{"lora.rank=16"});
-  CHECK(overridden.lora->rank() == 16);
+  CHECK(overridden.stages.find<loom::lora_stage>()->rank() == 16);
 }
 
 TEST_CASE("FastVideo's LoRA block: enable, rank, alpha, target_modules, as its LoraConfig reads them",
@@ -261,14 +261,14 @@ TEST_CASE("FastVideo's LoRA block: enable, rank, alpha, target_modules, as its L
                                      "models:\n  transformer:\n    lora: {enable: true, rank: 8, "
                                      "target_modules: [q_proj]}\ntraining:\n  distributed:\n    strategy: DDP\n"
                                      "  steps: 5\n");
-    CHECK(file.stages.lora->rank() == 8);
-    CHECK(file.stages.lora->scaling() == 1.0);
+    CHECK(file.stages.stages.find<loom::lora_stage>()->rank() == 8);
+    CHECK(file.stages.stages.find<loom::lora_stage>()->scaling() == 1.0);
     CHECK(std::holds_alternative<loom::ddp_stage>(file.stages.strategy.value()));
     CHECK(file.train.steps == 5);
   }
   SECTION("enable: false with a rank is valid, applies no LoRA, and says so once") {
     const loom::run_file file = read("disabled", "models:\n  transformer:\n    lora: {enable: false, rank: 8}\n");
-    CHECK_FALSE(file.stages.lora.has_value());
+    CHECK_FALSE(file.stages.stages.find<loom::lora_stage>().has_value());
     REQUIRE(file.notes.size() == 1);
     CHECK_THAT(file.notes[0], ContainsSubstring("models.transformer.lora.enable is false: no LoRA is applied (its "
                                                 "rank 8 is not used)"));
@@ -395,7 +395,7 @@ TEST_CASE("the values train() refuses are refused when the run file is read", "[
   CHECK(loom::read_train_options(file).steps == 10);
   // A file of stages alone leaves the loop's options to the program.
   const loom::run_file stages_only = loom::read_run_file(written("stages-only", R"({"plan": [{"seeded": 3}]})"));
-  CHECK(stages_only.stages.seeded.has_value());
+  CHECK(stages_only.stages.stages.find<loom::seeded_stage>().has_value());
   CHECK(stages_only.train.steps == 0);
 }
 
@@ -404,16 +404,16 @@ TEST_CASE("default_dtype and mixed_precision are read from run files, with overr
       {"mixed_precision": {"param": "bf16", "output": "fp32"}}, {"strategy": "fsdp"}]})");
   const std::vector<std::string> overrides{"mixed_precision.cast_forward_inputs=false"};
   const loom::run_stages stages = loom::read_run_stages(file, overrides);
-  CHECK(stages.default_dtype->type() == loom::bf16);
-  CHECK(stages.mixed_precision->settings().param == loom::bf16);
-  CHECK(stages.mixed_precision->settings().output == loom::fp32);
-  CHECK(!stages.mixed_precision->settings().cast_forward_inputs);
+  CHECK(stages.stages.find<loom::default_dtype_stage>()->type() == loom::bf16);
+  CHECK(stages.stages.find<loom::mixed_precision_stage>()->settings().param == loom::bf16);
+  CHECK(stages.stages.find<loom::mixed_precision_stage>()->settings().output == loom::fp32);
+  CHECK(!stages.stages.find<loom::mixed_precision_stage>()->settings().cast_forward_inputs);
   const auto typed = loom::model<models::TinyGpt>(small) | loom::seeded(1) | loom::default_dtype(loom::bf16) |
                      loom::mixed_precision({.output = loom::fp32, .cast_forward_inputs = false}) | loom::fsdp();
   CHECK(loom::plan_from_file(loom::model<models::TinyGpt>(small), file, overrides).describe() == typed.describe());
 
   const fs::path toml = written("precision", "plan = [{ mixed_precision = { param = \"bf16\" } }]\n", ".toml");
-  CHECK(loom::read_run_stages(toml).mixed_precision->settings().reduce == loom::fp32);
+  CHECK(loom::read_run_stages(toml).stages.find<loom::mixed_precision_stage>()->settings().reduce == loom::fp32);
 
   CHECK_THROWS_WITH(loom::read_run_stages(written("bad-dtype", R"({"plan": [{"mixed_precision": {"param": "bf8"}}]})")),
                     ContainsSubstring("mixed_precision.param: give a dtype as a string, one of fp32, bf16, fp16"));
@@ -441,13 +441,13 @@ TEST_CASE("recompute is read from run files, with overrides", "[run_file]") {
   const fs::path file = written("recompute", R"({"plan": [{"seeded": 1}, {"recompute": {"every": 3}},
       {"strategy": "fsdp"}]})");
   const std::vector<std::string> overrides{"recompute.every=2"};
-  CHECK(loom::read_run_stages(file).recompute->settings().every == 3);
+  CHECK(loom::read_run_stages(file).stages.find<loom::recompute_stage>()->settings().every == 3);
   const auto typed =
       loom::model<models::TinyGpt>(small) | loom::seeded(1) | loom::recompute({.every = 2}) | loom::fsdp();
   CHECK(loom::plan_from_file(loom::model<models::TinyGpt>(small), file, overrides).describe() == typed.describe());
 
   const fs::path toml = written("recompute", "plan = [{ recompute = {} }]\n", ".toml");
-  CHECK(loom::read_run_stages(toml).recompute->settings().every == 1);
+  CHECK(loom::read_run_stages(toml).stages.find<loom::recompute_stage>()->settings().every == 1);
 
   CHECK_THROWS_WITH(
       loom::read_run_stages(written("recompute-bool", R"({"plan": [{"recompute": true}]})")),
@@ -460,8 +460,8 @@ TEST_CASE("pretrained is read from run files; an empty path is R19's sentence", 
   const fs::path file = written("pretrained", R"({"plan": [{"seeded": 1}, {"pretrained": "llama/"},
       {"lora": {"rank": 4}}, {"strategy": "fsdp"}]})");
   const loom::run_stages stages = loom::read_run_stages(file);
-  REQUIRE(stages.pretrained);
-  CHECK(stages.pretrained->path() == "llama/");
+  REQUIRE(stages.stages.find<loom::pretrained_stage>());
+  CHECK(stages.stages.find<loom::pretrained_stage>()->path() == "llama/");
   const auto typed =
       loom::model<models::TinyGpt>(small) | loom::seeded(1) | loom::pretrained("llama/") | loom::lora(4) | loom::fsdp();
   CHECK(loom::plan_from_file(loom::model<models::TinyGpt>(small), file).describe() == typed.describe());

@@ -2,24 +2,15 @@
 // constexpr when its arguments are. What the runtime reads of it is below.
 #pragma once
 
-#include <loom/dsl/default_dtype.hpp>
-#include <loom/dsl/dtype.hpp>
-#include <loom/dsl/lora.hpp>
-#include <loom/dsl/mixed_precision.hpp>
 #include <loom/dsl/pipe.hpp>
-#include <loom/dsl/pretrained.hpp>
-#include <loom/dsl/recompute.hpp>
 #include <loom/dsl/rule_table.hpp>
-#include <loom/dsl/seeded.hpp>
 #include <loom/dsl/stage_kind.hpp>
+#include <loom/dsl/stage_list.hpp>
 #include <loom/dsl/strategies.hpp>
-#include <loom/dsl/targets.hpp>
-#include <loom/dsl/trainable.hpp>
 #include <loom/dsl/violation.hpp>
 
 #include <array>
 #include <cstddef>
-#include <cstdint>
 #include <optional>
 #include <string>
 #include <tuple>
@@ -72,65 +63,19 @@ class plan : public detail::pipeable {
   // The arguments for model_type's constructor, as given to model<M>(args...).
   [[nodiscard]] constexpr const auto& model_args() const noexcept { return std::get<0>(stages_).args; }
 
-  [[nodiscard]] constexpr std::optional<std::uint64_t> seed() const {
-    if constexpr (constexpr std::size_t i = detail::index_of(kinds, is<stage_kind::seeded>); i != kinds.size()) {
-      return std::get<i>(stages_).seed();
-    } else {
-      return std::nullopt;
-    }
-  }
-
-  // The dtype the model is built in; none: LibTorch's default, fp32.
-  [[nodiscard]] constexpr std::optional<dtype> default_dtype() const {
-    if constexpr (constexpr std::size_t i = detail::index_of(kinds, is<stage_kind::default_dtype>); i != kinds.size()) {
-      return std::get<i>(stages_).type();
-    } else {
-      return std::nullopt;
-    }
-  }
-
-  [[nodiscard]] constexpr std::optional<mixed_precision_options> mixed_precision() const {
-    if constexpr (constexpr std::size_t i = detail::index_of(kinds, is<stage_kind::mixed_precision>);
-                  i != kinds.size()) {
-      return std::get<i>(stages_).settings();
-    } else {
-      return std::nullopt;
-    }
-  }
-
-  // The checkpoint the weights come from; none: as the model's constructor (and seeded) made them.
-  [[nodiscard]] std::optional<std::string> pretrained() const {
-    if constexpr (constexpr std::size_t i = detail::index_of(kinds, is<stage_kind::pretrained>); i != kinds.size()) {
-      return std::get<i>(stages_).path();
-    } else {
-      return std::nullopt;
-    }
-  }
-
-  [[nodiscard]] constexpr std::optional<recompute_options> recompute() const {
-    if constexpr (constexpr std::size_t i = detail::index_of(kinds, is<stage_kind::recompute>); i != kinds.size()) {
-      return std::get<i>(stages_).settings();
-    } else {
-      return std::nullopt;
-    }
-  }
-
-  [[nodiscard]] constexpr std::optional<lora_stage> lora() const {
-    if constexpr (constexpr std::size_t i = detail::index_of(kinds, is<stage_kind::lora>); i != kinds.size()) {
+  // The stage of type S (seeded_stage, lora_stage, ...), if the plan has one: the one query for every
+  // stage between the model and the strategy.
+  template <PlanStage S>
+  [[nodiscard]] constexpr std::optional<S> find() const {
+    if constexpr (constexpr std::size_t i = detail::index_of(kinds, is<S::kind>); i != kinds.size()) {
       return std::get<i>(stages_);
     } else {
       return std::nullopt;
     }
   }
 
-  // Empty when the plan has no trainable(...).
-  [[nodiscard]] constexpr target_list trainable_patterns() const {
-    if constexpr (constexpr std::size_t i = detail::index_of(kinds, is<stage_kind::trainable>); i != kinds.size()) {
-      return std::get<i>(stages_).patterns();
-    } else {
-      return {};
-    }
-  }
+  // Those stages as the value build() reads, whatever plan they came from.
+  [[nodiscard]] stage_list stage_values() const { return stage_list::of(stages_); }
 
   // The strategy stage; local() when the plan names none.
   [[nodiscard]] constexpr strategy_type strategy() const {

@@ -43,20 +43,34 @@ struct constructed {
   std::optional<lora_layers> lora;
 };
 
-template <class Plan>
-auto build_checked(const Plan& plan, runtime rt) {
-  using M = typename Plan::model_type;
-  auto engine = make_engine(plan.strategy());
+// What build() reads of any plan, typed or from a run file: the model's arguments, the stages between
+// the model and the strategy, the strategy, and the plan's text.
+template <class Args, class Strategy>
+struct plan_value {
+  const Args& model_args;
+  const stage_list& stages;
+  const Strategy& strategy;
+  std::string text;   // describe()
+  std::string state;  // describe_state()
+};
+
+template <class M, class Args, class Strategy>
+auto build_checked(const plan_value<Args, Strategy>& plan, runtime rt) {
+  auto engine = make_engine(plan.strategy);
   using E = decltype(engine);
   LOOM_CHECK_ENGINE_HOOKS(E)
+  std::optional<std::uint64_t> seed;
+  if (const auto seeded = plan.stages.template find<seeded_stage>()) seed = seeded->seed();
 
   build_decisions decided;
-  decided.plan_state = plan.describe_state();
-  decided.built_in = plan.default_dtype();
-  if (auto policy = plan.mixed_precision()) decided.policy = precision_policy::from(*policy);
+  decided.plan_state = plan.state;
+  if (auto stage = plan.stages.template find<default_dtype_stage>()) decided.built_in = stage->type();
+  if (auto stage = plan.stages.template find<mixed_precision_stage>())
+    decided.policy = precision_policy::from(stage->settings());
   // Opened, every header read and checked, before the model is constructed: a missing or truncated
   // file stops the build at once.
-  if (auto path = plan.pretrained()) decided.pretrained = std::make_shared<pretrained_checkpoint>(*path);
+  if (auto stage = plan.stages.template find<pretrained_stage>())
+    decided.pretrained = std::make_shared<pretrained_checkpoint>(stage->path());
 
   // Construction (in the plan's default_dtype), then the adapters' initial weights (in fp32), from
   // one forked stream when seeded; for an engine that materialises its parameters, without their
@@ -66,16 +80,16 @@ auto build_checked(const Plan& plan, runtime rt) {
   if constexpr (requires { module_type::peft_task_type; }) decided.peft_task_type = module_type::peft_task_type;
   const auto construct = [&](nn::deferred_init* deferred) {
     std::optional<forked_rng> fork;
-    if (auto seed = plan.seed()) fork.emplace(*seed);
+    if (seed) fork.emplace(*seed);
     std::optional<nn::deferred_init::scope> without_bytes;
     if (deferred != nullptr) without_bytes.emplace(*deferred);
     constructed<M> made{[&] {
                           const default_dtype_scope built_in(decided.built_in);
                           return std::apply([](const auto&... args) { return module_storage<M>::make(args...); },
-                                            plan.model_args());
+                                            plan.model_args);
                         }(),
                         std::nullopt};
-    if (auto spec = plan.lora()) {
+    if (auto spec = plan.stages.template find<lora_stage>()) {
       made.lora = lora_layers::inject(*made.model.base(), model_name, *spec,
                                       decided.policy ? std::optional(decided.policy->param) : std::nullopt);
     }
@@ -87,7 +101,7 @@ auto build_checked(const Plan& plan, runtime rt) {
   if (deferred) {
     if (std::optional<std::string> reason = deferred->accept(*made.model.base())) {
       decided.constructed_whole = std::move(*reason);
-      if (!plan.seed()) deferred->rewind_generator();
+      if (!seed) deferred->rewind_generator();
       deferred.reset();
       made = construct(nullptr);
     } else if (deferred->size() == 0) {
@@ -104,44 +118,25 @@ auto build_checked(const Plan& plan, runtime rt) {
     }
   }
 
-  set_trainable(*base, model_name, made.lora.has_value(), plan.trainable_patterns());
+  const auto trainable = plan.stages.template find<trainable_stage>();
+  set_trainable(*base, model_name, made.lora.has_value(), trainable ? trainable->patterns() : target_list{});
   if (decided.built_in) decided.trainable_held_in_fp32 = hold_trainable_in_fp32(*base);
-  if (auto spec = plan.recompute()) decided.recomputed_units = nn::recompute_units(*base, *spec);
+  if (auto stage = plan.stages.template find<recompute_stage>())
+    decided.recomputed_units = nn::recompute_units(*base, stage->settings());
   if (deferred) {
     nn::to_device(*base, rt.device());
   } else {
     base->to(rt.device());
   }
-  if (auto seed = plan.seed()) {
+  if (seed) {
     verify_identical_replicas(rt, *base, *seed);
   } else {
     broadcast_replicas(rt, *base, deferred.get());
   }
-  if (deferred) deferred->set_advances_generator(!plan.seed());
+  if (deferred) deferred->set_advances_generator(!seed);
   decided.deferred = std::move(deferred);
-  return job<M, E>(std::move(made.model), std::move(rt), std::move(made.lora), plan.describe(), std::move(engine),
-                   decided);
+  return job<M, E>(std::move(made.model), std::move(rt), std::move(made.lora), plan.text, std::move(engine), decided);
 }
-
-// A run_plan seen with one of its strategies fixed: what build_checked reads of a plan.
-template <class Model, class Strategy>
-struct with_strategy {
-  const run_plan<Model>& plan;
-  Strategy stage;
-
-  using model_type = typename Model::model_type;
-  [[nodiscard]] const auto& model_args() const noexcept { return plan.model_args(); }
-  [[nodiscard]] auto seed() const { return plan.seed(); }
-  [[nodiscard]] auto default_dtype() const { return plan.default_dtype(); }
-  [[nodiscard]] auto mixed_precision() const { return plan.mixed_precision(); }
-  [[nodiscard]] auto recompute() const { return plan.recompute(); }
-  [[nodiscard]] auto pretrained() const { return plan.pretrained(); }
-  [[nodiscard]] auto lora() const { return plan.lora(); }
-  [[nodiscard]] auto trainable_patterns() const { return plan.trainable_patterns(); }
-  [[nodiscard]] std::string describe() const { return plan.describe(); }
-  [[nodiscard]] std::string describe_state() const { return plan.describe_state(); }
-  [[nodiscard]] const Strategy& strategy() const noexcept { return stage; }
-};
 
 template <class M, class Stage>
 using job_for = job<M, decltype(make_engine(std::declval<const Stage&>()))>;
@@ -170,8 +165,9 @@ template <class Model>
   static_assert(detail::has_forward<M>, LOOM_R7_NO_FORWARD);
   return std::visit(
       [&](const auto& stage) -> run_job<M> {
-        return detail::build_checked(detail::with_strategy<Model, std::remove_cvref_t<decltype(stage)>>{plan, stage},
-                                     std::move(rt));
+        return detail::build_checked<M>(
+            detail::plan_value{plan.model_args(), plan.stage_values(), stage, plan.describe(), plan.describe_state()},
+            std::move(rt));
       },
       plan.strategy());
 }
@@ -191,8 +187,12 @@ requires is_plan<Plan>
   static_assert(has_engine,
                 "loom: this strategy stage has no engine: include its header, loom/strategies/<name>.hpp (or "
                 "loom/loom.hpp)");
-  if constexpr (is_module && constructible && detail::has_forward<M> && has_engine)
-    return detail::build_checked(plan, std::move(rt));
+  if constexpr (is_module && constructible && detail::has_forward<M> && has_engine) {
+    const stage_list stages = plan.stage_values();
+    const auto strategy = plan.strategy();
+    return detail::build_checked<M>(
+        detail::plan_value{plan.model_args(), stages, strategy, plan.describe(), plan.describe_state()}, std::move(rt));
+  }
 }
 
 // READ THIS: build() takes a whole plan. A partial pipeline such as `lora(8) | ddp()` has no model

@@ -69,5 +69,5 @@ TEST_CASE("what | produces", "[dsl][composition]") {
   // Grouping does not matter.
   constexpr auto left = (loom::model<Model>() | loom::seeded(7)) | (loom::lora(4) | loom::fsdp());
   STATIC_REQUIRE(std::is_same_v<decltype(left), decltype(plan)>);
-  STATIC_REQUIRE(left.seed() == plan.seed());
+  STATIC_REQUIRE(left.find<loom::seeded_stage>()->seed() == plan.find<loom::seeded_stage>()->seed());
 }

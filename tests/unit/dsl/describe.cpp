@@ -70,8 +70,8 @@ TEST_CASE("describe the recompute stage", "[dsl][describe]") {
         "ddp(bucket_cap_mb=25, broadcast_buffers=false, find_unused_parameters=false, "
         "gradient_as_bucket_view=false, static_graph=false)\n");
   CHECK(loom::recompute().describe() == "recompute(every=1)");
-  STATIC_REQUIRE(plan.recompute()->every == 2);
-  STATIC_REQUIRE(!(loom::model<demo::TinyGpt>() | loom::ddp()).recompute());
+  STATIC_REQUIRE(plan.find<loom::recompute_stage>()->settings().every == 2);
+  STATIC_REQUIRE(!(loom::model<demo::TinyGpt>() | loom::ddp()).find<loom::recompute_stage>());
 }
 
 TEST_CASE("a type's name, read at compile time", "[dsl][describe]") {
@@ -90,7 +90,7 @@ TEST_CASE("describe the dtype stages", "[dsl][describe]") {
         "fsdp(reshard_after_forward=true, bucket_cap_mb=25, shard_group_size=0, accumulate_unsharded=false)\n");
   CHECK(loom::mixed_precision().describe() ==
         "mixed_precision(param=bf16, reduce=fp32, output=none, cast_forward_inputs=true)");
-  STATIC_REQUIRE(*plan.default_dtype() == loom::bf16);
-  STATIC_REQUIRE(plan.mixed_precision()->reduce == loom::fp32);
-  STATIC_REQUIRE(!(loom::model<demo::TinyGpt>() | loom::ddp()).mixed_precision());
+  STATIC_REQUIRE(plan.find<loom::default_dtype_stage>()->type() == loom::bf16);
+  STATIC_REQUIRE(plan.find<loom::mixed_precision_stage>()->settings().reduce == loom::fp32);
+  STATIC_REQUIRE(!(loom::model<demo::TinyGpt>() | loom::ddp()).find<loom::mixed_precision_stage>());
 }

@@ -29,10 +29,10 @@ TEST_CASE("a plan is a constexpr value", "[dsl][plan]") {
 
   STATIC_REQUIRE(std::is_same_v<decltype(plan)::model_type, TinyGpt>);
   STATIC_REQUIRE(std::get<0>(plan.model_args()).width == 64);
-  STATIC_REQUIRE(plan.seed() == std::optional<std::uint64_t>(42));
-  STATIC_REQUIRE(plan.lora().has_value());
-  STATIC_REQUIRE(plan.lora()->rank() == 16);
-  STATIC_REQUIRE(plan.trainable_patterns() == loom::target_list{"norm"});
+  STATIC_REQUIRE(plan.find<loom::seeded_stage>()->seed() == 42);
+  STATIC_REQUIRE(plan.find<loom::lora_stage>().has_value());
+  STATIC_REQUIRE(plan.find<loom::lora_stage>()->rank() == 16);
+  STATIC_REQUIRE(plan.find<loom::trainable_stage>()->patterns() == loom::target_list{"norm"});
   STATIC_REQUIRE(loom::has_strategy<decltype(plan)>);
   STATIC_REQUIRE(std::is_same_v<decltype(plan)::strategy_type, loom::ddp_stage>);
   STATIC_REQUIRE(plan.strategy().settings().bucket_cap_mb == 25);
@@ -43,9 +43,9 @@ TEST_CASE("a plan is a constexpr value", "[dsl][plan]") {
 
 TEST_CASE("what a plan of one model reports", "[dsl][plan]") {
   constexpr auto plan = loom::model<TinyGpt>(config{.width = 8});
-  STATIC_REQUIRE(!plan.seed().has_value());
-  STATIC_REQUIRE(!plan.lora().has_value());
-  STATIC_REQUIRE(plan.trainable_patterns().empty());
+  STATIC_REQUIRE(!plan.find<loom::seeded_stage>().has_value());
+  STATIC_REQUIRE(!plan.find<loom::lora_stage>().has_value());
+  STATIC_REQUIRE(!plan.find<loom::trainable_stage>().has_value());
   STATIC_REQUIRE_FALSE(loom::has_strategy<decltype(plan)>);
   STATIC_REQUIRE(std::is_same_v<decltype(plan)::strategy_type, loom::local_stage>);
   STATIC_REQUIRE(std::is_same_v<decltype(plan.strategy()), loom::local_stage>);
