@@ -83,10 +83,11 @@ class stage_list {
   [[nodiscard]] std::string describe(bool state_only = false) const {
     std::string text;
     for (const plan_stage& held : stages_)
-      text += std::visit([state_only](const auto& stage) { return state_only ? detail::describe_state(stage)
-                                                                             : stage.describe(); },
-                         held) +
-              '\n';
+      text +=
+          std::visit(
+              [state_only](const auto& stage) { return state_only ? detail::describe_state(stage) : stage.describe(); },
+              held) +
+          '\n';
     return text;
   }
 

@@ -2,9 +2,9 @@
 // loom::build(plan, runtime): a validated plan becomes a job on this process's share of the world.
 
 #include <loom/dsl.hpp>
+#include <loom/job/build_steps.hpp>
 #include <loom/job/job.hpp>
 #include <loom/nn/deferred_init.hpp>
-#include <loom/nn/recompute.hpp>
 #include <loom/precision/precision.hpp>
 #include <loom/replicas/replicas.hpp>
 #include <loom/strategies/ddp.hpp>
@@ -36,13 +36,6 @@ inline constexpr bool has_engine = requires(const Stage& stage) {
   { make_engine(stage) } -> Engine;
 };
 
-// The model and its adapters, as the plan's stages before the strategy made them.
-template <class M>
-struct constructed {
-  module_storage<M> model;
-  std::optional<lora_layers> lora;
-};
-
 // What build() reads of any plan, typed or from a run file: the model's arguments, the stages between
 // the model and the strategy, the strategy, and the plan's text.
 template <class Args, class Strategy>
@@ -54,86 +47,78 @@ struct plan_value {
   std::string state;  // describe_state()
 };
 
+// The model and its adapters, as the plan's stages before the strategy made them.
+template <class M>
+struct constructed {
+  module_storage<M> model;
+  std::optional<lora_layers> lora;
+};
+
+// The model, then the adapters' initial weights, from one stream: forked from seeded(...)'s seed, else
+// the default generator. LoRA's draws follow the model's on that stream, so a rank's adapters are the
+// same whether the model was built without bytes or whole, under any engine. The model is built in
+// default_dtype(...), the adapters in the policy's param dtype or fp32; with `deferred`, without the
+// bytes of what the construction allows.
+template <class M, class Args>
+constructed<M> construct(const Args& model_args, std::optional<std::uint64_t> seed, const build_steps::dtypes& dtypes,
+                         const std::optional<lora_stage>& lora, nn::deferred_init* deferred) {
+  std::optional<forked_rng> fork;
+  if (seed) fork.emplace(*seed);
+  std::optional<nn::deferred_init::scope> without_bytes;
+  if (deferred != nullptr) without_bytes.emplace(*deferred);
+  constructed<M> made{[&] {
+                        const default_dtype_scope built_in(dtypes.built_in);
+                        return std::apply([](const auto&... args) { return module_storage<M>::make(args...); },
+                                          model_args);
+                      }(),
+                      std::nullopt};
+  if (lora) {
+    made.lora = lora_layers::inject(*made.model.base(), type_name<M>(), *lora,
+                                    dtypes.policy ? std::optional(dtypes.policy->param) : std::nullopt);
+  }
+  return made;
+}
+
+// The plan's stages applied in order, as named steps (loom/job/build_steps.hpp), then the job.
 template <class M, class Args, class Strategy>
 auto build_checked(const plan_value<Args, Strategy>& plan, runtime rt) {
   auto engine = make_engine(plan.strategy);
   using E = decltype(engine);
   LOOM_CHECK_ENGINE_HOOKS(E)
-  std::optional<std::uint64_t> seed;
-  if (const auto seeded = plan.stages.template find<seeded_stage>()) seed = seeded->seed();
+  using module_type = std::remove_pointer_t<decltype(std::declval<module_storage<M>&>().operator->())>;
+  const std::optional<std::uint64_t> seed = build_steps::seed(plan.stages);
+  const std::optional<lora_stage> lora = plan.stages.template find<lora_stage>();
 
   build_decisions decided;
   decided.plan_state = plan.state;
-  if (auto stage = plan.stages.template find<default_dtype_stage>()) decided.built_in = stage->type();
-  if (auto stage = plan.stages.template find<mixed_precision_stage>())
-    decided.policy = precision_policy::from(stage->settings());
-  // Opened, every header read and checked, before the model is constructed: a missing or truncated
-  // file stops the build at once.
-  if (auto stage = plan.stages.template find<pretrained_stage>())
-    decided.pretrained = std::make_shared<pretrained_checkpoint>(stage->path());
-
-  // Construction (in the plan's default_dtype), then the adapters' initial weights (in fp32), from
-  // one forked stream when seeded; for an engine that materialises its parameters, without their
-  // bytes while the construction allows it (loom/nn/deferred_init.hpp), else whole.
-  constexpr std::string_view model_name = type_name<M>();
-  using module_type = std::remove_pointer_t<decltype(std::declval<module_storage<M>&>().operator->())>;
   if constexpr (requires { module_type::peft_task_type; }) decided.peft_task_type = module_type::peft_task_type;
-  const auto construct = [&](nn::deferred_init* deferred) {
-    std::optional<forked_rng> fork;
-    if (seed) fork.emplace(*seed);
-    std::optional<nn::deferred_init::scope> without_bytes;
-    if (deferred != nullptr) without_bytes.emplace(*deferred);
-    constructed<M> made{[&] {
-                          const default_dtype_scope built_in(decided.built_in);
-                          return std::apply([](const auto&... args) { return module_storage<M>::make(args...); },
-                                            plan.model_args);
-                        }(),
-                        std::nullopt};
-    if (auto spec = plan.stages.template find<lora_stage>()) {
-      made.lora = lora_layers::inject(*made.model.base(), model_name, *spec,
-                                      decided.policy ? std::optional(decided.policy->param) : std::nullopt);
-    }
-    return made;
-  };
+  const build_steps::dtypes dtypes = build_steps::decide_dtypes(plan.stages);
+  decided.built_in = dtypes.built_in;
+  decided.policy = dtypes.policy;
+  decided.pretrained = build_steps::open_checkpoint(plan.stages);
+
+  // An engine that materialises its parameters gets them without bytes where the construction allows.
   std::shared_ptr<nn::deferred_init> deferred;
   if constexpr (hooks::materialises_parameters<E>()) deferred = std::make_shared<nn::deferred_init>();
-  constructed<M> made = construct(deferred.get());
+  constructed<M> made = construct<M>(plan.model_args, seed, dtypes, lora, deferred.get());
   if (deferred) {
-    if (std::optional<std::string> reason = deferred->accept(*made.model.base())) {
-      decided.constructed_whole = std::move(*reason);
-      if (!seed) deferred->rewind_generator();
-      deferred.reset();
-      made = construct(nullptr);
-    } else if (deferred->size() == 0) {
-      deferred.reset();
+    switch (build_steps::judge_deferred(*deferred, *made.model.base(), seed.has_value(), decided.constructed_whole)) {
+      case build_steps::deferral::stands: break;
+      case build_steps::deferral::nothing_deferred: deferred.reset(); break;
+      case build_steps::deferral::construct_whole:
+        deferred.reset();
+        made = construct<M>(plan.model_args, seed, dtypes, lora, nullptr);
+        break;
     }
   }
-  auto base = made.model.base();
-  if (decided.pretrained) {
-    // A sharding engine reads it in its setup, each rank what it keeps; the others now, whole.
-    decided.pretrained->check(*base, &lora_adapter::is_adapter_parameter);
-    if constexpr (!hooks::shards_parameters<E>()) {
-      decided.pretrained->copy_into(*base, &lora_adapter::is_adapter_parameter);
-      decided.pretrained_read = true;
-    }
-  }
-
-  const auto trainable = plan.stages.template find<trainable_stage>();
-  set_trainable(*base, model_name, made.lora.has_value(), trainable ? trainable->patterns() : target_list{});
-  if (decided.built_in) decided.trainable_held_in_fp32 = hold_trainable_in_fp32(*base);
-  if (auto stage = plan.stages.template find<recompute_stage>())
-    decided.recomputed_units = nn::recompute_units(*base, stage->settings());
-  if (deferred) {
-    nn::to_device(*base, rt.device());
-  } else {
-    base->to(rt.device());
-  }
-  if (seed) {
-    verify_identical_replicas(rt, *base, *seed);
-  } else {
-    broadcast_replicas(rt, *base, deferred.get());
-  }
-  if (deferred) deferred->set_advances_generator(!seed);
+  torch::nn::Module& model = *made.model.base();
+  if (decided.pretrained)
+    decided.pretrained_read = build_steps::load_pretrained(*decided.pretrained, model, hooks::shards_parameters<E>());
+  decided.trainable_held_in_fp32 =
+      build_steps::set_what_trains(model, type_name<M>(), made.lora.has_value(), plan.stages, dtypes.built_in);
+  decided.recomputed_units = build_steps::choose_recomputed_units(model, plan.stages);
+  build_steps::move_to_device(model, rt, deferred.get());
+  build_steps::check_or_broadcast_replicas(rt, model, seed, deferred.get());
   decided.deferred = std::move(deferred);
   return job<M, E>(std::move(made.model), std::move(rt), std::move(made.lora), plan.text, std::move(engine), decided);
 }

@@ -1,0 +1,69 @@
+// The steps of loom::build that depend on neither the model's type nor the strategy, compiled once
+// (src/job/build_steps.cpp). build_checked (loom/job/build.hpp) takes them in this order, with the
+// typed construction between open_checkpoint and load_pretrained; each says what it reads and gives.
+#pragma once
+
+#include <loom/dsl/dtype.hpp>
+#include <loom/dsl/stage_list.hpp>
+#include <loom/io/weights.hpp>
+#include <loom/nn/deferred_init.hpp>
+#include <loom/precision/precision.hpp>
+#include <loom/runtime/runtime.hpp>
+
+#include <torch/nn/module.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace loom::build_steps {
+
+// seeded(...)'s seed, if the plan has one.
+[[nodiscard]] std::optional<std::uint64_t> seed(const stage_list& stages);
+
+struct dtypes {
+  std::optional<dtype> built_in;           // default_dtype(...): what the model is built in
+  std::optional<precision_policy> policy;  // mixed_precision(...)
+};
+[[nodiscard]] dtypes decide_dtypes(const stage_list& stages);
+
+// pretrained(...)'s checkpoint with every header read and checked, before the model is constructed:
+// a missing or truncated file stops the build at once. None without the stage.
+[[nodiscard]] std::shared_ptr<pretrained_checkpoint> open_checkpoint(const stage_list& stages);
+
+// Whether a construction without bytes stands (loom/nn/deferred_init.hpp). It does not when a layer
+// drew from the generator or wrote a deferred parameter: then `why` names it, and without seeded(...)
+// the default generator is put back where the construction found it, so that the construction whole
+// draws the same stream (a seeded construction forks its own stream, the same both times).
+enum class deferral { stands, nothing_deferred, construct_whole };
+[[nodiscard]] deferral judge_deferred(nn::deferred_init& deferred, const torch::nn::Module& model, bool seeded,
+                                      std::string& why);
+
+// Checks the checkpoint against the model (adapters aside). An engine that does not shard the
+// parameters gets them now; a sharding one reads each rank's part in its setup. Returns whether the
+// checkpoint was read here.
+[[nodiscard]] bool load_pretrained(pretrained_checkpoint& checkpoint, torch::nn::Module& model, bool engine_shards);
+
+// Freezes what neither LoRA nor trainable(...) names; under default_dtype(...), holds the trainable
+// parameters it built narrower in fp32. Returns how many it held so.
+[[nodiscard]] std::size_t set_what_trains(torch::nn::Module& model, std::string_view model_name, bool has_lora,
+                                          const stage_list& stages, std::optional<dtype> built_in);
+
+// recompute(...)'s units, by name; none without the stage.
+[[nodiscard]] std::vector<std::string> choose_recomputed_units(torch::nn::Module& model, const stage_list& stages);
+
+// To the runtime's device; a deferred construction moves its records, not bytes it does not have.
+void move_to_device(torch::nn::Module& model, const runtime& rt, nn::deferred_init* deferred);
+
+// With a seed every rank built the same replica, which a fingerprint checks; without, rank 0's
+// values are broadcast (deferred: its generator's state, which every rank's records replay from).
+// Then, without a seed, a deferred construction's materialisation leaves the default generator
+// past its draws, as a construction whole would have.
+void check_or_broadcast_replicas(const runtime& rt, torch::nn::Module& model, std::optional<std::uint64_t> seed,
+                                 nn::deferred_init* deferred);
+
+}  // namespace loom::build_steps
