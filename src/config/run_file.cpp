@@ -52,6 +52,16 @@ std::string strategy_names() {
 }
 
 // The fields an options struct describes, by name.
+// The value type of an optional field (clip_norm, lr), else the type itself.
+template <class T>
+struct optional_of {
+  using type = T;
+};
+template <class T>
+struct optional_of<std::optional<T>> {
+  using type = T;
+};
+
 template <class Options>
 std::vector<std::string> field_names() {
   std::vector<std::string> keys;
@@ -559,12 +569,28 @@ class reader {
     const std::string key(name);
     if (!object.contains(key)) return;
     const std::string where = prefix + "." + key;
+    const json& value = object[key];
     if constexpr (std::is_same_v<T, bool>) {
-      target = boolean(where, object[key]);
+      target = boolean(where, value);
     } else if constexpr (std::is_same_v<T, dtype> || std::is_same_v<T, std::optional<dtype>>) {
-      target = type_of(where, object[key]);
+      target = type_of(where, value);
+    } else if constexpr (std::is_same_v<T, std::filesystem::path>) {
+      if (!value.is_string()) fail(where, "give a folder as a string");
+      target = value.get<std::string>();
+    } else if constexpr (std::is_same_v<T, decay_shape>) {
+      const std::string shape = value.is_string() ? value.get<std::string>() : "";
+      if (shape != "linear" && shape != "cosine") fail(where, "give \"linear\" or \"cosine\"");
+      target = shape == "linear" ? decay_shape::linear : decay_shape::cosine;
+    } else if constexpr (described_options<T> || described_options<typename optional_of<T>::type>) {
+      // An object of options within: its own keys, its own fields.
+      using inner = std::conditional_t<described_options<T>, T, typename optional_of<T>::type>;
+      if (!value.is_object())
+        fail(where, fmt::format("give an object of {}, e.g. {{\"{}\": ...}}", fmt::join(field_names<inner>(), ", "),
+                                field_names<inner>().front()));
+      require_keys(name, field_names<inner>(), value, where);
+      target = fields<inner>(value, where);
     } else {
-      target = number<T>(where, object[key], std::is_integral_v<T>);
+      target = number<typename optional_of<T>::type>(where, value, std::is_integral_v<typename optional_of<T>::type>);
     }
   }
 
@@ -638,71 +664,9 @@ class reader {
     if (!root.contains("train")) return {};
     const json& train = root["train"];
     if (!train.is_object()) fail("train", "give the loop's options as an object, e.g. {\"steps\": 800}");
-    static const std::vector<std::string> keys{"steps",
-                                               "accumulate",
-                                               "clip_norm",
-                                               "lr",
-                                               "out",
-                                               "checkpoint_every",
-                                               "keep_checkpoints",
-                                               "async_checkpoints",
-                                               "strict_checkpoints",
-                                               "eval_every",
-                                               "log_every",
-                                               "log_seconds"};
-    static const std::vector<std::string> lr_keys{"peak", "warmup_steps", "decay_steps", "decay", "floor"};
-    for (const auto& [key, ignored] : train.items()) {
-      if (std::find(keys.begin(), keys.end(), key) == keys.end()) {
-        fail("train." + key, fmt::format("unknown key; train takes {}", fmt::join(keys, ", ")));
-      }
-    }
-    train_options options;
-    const auto whole = [&](const char* key, auto& field) {
-      if (train.contains(key))
-        field = number<std::remove_reference_t<decltype(field)>>("train." + std::string(key), train.at(key), true);
-    };
-    whole("steps", options.steps);
-    whole("accumulate", options.accumulate);
-    whole("checkpoint_every", options.checkpoint_every);
-    whole("keep_checkpoints", options.keep_checkpoints);
-    whole("eval_every", options.eval_every);
-    whole("log_every", options.log_every);
-    const auto flag = [&](const char* key, bool& field) {
-      if (!train.contains(key)) return;
-      if (!train[key].is_boolean()) fail("train." + std::string(key), "give true or false");
-      field = train[key].get<bool>();
-    };
-    flag("async_checkpoints", options.async_checkpoints);
-    flag("strict_checkpoints", options.strict_checkpoints);
-    if (train.contains("log_seconds"))
-      options.log_seconds = number<double>("train.log_seconds", train["log_seconds"], false);
-    if (train.contains("clip_norm")) options.clip_norm = number<double>("train.clip_norm", train["clip_norm"], false);
-    if (train.contains("out")) {
-      if (!train["out"].is_string()) fail("train.out", "give a folder as a string");
-      options.out = train["out"].get<std::string>();
-    }
-    if (train.contains("lr")) {
-      const json& lr = train["lr"];
-      if (!lr.is_object()) fail("train.lr", "give {\"peak\": 3e-4, \"warmup_steps\": 100, ...}");
-      for (const auto& [key, ignored] : lr.items()) {
-        if (std::find(lr_keys.begin(), lr_keys.end(), key) == lr_keys.end()) {
-          fail("train.lr." + key, fmt::format("unknown key; lr takes {}", fmt::join(lr_keys, ", ")));
-        }
-      }
-      lr_schedule schedule{.total_steps = options.steps};
-      if (lr.contains("peak")) schedule.peak = number<double>("train.lr.peak", lr["peak"], false);
-      if (lr.contains("warmup_steps"))
-        schedule.warmup_steps = number<std::int64_t>("train.lr.warmup_steps", lr["warmup_steps"], true);
-      if (lr.contains("decay_steps"))
-        schedule.decay_steps = number<std::int64_t>("train.lr.decay_steps", lr["decay_steps"], true);
-      if (lr.contains("floor")) schedule.floor = number<double>("train.lr.floor", lr["floor"], false);
-      if (lr.contains("decay")) {
-        const std::string decay = lr["decay"].is_string() ? lr["decay"].get<std::string>() : "";
-        if (decay != "linear" && decay != "cosine") fail("train.lr.decay", "give \"linear\" or \"cosine\"");
-        schedule.decay = decay == "linear" ? decay_shape::linear : decay_shape::cosine;
-      }
-      options.lr = schedule;
-    }
+    require_keys("train", field_names<train_options>(), train, "train");
+    train_options options = fields<train_options>(train, "train");
+    if (options.lr) options.lr->total_steps = options.steps;
     // What train() would refuse after the model is built is refused now, before anything is.
     if (!train.contains("steps")) fail("train.steps", "missing; give the number of optimizer steps, e.g. 300");
     if (const auto& lr = options.lr; lr && lr->warmup_steps >= 0 && lr->decay_steps >= 0 && options.steps > 0 &&

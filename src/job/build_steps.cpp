@@ -14,7 +14,8 @@ std::optional<std::uint64_t> seed(const stage_list& stages) {
 dtypes decide_dtypes(const stage_list& stages) {
   dtypes decided;
   if (const auto stage = stages.find<default_dtype_stage>()) decided.built_in = stage->type();
-  if (const auto stage = stages.find<mixed_precision_stage>()) decided.policy = precision_policy::from(stage->settings());
+  if (const auto stage = stages.find<mixed_precision_stage>())
+    decided.policy = precision_policy::from(stage->settings());
   return decided;
 }
 

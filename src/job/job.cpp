@@ -57,23 +57,6 @@ void job_core::finish_initial_values() {
   for (std::string& line : context_->initial_values().finish()) context_->note(std::move(line));
 }
 
-std::optional<at::ScalarType> job_core::input_dtype(bool engine_casts) const noexcept {
-  const std::optional<precision_policy>& policy = context_->precision();
-  if (!engine_casts || !policy || !policy->cast_forward_inputs) return std::nullopt;
-  return policy->param;
-}
-
-std::optional<at::ScalarType> job_core::output_dtype() const noexcept {
-  const std::optional<precision_policy>& policy = context_->precision();
-  return policy ? policy->output : std::nullopt;
-}
-
-std::optional<at::ScalarType> job_core::autocast_dtype(bool engine_casts) const noexcept {
-  const std::optional<precision_policy>& policy = context_->precision();
-  if (engine_casts || !policy) return std::nullopt;
-  return policy->param;
-}
-
 namespace {
 
 // "schedule entries #0-#2, #5: all_reduce, broadcast": the entries of `phase`, or "" when it has none.
@@ -102,6 +85,10 @@ std::string entries_of(const collective_schedule& schedule, step_phase phase) {
 
 void job_core::set_up(function_ref<void(strategy_context&)> setup, bool engine_casts) {
   if (const std::optional<precision_policy>& policy = context_->precision()) {
+    // An engine that casts the parameters computes in param from its inputs on; else autocast does.
+    casting_ = {.autocast = engine_casts ? std::nullopt : std::optional(policy->param),
+                .inputs = engine_casts && policy->cast_forward_inputs ? std::optional(policy->param) : std::nullopt,
+                .output = policy->output};
     context_->note(
         fmt::format("mixed precision: {}, gradients reduced in {}{}",
                     engine_casts ? fmt::format("the strategy casts the parameters to {} for forward and backward",

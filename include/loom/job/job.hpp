@@ -158,6 +158,17 @@ struct build_decisions {
   std::string peft_task_type;  // the model's peft_task_type ("CAUSAL_LM"), if it declares one
 };
 
+// What job.forward does for mixed_precision(...), decided once when the job is set up: run under
+// autocast (where the engine does not cast the parameters itself), cast the floating inputs (where it
+// does, and the policy asks), cast the result (the policy's output). Without mixed_precision(...), none.
+struct forward_casting {
+  std::optional<at::ScalarType> autocast;
+  std::optional<at::ScalarType> inputs;
+  std::optional<at::ScalarType> output;
+
+  [[nodiscard]] bool none() const noexcept { return !autocast && !inputs && !output; }
+};
+
 // The part of a job that does not depend on M or the strategy (src/job/job.cpp).
 class job_core {
  public:
@@ -181,12 +192,8 @@ class job_core {
   [[nodiscard]] const collective_schedule& built_schedule() const noexcept { return built_schedule_; }
   [[nodiscard]] std::uint64_t built_schedule_fingerprint() const { return built_schedule_.fingerprint(); }
 
-  // Under mixed_precision(...), what the forward's floating arguments are cast to (an engine that
-  // casts parameters computes in param from its inputs on), and its result; none: as they are.
-  [[nodiscard]] std::optional<at::ScalarType> input_dtype(bool engine_casts) const noexcept;
-  [[nodiscard]] std::optional<at::ScalarType> output_dtype() const noexcept;
-  // What the forward runs under torch.autocast in (the policy's param), when the job casts.
-  [[nodiscard]] std::optional<at::ScalarType> autocast_dtype(bool engine_casts) const noexcept;
+  // What job.forward casts, as set_up decided it.
+  [[nodiscard]] const forward_casting& casting() const noexcept { return casting_; }
   // Runs `body` as this rank's `part` of a pass (its progress, for the hang check). An exception
   // that ends it is shown to `explain` first (which may throw a clearer one), then becomes the job's
   // error: a peer's published failure, the ranks that are gone, or this rank's own, published.
@@ -219,6 +226,7 @@ class job_core {
   std::string plan_state_;
   std::string built_text_;  // how the model was built: its dtype, the parameters held in fp32
   collective_schedule built_schedule_;
+  forward_casting casting_;
   // What a saved adapter names for PEFT: the model's task and pretrained(...)'s folder, if any.
   std::string peft_task_type_;
   std::filesystem::path base_model_;
@@ -279,20 +287,19 @@ class job {
           engine_.before_forward(core_.context());
           std::optional<lora_layers::forward_guard> adapters;
           if (lora_layers* lora = core_.lora()) adapters.emplace(*lora);
-          if (!core_.context().precision()) {
+          const detail::forward_casting& casting = core_.casting();
+          if (casting.none()) {
             out.capture([&]() -> result { return model_->forward(std::forward<Args>(args)...); });
             return;
           }
-          // mixed_precision(...): under autocast, or with the inputs and the result cast.
           std::optional<autocast_scope> autocast;
-          if (const auto type = core_.autocast_dtype(engine_casts)) autocast.emplace(rt().device().type(), *type);
-          const std::optional<at::ScalarType> inputs = core_.input_dtype(engine_casts);
+          if (casting.autocast) autocast.emplace(rt().device().type(), *casting.autocast);
           out.capture([&]() -> result {
             if constexpr (std::is_void_v<result> || std::is_reference_v<result>) {
-              return model_->forward(cast_floating(std::forward<Args>(args), inputs)...);
+              return model_->forward(cast_floating(std::forward<Args>(args), casting.inputs)...);
             } else {
-              return cast_floating(model_->forward(cast_floating(std::forward<Args>(args), inputs)...),
-                                   core_.output_dtype());
+              return cast_floating(model_->forward(cast_floating(std::forward<Args>(args), casting.inputs)...),
+                                   casting.output);
             }
           });
         },

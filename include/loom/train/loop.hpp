@@ -59,6 +59,23 @@ struct train_options {
   std::int64_t tokens_per_micro_batch = 0;  // this rank's, for tokens/s (0: left out)
   std::string name{};                       // starts the progress lines ("pretrain step 80/800 ...")
   bool set_to_none = true;                  // zero_grad drops the gradients (PyTorch's default) or zeroes them
+
+  // What a run file's "train" object sets, by the names it gives them (loom/config/run_file.hpp); the
+  // rest is the program's to say.
+  static constexpr auto fields() {
+    return std::tuple{option_field{"steps", &train_options::steps},
+                      option_field{"accumulate", &train_options::accumulate},
+                      option_field{"clip_norm", &train_options::clip_norm},
+                      option_field{"lr", &train_options::lr},
+                      option_field{"out", &train_options::out},
+                      option_field{"checkpoint_every", &train_options::checkpoint_every},
+                      option_field{"keep_checkpoints", &train_options::keep_checkpoints},
+                      option_field{"async_checkpoints", &train_options::async_checkpoints},
+                      option_field{"strict_checkpoints", &train_options::strict_checkpoints},
+                      option_field{"eval_every", &train_options::eval_every},
+                      option_field{"log_every", &train_options::log_every},
+                      option_field{"log_seconds", &train_options::log_seconds}};
+  }
 };
 
 // The first option loom::train refuses, if any ("steps", "is 0; give at least 1"; the schedule's as

@@ -7,10 +7,13 @@
 //                  .decay = decay_shape::cosine, .floor = 0.1};
 //   apply_learning_rate(optimizer, lr.at(step));
 
+#include <loom/dsl/options.hpp>
+
 #include <cstdint>
 #include <optional>
 #include <string>
 #include <string_view>
+#include <tuple>
 
 namespace torch::optim {
 class Optimizer;
@@ -39,6 +42,14 @@ struct lr_schedule {
   std::int64_t total_steps = 0;
   decay_shape decay = decay_shape::linear;
   double floor = 0.0;  // a fraction of the peak, in [0, 1]
+
+  // What a run file's "train.lr" sets (total_steps follows "train.steps").
+  static constexpr auto fields() {
+    return std::tuple{option_field{"peak", &lr_schedule::peak},
+                      option_field{"warmup_steps", &lr_schedule::warmup_steps},
+                      option_field{"decay_steps", &lr_schedule::decay_steps},
+                      option_field{"decay", &lr_schedule::decay}, option_field{"floor", &lr_schedule::floor}};
+  }
 
   // The rate of optimizer step `step` (counted from 1). Throws std::invalid_argument naming the
   // field that is out of range (check() says it before the first step).
