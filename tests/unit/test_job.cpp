@@ -2,6 +2,7 @@
 // merge, describe, and the errors a user meets first.
 #include <loom/loom.hpp>
 #include <loom/precision/linear.hpp>
+#include <loom/strategies/fsdp/param_group.hpp>
 #include <models/mlp.hpp>
 #include <models/tiny_gpt.hpp>
 
@@ -450,4 +451,28 @@ TEST_CASE("fsdp shards parameters loaded from an archive", "[fsdp]") {
   auto x = torch::randn({3, 8});
   CHECK(torch::equal(job.forward(x), saved.forward(x)));
   std::filesystem::remove(file);
+}
+
+TEST_CASE("an fsdp group moves between its states only as the table allows", "[job][fsdp]") {
+  using loom::sharding::after;
+  using loom::sharding::group_move;
+  using loom::sharding::group_state;
+  using loom::sharding::may_start;
+  // A gather from either state leaves the group whole; a reshard or coming to rest leaves it sharded.
+  for (const group_state from : {group_state::unsharded, group_state::sharded}) {
+    CHECK(may_start(group_move::gather, from));
+    CHECK(may_start(group_move::reshard, from));
+    CHECK(may_start(group_move::hold_masters, from));
+    CHECK_FALSE(may_start(group_move::release_masters, from));
+  }
+  STATIC_REQUIRE(after(group_move::gather) == group_state::unsharded);
+  STATIC_REQUIRE(after(group_move::reshard) == group_state::sharded);
+  STATIC_REQUIRE(after(group_move::come_to_rest) == group_state::sharded);
+  // Holding the masters (with_whole_module): nothing but their release, which leaves the group sharded.
+  STATIC_REQUIRE(after(group_move::hold_masters) == group_state::holding_masters);
+  for (const group_move move :
+       {group_move::gather, group_move::reshard, group_move::come_to_rest, group_move::hold_masters})
+    CHECK_FALSE(may_start(move, group_state::holding_masters));
+  CHECK(may_start(group_move::release_masters, group_state::holding_masters));
+  STATIC_REQUIRE(after(group_move::release_masters) == group_state::sharded);
 }

@@ -1,11 +1,14 @@
 #include <loom/strategies/fsdp/param_group.hpp>
 
 #include <loom/runtime/failpoints.hpp>
+#include <loom/runtime/text.hpp>
 
 #include <ATen/ATen.h>
 
 #include <algorithm>
 #include <map>
+#include <stdexcept>
+#include <string_view>
 #include <utility>
 
 namespace loom::sharding {
@@ -67,9 +70,43 @@ void param_group::start_gather(collectives& comm, const comm_streams& streams) {
   }
 }
 
+namespace {
+
+std::string_view name_of(group_state state) {
+  switch (state) {
+    case group_state::unsharded: return "unsharded";
+    case group_state::sharded: return "sharded";
+    case group_state::holding_masters: return "holding the master weights";
+  }
+  return "?";
+}
+
+std::string_view name_of(group_move move) {
+  switch (move) {
+    case group_move::gather: return "a gather";
+    case group_move::reshard: return "a reshard";
+    case group_move::come_to_rest: return "coming to rest";
+    case group_move::hold_masters: return "holding the master weights";
+    case group_move::release_masters: return "releasing the master weights";
+  }
+  return "?";
+}
+
+}  // namespace
+
+void param_group::make(group_move move) {
+  if (!may_start(move, state_)) {
+    throw_error<std::logic_error>("fsdp(): group '{}' cannot start {} while {} (a bug in loom: please report it)",
+                                  name_, name_of(move), name_of(state_));
+  }
+  state_ = after(move);
+}
+
 void param_group::finish_gather() {
   if (gathers_.empty()) return;  // none issued: whole already, or left at rest
-  if (!whole_) {
+  const bool was_sharded = state_ == group_state::sharded;
+  make(group_move::gather);
+  if (was_sharded) {
     for (const sharded_param& p : params_) p.alloc_storage();
   }
   for (in_flight& gather : gathers_) {
@@ -84,13 +121,14 @@ void param_group::finish_gather() {
     at::split_with_sizes_copy_out(destinations, gather.buffer, sizes, 1);
   }
   gathers_.clear();
-  whole_ = true;
 }
 
 void param_group::reshard() {
-  if (!whole_) return;
-  for (const sharded_param& p : params_) p.free_storage();
-  whole_ = false;
+  const bool was_unsharded = state_ == group_state::unsharded;
+  make(group_move::reshard);
+  if (was_unsharded) {
+    for (const sharded_param& p : params_) p.free_storage();
+  }
 }
 
 void param_group::start_reduce_scatter(collectives& comm, const comm_streams& streams) {
@@ -205,6 +243,7 @@ std::vector<at::Tensor> param_group::gather_masters(collectives& comm) const {
 
 void param_group::hold_masters(collectives& comm) {
   const std::vector<at::Tensor> masters = gather_masters(comm);
+  make(group_move::hold_masters);
   for (std::size_t i = 0; i < params_.size(); ++i) params_[i].hold_whole(masters[i]);
 }
 
@@ -215,13 +254,13 @@ void param_group::request_rows(int rank, std::vector<nn::row_request>& requests)
 }
 
 void param_group::come_to_rest() {
+  make(group_move::come_to_rest);
   for (const sharded_param& p : params_) p.release_full();
-  whole_ = false;
 }
 
 void param_group::release_masters(int rank) {
+  make(group_move::release_masters);
   for (const sharded_param& p : params_) p.release_whole(rank);
-  whole_ = false;
 }
 
 }  // namespace loom::sharding

@@ -19,6 +19,42 @@
 
 namespace loom::sharding {
 
+// Where a group's full parameters are (FSDP2's ShardedState, with the one with_whole_module adds):
+enum class group_state {
+  unsharded,        // whole, with bytes: as built, and after a gather
+  sharded,          // at rest between the group's passes: each rank holds its rows only
+  holding_masters,  // inside with_whole_module: the module's parameters are the gathered masters
+};
+
+// What moves a group, and the states it may start from; a move from another is loom's bug, and fails
+// naming the group, the move and the state. A gather is issued in either unsharded or sharded state,
+// so that every rank issues the same collectives; on an unsharded group (a forward without backward,
+// an evaluation) it writes the rows into the bytes it holds. Resharding a sharded group does nothing.
+enum class group_move { gather, reshard, come_to_rest, hold_masters, release_masters };
+
+[[nodiscard]] constexpr bool may_start(group_move move, group_state from) noexcept {
+  switch (move) {
+    case group_move::gather:
+    case group_move::reshard:
+    case group_move::come_to_rest:
+    case group_move::hold_masters: return from != group_state::holding_masters;
+    case group_move::release_masters: return from == group_state::holding_masters;
+  }
+  return false;
+}
+
+// Where a move leaves the group.
+[[nodiscard]] constexpr group_state after(group_move move) noexcept {
+  switch (move) {
+    case group_move::gather: return group_state::unsharded;
+    case group_move::hold_masters: return group_state::holding_masters;
+    case group_move::reshard:
+    case group_move::come_to_rest:
+    case group_move::release_masters: return group_state::sharded;
+  }
+  return group_state::sharded;
+}
+
 class param_group {
  public:
   // `reduce`: what gradients are reduce-scattered in; none: each parameter's own dtype.
@@ -36,19 +72,12 @@ class param_group {
   [[nodiscard]] std::vector<schedule_entry> reduce_scatter_entries(const std::string& group) const;
   [[nodiscard]] std::vector<schedule_entry> replicate_entries(const std::string& group) const;
 
-  // The group's full parameters move between two states:
-  //   whole    (as built, and after a gather)  -- reshard() frees their bytes -->  at rest
-  //   at rest  (between its passes)            -- finish_gather() gives them bytes and writes them --> whole
-  // A gather is issued in either state, so that every rank issues the same collectives; on a whole
-  // group (a forward with no backward, an evaluation) it writes the rows into the bytes it holds.
-  // Resharding a group at rest does nothing.
-
   // Issues the all-gathers without waiting, so that they overlap other work: packed on the
   // copy-in stream, gathered on the gather stream.
   void start_gather(collectives& comm, const comm_streams& streams);
   // Waits for the issued all-gathers, if any, and writes every rank's rows into the full parameters.
   void finish_gather();
-  [[nodiscard]] bool whole() const noexcept { return whole_; }
+  [[nodiscard]] group_state state() const noexcept { return state_; }
   // Frees the full parameters' bytes.
   void reshard();
 
@@ -91,6 +120,8 @@ class param_group {
   void come_to_rest();
 
  private:
+  // Checks that `move` may start from the group's state (may_start), then records where it leaves it.
+  void make(group_move move);
   // What a collective carries of params_[i]: a gather, the dtype it computes in; a reduction, the
   // reduce dtype.
   [[nodiscard]] at::ScalarType carried_dtype(std::size_t i, bool reduction) const;
@@ -112,7 +143,7 @@ class param_group {
   std::string name_;
   std::optional<at::ScalarType> reduce_;
   std::vector<sharded_param> params_;
-  bool whole_ = true;  // until the first reshard
+  group_state state_ = group_state::unsharded;  // as built
   std::vector<in_flight> gathers_;
   std::vector<in_flight> reductions_;
   std::vector<std::size_t> reduced_;  // the parameters whose reduce-scatter this backward issued
