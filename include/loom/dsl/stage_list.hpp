@@ -77,8 +77,6 @@ class stage_list {
     return std::nullopt;
   }
 
-  [[nodiscard]] const std::vector<plan_stage>& in_order() const noexcept { return stages_; }
-
   // One stage a line, each ending in '\n'; with `state_only`, as a checkpoint records them.
   [[nodiscard]] std::string describe(bool state_only = false) const {
     std::string text;

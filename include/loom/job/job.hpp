@@ -37,15 +37,15 @@ concept module_holder = requires {
     std::derived_from<typename M::ContainedType, torch::nn::Module>;
 
 // Whether a class has a member named forward in any form (overloaded, a template, inherited): a class
-// derived from it and from one more forward finds the name ambiguous exactly when it has one.
+// derived from it and from one more forward finds the name ambiguous exactly when it has one. A final
+// class cannot be derived from: it is taken at its word, and job.forward's call checks it.
 struct one_more_forward {
   void forward();
 };
 template <class T>
 struct with_one_more_forward : T, one_more_forward {};
 template <class T>
-concept names_forward = std::is_class_v<T> &&
-    (std::is_final_v<T> ? requires { &T::forward; } : !requires { &with_one_more_forward<T>::forward; });
+concept names_forward = std::is_class_v<T> &&(std::is_final_v<T> || !requires { &with_one_more_forward<T>::forward; });
 
 // The class whose forward job.forward calls: a holder's module, else M itself.
 template <class M>
