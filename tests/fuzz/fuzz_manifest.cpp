@@ -1,5 +1,5 @@
 // libFuzzer target: the checkpoint manifest reader (read_checkpoint_manifest, in
-// src/checkpoint/checkpoint.cpp). The input is step-00000004/manifest.json; the folder holds two
+// src/checkpoint/manifest.cpp). The input is step-00000004/manifest.json; the folder holds two
 // rank files of 64 bytes each, written once, which the corpus's manifests list. Each input must be
 // read or rejected with a checkpoint_error, nothing else.
 #include <loom/checkpoint/checkpoint.hpp>

@@ -17,6 +17,7 @@
 // loom/io/checksum.hpp) and the manifest against its own: a damaged or replaced newest checkpoint
 // is set aside and the run falls back to the one before it, every rank agreeing which.
 
+#include <loom/checkpoint/manifest.hpp>
 #include <loom/checkpoint/staging.hpp>
 #include <loom/io/checksum.hpp>
 #include <loom/runtime/runtime.hpp>
@@ -27,7 +28,6 @@
 #include <cstdint>
 #include <filesystem>
 #include <functional>
-#include <map>
 #include <memory>
 #include <optional>
 #include <stdexcept>
@@ -62,35 +62,6 @@ struct checkpoint_options {
   // done (DCP's async_save). At most one save is in flight: the next save() waits for it.
   bool async_save = false;
 };
-
-// What a checkpoint's manifest.json records (docs/checkpoints.md).
-struct checkpoint_manifest {
-  std::int64_t step = 0;
-  int world_size = 0;
-  // Sharded: how many ranks' files hold one whole copy (ranks 0 to shard_group_size - 1); fewer than
-  // world_size under hybrid sharding. A manifest without it was sharded across every rank.
-  int shard_group_size = 0;
-  bool sharded = false;
-  bool all_parameters = false;  // "all", or "trainable"
-  std::string plan;
-  std::string describe;
-  std::string schedule_fingerprint;  // 16 hexadecimal digits
-  // The collectives of a step, one line each (schedule_entry::to_string), so that a refused resume
-  // can say which differs; empty in a manifest written before it was recorded.
-  std::string schedule;
-  std::string libtorch;
-  std::string loom;
-  std::string user_state;  // the JSON given to save()
-  // Each rank's file (rank-00000.safetensors, ...) with its size and checksum; `checksummed` is
-  // false for a manifest written before checksums, which records sizes only.
-  std::map<std::string, file_digest> files;
-  bool checksummed = true;
-};
-
-// Reads the manifest of the checkpoint at `path` (a step-N folder) and checks what it can without
-// the job: its own checksum, its fields, and that every rank's file it lists is there, of the size
-// it lists. A manifest that fails is a checkpoint_error naming the checkpoint and its first problem.
-[[nodiscard]] checkpoint_manifest read_checkpoint_manifest(const std::filesystem::path& path);
 
 // Where a resumed run continues.
 struct resume_point {

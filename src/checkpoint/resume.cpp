@@ -1,0 +1,274 @@
+// Resuming (docs/checkpoints.md): the newest complete checkpoint read, each file checked against the
+// manifest's checksums, and loaded into the job and the optimizer; a damaged one set aside for the
+// one before it, every rank agreeing which.
+#include <loom/checkpoint/checkpoint.hpp>
+
+#include "layout.hpp"
+#include "manifest_detail.hpp"
+#include "optimizer_bytes.hpp"
+
+#include <loom/io/files.hpp>
+#include <loom/io/safetensors.hpp>
+#include <loom/runtime/agreement.hpp>
+#include <loom/runtime/failures.hpp>
+#include <loom/runtime/text.hpp>
+#include <loom/schedule/schedule.hpp>
+
+#include <ATen/core/Generator.h>
+#include <fmt/format.h>
+#include <torch/optim/optimizer.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <map>
+#include <mutex>
+#include <set>
+#include <span>
+#include <sstream>
+
+namespace loom {
+namespace {
+
+namespace fs = std::filesystem;
+using checkpoint_detail::checkpoint_damage;
+using checkpoint_detail::damaged;
+using checkpoint_detail::generators;
+using checkpoint_detail::hex;
+using checkpoint_detail::load_optimizer;
+using checkpoint_detail::model_prefix;
+using checkpoint_detail::optimizer_key;
+using checkpoint_detail::rank_file;
+using checkpoint_detail::rng_prefix;
+
+// The first line where two describe() texts differ, for the message.
+std::string first_difference(const std::string& saved, const std::string& now) {
+  std::istringstream a(saved), b(now);
+  std::string left, right;
+  while (true) {
+    const bool more_a = static_cast<bool>(std::getline(a, left));
+    const bool more_b = static_cast<bool>(std::getline(b, right));
+    if (!more_a && !more_b) return "(none)";
+    if (!more_a) left = "(nothing)";
+    if (!more_b) right = "(nothing)";
+    if (left != right) return fmt::format("saved '{}', now '{}'", left, right);
+  }
+}
+
+// A checkpoint that this job cannot continue from, though nothing in it is damaged: the run in its
+// folder is another one, which loom does not overwrite.
+[[noreturn]] void unusable(const fs::path& checkpoint, const std::string& problem) {
+  throw_error<checkpoint_error>(
+      "the checkpoint '{}' cannot be resumed: {}. To start this run afresh, give it a folder of its own (loom::train's "
+      "out; --train.out=DIR with a run file) or remove '{}'",
+      checkpoint.string(), problem, checkpoint.parent_path().string());
+}
+
+}  // namespace
+
+// What one rank read of a checkpoint, checked, before anything is loaded into the job.
+struct checkpointer::read_files {
+  fs::path path;
+  checkpoint_manifest manifest;
+  bool resharding = false;
+  std::string described;               // "its file 'rank-00001.safetensors'", for a message
+  std::vector<tensor_state> models;    // one a file read: this rank's, or one whole copy's
+  std::vector<at::Tensor> optimizers;  // the optimizer's archive of each
+  std::vector<named_tensor> generators;
+};
+
+std::optional<resume_point> checkpointer::resume(const checkpoint_target& target, torch::optim::Optimizer& optimizer) {
+  wait();
+  const std::vector<fs::path> candidates = complete_checkpoints();
+  std::optional<resume_point> resumed;
+  for (std::size_t i = 0; i < candidates.size() && !resumed; ++i) {
+    const fs::path& candidate = candidates[i];
+    std::optional<read_files> files;
+    std::optional<std::string> damage;
+    run_on_every_rank(rt_, "reading the checkpoint", [&] {
+      try {
+        files = read(candidate, target);
+      } catch (const checkpoint_damage& error) {
+        damage = error.problem();
+      }
+    });
+    const std::optional<rank_problem> found =
+        first_problem(rt_, fmt::format("checkpoint/{}", candidate.filename().string()), damage);
+    if (!found) {
+      run_on_every_rank(rt_, "loading the checkpoint", [&] { resumed = load(*files, target, optimizer); });
+      break;
+    }
+    const std::string problem =
+        fmt::format("the checkpoint '{}' is damaged: {}{}", candidate.string(), found->text,
+                    rt_.is_distributed() ? fmt::format(" (found by rank {})", found->rank) : std::string());
+    if (options_.strict || i + 1 == candidates.size()) {
+      rt_.failures().mark_failed();
+      throw_error<checkpoint_error>(
+          "{}; {}, so the run stops before any step: restore the file, or move the checkpoint away to start over "
+          "from the one before it or from the beginning",
+          problem,
+          options_.strict ? "checkpoint_options.strict refuses to fall back"
+                          : "no earlier complete checkpoint is left to fall back to");
+    }
+    // Kept for a look at what went wrong, under a name no resume takes.
+    const fs::path set_aside = fs::path(candidate.string() + ".damaged");
+    run_on_rank_zero(rt_, "setting the damaged checkpoint aside", [&] {
+      fs::remove_all(set_aside);
+      fs::rename(candidate, set_aside);
+      sync_directory(options_.folder);
+      fmt::print(stderr, "{}; it is set aside as '{}', and the run falls back to '{}'\n", error_message("{}", problem),
+                 set_aside.filename().string(), candidates[i + 1].string());
+      std::fflush(stderr);
+    });
+  }
+  // Every rank must continue from the same checkpoint (they read one folder, unless it changed
+  // under them, or each rank sees a folder of its own).
+  const std::string loaded = resumed ? fmt::format("step {} from {}", resumed->step, resumed->path.string())
+                                     : std::string("nothing (no checkpoint)");
+  const std::uint64_t hash = fnv1a(loaded);
+  require_agreement(
+      rt_, "checkpoint", std::span<const std::uint64_t>(&hash, 1), [&](std::size_t) { return loaded; },
+      [&](const disagreement& d) {
+        return error_message(
+            "the ranks resumed from different checkpoints in '{}': rank 0 loaded {}, rank {} "
+            "loaded {}; every rank must see the same folder",
+            options_.folder.string(), d.rank0_item, d.rank, d.other_item);
+      });
+  return resumed;
+}
+
+checkpointer::read_files checkpointer::read(const fs::path& path, const checkpoint_target& target) const {
+  read_files files;
+  files.path = path;
+  files.manifest = read_checkpoint_manifest(path);
+  const checkpoint_manifest& manifest = files.manifest;
+  if (manifest.plan != target.plan) {
+    unusable(path, fmt::format("it was saved by another plan: {}", first_difference(manifest.plan, target.plan)));
+  }
+  const int saved_world = manifest.world_size;
+  const int saved_group = manifest.shard_group_size;
+  files.resharding = target.sharded && (saved_world != rt_.world_size() || saved_group != target.shard_group_size);
+  const std::string fingerprint = hex(target.schedule_fingerprint);
+  // A sharded schedule lists shard sizes and groups, which change with the layout.
+  if (!files.resharding && manifest.schedule_fingerprint != fingerprint) {
+    // A manifest written before the schedule was recorded has its fingerprint only.
+    const std::string differs =
+        manifest.schedule.empty() || manifest.schedule == target.schedule
+            ? fmt::format("its step's collectives are not this job's (its schedule's fingerprint is {}, this job's {})",
+                          manifest.schedule_fingerprint, fingerprint)
+            : fmt::format("its step's collectives are not this job's: {}",
+                          schedule_difference(manifest.schedule, target.schedule));
+    unusable(path, differs +
+                       "; the model's parameters (their names, shapes or dtypes, or which of them train) or "
+                       "how the strategy groups them differ from the saved run's");
+  }
+
+  // The files this rank reads: its own, or under a replicating strategy rank 0's, or when resharding
+  // those of one whole copy: the old ranks of the first shard group (every old rank without hybrid
+  // sharding; the other groups hold the same rows).
+  std::vector<int> sources;
+  if (files.resharding) {
+    for (int rank = 0; rank < saved_group; ++rank) sources.push_back(rank);
+  } else {
+    sources.push_back(target.sharded ? rt_.rank() : 0);
+  }
+  // Each file read once, checked against its checksum as it is read; the generators come from this
+  // rank's own (below), which may be one of them.
+  const auto checked = [&](int rank) {
+    const std::string file = rank_file(rank).string();
+    safetensors_content content;
+    try {
+      content = load_safetensors(path / file);
+    } catch (const safetensors_error& error) {
+      damaged(path, fmt::format("its file '{}' is not what its save wrote: {}", file, error_text(error)));
+    } catch (const file_error& error) {
+      damaged(path, fmt::format("its file '{}' cannot be read: {}", file, error_text(error)));
+    }
+    const file_digest& recorded = manifest.files.at(file);
+    if (manifest.checksummed && content.digest != recorded) {
+      damaged(path, fmt::format("its file '{}' does not match the checksum its manifest records (written {}, read {}): "
+                                "it was damaged or replaced after the save",
+                                file, hex(recorded.xxh3), hex(content.digest.xxh3)));
+    }
+    return std::move(content.tensors);
+  };
+  const int own_source = rt_.rank() % saved_world;
+  const auto take_generators = [&](std::vector<named_tensor>& tensors) {
+    for (named_tensor& t : tensors) {
+      if (t.name.starts_with(rng_prefix)) files.generators.push_back(std::move(t));
+    }
+  };
+  for (int rank : sources) {
+    std::vector<named_tensor> tensors = checked(rank);
+    tensor_state& model = files.models.emplace_back();
+    for (named_tensor& t : tensors) {
+      if (t.name.starts_with(model_prefix)) model.push_back({t.name.substr(model_prefix.size()), std::move(t.tensor)});
+      if (t.name == optimizer_key) files.optimizers.push_back(std::move(t.tensor));
+    }
+    if (files.optimizers.size() != files.models.size()) {
+      unusable(path, fmt::format("its file '{}' holds no optimizer state", rank_file(rank).string()));
+    }
+    if (rank == own_source) take_generators(tensors);
+  }
+  if (std::find(sources.begin(), sources.end(), own_source) == sources.end()) {
+    std::vector<named_tensor> tensors = checked(own_source);
+    take_generators(tensors);
+  }
+  files.described = files.resharding ? fmt::format("the files of its {} ranks", saved_group)
+                                     : fmt::format("its file '{}'", rank_file(sources.front()).string());
+  return files;
+}
+
+resume_point checkpointer::load(const read_files& files, const checkpoint_target& target,
+                                torch::optim::Optimizer& optimizer) const {
+  const auto bad = [&](const std::string& problem) { unusable(files.path, problem); };
+  const bool resharding = files.resharding;
+  try {
+    target.load(with_current(target, resharding ? resharded_model(target, files.models) : files.models.front()));
+  } catch (const std::exception& error) {
+    bad(fmt::format("{} do{} not fit this model: {}", files.described, resharding ? "" : "es", error_text(error)));
+  }
+  try {
+    if (resharding) {
+      load_resharded_optimizer(target, optimizer, files.optimizers);
+    } else {
+      load_optimizer(optimizer, files.optimizers.front());
+    }
+  } catch (const std::exception& error) {
+    bad(fmt::format("{} hold{} an optimizer state that does not fit this optimizer: {}", files.described,
+                    resharding ? "" : "s", error_text(error)));
+  }
+
+  // The generators: this rank's own; over another number of ranks, those of the old rank of its
+  // number modulo theirs (dropout then draws other numbers than a run that was never resharded).
+  for (auto& [device, generator] : generators(rt_)) {
+    const std::string key = std::string(rng_prefix) + device;  // clang before 16 captures no structured binding
+    const auto saved = std::find_if(files.generators.begin(), files.generators.end(),
+                                    [&](const named_tensor& t) { return t.name == key; });
+    if (saved == files.generators.end()) bad(fmt::format("it holds no state of the {} generator", device));
+    const std::lock_guard<std::mutex> lock(generator.mutex());
+    generator.set_state(saved->tensor);
+  }
+  return {files.manifest.step, files.manifest.user_state, files.path};
+}
+
+tensor_state checkpointer::with_current(const checkpoint_target& target, const tensor_state& saved) {
+  std::map<std::string, const at::Tensor*> by_name;
+  for (const named_tensor& t : saved) by_name.emplace(t.name, &t.tensor);
+  tensor_state state = target.state();
+  const std::set<std::string> frozen(target.frozen_names.begin(), target.frozen_names.end());
+  for (named_tensor& t : state) {
+    const auto found = by_name.find(t.name);
+    if (found != by_name.end()) {
+      t.tensor = *found->second;
+      by_name.erase(found);
+    } else if (!frozen.contains(t.name)) {
+      throw_error<checkpoint_error>("'{}' trains or is a buffer here, but the checkpoint does not hold it", t.name);
+    }
+  }
+  if (!by_name.empty()) {
+    throw_error<checkpoint_error>("the checkpoint holds '{}', which this model lacks", by_name.begin()->first);
+  }
+  return state;
+}
+
+}  // namespace loom
