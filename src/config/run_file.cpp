@@ -1,5 +1,7 @@
 #include <loom/config/run_file.hpp>
 
+#include "fastvideo_layout.hpp"
+
 #include <loom/dsl/run_plan.hpp>
 #include <loom/runtime/text.hpp>
 
@@ -198,14 +200,14 @@ std::optional<std::int64_t> non_ascii_outside_comment_lines(std::string_view tex
   return std::nullopt;
 }
 
-class reader {
+class reader final : public config_detail::fastvideo_reader {
  public:
   explicit reader(std::filesystem::path path) : path_(std::move(path)) {}
 
   // Names the file, the key's line where the file gave the key (TOML), the key and the problem.
   // Names the key as the user wrote it: an override's as given (the command line's, not the file's),
   // a key of FastVideo's layout in FastVideo's spelling, with the line it is on.
-  [[noreturn]] void fail(const std::string& key, const std::string& problem) const {
+  [[noreturn]] void fail(const std::string& key, const std::string& problem) const override {
     throw_error<run_file_error>("{}: {}", located(key), problem);
   }
 
@@ -255,7 +257,7 @@ class reader {
       const std::string text{std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
       try {
         json root = from_yaml(YAML::Load(text), "", lines_);
-        translate_fastvideo(root);
+        config_detail::translate_fastvideo(root, *this);
         return root;
       } catch (const YAML::Exception& error) {
         fail("", fmt::format("line {}: it is not YAML ({})", error.mark.line + 1, error.msg));
@@ -273,91 +275,12 @@ class reader {
   [[nodiscard]] std::vector<std::string> take_notes() { return std::move(notes_); }
 
  private:
-  // FastVideo's layout, as loom's: `training` is `train` (the loop's options) with
-  // `distributed.strategy` becoming the plan's strategy stage, last, and a LoRA block of
-  // `models.<role>` ({enable, rank, alpha, target_modules}, as FastVideo's LoraConfig reads it)
-  // becoming a lora stage, before the plan's trainable or strategy stage if it has one. The keys keep
-  // the lines they were written on.
-  void translate_fastvideo(json& root) {
-    if (!root.is_object()) return;  // check_top_level says what a run file is
-    std::optional<json> lora;
-    std::optional<json> strategy;
-    if (root.contains("models")) {
-      lora = fastvideo_lora(root["models"]);
-      root.erase("models");
-    }
-    if (root.contains("training")) {
-      if (root.contains("train")) fail("training", "the file has train too: give the loop's options in one of them");
-      json training = root["training"];
-      root.erase("training");
-      if (training.is_object() && training.contains("distributed")) {
-        const json& distributed = training["distributed"];
-        if (!distributed.is_object()) fail("training.distributed", "give {strategy: fsdp}");
-        require_keys("training.distributed", {"strategy"}, distributed, "training.distributed");
-        if (distributed.contains("strategy")) {
-          move_lines("training.distributed.strategy", "strategy");
-          strategy = json{{"strategy", distributed["strategy"]}};
-        }
-        training.erase("distributed");
-      }
-      move_lines("training", "train");
-      if (!training.is_object() || !training.empty()) root["train"] = std::move(training);
-    }
-    json& plan = root["plan"];
-    if (plan.is_null()) plan = json::array();
-    check_plan(plan);
-    if (lora) {  // before the stages the order rules put after lora, as a user writing the plan would
-      const auto after_lora = std::find_if(plan.begin(), plan.end(), [](const json& entry) {
-        return entry.is_object() && (entry.contains("trainable") || entry.contains("strategy"));
-      });
-      plan.insert(after_lora, std::move(*lora));
-    }
-    if (strategy) plan.push_back(std::move(*strategy));
-    if (plan.empty()) root.erase("plan");
-  }
-
-  // The lora stage of `models`' one LoRA block that is enabled, if any.
-  std::optional<json> fastvideo_lora(const json& models) {
-    if (!models.is_object()) fail("models", "give each model's role as a key, e.g. models: {transformer: {lora: ...}}");
-    std::optional<json> stage;
-    std::string enabled_role;
-    for (const auto& [role, model] : models.items()) {
-      const std::string where = "models." + role;
-      if (!model.is_object())
-        fail(where, "give the role's settings as an object, e.g. {lora: {enable: true, rank: 8}}");
-      require_keys(where, {"lora"}, model, where);
-      if (!model.contains("lora")) continue;
-      const json& block = model["lora"];
-      const std::string at = where + ".lora";
-      if (!block.is_object()) fail(at, "give {enable: true, rank: 8, alpha: 16, target_modules: [q_proj, v_proj]}");
-      require_keys(at, {"enable", "rank", "alpha", "target_modules"}, block, at);
-      const bool enable = block.contains("enable") && boolean(at + ".enable", block["enable"]);
-      if (!enable) {
-        notes_.push_back(
-            fmt::format("run file '{}': {}.enable is {}: no LoRA is applied{}", path_.string(), at,
-                        block.contains("enable") ? "false" : "not set",
-                        block.contains("rank") ? fmt::format(" (its rank {} is not used)", block["rank"].dump()) : ""));
-        continue;
-      }
-      if (!enabled_role.empty()) {
-        fail(at, fmt::format("LoRA is enabled for models.{} too; loom trains one model: enable it for one role",
-                             enabled_role));
-      }
-      enabled_role = role;
-      if (!block.contains("rank")) fail(at, "rank is missing; enable: true needs the adapters' rank, e.g. 8");
-      json lora = json::object();
-      lora["rank"] = block["rank"];
-      if (block.contains("alpha")) lora["alpha"] = block["alpha"];  // else the rank's, as loom's default is
-      if (block.contains("target_modules")) lora["targets"] = block["target_modules"];
-      move_lines(at, "lora");
-      move_lines("lora.target_modules", "lora.targets");
-      stage = json{{"lora", std::move(lora)}};
-    }
-    return stage;
+  void note(const std::string& text) override {
+    notes_.push_back(fmt::format("run file '{}': {}", path_.string(), text));
   }
 
   // The lines noted for `from` and its keys, now under `to`, and `from` the spelling messages use.
-  void move_lines(const std::string& from, const std::string& to) {
+  void move_lines(const std::string& from, const std::string& to) override {
     spellings_.emplace_back(to, from);
     source_lines moved;
     for (auto it = lines_.begin(); it != lines_.end();) {
@@ -471,7 +394,7 @@ class reader {
 
   // The keys of `value` are all `stage`'s, named as `prefix`.key in the message.
   void require_keys(std::string_view stage, const std::vector<std::string>& keys, const json& value,
-                    const std::string& prefix) const {
+                    const std::string& prefix) const override {
     for (const auto& [key, ignored] : value.items()) {
       if (std::find(keys.begin(), keys.end(), key) == keys.end()) {
         fail(prefix + "." + key, fmt::format("unknown key; {} takes {}", stage, fmt::join(keys, ", ")));
@@ -496,7 +419,7 @@ class reader {
     return *named;
   }
 
-  bool boolean(const std::string& key, const json& value) const {
+  bool boolean(const std::string& key, const json& value) const override {
     if (!value.is_boolean()) fail(key, "give true or false");
     return value.get<bool>();
   }
@@ -642,7 +565,7 @@ class reader {
     (*at)[rest] = std::move(value);
   }
 
-  void check_plan(const json& list) const {
+  void check_plan(const json& list) const override {
     if (!list.is_array()) fail("plan", "give a list of stages, each {\"name\": value}");
   }
 

@@ -1,6 +1,7 @@
 #include <loom/job/job.hpp>
 
 #include <loom/io/peft.hpp>
+#include <loom/lora/peft_adapter.hpp>
 #include <loom/runtime/failures.hpp>
 #include <loom/runtime/text.hpp>
 
@@ -10,8 +11,6 @@
 
 #include <algorithm>
 #include <cstdio>
-#include <map>
-#include <set>
 #include <stdexcept>
 
 namespace loom {
@@ -149,71 +148,19 @@ void job_core::save_adapter(const std::filesystem::path& folder) {
         "job.save_adapter(): the adapters are merged into the base weights, so a model that loads this "
         "adapter would apply it twice; call job.unmerge() first, or save the merged model with job.save_weights()");
   }
-  std::vector<std::string> not_adapters;
-  peft_lora_adapter adapter{
-      lora.rank(), lora.alpha(), lora.dropout(), lora.adapted(), peft_task_type_, base_model_.string(), {}};
-  for (const auto& item : context_->module().named_parameters()) {
-    if (lora_adapter::is_adapter_parameter(item.key())) {
-      adapter.tensors.push_back({item.key(), item.value()});
-    } else if (item.value().requires_grad()) {
-      not_adapters.push_back(item.key());
-    }
-  }
-  if (!not_adapters.empty()) {
-    throw_error<std::logic_error>(
-        "job.save_adapter(): trainable(...) also trains {} ({}), which a PEFT LoRA adapter cannot carry: a "
-        "model loading it would keep its own values for them. Save the whole model with job.save_weights() as well",
-        counted(static_cast<std::int64_t>(not_adapters.size()), "parameter"), fmt::join(not_adapters, ", "));
-  }
-  std::sort(adapter.target_modules.begin(), adapter.target_modules.end());
+  const peft_lora_adapter adapter = to_peft_adapter(lora, context_->module(), peft_task_type_, base_model_.string());
   run_on_rank_zero(context_->rt(), "saving the adapter", [&] { save_peft_adapter(folder, adapter); });
 }
 
 void job_core::load_adapter(const std::filesystem::path& folder) {
-  lora_layers& lora = require_lora("load_adapter");
+  const lora_layers& lora = require_lora("load_adapter");
   if (lora.merged()) {
     throw_error<std::logic_error>(
         "job.load_adapter(): the adapters are merged into the base weights; call "
         "job.unmerge() first");
   }
   const peft_lora_adapter adapter = load_peft_adapter(folder);
-  const auto refuse = [&](const std::string& reason) {
-    throw_error<std::invalid_argument>("job.load_adapter('{}'): {}", folder.string(), reason);
-  };
-  if (adapter.r != lora.rank()) {
-    refuse(fmt::format("the adapter has rank r = {}, the plan lora({}, ...)", adapter.r, lora.rank()));
-  }
-  if (adapter.lora_alpha != lora.alpha()) {
-    refuse(
-        fmt::format("the adapter has lora_alpha = {}, the plan alpha = {}: its update would be scaled otherwise; "
-                    "give lora(...) {{.alpha = {}}}",
-                    adapter.lora_alpha, lora.alpha(), adapter.lora_alpha));
-  }
-  std::map<std::string, at::Tensor> mine;
-  for (const auto& item : context_->module().named_parameters()) {
-    if (lora_adapter::is_adapter_parameter(item.key())) mine.emplace(item.key(), item.value());
-  }
-  std::set<std::string> missing;
-  for (const auto& [name, tensor] : mine) missing.insert(name);
-  std::vector<std::string> unexpected;
-  for (const named_tensor& t : adapter.tensors) {
-    const auto found = mine.find(t.name);
-    if (found == mine.end()) {
-      unexpected.push_back(t.name);
-      continue;
-    }
-    missing.erase(t.name);
-    if (found->second.sizes() != t.tensor.sizes()) {
-      refuse(fmt::format("'{}' is [{}] in the adapter but [{}] in the model", t.name, fmt::join(t.tensor.sizes(), ", "),
-                         fmt::join(found->second.sizes(), ", ")));
-    }
-  }
-  if (!missing.empty() || !unexpected.empty()) {
-    refuse(fmt::format("its layers differ from those the plan adapts: missing [{}], unexpected [{}]",
-                       fmt::join(missing, ", "), fmt::join(unexpected, ", ")));
-  }
-  torch::NoGradGuard no_grad;
-  for (const named_tensor& t : adapter.tensors) mine.at(t.name).copy_(t.tensor);
+  copy_peft_adapter_into(lora, context_->module(), adapter, folder);
 }
 
 void job_core::save_weights(const std::filesystem::path& folder, const tensor_state& whole,

@@ -1,5 +1,5 @@
 // libFuzzer target: the run-file reader (src/config/run_file.cpp), TOML, JSON and YAML (FastVideo's
-// layout included). The first byte
+// layout included, src/config/fastvideo_layout.cpp). The first byte
 // chooses the format, the rest is the file; each input must be read or rejected with a
 // run_file_error or the DSL's plan_error (a rule's sentence), nothing else.
 #include <loom/config/run_file.hpp>
