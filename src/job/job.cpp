@@ -1,9 +1,9 @@
 #include <loom/job/job.hpp>
 
+#include <loom/base/text.hpp>
 #include <loom/io/peft.hpp>
 #include <loom/lora/peft_adapter.hpp>
 #include <loom/runtime/failures.hpp>
-#include <loom/runtime/text.hpp>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -133,6 +133,14 @@ void job_core::run_part(pass_part part, function_ref<void()> body, function_ref<
   } catch (...) {
     if (explain) explain(std::current_exception());
     rethrow_as_job_failure(context_->rt(), std::current_exception(), forward ? "forward pass" : "backward pass");
+  }
+}
+
+void job_core::run_outside_pass(std::string_view during, function_ref<void()> body) {
+  try {
+    body();
+  } catch (...) {
+    rethrow_as_job_failure(context_->rt(), std::current_exception(), during);
   }
 }
 

@@ -1,11 +1,11 @@
 #include <loom/train/loop.hpp>
 
+#include <loom/base/text.hpp>
 #include <loom/io/files.hpp>
 #include <loom/io/optimizer_state.hpp>
 #include <loom/runtime/collectives.hpp>
 #include <loom/runtime/failures.hpp>
 #include <loom/runtime/host_reads.hpp>
-#include <loom/runtime/text.hpp>
 
 #include <ATen/ATen.h>
 #include <fmt/format.h>
@@ -230,6 +230,10 @@ void train_session::record_eval(std::int64_t step, const at::Tensor& loss) {
              options_.steps, *eval_loss_);
   std::fflush(stdout);
   write_metrics(json{{"step", step}, {"eval_loss", *eval_loss_}}.dump());
+}
+
+void train_session::fail_step(std::int64_t step) const {
+  rethrow_as_job_failure(rt_, std::current_exception(), fmt::format("step {}", step));
 }
 
 void train_session::measure_memory(const torch::optim::Optimizer& optimizer) {

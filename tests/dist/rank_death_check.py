@@ -1,8 +1,10 @@
 #!/usr/bin/env python3
 """A rank killed by SIGKILL in the forward, in the backward (its peers in the step's all-reduce or
-reduce-scatter) or at the optimizer's step, under ddp(), fsdp() and lora | fsdp(): loom-run names
+reduce-scatter), before the clipping (its peers in the norm's all-reduce, which loom::train issues
+outside any pass) or at the optimizer's step, under ddp(), fsdp() and lora | fsdp(): loom-run names
 the rank and its signal, every rank is down within --grace-s + 5 s of the launch (an upper bound on
-the time from the death), and no process of the job is left behind.
+the time from the death), no process of the job is left behind, and what a surviving rank says is
+loom's sentence, not the transport's raw words.
 
     rank_death_check.py LOOM_RUN DEVICE_PARITY RANKS
 """
@@ -14,7 +16,7 @@ import time
 from pathlib import Path
 
 GRACE_S = 3
-POINTS = {"step.forward": "3", "step.backward": "1", "step.optimizer": "2"}  # failpoint: the pass it fires at
+POINTS = {"step.forward": "3", "step.backward": "1", "step.clip": "2", "step.optimizer": "2"}  # failpoint: the pass it fires at
 
 
 def survivors(marker: str) -> list[str]:
@@ -41,6 +43,10 @@ def main() -> int:
                     failures.append(f"{case}: exit {done.returncode}, last line '{last}'")
                 if took > GRACE_S + 5:
                     failures.append(f"{case}: the job took {took:.1f} s to end, more than --grace-s + 5")
+                raw = [line for line in done.stderr.splitlines()
+                       if "device-parity: " in line and "device-parity: loom: " not in line]
+                if raw:
+                    failures.append(f"{case}: a rank's error is not loom's: '{raw[0][:200]}'")
                 if survivors(str(out)):
                     failures.append(f"{case}: processes left behind: {survivors(str(out))}")
                 print(f"{case}: down in {took:.1f} s; {last}")

@@ -198,6 +198,9 @@ class job_core {
   // that ends it is shown to `explain` first (which may throw a clearer one), then becomes the job's
   // error: a peer's published failure, the ranks that are gone, or this rank's own, published.
   void run_part(pass_part part, function_ref<void()> body, function_ref<void(std::exception_ptr)> explain = {});
+  // Runs `body`, whose collectives are outside a pass (clipping's norm, gathering the state); an
+  // exception that ends it becomes the job's error as in run_part, naming `during`.
+  void run_outside_pass(std::string_view during, function_ref<void()> body);
 
   [[nodiscard]] lora_layers& require_lora(std::string_view what);
 
@@ -323,7 +326,11 @@ class job {
   }
 
   // Every parameter and buffer, whole, under any strategy (a sharding one gathers them); and back.
-  [[nodiscard]] tensor_state state_dict() { return hooks::full_state(engine_, core_.context()); }
+  [[nodiscard]] tensor_state state_dict() {
+    tensor_state state;
+    core_.run_outside_pass("state_dict()", [&] { state = hooks::full_state(engine_, core_.context()); });
+    return state;
+  }
   // This rank's share of the parameters and buffers, not copied: everything under local() and
   // ddp(), this rank's flat shards (and the replicated adapters) under fsdp().
   [[nodiscard]] tensor_state local_state_dict() { return hooks::local_state(engine_, core_.context()); }
@@ -359,7 +366,10 @@ class job {
   // as torch.nn.utils.clip_grad_norm_ does: a 0-d tensor on the job's device, computed there, so the
   // host does not wait for it (read it with .item() when it is logged).
   at::Tensor clip_grad_norm(double max_norm, double norm_type = 2.0) {
-    return hooks::clip_grad_norm(engine_, core_.context(), max_norm, norm_type);
+    at::Tensor norm;
+    core_.run_outside_pass("gradient clipping",
+                           [&] { norm = hooks::clip_grad_norm(engine_, core_.context(), max_norm, norm_type); });
+    return norm;
   }
 
   // Gradient accumulation: backward inside the guard's lifetime communicates nothing; the next

@@ -149,6 +149,10 @@ class train_session {
   [[nodiscard]] bool eval_due(std::int64_t step) const noexcept;
   // Averages this rank's eval loss over the ranks and logs it with the step.
   void record_eval(std::int64_t step, const at::Tensor& loss);
+  // Called in a catch block of step `step`: the exception under way becomes the job's error, as in a
+  // pass (a peer's published failure, the ranks that are gone, or this rank's own, published), so
+  // that a collective of the loop's own (the loss's, the clipping's) that breaks says why.
+  [[noreturn]] void fail_step(std::int64_t step) const;
   // Sizes for the metrics: this rank's parameters (what the optimizer steps) and optimizer state;
   // measured before the first step and again after it, when the optimizer's state exists.
   void measure_memory(const torch::optim::Optimizer& optimizer);
@@ -195,52 +199,57 @@ train_result train(Job& job, torch::optim::Optimizer& optimizer, const train_fun
   result.last_step = result.first_step - 1;
   session.measure_memory(optimizer);
   for (std::int64_t step = result.first_step; step <= options.steps; ++step) {
-    const auto step_started = std::chrono::steady_clock::now();
-    session.begin_step(step, optimizer);
-    at::Tensor loss_sum;
-    for (int micro = 0; micro < options.accumulate; ++micro) {
-      const auto run_micro_batch = [&] {
-        const at::Tensor loss = functions.loss(step, micro);
-        loss_sum = loss_sum.defined() ? loss_sum + loss.detach() : loss.detach();
-        if (micro + 1 == options.accumulate) session.share_loss(loss_sum);
-        job.backward(loss / options.accumulate);
-      };
-      if (micro + 1 < options.accumulate) {
-        auto accumulate = job.no_sync();
-        run_micro_batch();
-      } else {
-        run_micro_batch();
+    try {
+      const auto step_started = std::chrono::steady_clock::now();
+      session.begin_step(step, optimizer);
+      at::Tensor loss_sum;
+      for (int micro = 0; micro < options.accumulate; ++micro) {
+        const auto run_micro_batch = [&] {
+          const at::Tensor loss = functions.loss(step, micro);
+          loss_sum = loss_sum.defined() ? loss_sum + loss.detach() : loss.detach();
+          if (micro + 1 == options.accumulate) session.share_loss(loss_sum);
+          job.backward(loss / options.accumulate);
+        };
+        if (micro + 1 < options.accumulate) {
+          auto accumulate = job.no_sync();
+          run_micro_batch();
+        } else {
+          run_micro_batch();
+        }
       }
-    }
-    at::Tensor norm;
-    if (options.clip_norm) norm = job.clip_grad_norm(*options.clip_norm);
-    session.end_step(step, norm, /*report=*/static_cast<bool>(functions.on_step));  // before the update
-    failpoint("step.optimizer");
-    optimizer.step();
-    job.zero_grad(options.set_to_none);
-    if (functions.on_step) {
-      // The step's time includes its device work: wait for the kernels it queued.
-      wait_for_device(job.rt().progress(), job.rt().device());
-      const std::chrono::duration<double, std::milli> took = std::chrono::steady_clock::now() - step_started;
-      functions.on_step(
-          {.step = step, .loss = session.step_loss(), .rank_loss = session.rank_loss(), .step_ms = took.count()});
-    }
-    if (step == result.first_step) session.measure_memory(optimizer);
-    result.last_step = step;
-    if (functions.eval_loss && session.eval_due(step)) {
-      const c10::NoGradGuard no_grad;
-      session.record_eval(step, functions.eval_loss());
-    }
-    if (session.checkpoints_enabled()) {
-      checkpointer& checkpoints = session.checkpoints();
-      checkpoints.poll();
-      if (session.checkpoint_due(step) || session.preempted()) {
-        checkpoints.save(job, optimizer, step, "{\"step\": " + std::to_string(step) + "}");
+      failpoint("step.clip");  // after the backward: the peers go on into the clipping's all-reduce
+      at::Tensor norm;
+      if (options.clip_norm) norm = job.clip_grad_norm(*options.clip_norm);
+      session.end_step(step, norm, /*report=*/static_cast<bool>(functions.on_step));  // before the update
+      failpoint("step.optimizer");
+      optimizer.step();
+      job.zero_grad(options.set_to_none);
+      if (functions.on_step) {
+        // The step's time includes its device work: wait for the kernels it queued.
+        wait_for_device(job.rt().progress(), job.rt().device());
+        const std::chrono::duration<double, std::milli> took = std::chrono::steady_clock::now() - step_started;
+        functions.on_step(
+            {.step = step, .loss = session.step_loss(), .rank_loss = session.rank_loss(), .step_ms = took.count()});
       }
-    }
-    if (session.preempted()) {
-      result.outcome = train_outcome::preempted;
-      break;
+      if (step == result.first_step) session.measure_memory(optimizer);
+      result.last_step = step;
+      if (functions.eval_loss && session.eval_due(step)) {
+        const c10::NoGradGuard no_grad;
+        session.record_eval(step, functions.eval_loss());
+      }
+      if (session.checkpoints_enabled()) {
+        checkpointer& checkpoints = session.checkpoints();
+        checkpoints.poll();
+        if (session.checkpoint_due(step) || session.preempted()) {
+          checkpoints.save(job, optimizer, step, "{\"step\": " + std::to_string(step) + "}");
+        }
+      }
+      if (session.preempted()) {
+        result.outcome = train_outcome::preempted;
+        break;
+      }
+    } catch (...) {
+      session.fail_step(step);
     }
   }
   // The end of the run, and a preemption, wait for the save in flight.
