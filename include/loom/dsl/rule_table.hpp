@@ -60,31 +60,37 @@
 #define LOOM_R8_NOT_COPYABLE \
   "loom R8: the strategy is not copy-constructible: make it copyable (a plan is a value and copies its stages)"
 
-// R14: an engine's optional hooks (loom/strategies/engine.hpp), X(hook, signature) for each, and
-// X(hook, why) for those a strategy that shards its parameters must have. The job calls a hook only
-// with its signature, so a member of a hook's name that it cannot call so is an error, never a
-// silent fallback to the default; and a sharding strategy without its state hooks would checkpoint
-// and clip as if every rank held the whole model.
-#define LOOM_ENGINE_HOOKS(X, ...)                                                                                      \
-  X(before_backward, "void before_backward(loom::strategy_context&, const at::Tensor& loss)", __VA_ARGS__)             \
-  X(optimizer_parameters, "std::vector<at::Tensor> optimizer_parameters(const loom::strategy_context&) const",         \
-    __VA_ARGS__)                                                                                                       \
-  X(clip_grad_norm, "at::Tensor clip_grad_norm(loom::strategy_context&, double max_norm, double norm_type)",           \
-    __VA_ARGS__)                                                                                                       \
-  X(explain_forward_failure, "void explain_forward_failure(loom::strategy_context&, std::exception_ptr)", __VA_ARGS__) \
-  X(with_full_parameters, "void with_full_parameters(loom::strategy_context&, const std::function<void()>& change)",   \
-    __VA_ARGS__)                                                                                                       \
-  X(full_state, "loom::tensor_state full_state(loom::strategy_context&)", __VA_ARGS__)                                 \
-  X(local_state, "loom::tensor_state local_state(loom::strategy_context&)", __VA_ARGS__)                               \
-  X(load_full_state, "void load_full_state(loom::strategy_context&, const loom::tensor_state&)", __VA_ARGS__)          \
-  X(load_local_state, "void load_local_state(loom::strategy_context&, const loom::tensor_state&)", __VA_ARGS__)        \
-  X(reshard_local,                                                                                                     \
-    "std::optional<at::Tensor> reshard_local(loom::strategy_context&, const std::string& name, "                       \
-    "const std::vector<at::Tensor>& old_shards)",                                                                      \
-    __VA_ARGS__)                                                                                                       \
-  X(shard_group_size, "int shard_group_size(const loom::strategy_context&) const", __VA_ARGS__)                        \
-  X(strategy_state, "loom::tensor_state strategy_state(loom::strategy_context&)", __VA_ARGS__)                         \
-  X(load_strategy_state, "void load_strategy_state(loom::strategy_context&, const loom::tensor_state&)", __VA_ARGS__)
+// R14: an engine's optional hooks, the one list of them: X(hook, result, (parameters), qualifier)
+// for each, which loom/strategies/engine.hpp turns into the check that an engine's member matches,
+// the call with the job's default when it has none, and which R14's sentences print as the
+// signature to declare; and X(hook, why) for those a strategy that shards its parameters must have.
+// The job calls a hook only with its signature, so a member of a hook's name that it cannot call so
+// is an error, never a silent fallback to the default; and a sharding strategy without its state
+// hooks would checkpoint and clip as if every rank held the whole model.
+// Left unformatted: a signature is printed as it is spelled here.
+// clang-format off
+#define LOOM_ENGINE_HOOKS(X, ...)                                                                               \
+  X(before_backward, void, (loom::strategy_context&, const at::Tensor& loss), , __VA_ARGS__)                     \
+  X(optimizer_parameters, std::vector<at::Tensor>, (const loom::strategy_context&), const, __VA_ARGS__)          \
+  X(clip_grad_norm, at::Tensor, (loom::strategy_context&, double max_norm, double norm_type), , __VA_ARGS__)     \
+  X(explain_forward_failure, void, (loom::strategy_context&, std::exception_ptr), , __VA_ARGS__)                 \
+  X(with_full_parameters, void, (loom::strategy_context&, const std::function<void()>& change), , __VA_ARGS__)   \
+  X(full_state, loom::tensor_state, (loom::strategy_context&), , __VA_ARGS__)                                    \
+  X(local_state, loom::tensor_state, (loom::strategy_context&), , __VA_ARGS__)                                   \
+  X(load_full_state, void, (loom::strategy_context&, const loom::tensor_state&), , __VA_ARGS__)                  \
+  X(load_local_state, void, (loom::strategy_context&, const loom::tensor_state&), , __VA_ARGS__)                 \
+  X(reshard_local, std::optional<at::Tensor>,                                                                   \
+    (loom::strategy_context&, const std::string& name, const std::vector<at::Tensor>& old_shards), , __VA_ARGS__) \
+  X(shard_group_size, int, (const loom::strategy_context&), const, __VA_ARGS__)                                  \
+  X(strategy_state, loom::tensor_state, (loom::strategy_context&), , __VA_ARGS__)                                \
+  X(load_strategy_state, void, (loom::strategy_context&, const loom::tensor_state&), , __VA_ARGS__)
+// clang-format on
+// "void before_backward(loom::strategy_context&, const at::Tensor& loss)": a hook's row as its
+// declaration reads.
+#define LOOM_HOOK_SIGNATURE(hook, result, parameters, qualifier) \
+#result " " #hook #parameters LOOM_DETAIL_HOOK_QUALIFIER_##qualifier
+#define LOOM_DETAIL_HOOK_QUALIFIER_ ""
+#define LOOM_DETAIL_HOOK_QUALIFIER_const " const"
 #define LOOM_SHARDING_HOOKS(X, ...)                                                           \
   X(optimizer_parameters, "the optimizer steps this rank's shards", __VA_ARGS__)              \
   X(clip_grad_norm, "the global norm adds up every rank's shards", __VA_ARGS__)               \
@@ -100,16 +106,17 @@
 #define LOOM_R14_SHARDING(hook, why)                                                          \
   "loom R14: the strategy shards its parameters (shards_parameters = true) but has no " #hook \
   ": add it as loom/strategies/engine.hpp declares it (" why ")"
-#define LOOM_DETAIL_R14_SIGNATURE_ROW(hook, signature, X) X(r14_##hook##_signature, LOOM_R14_SIGNATURE(hook, signature))
+#define LOOM_DETAIL_R14_SIGNATURE_ROW(hook, result, parameters, qualifier, X) \
+  X(r14_##hook##_signature, LOOM_R14_SIGNATURE(hook, LOOM_HOOK_SIGNATURE(hook, result, parameters, qualifier)))
 #define LOOM_DETAIL_R14_SHARDING_ROW(hook, why, X) X(r14_sharding_without_##hook, LOOM_R14_SHARDING(hook, why))
 // Stops compilation once for each hook that the engine type E gets wrong (R14), with its sentence;
 // expanded where E is known (loom::build), with loom/strategies/engine.hpp's concepts in scope.
 #define LOOM_CHECK_ENGINE_HOOKS(E)                       \
   LOOM_ENGINE_HOOKS(LOOM_DETAIL_CHECK_HOOK_SIGNATURE, E) \
   LOOM_SHARDING_HOOKS(LOOM_DETAIL_CHECK_SHARDING_HOOK, E)
-#define LOOM_DETAIL_CHECK_HOOK_SIGNATURE(hook, signature, E)                           \
+#define LOOM_DETAIL_CHECK_HOOK_SIGNATURE(hook, result, parameters, qualifier, E)       \
   static_assert(!::loom::hooks::names_##hook<E> || ::loom::hooks::overrides_##hook<E>, \
-                LOOM_R14_SIGNATURE(hook, signature));
+                LOOM_R14_SIGNATURE(hook, LOOM_HOOK_SIGNATURE(hook, result, parameters, qualifier)));
 #define LOOM_DETAIL_CHECK_SHARDING_HOOK(hook, why, E)                                         \
   static_assert(!::loom::hooks::shards_parameters<E>() || ::loom::hooks::overrides_##hook<E>, \
                 LOOM_R14_SHARDING(hook, why));

@@ -4,46 +4,18 @@
 // make_engine(stage) found by argument-dependent lookup; a user-written strategy (loom::strategy(S))
 // is its own engine. Adding a strategy adds its files and touches no list.
 //
-// Hooks, in the order of a job's life:
-//   required (loom::Strategy names them for user-written strategies):
+// The required hooks (loom::Strategy names them for user-written strategies):
 //     static constexpr std::string_view name
 //     void setup(strategy_context&)            in build(): wrap the module, fill the schedule
 //     void before_forward(strategy_context&)   at the start of job.forward()
 //     void after_backward(strategy_context&)   after loss.backward(): finish the gradient sync
-//   optional, with what the job does when the engine has none:
-//     void before_backward(strategy_context&, const at::Tensor& loss)        nothing
-//     std::vector<at::Tensor> optimizer_parameters(const strategy_context&)  the trainable parameters
-//     at::Tensor clip_grad_norm(strategy_context&, double max, double p)  the local norm: replicas agree
-//         the global norm before clipping, a 0-d tensor on the device: the host never waits for it
-//     void explain_forward_failure(strategy_context&, std::exception_ptr error)               nothing
-//         may throw a clearer error for what ended a forward (a unit used while sharded)
-//     void with_full_parameters(strategy_context&, const std::function<void()>& change)
-//         runs `change` on the module's whole parameters (merge, unmerge); a sharding engine gathers
-//         them first and keeps its rows of the result
-//     tensor_state full_state(strategy_context&)     the module's parameters and buffers, whole
-//     tensor_state local_state(strategy_context&)    full_state: a replica holds all of it
-//     void load_full_state(strategy_context&, const tensor_state&)           copied into the module
-//     void load_local_state(strategy_context&, const tensor_state&)  load_full_state: it is the whole
-//     static constexpr bool shards_parameters                         false: ranks hold replicas
-//     static constexpr bool materialises_parameters    false: the model is constructed whole; true:
-//         loom::nn's layers are constructed without their bytes (loom/nn/deferred_init.hpp) and
-//         setup gives every parameter its values through context.initial_values().fill
-//     static constexpr bool casts_parameters    false: under mixed_precision(...) the job runs the
-//         forward under autocast; true: the engine casts the parameters itself (fsdp() gathers them
-//         in the policy's param dtype), reading context.precision() in setup
-//     std::optional<at::Tensor> reshard_local(strategy_context&, const std::string& name,
-//                                             const std::vector<at::Tensor>& old_shards)    nothing
-//         this rank's shard of `name` from its shards over another number of ranks
-//     int shard_group_size(const strategy_context&) const                     the world size
-//         how many ranks' shards make up one whole copy of the parameters: fewer than the world under
-//         hybrid sharding, whose groups replicate each other (a checkpoint records it to reshard)
-//     tensor_state strategy_state(strategy_context&)                          none
-//     void load_strategy_state(strategy_context&, const tensor_state&)       only an empty state
-// A hook's member of another signature is a compile error (rule R14, with the signature), never a
-// silent default; a sharding strategy must override the state hooks (R14 names the missing one):
-// optimizer_parameters, clip_grad_norm, with_full_parameters, full_state (gathers), local_state (this
-// rank's shards), load_full_state, load_local_state and reshard_local; its own state (say, a step
-// counter) goes in strategy_state.
+// The optional ones are listed once, in LOOM_ENGINE_HOOKS (loom/dsl/rule_table.hpp), each with its
+// signature; from that list follow the check that an engine's member of a hook's name has it (rule
+// R14, with the signature: never a silent default), and hooks::<hook>(engine, ...), the call the
+// job makes, which runs hook_defaults<E>::<hook> below when the engine has none. A sharding
+// strategy must override the state hooks (LOOM_SHARDING_HOOKS; R14 names the missing one); its own
+// state (say, a step counter) goes in strategy_state. The engine's constants, each false unless it
+// says otherwise, are LOOM_ENGINE_FLAGS below.
 
 #include <loom/dsl/rule_table.hpp>
 #include <loom/dsl/strategy.hpp>
@@ -56,6 +28,8 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 namespace loom {
@@ -74,123 +48,81 @@ S make_engine(const strategy_stage<S>& stage) {
   return stage.get();
 }
 
-// Each optional hook as the job calls it: overrides_<hook><E> when E has it with its signature.
 namespace hooks {
 
-template <class E>
-concept overrides_before_backward = requires(E& engine, strategy_context& context, const at::Tensor& loss) {
-  engine.before_backward(context, loss);
-};
-template <class E>
-concept overrides_optimizer_parameters = requires(const E& engine, const strategy_context& context) {
-  { engine.optimizer_parameters(context) } -> std::convertible_to<std::vector<at::Tensor>>;
-};
-template <class E>
-concept overrides_clip_grad_norm = requires(E& engine, strategy_context& context, double max_norm, double p) {
-  { engine.clip_grad_norm(context, max_norm, p) } -> std::convertible_to<at::Tensor>;
-};
-template <class E>
-concept overrides_explain_forward_failure = requires(E& engine, strategy_context& context, std::exception_ptr error) {
-  engine.explain_forward_failure(context, error);
-};
-template <class E>
-concept overrides_with_full_parameters = requires(E& engine, strategy_context& context,
-                                                  const std::function<void()>& change) {
-  engine.with_full_parameters(context, change);
-};
-template <class E>
-concept overrides_full_state = requires(E& engine, strategy_context& context) {
-  { engine.full_state(context) } -> std::convertible_to<tensor_state>;
-};
-template <class E>
-concept overrides_local_state = requires(E& engine, strategy_context& context) {
-  { engine.local_state(context) } -> std::convertible_to<tensor_state>;
-};
-template <class E>
-concept overrides_load_full_state = requires(E& engine, strategy_context& context, const tensor_state& state) {
-  engine.load_full_state(context, state);
-};
-template <class E>
-concept overrides_load_local_state = requires(E& engine, strategy_context& context, const tensor_state& state) {
-  engine.load_local_state(context, state);
-};
-template <class E>
-concept overrides_reshard_local = requires(E& engine, strategy_context& context, const std::string& name,
-                                           const std::vector<at::Tensor>& shards) {
-  { engine.reshard_local(context, name, shards) } -> std::convertible_to<std::optional<at::Tensor>>;
-};
-template <class E>
-concept overrides_shard_group_size = requires(const E& engine, const strategy_context& context) {
-  { engine.shard_group_size(context) } -> std::convertible_to<int>;
-};
-template <class E>
-concept overrides_strategy_state = requires(E& engine, strategy_context& context) {
-  { engine.strategy_state(context) } -> std::convertible_to<tensor_state>;
-};
-template <class E>
-concept overrides_load_strategy_state = requires(E& engine, strategy_context& context, const tensor_state& state) {
-  engine.load_strategy_state(context, state);
-};
+namespace detail {
 
-// names_<hook><E>: E has a member of the hook's name, whatever it takes (one that is not overloaded).
-#define LOOM_DETAIL_NAMES_HOOK(hook, ...) \
-  template <class E>                      \
-  concept names_##hook = requires {       \
-    &E::hook;                             \
+// Whether `Call` calls an engine's hook, given lvalues of the parameters of `Signature`, with a
+// result that converts to its result (any result, for a hook that returns nothing). A concept, so
+// that the result is asked for only of a call that can be made.
+template <class Call, class E, class Result, class... Parameters>
+concept calls_with = std::is_invocable_v<Call, E&, Parameters&...> &&
+                     (std::is_void_v<Result> ||
+                      std::convertible_to<std::invoke_result_t<Call, E&, Parameters&...>, Result>);
+template <class Call, class E, class Signature>
+inline constexpr bool calls_as = false;
+template <class Call, class E, class Result, class... Parameters>
+inline constexpr bool calls_as<Call, E, Result(Parameters...)> = calls_with<Call, E, Result, Parameters...>;
+
+}  // namespace detail
+
+// overrides_<hook><E>: E has the hook with its signature; names_<hook><E>: E has a member of the
+// hook's name, whatever it takes (one that is not overloaded).
+#define LOOM_DETAIL_HOOK_CONCEPTS(hook, result, parameters, qualifier, ...)                           \
+  struct call_##hook {                                                                                \
+    template <class E, class... Arguments>                                                            \
+    auto operator()(E& engine, Arguments&... arguments) const -> decltype(engine.hook(arguments...)); \
+  };                                                                                                  \
+  template <class E>                                                                                  \
+  concept overrides_##hook = detail::calls_as<call_##hook, qualifier E, result parameters>;           \
+  template <class E>                                                                                  \
+  concept names_##hook = requires {                                                                   \
+    &E::hook;                                                                                         \
   };
-LOOM_ENGINE_HOOKS(LOOM_DETAIL_NAMES_HOOK)
-#undef LOOM_DETAIL_NAMES_HOOK
+LOOM_ENGINE_HOOKS(LOOM_DETAIL_HOOK_CONCEPTS)
+#undef LOOM_DETAIL_HOOK_CONCEPTS
 
-// Whether each rank holds its own part of the parameters (so each saves its own), or a replica.
-template <Engine E>
-constexpr bool shards_parameters() {
-  if constexpr (requires { E::shards_parameters; }) {
-    return E::shards_parameters;
-  } else {
-    return false;
+// What the job does for a hook the engine does not have (defined below).
+template <class E>
+struct hook_defaults;
+
+// hooks::<hook>(engine, arguments...): the engine's hook, or the job's default.
+#define LOOM_DETAIL_HOOK_CALL(hook, result, parameters, qualifier, ...)             \
+  template <Engine E, class... Arguments>                                           \
+  result hook(qualifier E& engine, Arguments&&... arguments) {                      \
+    if constexpr (overrides_##hook<E>) {                                            \
+      return engine.hook(std::forward<Arguments>(arguments)...);                    \
+    } else {                                                                        \
+      return hook_defaults<E>::hook(engine, std::forward<Arguments>(arguments)...); \
+    }                                                                               \
   }
-}
+LOOM_ENGINE_HOOKS(LOOM_DETAIL_HOOK_CALL)
+#undef LOOM_DETAIL_HOOK_CALL
 
-// Whether the engine's setup gives the parameters their values (context.initial_values()), so that
-// the model may be constructed without them.
-template <Engine E>
-constexpr bool materialises_parameters() {
-  if constexpr (requires { E::materialises_parameters; }) {
-    return E::materialises_parameters;
-  } else {
-    return false;
+// The engine's constants, X(flag):
+//   shards_parameters: each rank holds its own part of the parameters (so each saves its own); false:
+//       the ranks hold replicas.
+//   materialises_parameters: loom::nn's layers are constructed without their bytes
+//       (loom/nn/deferred_init.hpp) and setup gives every parameter its values through
+//       context.initial_values().fill; false: the model is constructed whole.
+//   casts_parameters: the engine carries out mixed_precision(...) by casting the parameters itself
+//       (fsdp() gathers them in the policy's param dtype), reading context.precision() in setup;
+//       false: the job runs the forward under autocast.
+#define LOOM_ENGINE_FLAGS(X) X(shards_parameters) X(materialises_parameters) X(casts_parameters)
+#define LOOM_DETAIL_ENGINE_FLAG(flag)      \
+  template <Engine E>                      \
+  constexpr bool flag() {                  \
+    if constexpr (requires { E::flag; }) { \
+      return E::flag;                      \
+    } else {                               \
+      return false;                        \
+    }                                      \
   }
-}
-
-// Whether the engine carries out mixed_precision(...) by casting the parameters itself, rather than
-// the job by running the forward under autocast.
-template <Engine E>
-constexpr bool casts_parameters() {
-  if constexpr (requires { E::casts_parameters; }) {
-    return E::casts_parameters;
-  } else {
-    return false;
-  }
-}
-
-// Calls an optional hook, or does what the job does without one.
-
-template <Engine E>
-void before_backward(E& engine, strategy_context& context, const at::Tensor& loss) {
-  if constexpr (overrides_before_backward<E>) engine.before_backward(context, loss);
-}
+LOOM_ENGINE_FLAGS(LOOM_DETAIL_ENGINE_FLAG)
+#undef LOOM_DETAIL_ENGINE_FLAG
 
 // What the optimizer steps: the trainable parameters, or their shards under a sharding strategy.
 [[nodiscard]] std::vector<at::Tensor> trainable_tensors(const strategy_context& context);
-
-template <Engine E>
-std::vector<at::Tensor> optimizer_parameters(const E& engine, const strategy_context& context) {
-  if constexpr (overrides_optimizer_parameters<E>) {
-    return engine.optimizer_parameters(context);
-  } else {
-    return trainable_tensors(context);
-  }
-}
 
 // The gradients' p-norm, computed and applied on their device as torch.nn.utils.clip_grad_norm_
 // (foreach) does, without a read on the host.
@@ -206,105 +138,50 @@ void scale_grads_to(const std::vector<at::Tensor>& parameters, double max_norm, 
 at::Tensor clip_local_grad_norm(const std::vector<at::Tensor>& parameters, double max_norm, double norm_type,
                                 c10::Device device);
 
-template <Engine E>
-at::Tensor clip_grad_norm(E& engine, strategy_context& context, double max_norm, double norm_type) {
-  if constexpr (overrides_clip_grad_norm<E>) {
-    return engine.clip_grad_norm(context, max_norm, norm_type);
-  } else {
-    return clip_local_grad_norm(optimizer_parameters(engine, context), max_norm, norm_type, context.rt().device());
-  }
-}
-
-template <Engine E>
-void explain_forward_failure(E& engine, strategy_context& context, std::exception_ptr error) {
-  if constexpr (overrides_explain_forward_failure<E>) engine.explain_forward_failure(context, error);
-}
-
-template <Engine E>
-void with_full_parameters(E& engine, strategy_context& context, const std::function<void()>& change) {
-  if constexpr (overrides_with_full_parameters<E>) {
-    engine.with_full_parameters(context, change);
-  } else {
-    change();
-  }
-}
-
-template <Engine E>
-tensor_state full_state(E& engine, strategy_context& context) {
-  if constexpr (overrides_full_state<E>) {
-    return engine.full_state(context);
-  } else {
-    return module_state(context.module());
-  }
-}
-
-template <Engine E>
-tensor_state local_state(E& engine, strategy_context& context) {
-  if constexpr (overrides_local_state<E>) {
-    return engine.local_state(context);
-  } else {
-    return full_state(engine, context);
-  }
-}
-
-template <Engine E>
-void load_full_state(E& engine, strategy_context& context, const tensor_state& state) {
-  if constexpr (overrides_load_full_state<E>) {
-    engine.load_full_state(context, state);
-  } else {
-    loom::load_module_state(context.module(), state);
-  }
-}
-
-// Takes back what local_state gave on this rank (a checkpoint of the same world size).
-template <Engine E>
-void load_local_state(E& engine, strategy_context& context, const tensor_state& state) {
-  if constexpr (overrides_load_local_state<E>) {
-    engine.load_local_state(context, state);
-  } else {
-    load_full_state(engine, context, state);
-  }
-}
-
-template <Engine E>
-std::optional<at::Tensor> reshard_local(E& engine, strategy_context& context, const std::string& name,
-                                        const std::vector<at::Tensor>& old_shards) {
-  if constexpr (overrides_reshard_local<E>) {
-    return engine.reshard_local(context, name, old_shards);
-  } else {
-    return std::nullopt;
-  }
-}
-
-template <Engine E>
-int shard_group_size(const E& engine, const strategy_context& context) {
-  if constexpr (overrides_shard_group_size<E>) {
-    return engine.shard_group_size(context);
-  } else {
-    return context.rt().world_size();
-  }
-}
-
-template <Engine E>
-tensor_state strategy_state(E& engine, strategy_context& context) {
-  if constexpr (overrides_strategy_state<E>) {
-    return engine.strategy_state(context);
-  } else {
-    return {};
-  }
-}
-
 // Throws std::invalid_argument for a non-empty state given to an engine that keeps none.
 void require_no_strategy_state(std::string_view engine_name, const tensor_state& state);
 
-template <Engine E>
-void load_strategy_state(E& engine, strategy_context& context, const tensor_state& state) {
-  if constexpr (overrides_load_strategy_state<E>) {
-    engine.load_strategy_state(context, state);
-  } else {
+template <class E>
+struct hook_defaults {
+  static void before_backward(E&, strategy_context&, const at::Tensor&) {}
+  static std::vector<at::Tensor> optimizer_parameters(const E&, const strategy_context& context) {
+    return trainable_tensors(context);
+  }
+  // The local norm, which the replicas agree on; the global norm before clipping, a 0-d tensor on
+  // the device: the host never waits for it.
+  static at::Tensor clip_grad_norm(E& engine, strategy_context& context, double max_norm, double norm_type) {
+    return clip_local_grad_norm(hooks::optimizer_parameters(engine, context), max_norm, norm_type,
+                                context.rt().device());
+  }
+  // An engine's may throw a clearer error for what ended a forward (a unit used while sharded).
+  static void explain_forward_failure(E&, strategy_context&, std::exception_ptr) {}
+  // A sharding engine gathers the whole parameters first, and keeps its rows of the result (merge,
+  // unmerge).
+  static void with_full_parameters(E&, strategy_context&, const std::function<void()>& change) { change(); }
+  // The module's parameters and buffers, whole.
+  static tensor_state full_state(E&, strategy_context& context) { return module_state(context.module()); }
+  // A replica holds all of it.
+  static tensor_state local_state(E& engine, strategy_context& context) { return hooks::full_state(engine, context); }
+  static void load_full_state(E&, strategy_context& context, const tensor_state& state) {
+    loom::load_module_state(context.module(), state);
+  }
+  // Takes back what local_state gave on this rank (a checkpoint of the same world size): the whole.
+  static void load_local_state(E& engine, strategy_context& context, const tensor_state& state) {
+    hooks::load_full_state(engine, context, state);
+  }
+  // A sharding engine's: this rank's shard of `name` from its shards over another number of ranks.
+  static std::optional<at::Tensor> reshard_local(E&, strategy_context&, const std::string&,
+                                                 const std::vector<at::Tensor>&) {
+    return std::nullopt;
+  }
+  // How many ranks' shards make up one whole copy of the parameters: fewer than the world under
+  // hybrid sharding, whose groups replicate each other (a checkpoint records it to reshard).
+  static int shard_group_size(const E&, const strategy_context& context) { return context.rt().world_size(); }
+  static tensor_state strategy_state(E&, strategy_context&) { return {}; }
+  static void load_strategy_state(E&, strategy_context&, const tensor_state& state) {
     require_no_strategy_state(E::name, state);
   }
-}
+};
 
 }  // namespace hooks
 }  // namespace loom
