@@ -19,10 +19,10 @@
 #include "common/command_line.hpp"
 #include "models/text_data.hpp"
 
+#include <loom/base/text.hpp>
 #include <loom/config/run_file.hpp>
 #include <loom/loom.hpp>
 #include <loom/optim/adamw.hpp>
-#include <loom/runtime/text.hpp>
 #include <loom/train/loop.hpp>
 
 #include <ATen/CPUGeneratorImpl.h>

@@ -7,11 +7,11 @@
 #include "manifest_detail.hpp"
 #include "optimizer_bytes.hpp"
 
+#include <loom/base/text.hpp>
 #include <loom/io/files.hpp>
 #include <loom/io/safetensors.hpp>
 #include <loom/runtime/failpoints.hpp>
 #include <loom/runtime/failures.hpp>
-#include <loom/runtime/text.hpp>
 
 #include <ATen/ATen.h>
 #include <ATen/core/Generator.h>

@@ -6,8 +6,8 @@
 #include "layout.hpp"
 #include "manifest_detail.hpp"
 
+#include <loom/base/text.hpp>
 #include <loom/io/checksum.hpp>
-#include <loom/runtime/text.hpp>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>

@@ -3,9 +3,9 @@
 // public: the manifest as its JSON, a checksum as the manifest writes it, and the error that a
 // checkpoint whose bytes are not those its save wrote is.
 
+#include <loom/base/text.hpp>
 #include <loom/checkpoint/checkpoint.hpp>
 #include <loom/checkpoint/manifest.hpp>
-#include <loom/runtime/text.hpp>
 
 #include <nlohmann/json_fwd.hpp>
 

@@ -5,8 +5,8 @@
 
 #include "optimizer_bytes.hpp"
 
+#include <loom/base/text.hpp>
 #include <loom/io/optimizer_state.hpp>
-#include <loom/runtime/text.hpp>
 
 #include <torch/optim/optimizer.h>
 

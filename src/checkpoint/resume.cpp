@@ -7,11 +7,11 @@
 #include "manifest_detail.hpp"
 #include "optimizer_bytes.hpp"
 
+#include <loom/base/text.hpp>
 #include <loom/io/files.hpp>
 #include <loom/io/safetensors.hpp>
 #include <loom/runtime/agreement.hpp>
 #include <loom/runtime/failures.hpp>
-#include <loom/runtime/text.hpp>
 #include <loom/schedule/schedule.hpp>
 
 #include <ATen/core/Generator.h>

@@ -2,8 +2,8 @@
 
 #include "fastvideo_layout.hpp"
 
+#include <loom/base/text.hpp>
 #include <loom/dsl/run_plan.hpp>
-#include <loom/runtime/text.hpp>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>

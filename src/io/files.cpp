@@ -1,7 +1,7 @@
 #include <loom/io/files.hpp>
 
+#include <loom/base/text.hpp>
 #include <loom/runtime/failpoints.hpp>
-#include <loom/runtime/text.hpp>
 
 #include <fmt/format.h>
 

@@ -1,8 +1,8 @@
 #include <loom/io/peft.hpp>
 
+#include <loom/base/text.hpp>
 #include <loom/io/files.hpp>
 #include <loom/io/safetensors.hpp>
-#include <loom/runtime/text.hpp>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>

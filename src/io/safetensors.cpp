@@ -2,9 +2,9 @@
 
 #include "safetensors_reader.hpp"
 
+#include <loom/base/text.hpp>
 #include <loom/io/files.hpp>
 #include <loom/runtime/failpoints.hpp>
-#include <loom/runtime/text.hpp>
 
 #include <ATen/ATen.h>
 #include <fmt/format.h>

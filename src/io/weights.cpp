@@ -2,9 +2,9 @@
 
 #include "safetensors_reader.hpp"
 
+#include <loom/base/text.hpp>
 #include <loom/io/files.hpp>
 #include <loom/io/safetensors.hpp>
-#include <loom/runtime/text.hpp>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>

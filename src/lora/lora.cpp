@@ -1,7 +1,7 @@
 #include <loom/lora/lora.hpp>
 
+#include <loom/base/text.hpp>
 #include <loom/dsl/describe.hpp>
-#include <loom/runtime/text.hpp>
 
 #include <fmt/format.h>
 #include <torch/nn/init.h>

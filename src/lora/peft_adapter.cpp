@@ -1,7 +1,7 @@
 #include <loom/lora/peft_adapter.hpp>
 
+#include <loom/base/text.hpp>
 #include <loom/lora/adapter.hpp>
-#include <loom/runtime/text.hpp>
 
 #include <torch/types.h>
 

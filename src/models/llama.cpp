@@ -1,8 +1,8 @@
 #include <loom/models/llama.hpp>
 
+#include <loom/base/text.hpp>
 #include <loom/nn/deferred_init.hpp>
 #include <loom/precision/linear.hpp>
-#include <loom/runtime/text.hpp>
 
 #include <ATen/ATen.h>
 #include <torch/nn/functional/loss.h>

@@ -1,6 +1,6 @@
 #include <loom/nn/at_rest.hpp>
 
-#include <loom/runtime/text.hpp>
+#include <loom/base/text.hpp>
 
 namespace loom::nn {
 

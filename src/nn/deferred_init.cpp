@@ -1,6 +1,6 @@
 #include <loom/nn/deferred_init.hpp>
 
-#include <loom/runtime/text.hpp>
+#include <loom/base/text.hpp>
 
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>

@@ -2,8 +2,8 @@
 
 #include <loom/nn/at_rest.hpp>
 
+#include <loom/base/text.hpp>
 #include <loom/nn/deferred_init.hpp>
-#include <loom/runtime/text.hpp>
 
 #include <ATen/ATen.h>
 #include <torch/nn/functional/embedding.h>

@@ -1,8 +1,8 @@
 #include <loom/nn/recompute.hpp>
 
+#include <loom/base/text.hpp>
 #include <loom/nn/unit.hpp>
 #include <loom/precision/precision.hpp>
-#include <loom/runtime/text.hpp>
 
 #include <ATen/Context.h>
 #include <ATen/autocast_mode.h>

@@ -1,6 +1,6 @@
 #include <loom/nn/unit.hpp>
 
-#include <loom/runtime/text.hpp>
+#include <loom/base/text.hpp>
 
 #include <c10/util/Type.h>
 #include <torch/nn/module.h>

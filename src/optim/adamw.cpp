@@ -1,6 +1,6 @@
 #include <loom/optim/adamw.hpp>
 
-#include <loom/runtime/text.hpp>
+#include <loom/base/text.hpp>
 
 #include <ATen/ops/_fused_adamw.h>
 #include <ATen/ops/scalar_tensor.h>

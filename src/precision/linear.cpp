@@ -1,6 +1,6 @@
 #include <loom/precision/linear.hpp>
 
-#include <loom/runtime/text.hpp>
+#include <loom/base/text.hpp>
 
 #include <ATen/ATen.h>
 #include <ATen/autocast_mode.h>

@@ -1,11 +1,11 @@
 #include <loom/replicas/replicas.hpp>
 
+#include <loom/base/text.hpp>
 #include <loom/nn/deferred_init.hpp>
 #include <loom/runtime/agreement.hpp>
 #include <loom/runtime/host_reads.hpp>
 #include <loom/runtime/runtime.hpp>
 #include <loom/runtime/tensors.hpp>
-#include <loom/runtime/text.hpp>
 
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>

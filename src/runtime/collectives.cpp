@@ -1,6 +1,6 @@
+#include <loom/base/text.hpp>
 #include <loom/runtime/collectives.hpp>
 #include <loom/runtime/tensors.hpp>
-#include <loom/runtime/text.hpp>
 
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 #include <torch/csrc/distributed/c10d/Work.hpp>

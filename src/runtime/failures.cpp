@@ -1,9 +1,9 @@
+#include <loom/base/text.hpp>
 #include <loom/runtime/collectives.hpp>
 #include <loom/runtime/failures.hpp>
 #include <loom/runtime/hang_check.hpp>
 #include <loom/runtime/heartbeat.hpp>
 #include <loom/runtime/runtime.hpp>
-#include <loom/runtime/text.hpp>
 
 #include <torch/csrc/distributed/c10d/Store.hpp>
 

@@ -1,6 +1,6 @@
 #include <loom/runtime/launch_env.hpp>
 
-#include <loom/runtime/text.hpp>
+#include <loom/base/text.hpp>
 
 #include <fmt/format.h>
 

@@ -2,9 +2,9 @@
 
 #include "backends.hpp"
 
+#include <loom/base/text.hpp>
 #include <loom/runtime/agreement.hpp>
 #include <loom/runtime/runtime.hpp>
-#include <loom/runtime/text.hpp>
 
 #include <ATen/ATen.h>
 #include <fmt/format.h>

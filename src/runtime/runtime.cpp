@@ -1,9 +1,9 @@
 #include "backends.hpp"
 
+#include <loom/base/text.hpp>
 #include <loom/runtime/failures.hpp>
 #include <loom/runtime/heartbeat.hpp>
 #include <loom/runtime/runtime.hpp>
-#include <loom/runtime/text.hpp>
 
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>

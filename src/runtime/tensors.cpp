@@ -1,6 +1,6 @@
 #include <loom/runtime/tensors.hpp>
 
-#include <loom/runtime/text.hpp>
+#include <loom/base/text.hpp>
 
 #include <torch/nn/module.h>
 #include <torch/types.h>

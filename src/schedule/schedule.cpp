@@ -1,7 +1,7 @@
 #include <loom/schedule/schedule.hpp>
 
+#include <loom/base/text.hpp>
 #include <loom/runtime/agreement.hpp>
-#include <loom/runtime/text.hpp>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>

@@ -1,7 +1,7 @@
 #include <loom/strategies/ddp.hpp>
 
+#include <loom/base/text.hpp>
 #include <loom/runtime/failpoints.hpp>
-#include <loom/runtime/text.hpp>
 #include <loom/schedule/schedule.hpp>
 #include <loom/strategies/buckets.hpp>
 

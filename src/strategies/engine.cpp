@@ -1,6 +1,6 @@
 #include <loom/strategies/engine.hpp>
 
-#include <loom/runtime/text.hpp>
+#include <loom/base/text.hpp>
 
 #include <ATen/ATen.h>
 #include <torch/nn/module.h>

@@ -1,7 +1,7 @@
 #include <loom/strategies/fsdp.hpp>
 
+#include <loom/base/text.hpp>
 #include <loom/nn/at_rest.hpp>
-#include <loom/runtime/text.hpp>
 #include <loom/strategies/fsdp/fsdp_state.hpp>
 
 #include <ATen/ATen.h>

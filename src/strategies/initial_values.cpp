@@ -1,8 +1,8 @@
 #include <loom/strategies/initial_values.hpp>
 
+#include <loom/base/text.hpp>
 #include <loom/io/weights.hpp>
 #include <loom/lora/adapter.hpp>
-#include <loom/runtime/text.hpp>
 
 #include <ATen/ATen.h>
 #include <c10/core/GradMode.h>

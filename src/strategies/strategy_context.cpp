@@ -1,7 +1,7 @@
 #include <loom/strategies/strategy_context.hpp>
 
+#include <loom/base/text.hpp>
 #include <loom/runtime/failures.hpp>
-#include <loom/runtime/text.hpp>
 
 #include <fmt/format.h>
 

@@ -1,6 +1,6 @@
 #include <loom/train/lr_schedule.hpp>
 
-#include <loom/runtime/text.hpp>
+#include <loom/base/text.hpp>
 
 #include <fmt/format.h>
 #include <torch/optim/optimizer.h>

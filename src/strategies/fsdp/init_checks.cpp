@@ -1,7 +1,7 @@
 #include <loom/strategies/fsdp/init_checks.hpp>
 
+#include <loom/base/text.hpp>
 #include <loom/lora/adapter.hpp>
-#include <loom/runtime/text.hpp>
 
 #include <c10/core/GradMode.h>
 #include <fmt/format.h>

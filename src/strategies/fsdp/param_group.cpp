@@ -1,7 +1,7 @@
 #include <loom/strategies/fsdp/param_group.hpp>
 
+#include <loom/base/text.hpp>
 #include <loom/runtime/failpoints.hpp>
-#include <loom/runtime/text.hpp>
 
 #include <ATen/ATen.h>
 

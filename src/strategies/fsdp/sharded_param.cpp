@@ -1,6 +1,6 @@
 #include <loom/strategies/fsdp/sharded_param.hpp>
 
-#include <loom/runtime/text.hpp>
+#include <loom/base/text.hpp>
 
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
