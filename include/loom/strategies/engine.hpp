@@ -57,8 +57,7 @@ namespace detail {
 // that the result is asked for only of a call that can be made.
 template <class Call, class E, class Result, class... Parameters>
 concept calls_with = std::is_invocable_v<Call, E&, Parameters&...> &&
-                     (std::is_void_v<Result> ||
-                      std::convertible_to<std::invoke_result_t<Call, E&, Parameters&...>, Result>);
+    (std::is_void_v<Result> || std::convertible_to<std::invoke_result_t<Call, E&, Parameters&...>, Result>);
 template <class Call, class E, class Signature>
 inline constexpr bool calls_as = false;
 template <class Call, class E, class Result, class... Parameters>
