@@ -26,7 +26,7 @@ class config_reader {
 
   template <class... Args>
   [[noreturn]] void fail(fmt::format_string<Args...> format, Args&&... args) const {
-    throw_error<std::invalid_argument>("loom: Llama config '{}': {}", source_,
+    throw_error<std::invalid_argument>("Llama config '{}': {}", source_,
                                        fmt::format(format, std::forward<Args>(args)...));
   }
 

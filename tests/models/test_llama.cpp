@@ -21,6 +21,7 @@
 #include <vector>
 
 using Catch::Matchers::ContainsSubstring;
+using Catch::Matchers::StartsWith;
 using loom::models::llama_config;
 
 namespace {
@@ -74,8 +75,8 @@ TEST_CASE("a config.json loom cannot build is one sentence naming the file and t
     return std::string("accepted");
   };
   CHECK_THAT(refused(R"({"architectures": ["MistralForCausalLM"]})"),
-             ContainsSubstring("loom: Llama config 'ckpt/config.json': 'architectures' is [\"MistralForCausalLM\"]: "
-                               "loom::models::Llama reads LlamaForCausalLM checkpoints"));
+             StartsWith("loom: Llama config 'ckpt/config.json': 'architectures' is [\"MistralForCausalLM\"]: "
+                        "loom::models::Llama reads LlamaForCausalLM checkpoints"));
   CHECK_THAT(refused(R"({"model_type": "llama"})"),
              ContainsSubstring("'vocab_size' is missing: a Llama config.json gives it as a positive whole number"));
   CHECK_THAT(refused(config_json(R"(, "hidden_size": 30)")),
