@@ -321,11 +321,11 @@ at::Tensor WanFeedForwardImpl::forward(const at::Tensor& x) { return project_out
 WanTransformerBlockImpl::WanTransformerBlockImpl(const wan_config& config)
     : attn1(register_module("attn1", WanAttention(config.inner_dim(), config.num_attention_heads, config.eps))),
       attn2(register_module("attn2", WanAttention(config.inner_dim(), config.num_attention_heads, config.eps))),
+      norm2(config.cross_attn_norm ? register_module("norm2", WanFP32LayerNorm(config.inner_dim(), config.eps))
+                                   : WanFP32LayerNorm(nullptr)),
       ffn(register_module("ffn", WanFeedForward(config.inner_dim(), config.ffn_dim))),
       scale_shift_table(scale_shift_table_of(*this, 6, config.inner_dim())),
-      eps_(config.eps) {
-  if (config.cross_attn_norm) norm2 = register_module("norm2", WanFP32LayerNorm(config.inner_dim(), config.eps));
-}
+      eps_(config.eps) {}
 
 at::Tensor WanTransformerBlockImpl::forward(const at::Tensor& x, const at::Tensor& text,
                                             const at::Tensor& timestep_proj, const at::Tensor& cos,
