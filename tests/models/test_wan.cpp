@@ -7,6 +7,7 @@
 #include <loom/nn/deferred_init.hpp>
 #include <loom/precision/precision.hpp>
 
+#include <ATen/CPUGeneratorImpl.h>
 #include <torch/torch.h>
 
 #include <catch2/catch_test_macros.hpp>
@@ -209,6 +210,35 @@ TEST_CASE("LoRA's targets are diffusers' names: to_q, to_k, to_v and to_out.0", 
       loom::build(base | loom::lora(4, {"to_q", "to_out"}) | loom::local(), loom::runtime::single_process()),
       ContainsSubstring("lora target selects 'blocks.0.attn1.to_out'") &&
           ContainsSubstring("which is not a linear layer"));
+}
+
+TEST_CASE("LoRA trains through the blocks, and recompute() gives the same gradients, bit for bit",
+          "[wan][lora][recompute]") {
+  const auto adapted = loom::model<loom::models::Wan>(tiny()) | loom::seeded(1) | loom::lora(4, {"to_q", "to_out.0"});
+  auto plain = loom::build(adapted | loom::local(), loom::runtime::single_process());
+  auto recomputed = loom::build(adapted | loom::recompute() | loom::local(), loom::runtime::single_process());
+  const auto gradients = [](auto& job) {
+    auto generator = at::make_generator<at::CPUGeneratorImpl>(5);
+    for (const at::Tensor& parameter : job.trainable_parameters()) {  // B of zero would pass no gradient to A
+      torch::NoGradGuard no_grad;
+      at::Tensor(parameter).normal_(0, 0.1, generator);
+    }
+    const at::Tensor velocity = job.forward(torch::randn({2, 4, 3, 4, 6}, generator), torch::tensor({3.0, 700.0}),
+                                            torch::randn({2, 5, 20}, generator));
+    job.backward(velocity.square().mean());
+    std::vector<at::Tensor> grads;
+    for (const at::Tensor& parameter : job.trainable_parameters()) grads.push_back(parameter.grad().clone());
+    return grads;
+  };
+  const std::vector<at::Tensor> expected = gradients(plain);
+  const std::vector<at::Tensor> actual = gradients(recomputed);
+  REQUIRE(expected.size() == 8);  // A and B of to_q and to_out.0 in both attentions
+  REQUIRE(actual.size() == expected.size());
+  for (std::size_t i = 0; i < expected.size(); ++i) {
+    CAPTURE(i);
+    CHECK(expected[i].abs().max().item<double>() > 0);
+    CHECK(torch::equal(actual[i], expected[i]));
+  }
 }
 
 TEST_CASE("the model is constructed without its bytes: every parameter's initialisation is recorded",

@@ -5,7 +5,9 @@ fixed latents, timesteps and text states. loom loads each checkpoint by name (pr
 reads diffusers' diffusion_pytorch_model.safetensors and its sharded index; under fsdp() each rank
 reads only the rows of its shards, about 1/N of the bytes, which the driver checks) and must give the
 same velocity within 1e-5 of its largest magnitude (fp32), under local() on one rank and under ddp()
-and fsdp() on 2 and 3.
+and fsdp() on 2 and 3. In bf16 (a base built in bf16 and frozen under LoRA, what diffusers keeps in
+fp32 in fp32, as from_pretrained(torch_dtype=torch.bfloat16) holds it) the rms difference from
+diffusers' fp32 velocity must be at most twice that of diffusers' own model in bf16.
 
     wan_vs_diffusers.py --loom-run L --program P --ranks N      (the driver)
     wan_vs_diffusers.py make FOLDER                              (the checkpoints alone)
@@ -61,10 +63,14 @@ def make(folder: Path) -> None:
         latents = torch.randn(batch, config["in_channels"], *grid, generator=inputs)
         timestep = torch.rand(batch, generator=inputs) * 1000
         text = torch.randn(batch, text_length, config["text_dim"], generator=inputs)
+        # In bf16 as the pipeline runs it: loaded with torch_dtype (what diffusers keeps in fp32 stays
+        # fp32), the latents and text states in bf16, the timestep as it is.
+        narrow = WanTransformer3DModel.from_pretrained(out, torch_dtype=torch.bfloat16).eval()
         with torch.no_grad():
             output = model(latents, timestep, text, return_dict=False)[0]
-        save_file({"latents": latents, "timestep": timestep, "text": text, "output": output.contiguous()},
-                  str(out / "expected.safetensors"))
+            output_bf16 = narrow(latents.bfloat16(), timestep, text.bfloat16(), return_dict=False)[0].float()
+        save_file({"latents": latents, "timestep": timestep, "text": text, "output": output.contiguous(),
+                   "output_bf16": output_bf16.contiguous()}, str(out / "expected.safetensors"))
     if not (folder / "sharded" / "diffusion_pytorch_model.safetensors.index.json").exists():
         sys.exit("FAILED: the sharded checkpoint has no index")
 
@@ -84,14 +90,14 @@ def main() -> None:
         strategies = ["local"] if args.ranks == 1 else ["ddp", "fsdp"]
         failures = []
         for name in CONFIGS:
-            for strategy in strategies:
+            for strategy, precision in ((s, p) for s in strategies for p in ((), ("--bf16",))):
                 command = [args.loom_run, "--nproc-per-node", str(args.ranks), "--", args.program, str(folder / name),
-                           strategy]
+                           strategy, *precision]
                 print("$", " ".join(command), flush=True)
                 done = subprocess.run(command, timeout=120, capture_output=True, text=True)
                 print(done.stdout, done.stderr, end="", flush=True)
                 if done.returncode != 0:
-                    failures.append(f"{strategy} on {name}")
+                    failures.append(f"{' '.join([strategy, *precision])} on {name}")
                     continue
                 # What pretrained(...) read: a rank's share of the checkpoint under fsdp(), all of it otherwise.
                 for read, total in re.findall(r"(\d+) of their (\d+) bytes read on this rank", done.stdout):
@@ -101,7 +107,8 @@ def main() -> None:
                         failures.append(f"{strategy} on {name}: a rank read {read} of {total} bytes")
         if failures:
             sys.exit("FAILED: " + "; ".join(failures))
-    print(f"loom's Wan gives diffusers' velocity for {len(CONFIGS)} checkpoints at {args.ranks} rank(s)")
+    print(f"loom's Wan gives diffusers' velocity for {len(CONFIGS)} checkpoints at {args.ranks} rank(s), in fp32 and "
+          "bf16")
 
 
 if __name__ == "__main__":
