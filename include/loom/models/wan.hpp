@@ -6,7 +6,8 @@
 // line up with no renaming. Each transformer block is a loom::nn::Unit: a unit of sharding under
 // fsdp() and of recompute(...). docs/models.md.
 //
-//   const auto config = loom::models::wan_config::from_pretrained("Wan2.1-T2V-1.3B-Diffusers/transformer/");
+//   const std::string folder = "Wan2.1-T2V-1.3B-Diffusers/transformer/";
+//   const auto config = loom::models::wan_config::from_pretrained(folder);
 //   auto job = loom::build(loom::model<loom::models::Wan>(config) | loom::pretrained(folder) | loom::fsdp(), rt);
 //   const at::Tensor velocity = job.forward(latents, timestep, text);  // [B, C, F, H, W], [B], [B, L, text_dim]
 //
@@ -14,9 +15,11 @@
 // affine cross-attention norm) is constructed in fp32 whatever default_dtype(...) says, and loads the
 // checkpoint's values in fp32; the forward computes the norms, the modulation and the gated residuals
 // in fp32 and casts back where diffusers does, so a model built in bf16 computes as diffusers'
-// from_pretrained(torch_dtype=torch.bfloat16) does. Under fsdp() with mixed_precision() every
-// parameter, these too, is gathered in the policy's dtype (FSDP2 does the same), and a floating
-// timestep is cast with the other inputs (cast_forward_inputs): give integer timesteps there.
+// from_pretrained(torch_dtype=torch.bfloat16) does (a base built in bf16 is frozen under lora(...):
+// without it default_dtype(...) holds what trains in fp32). Under fsdp() with mixed_precision() every
+// parameter, these too, is gathered in the policy's dtype (as FSDP2 with one policy for the model
+// gathers them), and a floating timestep is cast with the other inputs (cast_forward_inputs): give
+// integer timesteps there.
 
 #include <loom/nn/linear.hpp>
 #include <loom/nn/unit.hpp>
