@@ -252,6 +252,23 @@ TEST_CASE("the model is constructed without its bytes: every parameter's initial
   CHECK_FALSE(records.accept(**model));
   CHECK(records.size() == (*model)->parameters().size());
   for (const at::Tensor& parameter : (*model)->parameters()) CHECK_FALSE(loom::nn::has_bytes(parameter));
+
+  // Wan 2.1 T2V 1.3B's sizes (diffusers' config.json left to its defaults but for these), without
+  // its 5.7 GB: diffusers' count of parameters and tensors.
+  const wan_config published = wan_config::from_json(
+      R"({"_class_name": "WanTransformer3DModel", "num_attention_heads": 12, "ffn_dim": 8960, "num_layers": 30})",
+      "Wan2.1-T2V-1.3B-Diffusers/transformer/config.json");
+  loom::nn::deferred_init published_records;
+  std::optional<loom::models::Wan> large;
+  {
+    const loom::nn::deferred_init::scope deferring(published_records);
+    large.emplace(published);
+  }
+  CHECK_FALSE(published_records.accept(**large));
+  std::int64_t count = 0;
+  for (const at::Tensor& parameter : (*large)->parameters()) count += parameter.numel();
+  CHECK(count == 1'418'996'800);
+  CHECK((*large)->parameters().size() == 825);
 }
 
 TEST_CASE("the forward gives the velocity of whole patches and refuses what it cannot compute", "[wan][errors]") {
