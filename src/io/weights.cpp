@@ -26,6 +26,9 @@ using json = nlohmann::json;
 
 constexpr const char* single_file = "model.safetensors";
 constexpr const char* index_file = "model.safetensors.index.json";
+// diffusers' ModelMixin.save_pretrained names its weights so.
+constexpr const char* diffusers_single_file = "diffusion_pytorch_model.safetensors";
+constexpr const char* diffusers_index_file = "diffusion_pytorch_model.safetensors.index.json";
 
 }  // namespace
 
@@ -37,15 +40,20 @@ struct pretrained_checkpoint::files {
     const io_detail::safetensors_reader::entry* entry;
   };
 
-  // A .safetensors file, a model.safetensors.index.json, or a folder holding either.
+  // A .safetensors file, an index, or a folder holding either (transformers' names, or diffusers').
   explicit files(const std::filesystem::path& path) {
     if (std::filesystem::is_directory(path)) {
       if (std::filesystem::exists(path / index_file)) {
         open_index(path / index_file);
       } else if (std::filesystem::exists(path / single_file)) {
         open_file(path / single_file);
+      } else if (std::filesystem::exists(path / diffusers_index_file)) {
+        open_index(path / diffusers_index_file);
+      } else if (std::filesystem::exists(path / diffusers_single_file)) {
+        open_file(path / diffusers_single_file);
       } else {
-        throw_error<std::invalid_argument>("'{}' holds neither {} nor {}", path.string(), single_file, index_file);
+        throw_error<std::invalid_argument>("'{}' holds none of {}, {}, {} and {}", path.string(), single_file,
+                                           index_file, diffusers_single_file, diffusers_index_file);
       }
     } else if (path.filename() == "config.json") {
       throw_error<std::invalid_argument>(

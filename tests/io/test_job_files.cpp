@@ -68,6 +68,30 @@ TEST_CASE("weights round trip in one file and as a sharded set with its index", 
   CHECK(same_state(source, again));
 }
 
+TEST_CASE("a folder of diffusers' weights is read under diffusers' names, one file or an index", "[weights]") {
+  auto source = loom::build(loom::model<models::TinyGpt>(small) | loom::seeded(1), one());
+  const fs::path single = scratch("diffusers-single");
+  source.save_weights(single);
+  fs::rename(single / "model.safetensors", single / "diffusion_pytorch_model.safetensors");
+  auto target = loom::build(loom::model<models::TinyGpt>(small) | loom::seeded(2), one());
+  (void)target.load_weights(single);
+  CHECK(same_state(source, target));
+
+  const fs::path sharded = scratch("diffusers-sharded");
+  source.save_weights(sharded, /*max_shard_bytes=*/8 * 1024);
+  fs::rename(sharded / "model.safetensors.index.json", sharded / "diffusion_pytorch_model.safetensors.index.json");
+  auto again = loom::build(loom::model<models::TinyGpt>(small) | loom::seeded(3), one());
+  (void)again.load_weights(sharded);
+  CHECK(same_state(source, again));
+
+  const fs::path empty = scratch("no-weights");
+  fs::create_directories(empty);
+  CHECK_THROWS_WITH(again.load_weights(empty),
+                    ContainsSubstring("holds none of model.safetensors, model.safetensors.index.json, "
+                                      "diffusion_pytorch_model.safetensors and "
+                                      "diffusion_pytorch_model.safetensors.index.json"));
+}
+
 TEST_CASE("load_weights is strict by name, and says what it left alone when not", "[weights]") {
   auto source = loom::build(loom::model<models::TinyGpt>(small) | loom::seeded(1), one());
   const fs::path folder = scratch("partial");

@@ -1,7 +1,7 @@
 #pragma once
 // A model's weights as safetensors, the way Hugging Face stores them: one model.safetensors, or a
 // sharded set of model-0000i-of-0000n.safetensors files with model.safetensors.index.json mapping
-// each tensor to its file.
+// each tensor to its file (diffusers' diffusion_pytorch_model.safetensors and its index are read too).
 
 #include <loom/runtime/tensors.hpp>
 
@@ -26,8 +26,9 @@ inline constexpr std::int64_t default_max_shard_bytes = std::int64_t{5} << 30;  
 void save_weights(const std::filesystem::path& folder, const std::vector<named_tensor>& tensors,
                   std::int64_t max_shard_bytes = default_max_shard_bytes);
 
-// Reads a .safetensors file, a model.safetensors.index.json, or a folder holding either; every
-// tensor the index names must be in the file it names.
+// Reads a .safetensors file, an index, or a folder holding either (model.safetensors and its
+// index, or diffusers' diffusion_pytorch_model.safetensors and its index); every tensor the index
+// names must be in the file it names.
 [[nodiscard]] std::vector<named_tensor> load_weights(const std::filesystem::path& path);
 
 // Copies `weights` into the module's parameters and buffers of the same names, leaving out those
@@ -47,9 +48,9 @@ weights_report copy_weights(torch::nn::Module& module, const std::vector<named_t
 // save_pretrained writes beside the weights. The names copied.
 std::vector<std::string> copy_model_files(const std::filesystem::path& from, const std::filesystem::path& to);
 
-// The plan's pretrained(path): a checkpoint (a .safetensors file, a model.safetensors.index.json or
-// a folder holding either) opened with every file's header read and checked and no tensor yet; its
-// tensors are read on demand, whole or by rows, so that a rank reads only what it keeps.
+// The plan's pretrained(path): a checkpoint (a .safetensors file, an index or a folder holding
+// either, under transformers' names or diffusers') opened with every file's header read and checked and no tensor yet;
+// its tensors are read on demand, whole or by rows, so that a rank reads only what it keeps.
 class pretrained_checkpoint {
  public:
   explicit pretrained_checkpoint(const std::filesystem::path& path);
