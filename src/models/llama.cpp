@@ -1,5 +1,7 @@
 #include <loom/models/llama.hpp>
 
+#include "config_json.hpp"
+
 #include <loom/base/text.hpp>
 #include <loom/nn/deferred_init.hpp>
 #include <loom/precision/linear.hpp>
@@ -9,9 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include <cmath>
-#include <fstream>
 #include <numbers>
-#include <sstream>
 #include <stdexcept>
 
 namespace loom::models {
@@ -19,81 +19,31 @@ namespace {
 
 using json = nlohmann::json;
 
-// Reads config.json's keys with the file's name in every message.
-class config_reader {
- public:
-  config_reader(const json& root, std::string source) : root_(root), source_(std::move(source)) {}
-
-  template <class... Args>
-  [[noreturn]] void fail(fmt::format_string<Args...> format, Args&&... args) const {
-    throw_error<std::invalid_argument>("Llama config '{}': {}", source_,
-                                       fmt::format(format, std::forward<Args>(args)...));
+// transformers 5 writes rope_parameters {rope_type, rope_theta, ...}; earlier versions rope_theta
+// and rope_scaling {rope_type or type, ...}.
+void read_rope(const detail::config_json& read, llama_config& config) {
+  const json* parameters = read.find("rope_parameters");
+  const json* scaling = parameters ? parameters : read.find("rope_scaling");
+  config.rope_theta = read.number(parameters ? *parameters : read.root(), "rope_theta", 10000);
+  if (!scaling) return;
+  if (!scaling->is_object())
+    read.fail("'{}' is {}: give an object", parameters ? "rope_parameters" : "rope_scaling", scaling->dump());
+  const json* type = read.find(*scaling, "rope_type");
+  if (!type) type = read.find(*scaling, "type");
+  const std::string kind = type && type->is_string() ? type->get<std::string>() : "default";
+  if (kind == "default") return;
+  if (kind != "llama3") {
+    read.fail(
+        "rope scaling of type '{}' is not supported: loom's Llama computes the default rotary embedding and "
+        "llama3's",
+        kind);
   }
-
-  [[nodiscard]] const json* find(const json& object, const std::string& key) const {
-    const auto found = object.find(key);
-    return found == object.end() || found->is_null() ? nullptr : &*found;
-  }
-
-  std::int64_t whole(const json& object, const std::string& key, std::optional<std::int64_t> fallback) const {
-    const json* value = find(object, key);
-    if (!value) {
-      if (fallback) return *fallback;
-      fail("'{}' is missing: a Llama config.json gives it as a positive whole number", key);
-    }
-    if (!value->is_number_integer() || value->get<std::int64_t>() <= 0) {
-      fail("'{}' is {}: give a positive whole number", key, value->dump());
-    }
-    return value->get<std::int64_t>();
-  }
-
-  double number(const json& object, const std::string& key, double fallback) const {
-    const json* value = find(object, key);
-    if (!value) return fallback;
-    if (!value->is_number() || value->get<double>() <= 0)
-      fail("'{}' is {}: give a positive number", key, value->dump());
-    return value->get<double>();
-  }
-
-  bool flag(const std::string& key, bool fallback) const {
-    const json* value = find(root_, key);
-    if (!value) return fallback;
-    if (!value->is_boolean()) fail("'{}' is {}: give true or false", key, value->dump());
-    return value->get<bool>();
-  }
-
-  // transformers 5 writes rope_parameters {rope_type, rope_theta, ...}; earlier versions rope_theta
-  // and rope_scaling {rope_type or type, ...}.
-  void rope(llama_config& config) const {
-    const json* parameters = find(root_, "rope_parameters");
-    const json* scaling = parameters ? parameters : find(root_, "rope_scaling");
-    config.rope_theta = number(parameters ? *parameters : root_, "rope_theta", 10000);
-    if (!scaling) return;
-    if (!scaling->is_object())
-      fail("'{}' is {}: give an object", parameters ? "rope_parameters" : "rope_scaling", scaling->dump());
-    const json* type = find(*scaling, "rope_type");
-    if (!type) type = find(*scaling, "type");
-    const std::string kind = type && type->is_string() ? type->get<std::string>() : "default";
-    if (kind == "default") return;
-    if (kind != "llama3") {
-      fail(
-          "rope scaling of type '{}' is not supported: loom's Llama computes the default rotary embedding and "
-          "llama3's",
-          kind);
-    }
-    config.rope_scaling = llama3_rope_scaling{
-        .factor = number(*scaling, "factor", 8),
-        .low_freq_factor = number(*scaling, "low_freq_factor", 1),
-        .high_freq_factor = number(*scaling, "high_freq_factor", 4),
-        .original_max_position_embeddings = whole(*scaling, "original_max_position_embeddings", 8192)};
-  }
-
-  const json& root() const noexcept { return root_; }
-
- private:
-  const json& root_;
-  std::string source_;
-};
+  config.rope_scaling = llama3_rope_scaling{
+      .factor = read.number(*scaling, "factor", 8),
+      .low_freq_factor = read.number(*scaling, "low_freq_factor", 1),
+      .high_freq_factor = read.number(*scaling, "high_freq_factor", 4),
+      .original_max_position_embeddings = read.whole(*scaling, "original_max_position_embeddings", 8192)};
+}
 
 // The rotary embedding's inverse frequencies, as transformers' rope init functions compute them.
 at::Tensor inverse_frequencies(const llama_config& config) {
@@ -123,21 +73,14 @@ at::Tensor rotate_half(const at::Tensor& x) {
 }  // namespace
 
 llama_config llama_config::from_pretrained(const std::filesystem::path& path) {
-  const std::filesystem::path file = std::filesystem::is_directory(path) ? path / "config.json" : path;
-  std::ifstream in(file);
-  if (!in) {
-    throw_error<std::invalid_argument>(
-        "Llama config '{}' cannot be read: give a checkpoint folder holding config.json, or the file", file.string());
-  }
-  std::stringstream text;
-  text << in.rdbuf();
-  return from_json(text.str(), file.string());
+  const auto [file, text] =
+      detail::read_config_text(path, "Llama", "give a checkpoint folder holding config.json, or the file");
+  return from_json(text, file);
 }
 
 llama_config llama_config::from_json(std::string_view text, const std::string& source) {
-  const json root = json::parse(text, nullptr, /*allow_exceptions=*/false);
-  const config_reader read(root, source);
-  if (root.is_discarded() || !root.is_object()) read.fail("not a JSON object: give the config.json of a checkpoint");
+  const detail::config_json read(text, "Llama", source, "give the config.json of a checkpoint");
+  const json& root = read.root();
   if (const json* architectures = read.find(root, "architectures")) {
     const bool llama =
         architectures->is_array() && std::any_of(architectures->begin(), architectures->end(), [](const json& a) {
@@ -169,7 +112,7 @@ llama_config llama_config::from_json(std::string_view text, const std::string& s
   }
   config.max_position_embeddings = read.whole(root, "max_position_embeddings", config.max_position_embeddings);
   config.rms_norm_eps = read.number(root, "rms_norm_eps", config.rms_norm_eps);
-  read.rope(config);
+  read_rope(read, config);
   config.attention_bias = read.flag("attention_bias", false);
   config.mlp_bias = read.flag("mlp_bias", false);
   config.tie_word_embeddings = read.flag("tie_word_embeddings", false);

@@ -1,5 +1,7 @@
 #include <loom/models/wan.hpp>
 
+#include "config_json.hpp"
+
 #include <loom/base/text.hpp>
 #include <loom/nn/deferred_init.hpp>
 #include <loom/precision/precision.hpp>
@@ -11,8 +13,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <fstream>
-#include <sstream>
 #include <stdexcept>
 
 namespace loom::models {
@@ -27,70 +27,16 @@ constexpr double rope_theta = 10000;
 // get_timestep_embedding's max_period.
 constexpr double timestep_max_period = 10000;
 
-// Reads config.json's keys with the file's name in every message.
-class config_reader {
- public:
-  config_reader(const json& root, std::string source) : root_(root), source_(std::move(source)) {}
-
-  template <class... Args>
-  [[noreturn]] void fail(fmt::format_string<Args...> format, Args&&... args) const {
-    throw_error<std::invalid_argument>("Wan config '{}': {}", source_,
-                                       fmt::format(format, std::forward<Args>(args)...));
+// Three positive whole numbers: a patch's frames, height and width.
+std::array<std::int64_t, 3> read_triple(const detail::config_json& read, const std::string& key,
+                                        std::array<std::int64_t, 3> fallback) {
+  const json* value = read.find(key);
+  if (!value) return fallback;
+  if (!value->is_array() || value->size() != 3) {
+    read.fail("'{}' is {}: give three positive whole numbers, frames, height and width", key, value->dump());
   }
-
-  [[nodiscard]] const json* find(const std::string& key) const {
-    const auto found = root_.find(key);
-    return found == root_.end() || found->is_null() ? nullptr : &*found;
-  }
-
-  [[nodiscard]] std::int64_t positive(const json& value, const std::string& key) const {
-    if (!value.is_number_integer() || value.get<std::int64_t>() <= 0) {
-      fail("'{}' is {}: give a positive whole number", key, value.dump());
-    }
-    return value.get<std::int64_t>();
-  }
-
-  [[nodiscard]] std::int64_t whole(const std::string& key, std::int64_t fallback) const {
-    const json* value = find(key);
-    return value ? positive(*value, key) : fallback;
-  }
-
-  [[nodiscard]] std::optional<std::int64_t> optional_whole(const std::string& key) const {
-    const json* value = find(key);
-    if (!value) return std::nullopt;
-    return positive(*value, key);
-  }
-
-  [[nodiscard]] double number(const std::string& key, double fallback) const {
-    const json* value = find(key);
-    if (!value) return fallback;
-    if (!value->is_number() || value->get<double>() <= 0)
-      fail("'{}' is {}: give a positive number", key, value->dump());
-    return value->get<double>();
-  }
-
-  [[nodiscard]] bool flag(const std::string& key, bool fallback) const {
-    const json* value = find(key);
-    if (!value) return fallback;
-    if (!value->is_boolean()) fail("'{}' is {}: give true or false", key, value->dump());
-    return value->get<bool>();
-  }
-
-  [[nodiscard]] std::array<std::int64_t, 3> triple(const std::string& key, std::array<std::int64_t, 3> fallback) const {
-    const json* value = find(key);
-    if (!value) return fallback;
-    if (!value->is_array() || value->size() != 3) {
-      fail("'{}' is {}: give three positive whole numbers, frames, height and width", key, value->dump());
-    }
-    return {positive((*value)[0], key), positive((*value)[1], key), positive((*value)[2], key)};
-  }
-
-  [[nodiscard]] const json& root() const noexcept { return root_; }
-
- private:
-  const json& root_;
-  std::string source_;
-};
+  return {read.positive((*value)[0], key), read.positive((*value)[1], key), read.positive((*value)[2], key)};
+}
 
 // What loom's Wan cannot build, in the words of one sentence after the config's name; none if it can.
 std::optional<std::string> unsupported(const wan_config& config) {
@@ -194,30 +140,18 @@ loom::nn::Linear linear(std::int64_t in, std::int64_t out) {
 }  // namespace
 
 wan_config wan_config::from_pretrained(const std::filesystem::path& path) {
-  const std::filesystem::path file = std::filesystem::is_directory(path) ? path / "config.json" : path;
-  std::ifstream in(file);
-  if (!in) {
-    throw_error<std::invalid_argument>(
-        "Wan config '{}' cannot be read: give the transformer's folder holding config.json (a pipeline's "
-        "transformer/), or the file",
-        file.string());
-  }
-  std::stringstream text;
-  text << in.rdbuf();
-  return from_json(text.str(), file.string());
+  const auto [file, text] = detail::read_config_text(
+      path, "Wan", "give the transformer's folder holding config.json (a pipeline's transformer/), or the file");
+  return from_json(text, file);
 }
 
 wan_config wan_config::from_json(std::string_view text, const std::string& source) {
-  const json root = json::parse(text, nullptr, /*allow_exceptions=*/false);
-  const config_reader read(root, source);
-  if (root.is_discarded() || !root.is_object()) {
-    read.fail("not a JSON object: give the config.json of a WanTransformer3DModel checkpoint");
-  }
+  const detail::config_json read(text, "Wan", source, "give the config.json of a WanTransformer3DModel checkpoint");
   if (const json* name = read.find("_class_name"); name && *name != class_name) {
     read.fail("'_class_name' is {}: loom::models::Wan reads {} checkpoints", name->dump(), class_name);
   }
   wan_config config;
-  config.patch_size = read.triple("patch_size", config.patch_size);
+  config.patch_size = read_triple(read, "patch_size", config.patch_size);
   config.num_attention_heads = read.whole("num_attention_heads", config.num_attention_heads);
   config.attention_head_dim = read.whole("attention_head_dim", config.attention_head_dim);
   config.in_channels = read.whole("in_channels", config.in_channels);
