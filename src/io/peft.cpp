@@ -5,10 +5,14 @@
 #include <loom/io/safetensors.hpp>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
 #include <cmath>
 #include <fstream>
+#include <iterator>
+#include <map>
+#include <set>
 #include <string_view>
 #include <type_traits>
 #include <utility>
@@ -22,6 +26,16 @@ constexpr std::string_view config_file = "adapter_config.json";
 constexpr std::string_view weights_file = "adapter_model.safetensors";
 constexpr std::string_view key_prefix = "base_model.model.";
 constexpr std::string_view key_suffix = ".weight";
+// diffusers' names for its LoRA file and the header's key that carries the LoraConfig
+// (diffusers/loaders/lora_base.py: LORA_WEIGHT_NAME_SAFE, LORA_ADAPTER_METADATA_KEY).
+constexpr std::string_view diffusers_file = "pytorch_lora_weights.safetensors";
+constexpr std::string_view diffusers_metadata_key = "lora_adapter_metadata";
+
+// Where a LoRA config and its tensors come from, as a refusal names them.
+struct origin {
+  std::string what;    // "the PEFT adapter in '<folder>'"
+  std::string config;  // where its config is: "adapter_config.json"
+};
 
 // An integral alpha is written as an integer, as PEFT's own configs carry it.
 json number(double value) {
@@ -29,14 +43,16 @@ json number(double value) {
   return value;
 }
 
+json string_or_null(const std::string& value) { return value.empty() ? json(nullptr) : json(value); }
+
 void write_text(const std::filesystem::path& path, const std::string& text) {
   atomic_file out(path);
   out.write(text.data(), text.size());
   out.commit();
 }
 
-[[noreturn]] void refuse(const std::filesystem::path& folder, const std::string& reason) {
-  throw_error<peft_error>("the PEFT adapter in '{}' {}", folder.string(), reason);
+[[noreturn]] void refuse(const origin& from, const std::string& reason) {
+  throw_error<peft_error>("{} {}", from.what, reason);
 }
 
 // Whether a config value is absent, null or empty: PEFT writes defaults as null, {} or [].
@@ -54,23 +70,22 @@ std::string kind_of(const json& value) {
 // The config's value for `key`, or `fallback` when it is absent or null (PEFT writes an unset option
 // as null); refused when it is of another kind than T: a bool, a string or a number (double).
 template <class T>
-T setting(const std::filesystem::path& folder, const json& config, const char* key, T fallback) {
+T setting(const origin& from, const json& config, const char* key, T fallback) {
   const auto found = config.find(key);
   if (found == config.end() || found->is_null()) return fallback;
   const auto [fits, kind] = std::is_same_v<T, bool>          ? std::pair{found->is_boolean(), "true or false"}
                             : std::is_same_v<T, std::string> ? std::pair{found->is_string(), "a string"}
                                                              : std::pair{found->is_number(), "a number"};
-  if (!fits) refuse(folder, fmt::format("has {} for {} in {}, not {}", kind_of(*found), key, config_file, kind));
+  if (!fits) refuse(from, fmt::format("has {} for {} in {}, not {}", kind_of(*found), key, from.config, kind));
   return found->template get<T>();
 }
 
-}  // namespace
-
-void save_peft_adapter(const std::filesystem::path& folder, const peft_lora_adapter& adapter) {
-  std::filesystem::create_directories(folder);
-  const json config = {
+// PEFT's LoraConfig of `adapter`, as its to_dict() holds it: adapter_config.json, and what diffusers
+// builds a LoraConfig from.
+json lora_config(const peft_lora_adapter& adapter) {
+  json config = {
       {"peft_type", "LORA"},
-      {"task_type", adapter.task_type.empty() ? json(nullptr) : json(adapter.task_type)},
+      {"task_type", string_or_null(adapter.task_type)},
       {"r", adapter.r},
       {"lora_alpha", number(adapter.lora_alpha)},
       {"lora_dropout", adapter.lora_dropout},
@@ -86,85 +101,186 @@ void save_peft_adapter(const std::filesystem::path& folder, const peft_lora_adap
       {"layers_pattern", nullptr},
       {"rank_pattern", json::object()},
       {"alpha_pattern", json::object()},
-      {"base_model_name_or_path",
-       adapter.base_model_name_or_path.empty() ? json(nullptr) : json(adapter.base_model_name_or_path)},
+      {"base_model_name_or_path", string_or_null(adapter.base_model_name_or_path)},
       {"revision", nullptr},
   };
-  std::vector<named_tensor> keyed;
-  for (const named_tensor& t : adapter.tensors) {
-    keyed.push_back({std::string(key_prefix) + t.name + std::string(key_suffix), t.tensor});
+  if (adapter.task_type.empty() && !adapter.base_model_class.empty() && !adapter.parent_library.empty()) {
+    config["auto_mapping"] = {{"base_model_class", adapter.base_model_class},
+                              {"parent_library", adapter.parent_library}};
   }
-  save_safetensors(folder / weights_file, keyed, {{"format", "pt"}});
-  write_text(folder / config_file, config.dump(2) + "\n");
+  return config;
 }
 
-peft_lora_adapter load_peft_adapter(const std::filesystem::path& folder) {
-  const std::filesystem::path config_path = folder / config_file;
-  std::ifstream in(config_path);
-  if (!in) refuse(folder, fmt::format("has no readable {}", config_file));
+json parsed_config(const std::string& text, const origin& from) {
   json config;
   try {
-    config = json::parse(in);
+    config = json::parse(text);
   } catch (const json::exception& error) {
-    refuse(folder, fmt::format("has a {} that is not JSON ({})", config_file, error.what()));
+    refuse(from, fmt::format("has a {} that is not JSON ({})", from.config, error.what()));
   }
-  if (!config.is_object()) refuse(folder, fmt::format("has a {} that is not a JSON object", config_file));
-  const std::string type = setting(folder, config, "peft_type", std::string());
-  if (type != "LORA") refuse(folder, fmt::format("is of peft_type '{}', not LORA", type));
+  if (!config.is_object()) refuse(from, fmt::format("has a {} that is not a JSON object", from.config));
+  return config;
+}
+
+// The adapter `config` describes, without its tensors; refused, with the reason, where a plain LoRA
+// adapter cannot express it.
+peft_lora_adapter read_lora_config(const json& config, const origin& from) {
+  const std::string type = setting(from, config, "peft_type", std::string());
+  if (type != "LORA") refuse(from, fmt::format("is of peft_type '{}', not LORA", type));
   if (!config.contains("r") || !config["r"].is_number_integer() || config["r"].get<std::int64_t>() <= 0) {
-    refuse(folder, "has no positive integer r");
+    refuse(from, "has no positive integer r");
   }
-  if (!config.contains("lora_alpha") || !config["lora_alpha"].is_number()) refuse(folder, "has no numeric lora_alpha");
-  if (setting(folder, config, "use_dora", false)) {
-    refuse(folder, "is a DoRA adapter (use_dora), which plain LoRA cannot express");
+  if (!config.contains("lora_alpha") || !config["lora_alpha"].is_number()) refuse(from, "has no numeric lora_alpha");
+  if (setting(from, config, "use_dora", false)) {
+    refuse(from, "is a DoRA adapter (use_dora), which plain LoRA cannot express");
   }
-  if (setting(folder, config, "use_rslora", false)) {
-    refuse(folder, "uses rsLoRA's scaling alpha / sqrt(r) (use_rslora); loom's LoRA scales by alpha / r");
+  if (setting(from, config, "use_rslora", false)) {
+    refuse(from, "uses rsLoRA's scaling alpha / sqrt(r) (use_rslora); loom's LoRA scales by alpha / r");
   }
-  if (setting(folder, config, "fan_in_fan_out", false)) refuse(folder, "stores transposed weights (fan_in_fan_out)");
-  const std::string bias = setting(folder, config, "bias", std::string("none"));
+  if (setting(from, config, "fan_in_fan_out", false)) refuse(from, "stores transposed weights (fan_in_fan_out)");
+  const std::string bias = setting(from, config, "bias", std::string("none"));
   if (bias != "none") {
-    refuse(folder, fmt::format("trains biases (bias '{}'), which a LoRA adapter file of loom's cannot carry", bias));
+    refuse(from, fmt::format("trains biases (bias '{}'), which a LoRA adapter file of loom's cannot carry", bias));
   }
   for (const char* key : {"rank_pattern", "alpha_pattern"}) {
-    if (!unset(config, key)) refuse(folder, fmt::format("sets {}: a rank or alpha per layer", key));
+    if (!unset(config, key)) refuse(from, fmt::format("sets {}: a rank or alpha per layer", key));
   }
-  if (!unset(config, "modules_to_save")) refuse(folder, "saves whole modules beside the adapters (modules_to_save)");
+  if (!unset(config, "modules_to_save")) refuse(from, "saves whole modules beside the adapters (modules_to_save)");
 
   peft_lora_adapter adapter;
   adapter.r = config["r"].get<std::int64_t>();
   adapter.lora_alpha = config["lora_alpha"].get<double>();
-  adapter.lora_dropout = setting(folder, config, "lora_dropout", 0.0);
-  adapter.task_type = setting(folder, config, "task_type", std::string());
-  adapter.base_model_name_or_path = setting(folder, config, "base_model_name_or_path", std::string());
+  adapter.lora_dropout = setting(from, config, "lora_dropout", 0.0);
+  adapter.task_type = setting(from, config, "task_type", std::string());
+  adapter.base_model_name_or_path = setting(from, config, "base_model_name_or_path", std::string());
   if (!(adapter.lora_dropout >= 0 && adapter.lora_dropout <= 1)) {
-    refuse(folder,
-           fmt::format("has lora_dropout {} in {}, not a probability in [0, 1]", adapter.lora_dropout, config_file));
+    refuse(from,
+           fmt::format("has lora_dropout {} in {}, not a probability in [0, 1]", adapter.lora_dropout, from.config));
   }
   // A list of names, or a string (a regular expression, or "all-linear") that names no layer itself.
   if (const auto targets = config.find("target_modules"); targets != config.end() && targets->is_array()) {
     for (const json& target : *targets) {
       if (!target.is_string()) {
-        refuse(folder, fmt::format("has {} among target_modules in {}, not only names", kind_of(target), config_file));
+        refuse(from, fmt::format("has {} among target_modules in {}, not only names", kind_of(target), from.config));
       }
       adapter.target_modules.push_back(target.get<std::string>());
     }
   } else if (targets != config.end() && !targets->is_string() && !targets->is_null()) {
-    refuse(folder, fmt::format("has {} for target_modules in {}, not a list of names", kind_of(*targets), config_file));
+    refuse(from, fmt::format("has {} for target_modules in {}, not a list of names", kind_of(*targets), from.config));
   }
-  for (named_tensor& t : load_safetensors(folder / weights_file).tensors) {
+  return adapter;
+}
+
+// The tensors under the file's keys, "<prefix><layer>.lora_A.weight".
+std::vector<named_tensor> keyed(const std::vector<named_tensor>& tensors, std::string_view prefix) {
+  std::vector<named_tensor> out;
+  for (const named_tensor& t : tensors) out.push_back({fmt::format("{}{}{}", prefix, t.name, key_suffix), t.tensor});
+  return out;
+}
+
+// The tensors of a file under the module's names, "<layer>.lora_A" and "<layer>.lora_B".
+std::vector<named_tensor> adapter_tensors(std::vector<named_tensor> file_tensors, std::string_view prefix,
+                                          const origin& from) {
+  std::vector<named_tensor> tensors;
+  for (named_tensor& t : file_tensors) {
     const std::string_view key = t.name;
-    if (key.size() < key_prefix.size() + key_suffix.size() || !key.starts_with(key_prefix) ||
-        !key.ends_with(key_suffix)) {
-      refuse(folder,
-             fmt::format("holds '{}', not a key of the form {}<layer>.lora_A{}", t.name, key_prefix, key_suffix));
+    if (key.size() < prefix.size() + key_suffix.size() || !key.starts_with(prefix) || !key.ends_with(key_suffix)) {
+      refuse(from, fmt::format("holds '{}', not a key of the form {}<layer>.lora_A{}", t.name, prefix, key_suffix));
     }
-    std::string name(key.substr(key_prefix.size(), key.size() - key_prefix.size() - key_suffix.size()));
+    std::string name(key.substr(prefix.size(), key.size() - prefix.size() - key_suffix.size()));
     if (!name.ends_with(".lora_A") && !name.ends_with(".lora_B")) {
-      refuse(folder, fmt::format("holds '{}', which is not a lora_A or lora_B weight", t.name));
+      refuse(from, fmt::format("holds '{}', which is not a lora_A or lora_B weight", t.name));
     }
-    adapter.tensors.push_back({std::move(name), std::move(t.tensor)});
+    tensors.push_back({std::move(name), std::move(t.tensor)});
   }
+  return tensors;
+}
+
+// What diffusers makes of a LoRA file without its config: the rank from the shapes, one for every
+// layer, alpha equal to it (a scale of 1), and the adapted layers from the keys.
+void read_config_from_shapes(peft_lora_adapter& adapter, const origin& from) {
+  std::set<std::string> layers;
+  std::map<std::int64_t, std::string> ranks;  // a layer of each rank, for the message
+  for (const named_tensor& t : adapter.tensors) {
+    const std::string layer = t.name.substr(0, t.name.size() - std::string_view(".lora_A").size());
+    layers.insert(layer);
+    if (t.tensor.dim() == 2) ranks.emplace(t.name.ends_with(".lora_A") ? t.tensor.size(0) : t.tensor.size(1), layer);
+  }
+  if (ranks.size() != 1) {
+    std::vector<std::string> listed;
+    for (const auto& [rank, layer] : ranks) listed.push_back(fmt::format("{} of rank {}", layer, rank));
+    refuse(from, fmt::format("has no {} and {}, so its rank cannot be told from its shapes", diffusers_metadata_key,
+                             ranks.empty() ? "no two-dimensional lora_A or lora_B"
+                                           : fmt::format("layers of several ranks ({})", fmt::join(listed, ", "))));
+  }
+  adapter.r = ranks.begin()->first;
+  adapter.lora_alpha = static_cast<double>(adapter.r);
+  adapter.target_modules.assign(layers.begin(), layers.end());
+}
+
+}  // namespace
+
+void save_peft_adapter(const std::filesystem::path& folder, const peft_lora_adapter& adapter) {
+  std::filesystem::create_directories(folder);
+  save_safetensors(folder / weights_file, keyed(adapter.tensors, key_prefix), {{"format", "pt"}});
+  write_text(folder / config_file, lora_config(adapter).dump(2) + "\n");
+}
+
+peft_lora_adapter load_peft_adapter(const std::filesystem::path& folder) {
+  const origin from{fmt::format("the PEFT adapter in '{}'", folder.string()), std::string(config_file)};
+  std::ifstream in(folder / config_file);
+  if (!in) {
+    refuse(from, std::filesystem::exists(folder / diffusers_file)
+                     ? fmt::format("has no {} but diffusers' {}: read that with loom::adapter_format::diffusers",
+                                   config_file, diffusers_file)
+                     : fmt::format("has no readable {}", config_file));
+  }
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  peft_lora_adapter adapter = read_lora_config(parsed_config(text, from), from);
+  adapter.tensors = adapter_tensors(load_safetensors(folder / weights_file).tensors, key_prefix, from);
+  return adapter;
+}
+
+void save_diffusers_lora(const std::filesystem::path& folder, const peft_lora_adapter& adapter,
+                         std::string_view component) {
+  std::filesystem::create_directories(folder);
+  const std::string prefix = fmt::format("{}.", component);
+  const json config = lora_config(adapter);
+  json metadata = json::object();
+  for (const auto& [key, value] : config.items()) metadata[prefix + key] = value;
+  save_safetensors(folder / diffusers_file, keyed(adapter.tensors, prefix),
+                   {{"format", "pt"}, {std::string(diffusers_metadata_key), metadata.dump(2)}});
+}
+
+peft_lora_adapter load_diffusers_lora(const std::filesystem::path& path, std::string_view component) {
+  const bool folder = std::filesystem::is_directory(path);
+  const std::filesystem::path file = folder ? path / diffusers_file : path;
+  const origin from{fmt::format("the diffusers LoRA file '{}'", file.string()), std::string(diffusers_metadata_key)};
+  if (folder && !std::filesystem::exists(file)) {
+    throw_error<peft_error>("'{}' holds no {}{}", path.string(), diffusers_file,
+                            std::filesystem::exists(path / config_file)
+                                ? fmt::format(" but PEFT's {}: read that with loom::adapter_format::peft", config_file)
+                                : "");
+  }
+  safetensors_content content = load_safetensors(file);
+  const std::string prefix = fmt::format("{}.", component);
+  std::vector<named_tensor> tensors = adapter_tensors(std::move(content.tensors), prefix, from);
+  const auto metadata = content.metadata.find(std::string(diffusers_metadata_key));
+  if (metadata == content.metadata.end()) {
+    peft_lora_adapter adapter;
+    adapter.tensors = std::move(tensors);
+    read_config_from_shapes(adapter, from);
+    return adapter;
+  }
+  // Each key under the pipeline's name for its model, as diffusers strips it before LoraConfig(**...).
+  const json prefixed = parsed_config(metadata->second, from);
+  json config = json::object();
+  for (const auto& [key, value] : prefixed.items()) {
+    if (key.starts_with(prefix)) config[key.substr(prefix.size())] = value;
+  }
+  if (config.empty()) refuse(from, fmt::format("has {} with no key under '{}'", diffusers_metadata_key, prefix));
+  peft_lora_adapter adapter = read_lora_config(config, from);
+  adapter.tensors = std::move(tensors);
   return adapter;
 }
 

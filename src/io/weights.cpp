@@ -18,17 +18,22 @@
 #include <memory>
 #include <set>
 #include <stdexcept>
+#include <string_view>
 
 namespace loom {
 namespace {
 
 using json = nlohmann::json;
 
-constexpr const char* single_file = "model.safetensors";
-constexpr const char* index_file = "model.safetensors.index.json";
-// diffusers' ModelMixin.save_pretrained names its weights so.
-constexpr const char* diffusers_single_file = "diffusion_pytorch_model.safetensors";
-constexpr const char* diffusers_index_file = "diffusion_pytorch_model.safetensors.index.json";
+// What every weight file's name starts with: transformers' PreTrainedModel.save_pretrained writes
+// model.safetensors, diffusers' ModelMixin.save_pretrained diffusion_pytorch_model.safetensors.
+std::string_view stem(weights_naming naming) {
+  return naming == weights_naming::diffusers ? "diffusion_pytorch_model" : "model";
+}
+std::string single_file(weights_naming naming) { return fmt::format("{}.safetensors", stem(naming)); }
+std::string index_file(weights_naming naming) { return fmt::format("{}.safetensors.index.json", stem(naming)); }
+
+constexpr std::array namings{weights_naming::transformers, weights_naming::diffusers};
 
 }  // namespace
 
@@ -43,28 +48,40 @@ struct pretrained_checkpoint::files {
   // A .safetensors file, an index, or a folder holding either (transformers' names, or diffusers').
   explicit files(const std::filesystem::path& path) {
     if (std::filesystem::is_directory(path)) {
-      if (std::filesystem::exists(path / index_file)) {
-        open_index(path / index_file);
-      } else if (std::filesystem::exists(path / single_file)) {
-        open_file(path / single_file);
-      } else if (std::filesystem::exists(path / diffusers_index_file)) {
-        open_index(path / diffusers_index_file);
-      } else if (std::filesystem::exists(path / diffusers_single_file)) {
-        open_file(path / diffusers_single_file);
-      } else {
-        throw_error<std::invalid_argument>("'{}' holds none of {}, {}, {} and {}", path.string(), single_file,
-                                           index_file, diffusers_single_file, diffusers_index_file);
-      }
+      open_folder(path);
     } else if (path.filename() == "config.json") {
       throw_error<std::invalid_argument>(
           "'{}' is the model's config, not its weights: give the folder that holds it and the weights, '{}'",
           path.string(), path.parent_path().string());
-    } else if (path.extension() == ".json") {
-      open_index(path);
     } else {
-      open_file(path);
+      naming = path.filename().string().starts_with(stem(weights_naming::diffusers)) ? weights_naming::diffusers
+                                                                                     : weights_naming::transformers;
+      if (path.extension() == ".json") {
+        open_index(path);
+      } else {
+        open_file(path);
+      }
     }
     for (std::size_t i = 0; i < sources.size(); ++i) by_name.emplace(sources[i].entry->spec.name, i);
+  }
+
+  // transformers' index or file, else diffusers'.
+  void open_folder(const std::filesystem::path& folder) {
+    for (const weights_naming candidate : namings) {
+      naming = candidate;
+      if (std::filesystem::exists(folder / index_file(naming))) {
+        open_index(folder / index_file(naming));
+        return;
+      }
+      if (std::filesystem::exists(folder / single_file(naming))) {
+        open_file(folder / single_file(naming));
+        return;
+      }
+    }
+    throw_error<std::invalid_argument>("'{}' holds none of {}, {}, {} and {}", folder.string(),
+                                       single_file(weights_naming::transformers),
+                                       index_file(weights_naming::transformers), single_file(weights_naming::diffusers),
+                                       index_file(weights_naming::diffusers));
   }
 
   // Every tensor, file by file, each in the order of its bytes.
@@ -125,13 +142,14 @@ struct pretrained_checkpoint::files {
     return sources[found->second];
   }
 
+  weights_naming naming = weights_naming::transformers;
   std::vector<std::unique_ptr<io_detail::safetensors_reader>> readers;
   std::vector<source> sources;
   std::map<std::string, std::size_t> by_name;
 };
 
 void save_weights(const std::filesystem::path& folder, const std::vector<named_tensor>& tensors,
-                  std::int64_t max_shard_bytes) {
+                  std::int64_t max_shard_bytes, weights_naming naming) {
   std::filesystem::create_directories(folder);
   std::vector<std::vector<named_tensor>> shards(1);
   std::int64_t shard_bytes = 0;
@@ -147,17 +165,17 @@ void save_weights(const std::filesystem::path& folder, const std::vector<named_t
     total += bytes;
   }
   if (shards.size() == 1) {
-    save_safetensors(folder / single_file, shards.front(), {{"format", "pt"}});
+    save_safetensors(folder / single_file(naming), shards.front(), {{"format", "pt"}});
     return;
   }
   json weight_map = json::object();
   for (std::size_t i = 0; i < shards.size(); ++i) {
-    const std::string file = fmt::format("model-{:05}-of-{:05}.safetensors", i + 1, shards.size());
+    const std::string file = fmt::format("{}-{:05}-of-{:05}.safetensors", stem(naming), i + 1, shards.size());
     save_safetensors(folder / file, shards[i], {{"format", "pt"}});
     for (const named_tensor& t : shards[i]) weight_map[t.name] = file;
   }
   const std::string index = json{{"metadata", {{"total_size", total}}}, {"weight_map", weight_map}}.dump(2) + "\n";
-  atomic_file out(folder / index_file);
+  atomic_file out(folder / index_file(naming));
   out.write(index.data(), index.size());
   out.commit();
 }
@@ -228,6 +246,8 @@ pretrained_checkpoint::pretrained_checkpoint(const std::filesystem::path& path)
     : path_(path), files_(std::make_unique<files>(path)) {}
 
 pretrained_checkpoint::~pretrained_checkpoint() = default;
+
+weights_naming pretrained_checkpoint::naming() const noexcept { return files_->naming; }
 
 std::size_t pretrained_checkpoint::size() const noexcept { return files_->tensors().size(); }
 

@@ -24,12 +24,13 @@ job_core::job_core(runtime rt, std::shared_ptr<torch::nn::Module> module, std::s
       lora_(std::move(lora)),
       plan_text_(std::move(plan_text)),
       plan_state_(decided.plan_state.empty() ? plan_text_ : decided.plan_state),
-      peft_task_type_(decided.peft_task_type) {
+      identity_(decided.identity) {
   if (decided.pretrained) {
     // PEFT loads a base model from a folder: the checkpoint's, for a single file.
     const std::filesystem::path& path = decided.pretrained->path();
     base_model_ = std::filesystem::absolute(std::filesystem::is_directory(path) ? path : path.parent_path());
     for (const tensor_spec& spec : decided.pretrained->specs()) pretrained_dtypes_.emplace(spec.name, spec.dtype);
+    weights_naming_ = decided.pretrained->naming();
   }
   if (decided.built_in) {
     built_text_ = fmt::format("built in {}", name_of(*decided.built_in));
@@ -149,26 +150,50 @@ lora_layers& job_core::require_lora(std::string_view what) {
   throw_error<std::logic_error>("job.{}() needs a plan with lora(...)", what);
 }
 
-void job_core::save_adapter(const std::filesystem::path& folder) {
+std::string_view job_core::diffusers_component(std::string_view what) const {
+  if (identity_.diffusers_component.empty()) {
+    throw_error<std::logic_error>(
+        "job.{}(..., adapter_format::diffusers): {} names no diffusers_component, the name of its pipeline's "
+        "component that a diffusers LoRA file prefixes its keys with; use PEFT's folder (adapter_format::peft)",
+        what, model_name_);
+  }
+  return identity_.diffusers_component;
+}
+
+void job_core::save_adapter(const std::filesystem::path& folder, adapter_format format) {
   const lora_layers& lora = require_lora("save_adapter");
   if (lora.merged()) {
     throw_error<std::logic_error>(
         "job.save_adapter(): the adapters are merged into the base weights, so a model that loads this "
         "adapter would apply it twice; call job.unmerge() first, or save the merged model with job.save_weights()");
   }
-  const peft_lora_adapter adapter = to_peft_adapter(lora, context_->module(), peft_task_type_, base_model_.string());
-  run_on_rank_zero(context_->rt(), "saving the adapter", [&] { save_peft_adapter(folder, adapter); });
+  const std::string_view component =
+      format == adapter_format::diffusers ? diffusers_component("save_adapter") : std::string_view();
+  peft_lora_adapter adapter = to_peft_adapter(lora, context_->module());
+  adapter.task_type = identity_.peft_task_type;
+  adapter.base_model_name_or_path = base_model_.string();
+  adapter.base_model_class = identity_.peft_base_model_class;
+  adapter.parent_library = identity_.peft_parent_library;
+  run_on_rank_zero(context_->rt(), "saving the adapter", [&] {
+    if (format == adapter_format::diffusers) {
+      save_diffusers_lora(folder, adapter, component);
+    } else {
+      save_peft_adapter(folder, adapter);
+    }
+  });
 }
 
-void job_core::load_adapter(const std::filesystem::path& folder) {
+void job_core::load_adapter(const std::filesystem::path& path, adapter_format format) {
   const lora_layers& lora = require_lora("load_adapter");
   if (lora.merged()) {
     throw_error<std::logic_error>(
         "job.load_adapter(): the adapters are merged into the base weights; call "
         "job.unmerge() first");
   }
-  const peft_lora_adapter adapter = load_peft_adapter(folder);
-  copy_peft_adapter_into(lora, context_->module(), adapter, folder);
+  const peft_lora_adapter adapter = format == adapter_format::diffusers
+                                        ? load_diffusers_lora(path, diffusers_component("load_adapter"))
+                                        : load_peft_adapter(path);
+  copy_peft_adapter_into(lora, context_->module(), adapter, path);
 }
 
 void job_core::save_weights(const std::filesystem::path& folder, const tensor_state& whole,
@@ -177,7 +202,8 @@ void job_core::save_weights(const std::filesystem::path& folder, const tensor_st
   for (const named_tensor& t : whole) {
     if (!lora_adapter::is_adapter_parameter(t.name)) base.push_back(t);
   }
-  run_on_rank_zero(context_->rt(), "saving the weights", [&] { loom::save_weights(folder, base, max_shard_bytes); });
+  run_on_rank_zero(context_->rt(), "saving the weights",
+                   [&] { loom::save_weights(folder, base, max_shard_bytes, weights_naming_); });
 }
 
 void job_core::save_pretrained(const std::filesystem::path& folder, const tensor_state& whole,

@@ -12,16 +12,17 @@
 #include <map>
 #include <set>
 #include <stdexcept>
-#include <utility>
 #include <vector>
 
 namespace loom {
 
-peft_lora_adapter to_peft_adapter(const lora_layers& lora, const torch::nn::Module& module, std::string task_type,
-                                  std::string base_model) {
+peft_lora_adapter to_peft_adapter(const lora_layers& lora, const torch::nn::Module& module) {
   std::vector<std::string> not_adapters;
-  peft_lora_adapter adapter{
-      lora.rank(), lora.alpha(), lora.dropout(), lora.adapted(), std::move(task_type), std::move(base_model), {}};
+  peft_lora_adapter adapter;
+  adapter.r = lora.rank();
+  adapter.lora_alpha = lora.alpha();
+  adapter.lora_dropout = lora.dropout();
+  adapter.target_modules = lora.adapted();
   for (const auto& item : module.named_parameters()) {
     if (lora_adapter::is_adapter_parameter(item.key())) {
       adapter.tensors.push_back({item.key(), item.value()});
@@ -40,9 +41,9 @@ peft_lora_adapter to_peft_adapter(const lora_layers& lora, const torch::nn::Modu
 }
 
 void copy_peft_adapter_into(const lora_layers& lora, torch::nn::Module& module, const peft_lora_adapter& adapter,
-                            const std::filesystem::path& folder) {
+                            const std::filesystem::path& path) {
   const auto refuse = [&](const std::string& reason) {
-    throw_error<std::invalid_argument>("job.load_adapter('{}'): {}", folder.string(), reason);
+    throw_error<std::invalid_argument>("job.load_adapter('{}'): {}", path.string(), reason);
   };
   if (adapter.r != lora.rank()) {
     refuse(fmt::format("the adapter has rank r = {}, the plan lora({}, ...)", adapter.r, lora.rank()));

@@ -131,7 +131,10 @@ TEST_CASE("an adapter saved in PEFT's format loads back; the base weights leave 
   CHECK(same_state(source, target));
 }
 
-TEST_CASE("save_adapter refuses merged adapters and parameters a LoRA file cannot carry", "[peft][errors]") {
+TEST_CASE(
+    "save_adapter refuses merged adapters, parameters a LoRA file cannot carry, and diffusers' file for a model of no "
+    "pipeline",
+    "[peft][errors]") {
   auto merged = loom::build(loom::model<models::TinyGpt>(small) | loom::seeded(1) | adapted, one());
   merged.merge();
   CHECK_THROWS_WITH(merged.save_adapter(scratch("merged")),
@@ -142,6 +145,11 @@ TEST_CASE("save_adapter refuses merged adapters and parameters a LoRA file canno
                     ContainsSubstring("trainable(...) also trains 2 parameters (head.weight, head.bias)"));
   auto plain = loom::build(loom::model<models::TinyGpt>(small) | loom::seeded(1), one());
   CHECK_THROWS_WITH(plain.save_adapter(scratch("plain")), ContainsSubstring("needs a plan with lora(...)"));
+  // diffusers' file keys the adapters under the model's name in its pipeline, which TinyGpt has not.
+  auto no_pipeline = loom::build(loom::model<models::TinyGpt>(small) | loom::seeded(1) | adapted, one());
+  CHECK_THROWS_WITH(no_pipeline.save_adapter(scratch("no-pipeline"), loom::adapter_format::diffusers),
+                    ContainsSubstring("names no diffusers_component") &&
+                        ContainsSubstring("use PEFT's folder (adapter_format::peft)"));
 }
 
 TEST_CASE("load_adapter checks rank, alpha and layers against the plan", "[peft][errors]") {

@@ -2,6 +2,7 @@
 // it, each refusal's sentence, the module's names and shapes (diffusers' own, so that checkpoints
 // load by name), what is kept in fp32, the units, the LoRA targets, a construction without bytes, and
 // the forward's refusals. tests/models/wan_vs_diffusers.py checks the values against diffusers.
+#include <loom/io/safetensors.hpp>
 #include <loom/loom.hpp>
 #include <loom/models/wan.hpp>
 #include <loom/nn/deferred_init.hpp>
@@ -15,6 +16,9 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <optional>
 #include <string>
 #include <utility>
@@ -289,4 +293,87 @@ TEST_CASE("the forward gives the velocity of whole patches and refuses what it c
                                       "than rope_max_seq_len = 4 rotary positions"));
   CHECK_THROWS_WITH(model(torch::randn({2, 4, 4, 4}), torch::ones({2}), text),
                     ContainsSubstring("the latents are 4-dimensional"));
+}
+
+TEST_CASE("a diffusers checkpoint's adapters go to diffusers' file and PEFT's folder, its weights to diffusers' names",
+          "[wan][lora][files]") {
+  namespace fs = std::filesystem;
+  const fs::path folder = fs::temp_directory_path() / "loom-test-wan-files";
+  fs::remove_all(folder);
+  const auto base = loom::model<loom::models::Wan>(tiny());
+  {
+    auto saved = loom::build(base | loom::seeded(1) | loom::local(), loom::runtime::single_process());
+    loom::save_weights(folder / "checkpoint", saved.state_dict(), loom::default_max_shard_bytes,
+                       loom::weights_naming::diffusers);
+    std::ofstream(folder / "checkpoint" / "config.json") << config_json();
+  }
+  const auto adapted = base | loom::seeded(2) | loom::pretrained((folder / "checkpoint").string()) |
+                       loom::lora(2, {"to_q"}, {.alpha = 3});
+  auto job = loom::build(adapted | loom::local(), loom::runtime::single_process());
+  {
+    torch::NoGradGuard no_grad;
+    auto generator = at::make_generator<at::CPUGeneratorImpl>(5);
+    for (const at::Tensor& parameter : job.trainable_parameters()) at::Tensor(parameter).normal_(0, 0.1, generator);
+  }
+  job.save_adapter(folder / "diffusers", loom::adapter_format::diffusers);
+  job.save_adapter(folder / "peft");
+
+  // diffusers' keys and the LoraConfig under the pipeline's name for the model.
+  const loom::safetensors_content file =
+      loom::load_safetensors(folder / "diffusers" / "pytorch_lora_weights.safetensors");
+  CHECK(file.tensors.front().name == "transformer.blocks.0.attn1.to_q.lora_A.weight");
+  const std::string metadata = file.metadata.at("lora_adapter_metadata");
+  CHECK_THAT(metadata, ContainsSubstring(R"("transformer.lora_alpha": 3)") &&
+                           ContainsSubstring(R"("transformer.r": 2)") &&
+                           ContainsSubstring(R"("transformer.target_modules": [)"));
+  // PEFT has no task for a diffusers model: auto_mapping names the class AutoPeftModel loads.
+  std::ifstream config(folder / "peft" / "adapter_config.json");
+  const std::string peft_config((std::istreambuf_iterator<char>(config)), {});
+  CHECK_THAT(peft_config,
+             ContainsSubstring(R"("task_type": null)") &&
+                 ContainsSubstring(R"("base_model_class": "WanTransformer3DModel")") &&
+                 ContainsSubstring(R"("parent_library": "diffusers.models.transformers.transformer_wan")"));
+
+  const auto adapters = [](auto& of) {
+    std::vector<at::Tensor> copies;
+    for (const at::Tensor& parameter : of.trainable_parameters()) copies.push_back(parameter.detach().clone());
+    return copies;
+  };
+  const auto same = [](const std::vector<at::Tensor>& a, const std::vector<at::Tensor>& b) {
+    return a.size() == b.size() && std::equal(a.begin(), a.end(), b.begin(),
+                                              [](const at::Tensor& x, const at::Tensor& y) { return x.equal(y); });
+  };
+  for (const auto format : {loom::adapter_format::diffusers, loom::adapter_format::peft}) {
+    auto reloaded = loom::build(adapted | loom::local(), loom::runtime::single_process());
+    reloaded.load_adapter(folder / (format == loom::adapter_format::diffusers ? "diffusers" : "peft"), format);
+    CHECK(same(adapters(reloaded), adapters(job)));
+  }
+  CHECK_THROWS_WITH(job.load_adapter(folder / "diffusers"),
+                    ContainsSubstring("has no adapter_config.json but diffusers' pytorch_lora_weights.safetensors: "
+                                      "read that with loom::adapter_format::diffusers"));
+  CHECK_THROWS_WITH(job.load_adapter(folder / "peft", loom::adapter_format::diffusers),
+                    ContainsSubstring("holds no pytorch_lora_weights.safetensors but PEFT's adapter_config.json"));
+  // Without its LoraConfig, as older diffusers wrote it, the file is read as diffusers reads it: alpha = r.
+  loom::save_safetensors(folder / "older.safetensors", file.tensors);
+  CHECK_THROWS_WITH(job.load_adapter(folder / "older.safetensors", loom::adapter_format::diffusers),
+                    ContainsSubstring("the adapter has lora_alpha = 2, the plan alpha = 3"));
+  // Another component's adapters (a text encoder's) are not this model's.
+  std::vector<loom::named_tensor> renamed = file.tensors;
+  renamed.front().name = "text_encoder.layers.0.q.lora_A.weight";
+  loom::save_safetensors(folder / "other.safetensors", renamed, file.metadata);
+  CHECK_THROWS_WITH(job.load_adapter(folder / "other.safetensors", loom::adapter_format::diffusers),
+                    ContainsSubstring("holds 'text_encoder.layers.0.q.lora_A.weight', not a key of the form "
+                                      "transformer.<layer>.lora_A.weight"));
+
+  // The merged model under the checkpoint's (diffusers') names, in shards with diffusers' index.
+  job.merge();
+  job.save_pretrained(folder / "merged", /*max_shard_bytes=*/16 * 1024);
+  CHECK(fs::exists(folder / "merged" / "config.json"));
+  CHECK(fs::exists(folder / "merged" / "diffusion_pytorch_model.safetensors.index.json"));
+  const auto shards = std::count_if(fs::directory_iterator(folder / "merged"), fs::directory_iterator(),
+                                    [](const fs::directory_entry& entry) {
+                                      return entry.path().filename().string().starts_with("diffusion_pytorch_model-0");
+                                    });
+  CHECK(shards > 1);
+  CHECK_FALSE(fs::exists(folder / "merged" / "model.safetensors.index.json"));
 }

@@ -43,20 +43,30 @@ CONFIGS = {
 FP32_TOLERANCE = 1e-5
 
 
+def random_wan(config: dict, seed: int):
+    """A WanTransformer3DModel of `config` whose weights are drawn from `seed`, larger than the default
+    init, so that every block moves the velocity."""
+    import torch
+    from diffusers import WanTransformer3DModel
+
+    torch.manual_seed(seed)
+    model = WanTransformer3DModel(**config).eval()
+    with torch.no_grad():
+        for key, parameter in model.named_parameters():
+            if "norm" in key and key.endswith("weight"):
+                parameter.uniform_(0.5, 1.5)
+            else:
+                parameter.normal_(0.0, 0.2)
+    return model
+
+
 def make(folder: Path) -> None:
     import torch
     from diffusers import WanTransformer3DModel
     from safetensors.torch import save_file
 
     for index, (name, (config, batch, grid, text_length)) in enumerate(CONFIGS.items()):
-        torch.manual_seed(200 + index)
-        model = WanTransformer3DModel(**config).eval()
-        with torch.no_grad():  # larger than the default init, so that every block moves the velocity
-            for key, parameter in model.named_parameters():
-                if "norm" in key and key.endswith("weight"):
-                    parameter.uniform_(0.5, 1.5)
-                else:
-                    parameter.normal_(0.0, 0.2)
+        model = random_wan(config, 200 + index)
         out = folder / name
         model.save_pretrained(out, max_shard_size="20KB" if name == "sharded" else "5GB")
         inputs = torch.Generator().manual_seed(7 + index)

@@ -1,8 +1,14 @@
 #pragma once
-// PEFT's LoRA adapter folder, as PeftModel.save_pretrained writes it and PeftModel.from_pretrained
-// reads it: adapter_config.json (peft_type "LORA", r, lora_alpha, lora_dropout, target_modules,
-// ...) and adapter_model.safetensors, whose keys are "base_model.model.<layer>.lora_A.weight"
-// ([r, in]) and "base_model.model.<layer>.lora_B.weight" ([out, r]).
+// A LoRA adapter in the two files the ecosystem reads:
+// - PEFT's folder, as PeftModel.save_pretrained writes it and PeftModel.from_pretrained reads it:
+//   adapter_config.json (peft_type "LORA", r, lora_alpha, lora_dropout, target_modules, ...) and
+//   adapter_model.safetensors, whose keys are "base_model.model.<layer>.lora_A.weight" ([r, in]) and
+//   "base_model.model.<layer>.lora_B.weight" ([out, r]);
+// - diffusers' file, as a pipeline's save_lora_weights writes it and its load_lora_weights (or the
+//   model's load_lora_adapter) reads it: pytorch_lora_weights.safetensors, whose keys are the same
+//   tensors' under the pipeline's name for the model ("transformer.<layer>.lora_A.weight"), with
+//   PEFT's LoraConfig in the header's metadata, each key under that name too ("transformer.r"), from
+//   which diffusers builds the adapter's config rather than guessing it from the shapes.
 
 #include <loom/runtime/tensors.hpp>
 
@@ -10,11 +16,15 @@
 #include <filesystem>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace loom {
 
-// A PEFT folder that loom cannot read as a plain LoRA adapter: names the folder and the reason.
+// Which of those files: job.save_adapter(folder, format) and job.load_adapter(path, format).
+enum class adapter_format { peft, diffusers };
+
+// An adapter file that loom cannot read as a plain LoRA adapter: names the file or folder and the reason.
 class peft_error : public std::runtime_error {
  public:
   using std::runtime_error::runtime_error;
@@ -29,6 +39,10 @@ struct peft_lora_adapter {
   // ("CAUSAL_LM") and the base model's folder; null in the file when empty.
   std::string task_type;
   std::string base_model_name_or_path;
+  // For a model without a task (a diffusers model), the class AutoPeftModel loads the base model
+  // with and its Python module, as PEFT's auto_mapping names them; written only, when both are given.
+  std::string base_model_class{};
+  std::string parent_library{};
   // Under the module's names: "<layer>.lora_A" and "<layer>.lora_B".
   std::vector<named_tensor> tensors;
 };
@@ -41,5 +55,16 @@ void save_peft_adapter(const std::filesystem::path& folder, const peft_lora_adap
 // adapter cannot express: another peft_type, DoRA, rsLoRA's scaling, trained biases, per-layer
 // ranks or alphas, modules_to_save.
 [[nodiscard]] peft_lora_adapter load_peft_adapter(const std::filesystem::path& folder);
+
+// Writes pytorch_lora_weights.safetensors into `folder` (created if missing), atomically: the keys and
+// the LoraConfig's under `component`, the pipeline's name for the model ("transformer").
+void save_diffusers_lora(const std::filesystem::path& folder, const peft_lora_adapter& adapter,
+                         std::string_view component);
+
+// Reads diffusers' LoRA file (`path`, or pytorch_lora_weights.safetensors in the folder `path`), its
+// keys under `component`; refuses what load_peft_adapter refuses. Without the LoraConfig in its
+// header (a file of older diffusers), it reads as diffusers does: the rank from the shapes, one for
+// every layer, and lora_alpha equal to it.
+[[nodiscard]] peft_lora_adapter load_diffusers_lora(const std::filesystem::path& path, std::string_view component);
 
 }  // namespace loom

@@ -20,11 +20,17 @@ namespace loom {
 
 inline constexpr std::int64_t default_max_shard_bytes = std::int64_t{5} << 30;  // as save_pretrained's "5GB"
 
+// Whose file names a model's weights take, as each library's from_pretrained looks for them:
+// transformers' (model.safetensors, model-0000i-of-0000n.safetensors and model.safetensors.index.json)
+// or diffusers' (the same with diffusion_pytorch_model for model).
+enum class weights_naming { transformers, diffusers };
+
 // Writes `tensors` into `folder` (created if missing): model.safetensors when they fit in one shard
-// of `max_shard_bytes`, otherwise numbered shards and the index. Each file is written atomically,
-// the index last.
+// of `max_shard_bytes`, otherwise numbered shards and the index, under `naming`'s names. Each file is
+// written atomically, the index last.
 void save_weights(const std::filesystem::path& folder, const std::vector<named_tensor>& tensors,
-                  std::int64_t max_shard_bytes = default_max_shard_bytes);
+                  std::int64_t max_shard_bytes = default_max_shard_bytes,
+                  weights_naming naming = weights_naming::transformers);
 
 // Reads a .safetensors file, an index, or a folder holding either (model.safetensors and its
 // index, or diffusers' diffusion_pytorch_model.safetensors and its index); every tensor the index
@@ -59,6 +65,8 @@ class pretrained_checkpoint {
   pretrained_checkpoint& operator=(const pretrained_checkpoint&) = delete;
 
   [[nodiscard]] const std::filesystem::path& path() const noexcept { return path_; }
+  // Whose names its files have: diffusers' when it is diffusion_pytorch_model.safetensors or its index.
+  [[nodiscard]] weights_naming naming() const noexcept;
   [[nodiscard]] std::size_t size() const noexcept;
   [[nodiscard]] std::uint64_t total_bytes() const noexcept;
   [[nodiscard]] std::uint64_t bytes_read() const noexcept;

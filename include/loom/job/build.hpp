@@ -91,7 +91,19 @@ auto build_checked(const plan_value<Args, Strategy>& plan, runtime rt) {
 
   build_decisions decided;
   decided.plan_state = plan.state;
-  if constexpr (requires { module_type::peft_task_type; }) decided.peft_task_type = module_type::peft_task_type;
+  if constexpr (requires { module_type::peft_task_type; }) {
+    decided.identity.peft_task_type = module_type::peft_task_type;
+  }
+  if constexpr (requires {
+                  module_type::peft_base_model_class;
+                  module_type::peft_parent_library;
+                }) {
+    decided.identity.peft_base_model_class = module_type::peft_base_model_class;
+    decided.identity.peft_parent_library = module_type::peft_parent_library;
+  }
+  if constexpr (requires { module_type::diffusers_component; }) {
+    decided.identity.diffusers_component = module_type::diffusers_component;
+  }
   const build_steps::dtypes dtypes = build_steps::decide_dtypes(plan.stages);
   decided.built_in = dtypes.built_in;
   decided.policy = dtypes.policy;

@@ -2,6 +2,7 @@
 // job<M, Engine>: a built plan. The user's module, typed, with its strategy's engine around forward
 // and backward (docs/strategies.md), its state, and its LoRA adapters.
 
+#include <loom/io/peft.hpp>
 #include <loom/io/weights.hpp>
 #include <loom/lora/lora.hpp>
 #include <loom/precision/precision.hpp>
@@ -143,6 +144,16 @@ class returned<void> {
   void take() {}
 };
 
+// What M says of itself, in static members (each optional), for the files other libraries read.
+struct model_identity {
+  std::string peft_task_type;  // PEFT's task ("CAUSAL_LM"), for AutoPeftModelForCausalLM
+  // For a model without a task: the Python class AutoPeftModel loads the base model with
+  // ("WanTransformer3DModel") and its module (peft_parent_library), PEFT's auto_mapping.
+  std::string peft_base_model_class;
+  std::string peft_parent_library;
+  std::string diffusers_component;  // its name in a diffusers pipeline ("transformer"), its LoRA keys' prefix
+};
+
 // What build() decided from the plan's stages before the strategy: the dtypes the model is built
 // in and computes in (loom/precision), and the units that recompute (loom/nn/recompute.hpp).
 struct build_decisions {
@@ -154,8 +165,8 @@ struct build_decisions {
   bool pretrained_read = false;                       // copied in already (else after the setup)
   std::shared_ptr<nn::deferred_init> deferred;        // the records of a construction without bytes
   std::string constructed_whole;                      // why an engine that could not have it so
-  std::string plan_state;      // the plan's describe_state(): what a checkpoint of the job must have been saved by
-  std::string peft_task_type;  // the model's peft_task_type ("CAUSAL_LM"), if it declares one
+  std::string plan_state;  // the plan's describe_state(): what a checkpoint of the job must have been saved by
+  model_identity identity;
 };
 
 // What job.forward does for mixed_precision(...), decided once when the job is set up: run under
@@ -204,11 +215,12 @@ class job_core {
 
   [[nodiscard]] lora_layers& require_lora(std::string_view what);
 
-  // The adapters in PEFT's format; rank 0 writes, every rank returns once it has.
-  void save_adapter(const std::filesystem::path& folder);
-  // Every rank reads the adapters from a PEFT folder, checked against the plan's lora(...).
-  void load_adapter(const std::filesystem::path& folder);
-  // `whole` (the state_dict) without the adapters; rank 0 writes, every rank returns once it has.
+  // The adapters in `format`; rank 0 writes, every rank returns once it has.
+  void save_adapter(const std::filesystem::path& folder, adapter_format format);
+  // Every rank reads the adapters from `path` in `format`, checked against the plan's lora(...).
+  void load_adapter(const std::filesystem::path& path, adapter_format format);
+  // `whole` (the state_dict) without the adapters, under pretrained(...)'s checkpoint's file names
+  // (transformers' without one); rank 0 writes, every rank returns once it has.
   void save_weights(const std::filesystem::path& folder, const tensor_state& whole, std::int64_t max_shard_bytes);
   // `whole` in pretrained(...)'s dtypes, with its checkpoint's config and tokenizer files.
   void save_pretrained(const std::filesystem::path& folder, const tensor_state& whole, std::int64_t max_shard_bytes);
@@ -230,10 +242,14 @@ class job_core {
   std::string built_text_;  // how the model was built: its dtype, the parameters held in fp32
   collective_schedule built_schedule_;
   forward_casting casting_;
-  // What a saved adapter names for PEFT: the model's task and pretrained(...)'s folder, if any.
-  std::string peft_task_type_;
+  // The diffusers component that prefixes a diffusers LoRA file's keys, refused when M names none.
+  [[nodiscard]] std::string_view diffusers_component(std::string_view what) const;
+
+  // What a saved adapter names for PEFT and diffusers: the model's identity and pretrained(...)'s folder, if any.
+  model_identity identity_;
   std::filesystem::path base_model_;
-  std::map<std::string, at::ScalarType> pretrained_dtypes_;  // by tensor name, as its files hold them
+  weights_naming weights_naming_ = weights_naming::transformers;  // pretrained(...)'s, else transformers'
+  std::map<std::string, at::ScalarType> pretrained_dtypes_;       // by tensor name, as its files hold them
 };
 
 }  // namespace detail
@@ -408,20 +424,30 @@ class job {
     hooks::with_full_parameters(engine_, core_.context(), [&] { lora.unmerge(); });
   }
 
-  // The adapters as a PEFT LoRA folder (adapter_config.json, adapter_model.safetensors) that
-  // PeftModel.from_pretrained loads, and back (docs/checkpoints.md). Every rank calls them.
-  void save_adapter(const std::filesystem::path& folder) { core_.save_adapter(folder); }
-  void load_adapter(const std::filesystem::path& folder) { core_.load_adapter(folder); }
+  // The adapters as PEFT's LoRA folder (adapter_config.json, adapter_model.safetensors) that
+  // PeftModel.from_pretrained loads, or, for a model that is a diffusers pipeline's component (Wan),
+  // as diffusers' pytorch_lora_weights.safetensors that the pipeline's load_lora_weights and the
+  // model's load_lora_adapter load; and back, from such a folder (or, for diffusers', a file of its
+  // own name). docs/checkpoints.md. Every rank calls them.
+  void save_adapter(const std::filesystem::path& folder, adapter_format format = adapter_format::peft) {
+    core_.save_adapter(folder, format);
+  }
+  void load_adapter(const std::filesystem::path& path, adapter_format format = adapter_format::peft) {
+    core_.load_adapter(path, format);
+  }
 
   // The base weights, whole, without the adapters (after merge(), a plain model with them folded
-  // in), as safetensors in Hugging Face's layout (loom/io/weights.hpp); every rank calls it.
+  // in), as safetensors in Hugging Face's layout (loom/io/weights.hpp), under the file names of
+  // pretrained(...)'s checkpoint (diffusers' for a diffusers folder; transformers' without one);
+  // every rank calls it.
   void save_weights(const std::filesystem::path& folder, std::int64_t max_shard_bytes = default_max_shard_bytes) {
     core_.save_weights(folder, state_dict(), max_shard_bytes);
   }
-  // The model as Hugging Face's from_pretrained reads it (save_pretrained's files): the base weights as
-  // save_weights writes them, each in the dtype pretrained(...)'s checkpoint holds it in, and that
-  // checkpoint's config.json, generation config and tokenizer files beside them. LoRA's adapters
-  // must be merged first (job.merge()); every rank calls it.
+  // The model as from_pretrained reads it (save_pretrained's files): the base weights as save_weights
+  // writes them (diffusion_pytorch_model.safetensors for a diffusers checkpoint, which
+  // WanTransformer3DModel.from_pretrained reads), each in the dtype pretrained(...)'s checkpoint holds
+  // it in, and that checkpoint's config.json, generation config and tokenizer files beside them.
+  // LoRA's adapters must be merged first (job.merge()); every rank calls it.
   void save_pretrained(const std::filesystem::path& folder, std::int64_t max_shard_bytes = default_max_shard_bytes) {
     core_.save_pretrained(folder, state_dict(), max_shard_bytes);
   }

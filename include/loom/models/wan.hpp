@@ -220,6 +220,14 @@ TORCH_MODULE(WanConditionEmbedder);
 // WanTransformer3DModel for text-to-video.
 class WanImpl : public torch::nn::Module {
  public:
+  // What a saved adapter tells diffusers and PEFT: the pipeline's name for this model, under which
+  // diffusers' LoRA files key its adapters (job.save_adapter(folder, adapter_format::diffusers)); and,
+  // as PEFT has no task for it, the class and module from which AutoPeftModel.from_pretrained loads
+  // the base model (PEFT's auto_mapping).
+  static constexpr std::string_view diffusers_component = "transformer";
+  static constexpr std::string_view peft_base_model_class = "WanTransformer3DModel";
+  static constexpr std::string_view peft_parent_library = "diffusers.models.transformers.transformer_wan";
+
   // Throws std::invalid_argument in one sentence naming the key for what from_json refuses, for a
   // config made in code.
   explicit WanImpl(const wan_config& config);
