@@ -17,8 +17,7 @@ std::pair<std::string, std::string> read_config_text(const std::filesystem::path
   return {file.string(), text.str()};
 }
 
-config_json::config_json(std::string_view text, std::string model, std::string source,
-                         std::string_view what_to_give)
+config_json::config_json(std::string_view text, std::string model, std::string source, std::string_view what_to_give)
     : root_(json::parse(text, nullptr, /*allow_exceptions=*/false)),
       model_(std::move(model)),
       source_(std::move(source)) {
