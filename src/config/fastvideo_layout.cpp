@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cctype>
 #include <cstdint>
+#include <limits>
 #include <optional>
 #include <string>
 #include <utility>
@@ -79,7 +80,7 @@ class distributed_sizes {
     const json& value = distributed_[key];
     const bool whole = value.is_number_integer();
     const std::int64_t size = whole ? value.get<std::int64_t>() : 0;
-    if (!whole || (size < 1 && !(every_gpu_allowed && size == -1))) {
+    if (!whole || size > std::numeric_limits<int>::max() || (size < 1 && !(every_gpu_allowed && size == -1))) {
       reader_.fail(key_of(key), every_gpu_allowed ? "give a whole number of GPUs, or -1 for all of them"
                                                   : "give a whole number of GPUs, 1 or more");
     }
@@ -130,7 +131,11 @@ std::optional<json> fastvideo_strategy(const json& distributed, fastvideo_reader
                             replicas, replicas));
   }
   if (shard != -1) {
-    const std::int64_t ranks = replicas * shard;
+    const std::int64_t ranks = replicas * shard;  // each below 2^31: no overflow
+    if (ranks > std::numeric_limits<int>::max()) {
+      reader.fail(at, fmt::format("hsdp_replicate_dim {} × hsdp_shard_dim {} is more ranks than a job can have",
+                                  replicas, shard));
+    }
     if (sizes.has("num_gpus") && gpus != ranks) {
       reader.fail(at, fmt::format("hsdp_replicate_dim {} × hsdp_shard_dim {} is {} ranks, but num_gpus is {}: give "
                                   "sizes whose product is num_gpus",
