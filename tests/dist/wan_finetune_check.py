@@ -102,7 +102,7 @@ def main() -> int:
         run = subprocess.Popen(command(2, 1, 2, preempted), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                text=True)
         for line in run.stdout:
-            if re.search(r"wan-finetune step +5/12", line):
+            if re.search(r"wan-finetune step +3/12", line):
                 break
         run.send_signal(signal.SIGTERM)
         rest = run.stdout.read()
