@@ -5,6 +5,7 @@
 //   build/loom-run --nproc-per-node 2 -- build/dsl_examples/finetune
 //       --config dsl_examples/configs/finetune.toml [--pretrained DIR] [--text FILE]
 //       [--lora.rank=16] [--strategy=ddp] [--train.steps=100] ...
+#include "common/adapter.hpp"
 #include "common/command_line.hpp"
 #include "models/text_data.hpp"
 #include "models/tiny_gpt.hpp"
@@ -96,10 +97,7 @@ int run(const options& opts) {
                              }},
                         with_tokens);
         if (result.outcome == loom::train_outcome::preempted) return loom::resumable_exit_code;
-        if (plan.find<loom::lora_stage>()) {
-          job.save_adapter(train_options.out / "adapter");
-          if (rt.rank() == 0) fmt::print("saved {} (PEFT's LoRA format)\n", (train_options.out / "adapter").string());
-        }
+        recipes::save_adapter_if_adapted(job, plan, train_options.out / "adapter");
         return 0;
       },
       built);

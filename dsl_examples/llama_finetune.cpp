@@ -7,6 +7,8 @@
 //   build/loom-run --nproc-per-node 2 -- build/dsl_examples/llama-finetune
 //       --config dsl_examples/configs/llama_finetune.toml --tokens tokens.bin
 //       [--batch-size 4] [--seq-len 128] [--merged] [--pretrained=DIR] [--lora.rank=16] [--train.steps=100] ...
+#include "common/adapter.hpp"
+#include "common/checkpoint_folder.hpp"
 #include "common/command_line.hpp"
 #include "models/text_data.hpp"
 #include "models/token_file.hpp"
@@ -53,42 +55,11 @@ std::variant<options, int> parse(int argc, char** argv) {
   return parsed;
 }
 
-// The folder of the checkpoint the plan loads: its config.json is the model's.
-fs::path checkpoint_of(const loom::run_file& file, const std::string& config) {
-  const auto pretrained = file.stages.stages.find<loom::pretrained_stage>();
-  if (!pretrained) {
-    throw std::invalid_argument(fmt::format(
-        "run file '{}' has no pretrained stage: add {{ pretrained = \"checkpoint/\" }} to its plan, after seeded",
-        config));
-  }
-  // Each message names the path as the user gave it, and the file loom would read beside it.
-  const fs::path path = pretrained->path();
-  if (fs::is_directory(path)) return path;
-  if (!fs::exists(path)) {
-    throw std::invalid_argument(fmt::format(
-        "pretrained '{}' does not exist: give a checkpoint's folder (its config.json and model.safetensors, or "
-        "a sharded index)",
-        path.string()));
-  }
-  if (path.filename() == "config.json") {
-    throw std::invalid_argument(
-        fmt::format("pretrained '{}' is the model's config, not its weights: give the folder that holds both, '{}'",
-                    path.string(), path.parent_path().string()));
-  }
-  if (!fs::exists(path.parent_path() / "config.json")) {
-    throw std::invalid_argument(
-        fmt::format("pretrained '{}' is a weights file, and its folder '{}' has no config.json to build the model "
-                    "from: give a checkpoint's folder that holds both",
-                    path.string(), path.parent_path().string()));
-  }
-  return path.parent_path();
-}
-
 int run(const options& opts) {
   // Everything from the files is checked before a process group or a model exists.
   const auto& [config, overrides] = opts.run_file;
   const loom::run_file file = loom::read_run_file(config, overrides);
-  const fs::path checkpoint = checkpoint_of(file, config);
+  const fs::path checkpoint = recipes::checkpoint_folder(file, config);
   const loom::models::llama_config model_config = loom::models::llama_config::from_pretrained(checkpoint);
   if (opts.seq_len > model_config.max_position_embeddings) {
     throw std::invalid_argument(fmt::format("--seq-len {} is longer than the checkpoint's max_position_embeddings {}",
@@ -101,6 +72,7 @@ int run(const options& opts) {
   const std::uint64_t seed = seeded ? seeded->seed() : 0;
   // Before the model is built: too little data is a sentence, not a wait for the build.
   const loom::launch_env env = loom::parse_launch_env();
+  loom::check_world_size(file, env.world_size);
   const std::string knobs = "give a longer token file, a shorter --seq-len or a smaller --batch-size";
   const text_data::batch_sampler batches(tokens.narrow(0, 0, split), seed, env.rank, env.world_size,
                                          opts.batch_per_rank, opts.seq_len,
@@ -132,10 +104,7 @@ int run(const options& opts) {
                          .eval_loss = [&] { return loss_of(held_out.at_step(0).first); }},
                         train_options);
         if (result.outcome == loom::train_outcome::preempted) return loom::resumable_exit_code;
-        if (plan.find<loom::lora_stage>()) {
-          job.save_adapter(train_options.out / "adapter");
-          if (rt.rank() == 0) fmt::print("saved {} (PEFT's LoRA format)\n", (train_options.out / "adapter").string());
-        }
+        recipes::save_adapter_if_adapted(job, plan, train_options.out / "adapter");
         if (opts.merged) {
           const fs::path merged = train_options.out / "merged";
           if (plan.find<loom::lora_stage>()) job.merge();

@@ -30,13 +30,20 @@ class fastvideo_reader {
   virtual void note(const std::string& text) = 0;
   // The lines noted for `from` and its keys, now under `to`, and `from` the spelling messages use.
   virtual void move_lines(const std::string& from, const std::string& to) = 0;
+  // The file is written for `ranks` ranks, as `asked_by` says ("hsdp_replicate_dim 2 × hsdp_shard_dim 2"),
+  // written at `key`; `sizes` names the keys ("hsdp_replicate_dim × hsdp_shard_dim"), for
+  // check_world_size's sentence.
+  virtual void require_ranks(int ranks, const std::string& key, const std::string& asked_by,
+                             const std::string& sizes) = 0;
 };
 
 // FastVideo's layout, as loom's: `training` is `train` (the loop's options) with
-// `distributed.strategy` becoming the plan's strategy stage, last, and a LoRA block of
-// `models.<role>` ({enable, rank, alpha, target_modules}, as FastVideo's LoraConfig reads it)
-// becoming a lora stage, before the plan's trainable or strategy stage if it has one. The keys keep
-// the lines they were written on.
+// `distributed.strategy` becoming the plan's strategy stage, last (FastVideo's hybrid sharding,
+// hsdp_replicate_dim × hsdp_shard_dim, is fsdp's shard_group_size, and the ranks the file asks for;
+// sequence and tensor parallelism are refused), `training.model` (the timestep density) and the
+// role's `flow_shift` becoming `flow_matching`, and a LoRA block of `models.<role>` ({enable, rank,
+// alpha, target_modules}, as FastVideo's LoraConfig reads it) becoming a lora stage, before the
+// plan's trainable or strategy stage if it has one. The keys keep the lines they were written on.
 void translate_fastvideo(nlohmann::ordered_json& root, fastvideo_reader& reader);
 
 }  // namespace loom::config_detail

@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <array>
 #include <cctype>
 #include <charconv>
 #include <cmath>
@@ -34,6 +35,9 @@ namespace {
 using json = nlohmann::ordered_json;
 
 const std::vector<std::string> lora_keys{"rank", "alpha", "dropout", "targets", "patterns", "exclude"};
+
+// The objects of a run file beside its plan, each read through its options struct's fields().
+constexpr std::array<std::string_view, 2> sections{"train", "flow_matching"};
 
 constexpr std::string_view stage_names =
     "seeded, default_dtype, pretrained, mixed_precision, recompute, lora, trainable, strategy";
@@ -273,10 +277,16 @@ class reader final : public config_detail::fastvideo_reader {
 
   // What the reader noticed and accepted (run_file::notes).
   [[nodiscard]] std::vector<std::string> take_notes() { return std::move(notes_); }
+  [[nodiscard]] const std::optional<ranks_asked>& ranks() const noexcept { return ranks_; }
 
  private:
   void note(const std::string& text) override {
     notes_.push_back(fmt::format("run file '{}': {}", path_.string(), text));
+  }
+
+  void require_ranks(int ranks, const std::string& key, const std::string& asked_by,
+                     const std::string& sizes) override {
+    ranks_ = ranks_asked{ranks, fmt::format("{}: {}", located(key), asked_by), sizes};
   }
 
   // The lines noted for `from` and its keys, now under `to`, and `from` the spelling messages use.
@@ -296,8 +306,9 @@ class reader final : public config_detail::fastvideo_reader {
 
  public:
   // Applies each override, in order, to the file's tree: "train.<key>=value" to its "train" object,
-  // the others to its "plan" list ("lora.rank=16", "strategy=fsdp", "seeded=7"). The value is JSON
-  // when it parses as JSON, a string otherwise.
+  // "flow_matching.<key>=value" to its "flow_matching" object, the others to its "plan" list
+  // ("lora.rank=16", "strategy=fsdp", "seeded=7"). The value is JSON when it parses as JSON, a string
+  // otherwise.
   void apply_overrides(json& root, std::span<const std::string> overrides) {
     check_top_level(root);
     for (const std::string& text : overrides) {
@@ -311,8 +322,11 @@ class reader final : public config_detail::fastvideo_reader {
       overrides_.insert_or_assign(key, text);
       json value = json::parse(raw, nullptr, /*allow_exceptions=*/false);
       if (value.is_discarded()) value = raw;
-      if (key.starts_with("train.")) {
-        set_training_key(root, key, std::move(value));
+      if (const auto section =
+              std::find_if(sections.begin(), sections.end(),
+                           [&](std::string_view name) { return key.starts_with(std::string(name) + "."); });
+          section != sections.end()) {
+        set_section_key(root, std::string(*section), key, std::move(value));
       } else {
         set_stage_key(root, key, std::move(value));
       }
@@ -504,6 +518,11 @@ class reader final : public config_detail::fastvideo_reader {
       const std::string shape = value.is_string() ? value.get<std::string>() : "";
       if (shape != "linear" && shape != "cosine") fail(where, "give \"linear\" or \"cosine\"");
       target = shape == "linear" ? decay_shape::linear : decay_shape::cosine;
+    } else if constexpr (std::is_same_v<T, timestep_density>) {
+      const std::optional<timestep_density> density =
+          value.is_string() ? timestep_density_named(value.get<std::string>()) : std::nullopt;
+      if (!density) fail(where, "give \"uniform\", \"logit_normal\" or \"mode\"");
+      target = *density;
     } else if constexpr (described_options<T> || described_options<typename optional_of<T>::type>) {
       // An object of options within: its own keys, its own fields.
       using inner = std::conditional_t<described_options<T>, T, typename optional_of<T>::type>;
@@ -548,11 +567,11 @@ class reader final : public config_detail::fastvideo_reader {
     (*entry)[key.substr(dot + 1)] = std::move(value);
   }
 
-  // An override of the loop's options: "train.lr.peak=3e-4" sets train.lr.peak.
-  void set_training_key(json& root, const std::string& key, json value) const {
-    json* at = &root["train"];
+  // An override of a section's key: "train.lr.peak=3e-4" sets train.lr.peak.
+  void set_section_key(json& root, const std::string& section, const std::string& key, json value) const {
+    json* at = &root[section];
     if (at->is_null()) *at = json::object();
-    std::string path = "train";
+    std::string path = section;
     std::string rest = key.substr(path.size() + 1);
     for (auto dot = rest.find('.'); dot != std::string::npos; dot = rest.find('.')) {
       if (!at->is_object()) fail(path, "give an object here, e.g. {\"steps\": 800}");
@@ -572,10 +591,10 @@ class reader final : public config_detail::fastvideo_reader {
   void check_top_level(const json& root) const {
     if (!root.is_object()) fail("", "it is not a JSON object; give {\"plan\": [stages...], \"train\": {...}}");
     for (const auto& [key, value] : root.items()) {
-      if (key != "plan" && key != "train") {
+      if (key != "plan" && std::find(sections.begin(), sections.end(), key) == sections.end()) {
         fail(key,
-             "unknown key; a run file has \"plan\" and \"train\" (a YAML one may have FastVideo's \"models\" and "
-             "\"training\" instead)");
+             "unknown key; a run file has \"plan\", \"train\" and \"flow_matching\" (a YAML one may have "
+             "FastVideo's \"models\" and \"training\" instead)");
       }
     }
   }
@@ -606,6 +625,18 @@ class reader final : public config_detail::fastvideo_reader {
     return options;
   }
 
+  // A flow-matching recipe's options from the tree's "flow_matching" object, if it has one.
+  std::optional<flow_matching_options> flow_matching(const json& root) const {
+    if (!root.contains("flow_matching")) return std::nullopt;
+    const json& value = root["flow_matching"];
+    if (!value.is_object())
+      fail("flow_matching", "give its options as an object, e.g. {\"weighting_scheme\": \"logit_normal\"}");
+    require_keys("flow_matching", field_names<flow_matching_options>(), value, "flow_matching");
+    const flow_matching_options options = fields<flow_matching_options>(value, "flow_matching");
+    if (const auto found = options.problem()) fail("flow_matching." + found->option, found->problem);
+    return options;
+  }
+
  private:
   // A key set by an override is no longer the file's: its messages name no line.
   void forget_line(const std::string& key) {
@@ -617,6 +648,7 @@ class reader final : public config_detail::fastvideo_reader {
   std::map<std::string, std::string> overrides_;                // each override's key, and it as given
   std::vector<std::pair<std::string, std::string>> spellings_;  // loom's key, and the file's (move_lines)
   std::vector<std::string> notes_;
+  std::optional<ranks_asked> ranks_;
 };
 
 }  // namespace
@@ -625,7 +657,14 @@ run_file read_run_file(const std::filesystem::path& path, std::span<const std::s
   reader file(path);
   json root = file.load();
   file.apply_overrides(root, overrides);
-  return {file.stages(root), file.training(root), file.take_notes()};
+  return {file.stages(root), file.training(root), file.flow_matching(root), file.ranks(), file.take_notes()};
+}
+
+void check_world_size(const run_file& file, int world_size) {
+  if (!file.ranks || file.ranks->ranks == world_size) return;
+  throw_error<run_file_error>("{} asks for {} ranks, but the job has {}: launch {} ranks, or make {} {}",
+                              file.ranks->asked_by, file.ranks->ranks, world_size, file.ranks->ranks, file.ranks->sizes,
+                              world_size);
 }
 
 run_stages read_run_stages(const std::filesystem::path& path, std::span<const std::string> overrides) {

@@ -26,6 +26,22 @@ std::vector<std::string> linear_layer_names(torch::nn::Module& root) {
   return names;
 }
 
+// `targets` with each name target that is, or ends with, an alias standing for the alias's module.
+target_list resolved(const target_list& targets, std::span<const target_alias> aliases) {
+  target_list result;
+  for (const target& each : targets) {
+    std::string text(each.text);
+    for (const target_alias& alias : aliases) {
+      if (each.kind == target_kind::name && matches(target(alias.alias), text)) {
+        text = text.substr(0, text.size() - alias.alias.size()).append(alias.name);
+        break;
+      }
+    }
+    result.push_back(target(text, each.kind));
+  }
+  return result;
+}
+
 }  // namespace
 
 bool matches(const target& target, std::string_view name) {
@@ -45,15 +61,17 @@ bool matches_any(const target_list& targets, std::string_view name) {
 }
 
 lora_layers lora_layers::inject(torch::nn::Module& root, std::string_view model_name, const lora_stage& spec,
-                                std::optional<at::ScalarType> compute_dtype) {
+                                std::optional<at::ScalarType> compute_dtype, std::span<const target_alias> aliases) {
   const lora_adapter_options adapter{spec.rank(), spec.scaling(), spec.dropout(), compute_dtype};
   lora_layers layers;
   layers.rank_ = spec.rank();
   layers.alpha_ = spec.alpha();
   layers.dropout_ = spec.dropout();
+  const target_list targets = resolved(spec.targets(), aliases);
+  const target_list exclude = resolved(spec.exclude(), aliases);
   for (const auto& item : root.named_modules("", /*include_self=*/false)) {
     const std::string& name = item.key();
-    if (!matches_any(spec.targets(), name) || matches_any(spec.exclude(), name)) continue;
+    if (!matches_any(targets, name) || matches_any(exclude, name)) continue;
     const std::shared_ptr<torch::nn::Module>& module = item.value();
     if (auto fast = std::dynamic_pointer_cast<nn::LinearImpl>(module)) {
       fast->add_adapter(adapter);

@@ -2,7 +2,7 @@
 scripts/demo, Python and build/loom-run lines, with small step counts and the README's /tmp folders
 moved into a scratch one (the builds they start are meson's here; scripts/test is this suite).
 
-    readme_check.py README LOOM_RUN TINY_GPT LLAMA_FINETUNE PYTHON
+    readme_check.py README LOOM_RUN TINY_GPT LLAMA_FINETUNE WAN_FINETUNE PYTHON
 """
 import re
 import shlex
@@ -29,7 +29,8 @@ def commands(readme: Path) -> list[str]:
 
 def runnable(line: str, scratch: Path, programs: dict[str, str]) -> list[str] | None:
     """The command as this test runs it, or None for one the suite does itself (builds, tests)."""
-    words = shlex.split(line.replace("/tmp/loom-llama", str(scratch / "llama")))
+    words = shlex.split(line.replace("/tmp/loom-llama", str(scratch / "llama")).replace("/tmp/loom-wan",
+                                                                                         str(scratch / "wan")))
     if words[0] in ("ninja", "scripts/test"):
         return None
     if words[0] == "scripts/demo":
@@ -43,11 +44,12 @@ def runnable(line: str, scratch: Path, programs: dict[str, str]) -> list[str] | 
         split = words.index("--")
         program = Path(words[split + 1]).name
         tail = words[split + 2:]
-        if program == "llama-finetune":
+        if program in ("llama-finetune", "wan-finetune"):  # their run files name /tmp folders of their own
+            folder = scratch / program.removesuffix("-finetune")
             if not any(w.startswith("--pretrained") for w in tail):
-                tail.append(f"--pretrained={scratch / 'llama' / 'model'}")
+                tail.append(f"--pretrained={folder / 'model'}")
             if not any(w.startswith("--train.out") for w in tail):
-                tail.append(f"--train.out={scratch / 'llama' / 'run'}")
+                tail.append(f"--train.out={folder / 'run'}")
             tail += SHORT_RUN_FILE
         return [programs["loom-run"], *words[1:split], "--", programs[program], *tail]
     raise SystemExit(f"readme_check: the README has a command this test does not know how to run: {line}")
@@ -57,8 +59,9 @@ def main() -> int:
     readme = Path(sys.argv[1])
     # Absolute: the commands run in the README's folder.
     programs = {name: str(Path(path).resolve()) for name, path in
-                (("loom-run", sys.argv[2]), ("tiny-gpt", sys.argv[3]), ("llama-finetune", sys.argv[4]))}
-    programs["python"] = sys.argv[5]
+                (("loom-run", sys.argv[2]), ("tiny-gpt", sys.argv[3]), ("llama-finetune", sys.argv[4]),
+                 ("wan-finetune", sys.argv[5]))}
+    programs["python"] = sys.argv[6]
     lines = commands(readme)
     if not any(line.startswith("scripts/demo --config") for line in lines):
         print("FAIL: the README gives no second phase from a run file")
@@ -67,6 +70,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as folder:
         scratch = Path(folder)
         (scratch / "llama").mkdir()
+        (scratch / "wan").mkdir()
         for line in lines:
             command = runnable(line, scratch, programs)
             if command is None:

@@ -198,22 +198,47 @@ TEST_CASE("each transformer block is a unit of sharding and recomputation", "[wa
   CHECK(model->blocks[1]->as<loom::models::WanTransformerBlock>() != nullptr);
 }
 
-TEST_CASE("LoRA's targets are diffusers' names: to_q, to_k, to_v and to_out.0", "[wan][lora]") {
+TEST_CASE("LoRA's targets are diffusers' names: to_q, to_k, to_v and to_out.0, and FastVideo's to_out is to_out.0",
+          "[wan][lora]") {
+  namespace fs = std::filesystem;
   const auto base = loom::model<loom::models::Wan>(tiny()) | loom::seeded(1);
-  auto job = loom::build(base | loom::lora(4, {"to_q", "to_k", "to_v", "to_out.0"}) | loom::local(),
-                         loom::runtime::single_process());
-  std::vector<std::string> adapted;
-  for (const auto& item : job.module()->named_parameters()) {
-    if (item.key().ends_with(".lora_A")) adapted.push_back(item.key().substr(0, item.key().size() - 7));
-  }
-  CHECK(adapted == std::vector<std::string>{"blocks.0.attn1.to_q", "blocks.0.attn1.to_k", "blocks.0.attn1.to_v",
-                                            "blocks.0.attn1.to_out.0", "blocks.0.attn2.to_q", "blocks.0.attn2.to_k",
-                                            "blocks.0.attn2.to_v", "blocks.0.attn2.to_out.0"});
-  // As in PEFT, "to_out" names the list that holds the projection, not a linear layer.
-  CHECK_THROWS_WITH(
-      loom::build(base | loom::lora(4, {"to_q", "to_out"}) | loom::local(), loom::runtime::single_process()),
-      ContainsSubstring("lora target selects 'blocks.0.attn1.to_out'") &&
-          ContainsSubstring("which is not a linear layer"));
+  const auto adapted = [](auto& job) {
+    std::vector<std::string> names;
+    for (const auto& item : job.module()->named_parameters()) {
+      if (item.key().ends_with(".lora_A")) names.push_back(item.key().substr(0, item.key().size() - 7));
+    }
+    return names;
+  };
+  const std::vector<std::string> projections{"blocks.0.attn1.to_q",     "blocks.0.attn1.to_k",    "blocks.0.attn1.to_v",
+                                             "blocks.0.attn1.to_out.0", "blocks.0.attn2.to_q",    "blocks.0.attn2.to_k",
+                                             "blocks.0.attn2.to_v",     "blocks.0.attn2.to_out.0"};
+  auto diffusers_names = loom::build(base | loom::lora(4, {"to_q", "to_k", "to_v", "to_out.0"}) | loom::local(),
+                                     loom::runtime::single_process());
+  CHECK(adapted(diffusers_names) == projections);
+  // FastVideo's default targets: its Wan calls the projection to_out, and so may a path's end.
+  auto fastvideo_names = loom::build(base | loom::lora(4, {"to_q", "to_k", "to_v", "to_out"}) | loom::local(),
+                                     loom::runtime::single_process());
+  CHECK(adapted(fastvideo_names) == projections);
+  auto one_path = loom::build(base | loom::lora(4, {"attn2.to_out"}, {.exclude = {"attn1.to_out"}}) | loom::local(),
+                              loom::runtime::single_process());
+  CHECK(adapted(one_path) == std::vector<std::string>{"blocks.0.attn2.to_out.0"});
+  // The adapter keeps diffusers' names, which PEFT loads onto diffusers' model.
+  const fs::path folder = fs::temp_directory_path() / "loom-test-wan-fastvideo-targets";
+  fs::remove_all(folder);
+  fastvideo_names.save_adapter(folder);
+  std::ifstream config(folder / "adapter_config.json");
+  const std::string config_text((std::istreambuf_iterator<char>(config)), {});
+  CHECK_THAT(config_text, ContainsSubstring(R"("blocks.0.attn1.to_out.0")"));
+  const std::vector<loom::named_tensor> saved = loom::load_safetensors(folder / "adapter_model.safetensors").tensors;
+  CHECK(std::any_of(saved.begin(), saved.end(), [](const loom::named_tensor& t) {
+    return t.name == "base_model.model.blocks.0.attn1.to_out.0.lora_A.weight";
+  }));
+  fs::remove_all(folder);
+  // A pattern is the model's own names: as in PEFT, one that selects the list is refused.
+  CHECK_THROWS_WITH(loom::build(base | loom::lora(4, {loom::pattern(R"(blocks\.0\.attn1\.to_out)")}) | loom::local(),
+                                loom::runtime::single_process()),
+                    ContainsSubstring("lora target selects 'blocks.0.attn1.to_out'") &&
+                        ContainsSubstring("which is not a linear layer"));
 }
 
 TEST_CASE("LoRA trains through the blocks, and recompute() gives the same gradients, bit for bit",

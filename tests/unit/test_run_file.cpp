@@ -300,7 +300,7 @@ TEST_CASE("FastVideo's LoRA block: enable, rank, alpha, target_modules, as its L
     CHECK_THROWS_WITH(read("both", "train:\n  steps: 3\ntraining:\n  steps: 4\n"),
                       ContainsSubstring("training: the file has train too"));
     CHECK_THROWS_WITH(read("top", "data:\n  path: x\n"),
-                      ContainsSubstring("data: unknown key; a run file has \"plan\" and \"train\""));
+                      ContainsSubstring("data: unknown key; a run file has \"plan\", \"train\" and \"flow_matching\""));
     CHECK_THROWS_WITH(read("syntax", "plan:\n  - seeded: [1\n"), ContainsSubstring("it is not YAML"));
   }
   SECTION("a rule is broken with the compiler's sentence") {
@@ -313,6 +313,104 @@ TEST_CASE("FastVideo's LoRA block: enable, rank, alpha, target_modules, as its L
       CHECK_THAT(error.what(), ContainsSubstring("rule.yaml', line 3: models.transformer.lora: loom R5"));
     }
   }
+}
+
+TEST_CASE("FastVideo's training.distributed: hybrid sharding as fsdp's shard_group_size, the ranks it asks for",
+          "[run_file][yaml]") {
+  const auto read = [](const std::string& name, const std::string& distributed) {
+    return loom::read_run_file(written(name, "training:\n  distributed:\n" + distributed + "  steps: 3\n", ".yaml"));
+  };
+  const auto shard_group_size = [](const loom::run_file& file) {
+    return std::get<loom::fsdp_stage>(file.stages.strategy.value()).settings().shard_group_size;
+  };
+  SECTION("hsdp_replicate_dim × hsdp_shard_dim is fsdp in groups of hsdp_shard_dim, over their product's ranks") {
+    const loom::run_file file =
+        read("hybrid", "    num_gpus: 4\n    sp_size: 1\n    hsdp_replicate_dim: 2\n    hsdp_shard_dim: 2\n");
+    CHECK(shard_group_size(file) == 2);
+    REQUIRE(file.ranks.has_value());
+    CHECK(file.ranks->ranks == 4);
+    CHECK_NOTHROW(loom::check_world_size(file, 4));
+    CHECK_THROWS_WITH(loom::check_world_size(file, 2),
+                      ContainsSubstring("hybrid.yaml', line 2: training.distributed: hsdp_replicate_dim 2 × "
+                                        "hsdp_shard_dim 2 asks for 4 ranks, but the job has 2: launch 4 ranks, or make "
+                                        "hsdp_replicate_dim × hsdp_shard_dim 2"));
+    // With the strategy named, in any case, and an option of its own.
+    const loom::run_file named = read("named",
+                                      "    strategy: {name: FSDP, reshard_after_forward: false}\n"
+                                      "    hsdp_shard_dim: 2\n    sp_size: 1\n");
+    CHECK(shard_group_size(named) == 2);
+    CHECK_FALSE(std::get<loom::fsdp_stage>(named.stages.strategy.value()).settings().reshard_after_forward);
+  }
+  SECTION("num_gpus alone asks for its ranks; -1 shards across every rank; none leaves the world to the launch") {
+    const loom::run_file gpus = read("gpus", "    strategy: ddp\n    num_gpus: 2\n    sp_size: 1\n");
+    CHECK(std::holds_alternative<loom::ddp_stage>(gpus.stages.strategy.value()));
+    CHECK_THROWS_WITH(loom::check_world_size(gpus, 3),
+                      ContainsSubstring("training.distributed.num_gpus: num_gpus 2 asks for 2 ranks, but the job has "
+                                        "3: launch 2 ranks, or make num_gpus 3"));
+    CHECK(shard_group_size(read("every", "    hsdp_shard_dim: -1\n")) == 0);
+    CHECK_NOTHROW(loom::check_world_size(read("plain", "    strategy: fsdp\n"), 7));
+  }
+  SECTION("what loom does not have yet, and sizes that disagree, in one sentence naming the key") {
+    CHECK_THROWS_WITH(read("sp", "    sp_size: 2\n"),
+                      ContainsSubstring(", line 3: training.distributed.sp_size: is 2, but loom has no sequence "
+                                        "parallelism yet: set sp_size: 1"));
+    CHECK_THROWS_WITH(read("sp-default", "    num_gpus: 4\n"),
+                      ContainsSubstring("training.distributed.num_gpus: is 4 without sp_size, which FastVideo then "
+                                        "takes to be 4 (sequence parallelism)"));
+    CHECK_THROWS_WITH(read("tp", "    tp_size: 2\n"),
+                      ContainsSubstring("training.distributed.tp_size: is 2, but loom has no tensor parallelism yet"));
+    CHECK_THROWS_WITH(read("product",
+                           "    num_gpus: 8\n    sp_size: 1\n    hsdp_replicate_dim: 2\n"
+                           "    hsdp_shard_dim: 2\n"),
+                      ContainsSubstring("training.distributed: hsdp_replicate_dim 2 × hsdp_shard_dim 2 is 4 ranks, "
+                                        "but num_gpus is 8"));
+    CHECK_THROWS_WITH(read("replicas", "    hsdp_replicate_dim: 2\n"),
+                      ContainsSubstring("training.distributed.hsdp_replicate_dim: is 2 without hsdp_shard_dim"));
+    CHECK_THROWS_WITH(read("ddp", "    strategy: ddp\n    hsdp_shard_dim: 2\n"),
+                      ContainsSubstring("training.distributed.strategy: is ddp, but hsdp_replicate_dim and "
+                                        "hsdp_shard_dim shard the model, as fsdp does"));
+    CHECK_THROWS_WITH(read("size-type", "    hsdp_shard_dim: 0\n"),
+                      ContainsSubstring("training.distributed.hsdp_shard_dim: give a whole number of GPUs, or -1"));
+    CHECK_THROWS_WITH(read("unknown", "    pin_cpu_memory: true\n"),
+                      ContainsSubstring("training.distributed.pin_cpu_memory: unknown key; training.distributed takes "
+                                        "strategy, num_gpus, hsdp_replicate_dim, hsdp_shard_dim, sp_size, tp_size"));
+  }
+}
+
+TEST_CASE("flow matching's options: loom's flow_matching, or FastVideo's training.model and the role's flow_shift",
+          "[run_file][yaml]") {
+  const loom::run_file fastvideo =
+      loom::read_run_file(written("flow",
+                                  "models:\n  transformer:\n    flow_shift: 5.0\ntraining:\n  model:\n"
+                                  "    weighting_scheme: logit_normal\n    logit_mean: -0.5\n  steps: 3\n",
+                                  ".yaml"),
+                          std::vector<std::string>{"flow_matching.logit_std=2"});
+  REQUIRE(fastvideo.flow_matching.has_value());
+  CHECK(fastvideo.flow_matching->weighting_scheme == loom::timestep_density::logit_normal);
+  CHECK(fastvideo.flow_matching->logit_mean == -0.5);
+  CHECK(fastvideo.flow_matching->logit_std == 2.0);
+  CHECK(fastvideo.flow_matching->flow_shift == 5.0);
+  CHECK(fastvideo.train.steps == 3);
+
+  const loom::run_file json = loom::read_run_file(written("flow-json", R"({"flow_matching": {"weighting_scheme": "mode",
+    "mode_scale": 1.29, "num_train_timesteps": 500}})"));
+  CHECK(json.flow_matching->weighting_scheme == loom::timestep_density::mode);
+  CHECK(json.flow_matching->num_train_timesteps == 500);
+  CHECK_FALSE(loom::read_run_file(written("flow-none", R"({"plan": []})")).flow_matching.has_value());
+
+  CHECK_THROWS_WITH(
+      loom::read_run_file(written("flow-scheme", "training:\n  model:\n    weighting_scheme: lognorm\n", ".yaml")),
+      ContainsSubstring(", line 3: training.model.weighting_scheme: give \"uniform\", \"logit_normal\" "
+                        "or \"mode\""));
+  CHECK_THROWS_WITH(loom::read_run_file(written("flow-shift", "models:\n  transformer:\n    flow_shift: 0\n", ".yaml")),
+                    ContainsSubstring(", line 3: models.transformer.flow_shift: is 0; give a positive shift"));
+  CHECK_THROWS_WITH(
+      loom::read_run_file(written("flow-key", "training:\n  model:\n    precondition_outputs: true\n", ".yaml")),
+      ContainsSubstring("training.model.precondition_outputs: unknown key; training.model takes "
+                        "weighting_scheme, logit_mean, logit_std, mode_scale"));
+  CHECK_THROWS_WITH(loom::read_run_file(written("flow-override", R"({"plan": []})"),
+                                        std::vector<std::string>{"flow_matching.shift=3"}),
+                    ContainsSubstring("the override flow_matching.shift=3 (over run file"));
 }
 
 TEST_CASE("a job built from a run file has its strategy and its typed module", "[run_file]") {

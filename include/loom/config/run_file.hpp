@@ -12,9 +12,11 @@
 //   std::visit([&](auto& job) { train(job, file.train); }, loom::build(plan, loom::runtime::from_env()));
 
 #include <loom/dsl/run_plan.hpp>
+#include <loom/train/flow_matching.hpp>
 #include <loom/train/loop.hpp>
 
 #include <filesystem>
+#include <optional>
 #include <span>
 #include <stdexcept>
 #include <string>
@@ -28,20 +30,37 @@ class run_file_error : public std::invalid_argument {
   using std::invalid_argument::invalid_argument;
 };
 
+// The number of ranks a run file is written for, and the file's words for it.
+struct ranks_asked {
+  int ranks = 0;
+  std::string asked_by;  // "run file 'x.yaml', line 9: training.distributed: hsdp_replicate_dim 2 × hsdp_shard_dim 2"
+  std::string sizes;     // the keys whose value it is: "hsdp_replicate_dim × hsdp_shard_dim"
+};
+
 // A run file read once (TOML, JSON or YAML, by its extension; YAML also in FastVideo's layout,
-// docs/run_files.md): the stages of its "plan" list, in order, and the loop's options of its
-// "train" object, with `overrides` applied on top, in order: "lora.rank=16", "strategy=fsdp",
-// "strategy.bucket_cap_mb=50", "seeded=7" to the stages, "train.steps=100", "train.lr.peak=3e-4" to
-// the loop. Unknown keys, wrong types and a strategy loom does not have are run_file_errors; a
-// stage's value out of range is the DSL's plan_error with its rule's sentence, and a loop's option
-// that train() would refuse is a run_file_error now, before anything is built.
+// docs/run_files.md): the stages of its "plan" list, in order, the loop's options of its "train"
+// object, and a flow-matching recipe's options of its "flow_matching" object, with `overrides`
+// applied on top, in order: "lora.rank=16", "strategy=fsdp", "strategy.bucket_cap_mb=50", "seeded=7"
+// to the stages, "train.steps=100", "train.lr.peak=3e-4" to the loop, "flow_matching.flow_shift=5"
+// to flow matching. Unknown keys, wrong types and a strategy loom does not have are
+// run_file_errors; a stage's value out of range is the DSL's plan_error with its rule's sentence,
+// and a loop's option that train() would refuse is a run_file_error now, before anything is built.
 struct run_file {
   run_stages stages;
   train_options train;
+  std::optional<flow_matching_options> flow_matching;
+  // The ranks the file is written for, when it says (FastVideo's hsdp_replicate_dim × hsdp_shard_dim,
+  // or num_gpus): check_world_size compares them with the job's.
+  std::optional<ranks_asked> ranks;
   // What the reader accepted but a user should hear about once (a FastVideo LoRA block with enable:
   // false), for the program to print on one rank.
   std::vector<std::string> notes;
 };
+
+// Throws run_file_error when the file is written for another number of ranks than `world_size`, in
+// one sentence naming the keys that say so; a program calls it once it knows the world's size
+// (loom::parse_launch_env()), before it builds anything.
+void check_world_size(const run_file& file, int world_size);
 
 [[nodiscard]] run_file read_run_file(const std::filesystem::path& path, std::span<const std::string> overrides = {});
 

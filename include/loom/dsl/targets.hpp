@@ -34,6 +34,16 @@ struct target {
   friend constexpr bool operator==(const target&, const target&) = default;
 };
 
+// Another name that a model's users give one of its modules, which lora(...)'s targets may use:
+// FastVideo's Wan names the attention's output projection `to_out`, where diffusers' Wan (and
+// loom's, which keeps diffusers' names) has `to_out.0`, a linear layer in a list. A model declares
+// them as `static constexpr std::array<loom::target_alias, N> lora_target_aliases`; a model without
+// them refuses a target that selects a module which is not linear, as PEFT does.
+struct target_alias {
+  std::string_view alias;  // a target's text, or its end after a "."
+  std::string_view name;   // the module it stands for, in the model's own names
+};
+
 // loom::pattern(".*attn\\.(q|v)") matches a module whose whole dotted name matches the regex.
 constexpr target pattern(std::string_view regex) noexcept { return {regex, target_kind::pattern}; }
 

@@ -13,6 +13,7 @@
 #include <loom/strategies/local.hpp>
 
 #include <optional>
+#include <span>
 #include <string>
 #include <tuple>
 #include <type_traits>
@@ -47,6 +48,20 @@ struct plan_value {
   std::string state;  // describe_state()
 };
 
+// The module a job holds of M: M itself, or a ModuleHolder's contained module (WanImpl for Wan).
+template <class M>
+using stored_module = std::remove_pointer_t<decltype(std::declval<module_storage<M>&>().operator->())>;
+
+// The other names the model's users give its modules, for lora(...)'s targets (loom::target_alias).
+template <class Module>
+constexpr std::span<const target_alias> lora_target_aliases_of() noexcept {
+  if constexpr (requires { Module::lora_target_aliases; }) {
+    return Module::lora_target_aliases;
+  } else {
+    return {};
+  }
+}
+
 // The model and its adapters, as the plan's stages before the strategy made them.
 template <class M>
 struct constructed {
@@ -74,7 +89,8 @@ constructed<M> construct(const Args& model_args, std::optional<std::uint64_t> se
                       std::nullopt};
   if (lora) {
     made.lora = lora_layers::inject(*made.model.base(), type_name<M>(), *lora,
-                                    dtypes.policy ? std::optional(dtypes.policy->param) : std::nullopt);
+                                    dtypes.policy ? std::optional(dtypes.policy->param) : std::nullopt,
+                                    lora_target_aliases_of<stored_module<M>>());
   }
   return made;
 }
@@ -85,7 +101,7 @@ auto build_checked(const plan_value<Args, Strategy>& plan, runtime rt) {
   auto engine = make_engine(plan.strategy);
   using E = decltype(engine);
   LOOM_CHECK_ENGINE_HOOKS(E)
-  using module_type = std::remove_pointer_t<decltype(std::declval<module_storage<M>&>().operator->())>;
+  using module_type = stored_module<M>;
   const std::optional<std::uint64_t> seed = build_steps::seed(plan.stages);
   const std::optional<lora_stage> lora = plan.stages.template find<lora_stage>();
 

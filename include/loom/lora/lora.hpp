@@ -13,6 +13,7 @@
 
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -32,9 +33,12 @@ class lora_layers {
   // drawing A from the current default generator (the forked one under seeded). Throws
   // std::invalid_argument when nothing matches or a target selects a module that is not linear.
   // `model_name` names the model in errors. `compute_dtype`: what the updates compute in
-  // (mixed_precision's param), none for each adapter's own (lora_adapter_options).
+  // (mixed_precision's param), none for each adapter's own (lora_adapter_options). A name target
+  // (or exclusion) that is, or ends with, one of the model's `aliases` selects what the alias stands
+  // for: `to_out` is `to_out.0` on a model that declares {"to_out", "to_out.0"}.
   static lora_layers inject(torch::nn::Module& root, std::string_view model_name, const lora_stage& spec,
-                            std::optional<at::ScalarType> compute_dtype = std::nullopt);
+                            std::optional<at::ScalarType> compute_dtype = std::nullopt,
+                            std::span<const target_alias> aliases = {});
 
   [[nodiscard]] std::size_t fast_path_count() const noexcept { return fast_.size(); }
   [[nodiscard]] std::size_t fallback_count() const noexcept { return fallback_.size(); }

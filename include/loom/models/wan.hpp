@@ -3,8 +3,9 @@
 // defines it, with its module and parameter names (patch_embedding, condition_embedder.time_embedder,
 // blocks.<i>.attn1.to_q, ..., blocks.<i>.ffn.net.0.proj, scale_shift_table, proj_out), so that a
 // diffusers checkpoint loads by name (pretrained(...)) and LoRA targets (to_q, to_k, to_v, to_out.0)
-// line up with no renaming. Each transformer block is a loom::nn::Unit: a unit of sharding under
-// fsdp() and of recompute(...). docs/models.md.
+// line up with no renaming; FastVideo's `to_out` is taken for `to_out.0` (lora_target_aliases). Each
+// transformer block is a loom::nn::Unit: a unit of sharding under fsdp() and of recompute(...).
+// docs/models.md.
 //
 //   const std::string folder = "Wan2.1-T2V-1.3B-Diffusers/transformer/";
 //   const auto config = loom::models::wan_config::from_pretrained(folder);
@@ -21,6 +22,7 @@
 // gathers them), and a floating timestep is cast with the other inputs (cast_forward_inputs): give
 // integer timesteps there.
 
+#include <loom/dsl/targets.hpp>
 #include <loom/nn/linear.hpp>
 #include <loom/nn/unit.hpp>
 
@@ -236,6 +238,11 @@ class WanImpl : public torch::nn::Module {
   // text encoder's states [B, L, text_dim]: diffusers' forward with return_dict=False. Per-token
   // timesteps [B, S] (Wan 2.2 TI2V) are refused, as is a patch grid beyond rope_max_seq_len.
   at::Tensor forward(const at::Tensor& latents, const at::Tensor& timestep, const at::Tensor& text);
+
+  // FastVideo's Wan names the attention's output projection `to_out` (its name mapping turns
+  // diffusers' `to_out.0` into it), and so do its default LoRA targets: here `to_out` is `to_out.0`,
+  // so FastVideo's targets adapt the projection, and the adapters keep diffusers' names.
+  static constexpr std::array<loom::target_alias, 1> lora_target_aliases{{{"to_out", "to_out.0"}}};
 
   wan_config config;
   WanPatchEmbedding patch_embedding;

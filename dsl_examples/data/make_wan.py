@@ -1,0 +1,42 @@
+#!/usr/bin/env python3
+"""Makes a small random Wan checkpoint with diffusers (no hub access), for wan-finetune to fine-tune:
+config.json and diffusion_pytorch_model.safetensors, as WanTransformer3DModel.save_pretrained writes
+them (a pipeline's transformer/ folder).
+
+    make_wan.py OUT [--layers 2] [--heads 2] [--head-dim 16] [--text-dim 64] [--seed 0]
+
+Wan 2.1's own VAE channels (16) and patches (1, 2, 2); the text width is small so that the clips of
+make_wan_latents.py stay small (give it the same --text-dim).
+"""
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("out", type=Path)
+    ap.add_argument("--layers", type=int, default=2)
+    ap.add_argument("--heads", type=int, default=2)
+    ap.add_argument("--head-dim", type=int, default=16)
+    ap.add_argument("--text-dim", type=int, default=64)
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args()
+
+    import torch
+    from diffusers import WanTransformer3DModel
+
+    torch.manual_seed(args.seed)
+    inner = args.heads * args.head_dim
+    model = WanTransformer3DModel(patch_size=(1, 2, 2), num_attention_heads=args.heads, attention_head_dim=args.head_dim,
+                                  in_channels=16, out_channels=16, text_dim=args.text_dim, freq_dim=32,
+                                  ffn_dim=2 * inner, num_layers=args.layers, cross_attn_norm=True,
+                                  qk_norm="rms_norm_across_heads", eps=1e-6, rope_max_seq_len=1024)
+    model.save_pretrained(args.out)
+    print(f"{args.out}: a random Wan, {args.layers} blocks of {args.heads} heads of {args.head_dim}, "
+          f"text_dim {args.text_dim}")
+
+
+if __name__ == "__main__":
+    main()

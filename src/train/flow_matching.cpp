@@ -1,0 +1,153 @@
+#include <loom/train/flow_matching.hpp>
+
+#include <loom/base/text.hpp>
+
+#include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <array>
+#include <cmath>
+#include <mutex>
+#include <numbers>
+#include <stdexcept>
+#include <vector>
+
+namespace loom {
+namespace {
+
+constexpr std::array<std::pair<timestep_density, std::string_view>, 3> density_names{{
+    {timestep_density::uniform, "uniform"},
+    {timestep_density::logit_normal, "logit_normal"},
+    {timestep_density::mode, "mode"},
+}};
+
+// splitmix64's finaliser: nearby inputs give unrelated seeds.
+std::uint64_t mixed(std::uint64_t value) noexcept {
+  value += 0x9e3779b97f4a7c15ULL;
+  value = (value ^ (value >> 30U)) * 0xbf58476d1ce4e5b9ULL;
+  value = (value ^ (value >> 27U)) * 0x94d049bb133111ebULL;
+  return value ^ (value >> 31U);
+}
+
+}  // namespace
+
+std::string_view to_string(timestep_density density) noexcept {
+  for (const auto& [each, name] : density_names) {
+    if (each == density) return name;
+  }
+  return "?";
+}
+
+std::optional<timestep_density> timestep_density_named(std::string_view name) noexcept {
+  for (const auto& [each, spelled] : density_names) {
+    if (spelled == name) return each;
+  }
+  return std::nullopt;
+}
+
+std::optional<option_problem> flow_matching_options::problem() const {
+  const auto finite = [](double value) { return std::isfinite(value); };
+  if (!finite(logit_mean)) return option_problem{"logit_mean", fmt::format("is {}; give a finite mean", logit_mean)};
+  if (!(logit_std > 0) || !finite(logit_std)) {
+    return option_problem{"logit_std", fmt::format("is {}; give a positive standard deviation", logit_std)};
+  }
+  if (!finite(mode_scale)) return option_problem{"mode_scale", fmt::format("is {}; give a finite scale", mode_scale)};
+  if (!(flow_shift > 0) || !finite(flow_shift)) {
+    return option_problem{"flow_shift", fmt::format("is {}; give a positive shift (1: none)", flow_shift)};
+  }
+  if (num_train_timesteps < 1) {
+    return option_problem{"num_train_timesteps",
+                          fmt::format("is {}; give the schedule's number of levels, e.g. 1000", num_train_timesteps)};
+  }
+  return std::nullopt;
+}
+
+std::string flow_matching_options::describe() const {
+  return fmt::format(
+      "weighting_scheme={}, logit_mean={}, logit_std={}, mode_scale={}, flow_shift={}, "
+      "num_train_timesteps={}",
+      to_string(weighting_scheme), logit_mean, logit_std, mode_scale, flow_shift, num_train_timesteps);
+}
+
+double shifted_sigma(double sigma, double flow_shift) noexcept {
+  return flow_shift * sigma / (1 + (flow_shift - 1) * sigma);
+}
+
+flow_matching::flow_matching(const flow_matching_options& options) : options_(options) {
+  if (const auto found = options_.problem()) {
+    throw_error<std::invalid_argument>("flow_matching: {} {}", found->option, found->problem);
+  }
+  // In fp32 and in FastVideo's order of operations, so that each level is bit for bit its own.
+  const auto levels = static_cast<double>(options_.num_train_timesteps);
+  const at::Tensor unshifted =
+      at::linspace(1, levels, options_.num_train_timesteps, at::TensorOptions().dtype(at::kFloat)).flip(0) / levels;
+  sigmas_ = (unshifted * options_.flow_shift) / (unshifted * (options_.flow_shift - 1) + 1);
+  timesteps_ = sigmas_ * levels;
+}
+
+at::Tensor flow_matching::draw_u(std::int64_t batch, at::Generator& generator) const {
+  const auto options = at::TensorOptions().dtype(at::kFloat).device(generator.device());
+  switch (options_.weighting_scheme) {
+    case timestep_density::logit_normal:
+      return at::sigmoid(at::normal(options_.logit_mean, options_.logit_std, {batch}, generator, options));
+    case timestep_density::mode: {
+      // FastVideo's expression, in its order of operations: the same u bit for bit.
+      const at::Tensor v = at::rand({batch}, generator, options);
+      return 1 - v - options_.mode_scale * (at::cos(v * std::numbers::pi / 2).pow(2) - 1 + v);
+    }
+    case timestep_density::uniform: break;
+  }
+  return at::rand({batch}, generator, options);
+}
+
+at::Tensor flow_matching::levels(const at::Tensor& u) const {
+  return (u * static_cast<double>(options_.num_train_timesteps))
+      .to(at::kLong)
+      .clamp(0, options_.num_train_timesteps - 1);
+}
+
+flow_matching_inputs flow_matching::noise(const at::Tensor& x0, at::Generator& generator) const {
+  if (x0.dim() < 1 || x0.size(0) < 1) {
+    throw_error<std::invalid_argument>("flow_matching: the latents have shape [{}]; give [B, ...] with B at least 1",
+                                       fmt::join(x0.sizes(), ", "));
+  }
+  const at::Tensor epsilon = at::randn(x0.sizes(), generator, x0.options());
+  const at::Tensor chosen = levels(draw_u(x0.size(0), generator)).cpu();
+  flow_matching_inputs inputs;
+  inputs.sigmas = sigmas_.index_select(0, chosen).to(x0.device());
+  inputs.timesteps = timesteps_.index_select(0, chosen).to(x0.device());
+  std::vector<std::int64_t> per_sample(static_cast<std::size_t>(x0.dim()), 1);
+  per_sample.front() = x0.size(0);
+  const at::Tensor sigma = inputs.sigmas.to(x0.scalar_type()).view(per_sample);
+  inputs.noisy = (1.0 - sigma) * x0 + sigma * epsilon;
+  inputs.velocity = (epsilon - x0).to(at::kFloat);
+  return inputs;
+}
+
+at::Tensor flow_matching::loss(const at::Tensor& prediction, const flow_matching_inputs& inputs) {
+  if (prediction.sizes() != inputs.velocity.sizes()) {
+    throw_error<std::invalid_argument>(
+        "flow_matching: the prediction has shape [{}], the velocity [{}]: the model must return one value a latent",
+        fmt::join(prediction.sizes(), ", "), fmt::join(inputs.velocity.sizes(), ", "));
+  }
+  return at::mse_loss(prediction.to(at::kFloat), inputs.velocity);
+}
+
+at::Generator step_generator(std::uint64_t seed, std::int64_t step, int rank, int micro, c10::Device device) {
+  std::uint64_t state = mixed(seed);
+  for (const auto part :
+       {static_cast<std::uint64_t>(step), static_cast<std::uint64_t>(rank), static_cast<std::uint64_t>(micro)}) {
+    state = mixed(state ^ part);
+  }
+  if (device.is_cpu()) return at::make_generator<at::CPUGeneratorImpl>(state);
+  // Another device's kind has its own generator type: a copy of its default one, seeded afresh.
+  at::Generator base = at::globalContext().defaultGenerator(device);
+  const std::lock_guard<std::mutex> lock(base.mutex());
+  at::Generator generator = base.clone();
+  generator.set_current_seed(state);
+  return generator;
+}
+
+}  // namespace loom

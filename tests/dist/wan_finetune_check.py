@@ -1,0 +1,164 @@
+#!/usr/bin/env python3
+"""wan-finetune, the recipe, end to end on a small random Wan that diffusers makes here and clips of
+random latents: from a YAML run file in FastVideo's layout, LoRA on FastVideo's default targets
+(to_out among them), flow matching with logit-normal timesteps.
+
+- at 1 rank and at 2 (hsdp_shard_dim 2) the loss falls and the validation loss is logged;
+- a 2-rank run preempted (SIGTERM to loom-run) and started again ends with the adapter an
+  uninterrupted run writes, byte for byte; the adapter names diffusers' to_out.0, and PEFT loads it
+  onto diffusers' model;
+- at 4 ranks, hsdp_replicate_dim 2 × hsdp_shard_dim 2 is fsdp's hybrid sharding in groups of 2;
+- sp_size: 2 and sizes whose product is not the world's are refused in one sentence, before the build.
+
+    wan_finetune_check.py LOOM_RUN WAN_FINETUNE SOURCE_DIR
+"""
+from __future__ import annotations
+
+import filecmp
+import json
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+RUN_FILE = """\
+# FastVideo's layout: the model's role with its LoRA block and flow_shift, the parallel sizes under
+# training.distributed, the timestep density under training.model.
+plan:
+  - seeded: 5
+  - pretrained: {model}
+models:
+  transformer:
+    flow_shift: 3.0
+    lora:
+      enable: true
+      rank: 4
+      alpha: 8
+      target_modules: [to_q, to_k, to_v, to_out]
+training:
+  distributed:
+{distributed}
+  model:
+    weighting_scheme: logit_normal
+    logit_std: 1.0
+  steps: {steps}
+  checkpoint_every: 100
+  eval_every: 4
+  log_every: 1
+  lr: {{peak: 2e-2, warmup_steps: 1, decay_steps: {decay}, decay: cosine}}
+"""
+
+
+def distributed(replicas: int, shard: int, sp: int = 1) -> str:
+    return (f"    num_gpus: {replicas * shard}\n    sp_size: {sp}\n    hsdp_replicate_dim: {replicas}\n"
+            f"    hsdp_shard_dim: {shard}")
+
+
+def losses(out: Path, key: str) -> list[float]:
+    lines = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    return [line[key] for line in lines if key in line]
+
+
+def main() -> int:
+    loom_run, recipe, source = sys.argv[1], sys.argv[2], Path(sys.argv[3])
+    data = source / "dsl_examples" / "data"
+    failures: list[str] = []
+    with tempfile.TemporaryDirectory(prefix="loom-wan-finetune-") as scratch:
+        root = Path(scratch)
+        model, clips = root / "model", root / "clips"
+        subprocess.run([sys.executable, data / "make_wan.py", model, "--text-dim", "32"], check=True)
+        subprocess.run([sys.executable, data / "make_wan_latents.py", clips, "--text-dim", "32", "--clips", "10",
+                        "--max-tokens", "6"], check=True)
+
+        def command(ranks: int, replicas: int, shard: int, out: Path, steps: int = 12, sp: int = 1,
+                    *extra: str) -> list[str]:
+            config = out.with_suffix(".yaml")
+            config.write_text(RUN_FILE.format(model=model, distributed=distributed(replicas, shard, sp), steps=steps,
+                                              decay=steps - 1))
+            return [loom_run, "--nproc-per-node", str(ranks), "--", recipe, "--config", str(config), "--data",
+                    str(clips), "--text-len", "8", f"--train.out={out}", *extra]
+
+        for ranks, shard in ((1, 1), (2, 2)):
+            out = root / f"straight-{ranks}"
+            done = subprocess.run(command(ranks, 1, shard, out), capture_output=True, text=True)
+            if done.returncode != 0:
+                print(done.stdout[-3000:], done.stderr[-3000:])
+                return 1
+            train, held_out = losses(out, "loss"), losses(out, "eval_loss")
+            print(f"{ranks} rank(s): loss {train[0]:.3f} -> {train[-1]:.3f}, validation {held_out}")
+            if sum(train[-4:]) >= sum(train[:4]):
+                failures.append(f"at {ranks} rank(s) the loss did not fall: {train}")
+            if len(held_out) != 3 or held_out[-1] >= held_out[0]:
+                failures.append(f"at {ranks} rank(s) the validation loss was not logged at 4, 8, 12 or did not "
+                                f"fall: {held_out}")
+            for expected in ("lora(rank=4, alpha=8", f"shard_group_size={shard}", "weighting_scheme=logit_normal",
+                             "flow_shift=3", "lora adapted 16 layers"):
+                if expected not in done.stdout:
+                    failures.append(f"at {ranks} rank(s) the run did not say '{expected}':\n{done.stdout[:2000]}")
+
+        straight, preempted = root / "straight-2", root / "preempted"
+        run = subprocess.Popen(command(2, 1, 2, preempted), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                               text=True)
+        for line in run.stdout:
+            if re.search(r"wan-finetune step +3/12", line):
+                break
+        run.send_signal(signal.SIGTERM)
+        rest = run.stdout.read()
+        if run.wait() != 75:
+            failures.append(f"SIGTERM did not end the run resumable (75): {rest[-1500:]}")
+        resumed = subprocess.run(command(2, 1, 2, preempted), capture_output=True, text=True)
+        if resumed.returncode != 0 or "resumed from" not in resumed.stdout:
+            failures.append(f"the relaunch did not resume: {resumed.stdout[-1500:]}{resumed.stderr[-1500:]}")
+        for name in ("adapter_model.safetensors", "adapter_config.json"):
+            if not filecmp.cmp(straight / "adapter" / name, preempted / "adapter" / name, shallow=False):
+                failures.append(f"the resumed run's {name} differs from the uninterrupted run's")
+        if losses(straight, "eval_loss")[-1] != losses(preempted, "eval_loss")[-1]:
+            failures.append("the resumed run's last validation loss differs from the uninterrupted run's")
+
+        import torch
+        from diffusers import WanTransformer3DModel
+        from peft import PeftModel
+        from safetensors.torch import load_file
+
+        names = load_file(straight / "adapter" / "adapter_model.safetensors").keys()
+        if "base_model.model.blocks.0.attn1.to_out.0.lora_A.weight" not in names:
+            failures.append(f"the adapter does not name diffusers' to_out.0: {sorted(names)[:6]}")
+        base = WanTransformer3DModel.from_pretrained(model).eval()
+        generator = torch.Generator().manual_seed(3)
+        inputs = dict(hidden_states=torch.randn(1, 16, 3, 8, 8, generator=generator), timestep=torch.tensor([500]),
+                      encoder_hidden_states=torch.randn(1, 8, 32, generator=generator), return_dict=False)
+        with torch.no_grad():
+            before = base(**inputs)[0]
+            adapted = PeftModel.from_pretrained(base, straight / "adapter").eval()
+            after = adapted(**inputs)[0]
+        if (after - before).abs().max().item() <= 1e-4 * before.abs().max().item():
+            failures.append("PEFT's model with the adapter gives the base model's velocity")
+
+        hybrid = root / "hybrid"
+        done = subprocess.run(command(4, 2, 2, hybrid, 4), capture_output=True, text=True)
+        if done.returncode != 0 or "shard_group_size=2" not in done.stdout or not (hybrid / "adapter").is_dir():
+            failures.append(f"hsdp_replicate_dim 2 × hsdp_shard_dim 2 did not train at 4 ranks: "
+                            f"{done.stdout[-1500:]}{done.stderr[-1500:]}")
+
+        refusals = {
+            "sequence parallelism": (command(2, 1, 2, root / "sp", sp=2),
+                                     "training.distributed.sp_size: is 2, but loom has no sequence parallelism yet"),
+            "the world's size": (command(2, 2, 2, root / "sizes"),
+                                 "training.distributed: hsdp_replicate_dim 2 × hsdp_shard_dim 2 asks for 4 ranks, but "
+                                 "the job has 2: launch 4 ranks, or make hsdp_replicate_dim × hsdp_shard_dim 2"),
+        }
+        for what, (refused_command, sentence) in refusals.items():
+            refused = subprocess.run(refused_command, capture_output=True, text=True)
+            if refused.returncode == 0 or sentence not in refused.stderr or "build:" in refused.stdout:
+                failures.append(f"{what} was not refused in one sentence before the build: "
+                                f"{refused.stdout[-800:]}{refused.stderr[-800:]}")
+    for failure in failures:
+        print("FAIL:", failure)
+    print("wan-finetune:", "ok" if not failures else f"{len(failures)} failures")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
