@@ -1,6 +1,6 @@
 // loom's Wan on a diffusers checkpoint (tests/models/wan_vs_diffusers.py makes them and checks what
 // this prints):
-//   wan-parity FOLDER {local|ddp|fsdp} [--bf16]
+//   wan-parity FOLDER {local|ddp|fsdp|hsdp} [--bf16]
 // reads FOLDER/config.json, builds the plan with pretrained(FOLDER) (diffusers' weights by name,
 // strictly), runs the forward on FOLDER/expected.safetensors' latents, timestep and text, and
 // compares the velocity with diffusers' on every rank: within 1e-5 of its largest magnitude.
@@ -110,7 +110,8 @@ bool with_strategy(const Plan& plan, const arguments& args) {
   if (args.strategy == "local") return compare(plan | loom::local(), args);
   if (args.strategy == "ddp") return compare(plan | loom::ddp(), args);
   if (args.strategy == "fsdp") return compare(plan | loom::fsdp(), args);
-  throw std::invalid_argument(fmt::format("unknown strategy '{}': local, ddp or fsdp", args.strategy));
+  if (args.strategy == "hsdp") return compare(plan | loom::fsdp({.shard_group_size = 2}), args);
+  throw std::invalid_argument(fmt::format("unknown strategy '{}': local, ddp, fsdp or hsdp", args.strategy));
 }
 
 }  // namespace
@@ -118,7 +119,7 @@ bool with_strategy(const Plan& plan, const arguments& args) {
 int main(int argc, char** argv) {
   const std::vector<std::string_view> words(argv + 1, argv + argc);
   if (words.size() < 2 || words.size() > 3 || (words.size() == 3 && words[2] != "--bf16")) {
-    fmt::print(stderr, "usage: wan-parity FOLDER {{local|ddp|fsdp}} [--bf16]\n");
+    fmt::print(stderr, "usage: wan-parity FOLDER {{local|ddp|fsdp|hsdp}} [--bf16]\n");
     return 2;
   }
   const arguments args{.folder = words[0], .strategy = words[1], .bf16 = words.size() == 3};

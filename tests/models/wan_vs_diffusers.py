@@ -5,7 +5,7 @@ fixed latents, timesteps and text states. loom loads each checkpoint by name (pr
 reads diffusers' diffusion_pytorch_model.safetensors and its sharded index; under fsdp() each rank
 reads only the rows of its shards, about 1/N of the bytes, which the driver checks) and must give the
 same velocity within 1e-5 of its largest magnitude (fp32), under local() on one rank and under ddp()
-and fsdp() on 2 and 3. In bf16 (a base built in bf16 and frozen under LoRA, what diffusers keeps in
+and fsdp() on 2, 3 and 4, and at 4 under hybrid sharding (fsdp({.shard_group_size = 2})). In bf16 (a base built in bf16 and frozen under LoRA, what diffusers keeps in
 fp32 in fp32, as from_pretrained(torch_dtype=torch.bfloat16) holds it) the rms difference from
 diffusers' fp32 velocity must be at most twice that of diffusers' own model in bf16.
 
@@ -97,7 +97,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="loom-wan-") as scratch:
         folder = Path(scratch)
         make(folder)
-        strategies = ["local"] if args.ranks == 1 else ["ddp", "fsdp"]
+        # hsdp: hybrid sharding, shards over groups of 2 ranks that replicate each other.
+        strategies = ["local"] if args.ranks == 1 else ["ddp", "fsdp"] + (["hsdp"] if args.ranks == 4 else [])
         failures = []
         for name in CONFIGS:
             for strategy, precision in ((s, p) for s in strategies for p in ((), ("--bf16",))):
@@ -112,8 +113,9 @@ def main() -> None:
                 # What pretrained(...) read: a rank's share of the checkpoint under fsdp(), all of it otherwise.
                 for read, total in re.findall(r"(\d+) of their (\d+) bytes read on this rank", done.stdout):
                     read, total = int(read), int(total)
-                    share = total / args.ranks if strategy == "fsdp" else total
-                    if not (0 < read <= share * 1.25 and (strategy == "fsdp" or read == total)):
+                    sharded_over = {"fsdp": args.ranks, "hsdp": 2}.get(strategy)
+                    share = total / sharded_over if sharded_over else total
+                    if not (0 < read <= share * 1.25 and (sharded_over or read == total)):
                         failures.append(f"{strategy} on {name}: a rank read {read} of {total} bytes")
         if failures:
             sys.exit("FAILED: " + "; ".join(failures))
