@@ -62,6 +62,22 @@ constexpr std::span<const target_alias> lora_target_aliases_of() noexcept {
   }
 }
 
+// What the module says of itself for the files other libraries read, from its static members (each optional).
+template <class Module>
+model_identity identity_of() {
+  model_identity identity;
+  if constexpr (requires { Module::peft_task_type; }) identity.peft_task_type = Module::peft_task_type;
+  if constexpr (requires {
+                  Module::peft_base_model_class;
+                  Module::peft_parent_library;
+                }) {
+    identity.peft_base_model_class = Module::peft_base_model_class;
+    identity.peft_parent_library = Module::peft_parent_library;
+  }
+  if constexpr (requires { Module::diffusers_component; }) identity.diffusers_component = Module::diffusers_component;
+  return identity;
+}
+
 // The model and its adapters, as the plan's stages before the strategy made them.
 template <class M>
 struct constructed {
@@ -107,19 +123,7 @@ auto build_checked(const plan_value<Args, Strategy>& plan, runtime rt) {
 
   build_decisions decided;
   decided.plan_state = plan.state;
-  if constexpr (requires { module_type::peft_task_type; }) {
-    decided.identity.peft_task_type = module_type::peft_task_type;
-  }
-  if constexpr (requires {
-                  module_type::peft_base_model_class;
-                  module_type::peft_parent_library;
-                }) {
-    decided.identity.peft_base_model_class = module_type::peft_base_model_class;
-    decided.identity.peft_parent_library = module_type::peft_parent_library;
-  }
-  if constexpr (requires { module_type::diffusers_component; }) {
-    decided.identity.diffusers_component = module_type::diffusers_component;
-  }
+  decided.identity = identity_of<module_type>();
   const build_steps::dtypes dtypes = build_steps::decide_dtypes(plan.stages);
   decided.built_in = dtypes.built_in;
   decided.policy = dtypes.policy;
