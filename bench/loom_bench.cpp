@@ -1,16 +1,19 @@
-// loom-bench: the workloads of ../shared/BENCHMARKS.md on loom. It does what the Python anchor
-// (../shared/bench/torch_anchor.py) does, step for step, and rank 0 prints one JSON line with the
-// anchor's keys, so that bench/compare can pair the two, and one of its own: `step_ms_max`, the
+// loom-bench: the workloads of ../shared/BENCHMARKS.md on loom. It does what the Python anchor does
+// (../shared/bench/torch_anchor.py for the toy workloads, ../shared/bench/hf_anchor.py for the real
+// models, from the checkpoint that one writes), step for step, and rank 0 prints one JSON line with
+// the anchor's keys, so that bench/compare can pair the two, and one of its own: `step_ms_max`, the
 // slowest step of any rank, warm-up included (tests/dist/load_check.py sets it against the timeout),
 // and on CUDA `device_peak_mb`, rank 0's peak of allocated device memory.
 //
 //   build/loom-run --nproc-per-node 2 -- build/bench/loom-bench --workload gpt-lora-ddp --steps 30
+//   build/loom-run --nproc-per-node 2 -- build/bench/loom-bench --workload wan-lora-fsdp --steps 10
 
 #include "statistics.hpp"
 
 #include <common/command_line.hpp>
 #include <loom/io/optimizer_state.hpp>
 #include <loom/loom.hpp>
+#include <loom/models/wan.hpp>
 #include <loom/optim/adamw.hpp>
 #include <models/mlp.hpp>
 #include <models/tiny_gpt.hpp>
@@ -27,6 +30,7 @@
 #include <chrono>
 #include <cstdio>
 #include <exception>
+#include <filesystem>
 #include <limits>
 #include <memory>
 #include <set>
@@ -49,6 +53,8 @@ struct bench_options {
   std::string optimizer = "fused";
   // The steps by hand (the calls loom::train makes), each phase timed, for bench/phase_account.
   bool phases = false;
+  // The real models' starting weights: hf_anchor.py's checkpoint of the workload's family.
+  std::string checkpoint = "/tmp/loom-hf-anchor/{family}";
 };
 
 constexpr std::array workloads{"mlp-ddp",
@@ -64,7 +70,10 @@ constexpr std::array workloads{"mlp-ddp",
                                "gpt-long-fsdp",
                                "gpt-long-recompute-fsdp",
                                "gpt-lora-long-recompute-fsdp",
-                               "gpt-hsdp"};
+                               "gpt-hsdp",
+                               "wan-fsdp",
+                               "wan-lora-fsdp",
+                               "wan-lora-bf16-fsdp"};
 
 // The options, or the exit code to end with (--help, a bad command line).
 std::variant<bench_options, int> parse_options(int argc, char** argv) {
@@ -86,6 +95,9 @@ std::variant<bench_options, int> parse_options(int argc, char** argv) {
                  "AdamW's implementation: fused (loom::optim::AdamW) or torch (torch::optim::AdamW)")
       ->capture_default_str()
       ->check(CLI::IsMember({"fused", "torch"}));
+  app.add_option("--checkpoint", options.checkpoint,
+                 "a real model's starting weights, as hf_anchor.py writes them ({family}: the workload's, e.g. wan)")
+      ->capture_default_str();
   app.add_flag("--phases", options.phases,
                "time each phase (forward, backward, optimizer, zero_grad) of steps run by hand, and print their "
                "medians instead (bench/phase_account)");
@@ -119,19 +131,25 @@ double peak_rss_mb() {
   return static_cast<double>(usage.ru_maxrss) / 1024.0;  // ru_maxrss is in KiB on Linux
 }
 
+// A workload: `batch`, what a step consumes; draw(gen, size, device), one step's batch drawn as the
+// anchor draws it; loss(job, batch); tokens_per_sample (0 where a sample is no sequence); the
+// optimizer the anchor steps with, and the name of the implementation that ran.
+
 // Mlp, MSE to a random target, SGD.
 struct mlp_workload {
   static constexpr std::int64_t default_batch = 32;
+  static constexpr std::int64_t tokens_per_sample = 0;
   static constexpr std::int64_t width = 1024;
+  using batch = std::pair<at::Tensor, at::Tensor>;
 
-  static std::pair<at::Tensor, at::Tensor> draw(const at::Generator& gen, std::int64_t batch) {
-    at::Tensor x = torch::randn({batch, width}, gen);
-    at::Tensor y = torch::randn({batch, width}, gen);
-    return {x, y};
+  static batch draw(const at::Generator& gen, std::int64_t size, const at::Device& device) {
+    at::Tensor x = torch::randn({size, width}, gen);
+    at::Tensor y = torch::randn({size, width}, gen);
+    return {x.to(device), y.to(device)};
   }
   template <class Job>
-  static at::Tensor loss(Job& job, const at::Tensor& x, const at::Tensor& y) {
-    return torch::mse_loss(job.forward(x), y);
+  static at::Tensor loss(Job& job, const batch& b) {
+    return torch::mse_loss(job.forward(b.first), b.second);
   }
   // loom has no SGD of its own: torch::optim's, whichever --optimizer asks for.
   static std::string_view implementation(std::string_view /*requested*/) { return "torch"; }
@@ -144,16 +162,18 @@ struct mlp_workload {
 template <std::int64_t Context, std::int64_t Batch>
 struct tiny_gpt_workload {
   static constexpr std::int64_t default_batch = Batch;
+  static constexpr std::int64_t tokens_per_sample = Context;
   static constexpr models::tiny_gpt_config config{.ctx = Context};
+  using batch = std::pair<at::Tensor, at::Tensor>;
 
-  static std::pair<at::Tensor, at::Tensor> draw(const at::Generator& gen, std::int64_t batch) {
-    at::Tensor x = torch::randint(0, config.vocab, {batch, config.ctx}, gen, torch::kLong);
-    at::Tensor y = torch::randint(0, config.vocab, {batch, config.ctx}, gen, torch::kLong);
-    return {x, y};
+  static batch draw(const at::Generator& gen, std::int64_t size, const at::Device& device) {
+    at::Tensor x = torch::randint(0, config.vocab, {size, config.ctx}, gen, torch::kLong);
+    at::Tensor y = torch::randint(0, config.vocab, {size, config.ctx}, gen, torch::kLong);
+    return {x.to(device), y.to(device)};
   }
   template <class Job>
-  static at::Tensor loss(Job& job, const at::Tensor& x, const at::Tensor& y) {
-    return job.forward(x, y);
+  static at::Tensor loss(Job& job, const batch& b) {
+    return job.forward(b.first, b.second);
   }
   static std::string_view implementation(std::string_view requested) { return requested; }
   static std::unique_ptr<torch::optim::Optimizer> optimizer(const std::vector<at::Tensor>& params,
@@ -165,6 +185,42 @@ struct tiny_gpt_workload {
 };
 using gpt_workload = tiny_gpt_workload<128, 8>;
 using gpt_long_workload = tiny_gpt_workload<512, 4>;  // the gpt-long-* workloads
+
+// The wan-* workloads: hf_anchor.py's Wan DiT, one flow-matching step as it draws it (latents x0,
+// noise, t = randint(0, 1000), text, in this order; s = t / 1000, the input (1 - s) x0 + s noise in
+// the dtype the base is held in, the target the velocity noise - x0 in fp32), AdamW at its rates.
+template <bool Adapted, c10::ScalarType InputDtype>
+struct wan_workload {
+  static constexpr std::int64_t default_batch = 1;
+  static constexpr std::array<std::int64_t, 4> latent_shape{16, 5, 32, 32};  // channels, frames, height, width
+  static constexpr std::array<std::int64_t, 2> text_shape{64, 128};           // tokens, text_dim
+  static constexpr std::int64_t tokens_per_sample = 5 * (32 / 2) * (32 / 2);  // patched by (1, 2, 2)
+  struct batch {
+    at::Tensor noisy, timestep, text, velocity;
+  };
+
+  static batch draw(const at::Generator& gen, std::int64_t size, const at::Device& device) {
+    const std::vector<std::int64_t> latents{size, latent_shape[0], latent_shape[1], latent_shape[2], latent_shape[3]};
+    const at::Tensor x0 = torch::randn(latents, gen);
+    const at::Tensor noise = torch::randn(latents, gen);
+    const at::Tensor t = torch::randint(0, 1000, {size}, gen, torch::kLong);
+    const at::Tensor text = torch::randn({size, text_shape[0], text_shape[1]}, gen);
+    const at::Tensor s = (t.to(torch::kFloat) / 1000.0).view({-1, 1, 1, 1, 1});
+    const at::Tensor noisy = ((1 - s) * x0 + s * noise).to(InputDtype);
+    return {noisy.to(device), t.to(device), text.to(InputDtype).to(device), (noise - x0).to(device)};
+  }
+  template <class Job>
+  static at::Tensor loss(Job& job, const batch& b) {
+    return torch::mse_loss(job.forward(b.noisy, b.timestep, b.text).to(torch::kFloat), b.velocity);
+  }
+  static std::string_view implementation(std::string_view requested) { return requested; }
+  static std::unique_ptr<torch::optim::Optimizer> optimizer(const std::vector<at::Tensor>& params,
+                                                            std::string_view implementation) {
+    const auto options = torch::optim::AdamWOptions(Adapted ? 1e-3 : 1e-4);
+    if (implementation == "torch") return std::make_unique<torch::optim::AdamW>(params, options);
+    return std::make_unique<loom::optim::AdamW>(params, options);
+  }
+};
 
 // One rank's figures, in the order they travel in the all-gather.
 struct rank_figures {
@@ -202,8 +258,18 @@ struct run_result {
   double final_loss;
   std::int64_t trainable_params;
   std::int64_t local_batch;
-  std::string_view optimizer;  // the implementation that ran
+  std::int64_t tokens_per_sample;  // 0: no sequence, no tokens/s
+  std::string_view optimizer;      // the implementation that ran
 };
+
+// Where samples are sequences, their length and the tokens every rank steps through per second of the
+// slowest rank's median step (the anchor's `seq_len` and `tokens_per_s`); nothing otherwise.
+std::string token_fields(const loom::runtime& rt, const run_result& result, double step_ms) {
+  if (result.tokens_per_sample == 0) return {};
+  const double tokens = static_cast<double>(rt.world_size() * result.local_batch * result.tokens_per_sample);
+  return fmt::format(", \"seq_len\": {}, \"tokens_per_s\": {:.1f}", result.tokens_per_sample,
+                     tokens / (step_ms / 1000.0));
+}
 
 // On CUDA, this rank's peak of allocated device memory (the caching allocator's statistics, as
 // torch.cuda.max_memory_allocated), as one more key; nothing on the CPU.
@@ -217,13 +283,14 @@ std::string device_peak_field(const loom::runtime& rt) {
 
 void print_json(const bench_options& options, const loom::runtime& rt, const run_result& result,
                 const std::vector<rank_figures>& all) {
+  const double step_ms = max_over_ranks(all, &rank_figures::step_ms_median);
   fmt::print(
       "{{\"impl\": \"loom\", \"torch\": \"{}\", \"workload\": \"{}\", \"world\": {}, \"local_batch\": {}, "
-      "\"optimizer\": \"{}\", \"steps\": {}, \"step_ms_median\": {:.3f}, \"state_mb_per_rank_max\": {:.3f}, "
+      "\"optimizer\": \"{}\", \"steps\": {}, \"step_ms_median\": {:.3f}{}, \"state_mb_per_rank_max\": {:.3f}, "
       "\"rss_peak_mb_max\": {:.1f}, "
       "\"final_loss\": {:.5f}, \"trainable_params\": {}, \"step_ms_max\": {:.3f}{}}}\n",
-      TORCH_VERSION, options.workload, rt.world_size(), result.local_batch, result.optimizer, options.steps,
-      max_over_ranks(all, &rank_figures::step_ms_median), max_over_ranks(all, &rank_figures::state_bytes) / (1 << 20),
+      TORCH_VERSION, options.workload, rt.world_size(), result.local_batch, result.optimizer, options.steps, step_ms,
+      token_fields(rt, result, step_ms), max_over_ranks(all, &rank_figures::state_bytes) / (1 << 20),
       max_over_ranks(all, &rank_figures::rss_peak_mb), result.final_loss, result.trainable_params,
       max_over_ranks(all, &rank_figures::step_ms_max), device_peak_field(rt));
   std::fflush(stdout);
@@ -234,16 +301,25 @@ std::int64_t local_batch(const bench_options& options) {
   return options.batch ? options.batch : Workload::default_batch;
 }
 
-// Every step's (x, y), warm-up included, drawn before the steps from the anchor's generator.
+// Every step's batch, warm-up included, drawn before the steps from the anchor's generator.
 template <class Workload, class Job>
-std::vector<std::pair<at::Tensor, at::Tensor>> draw_batches(const Job& job, const bench_options& options) {
+std::vector<typename Workload::batch> draw_batches(const Job& job, const bench_options& options) {
   const at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(99 + job.rt().rank());
-  std::vector<std::pair<at::Tensor, at::Tensor>> batches;
+  std::vector<typename Workload::batch> batches;
   for (int step = 0; step < options.warmup + options.steps; ++step) {
-    auto [x, y] = Workload::draw(gen, local_batch<Workload>(options));
-    batches.emplace_back(x.to(job.rt().device()), y.to(job.rt().device()));
+    batches.push_back(Workload::draw(gen, local_batch<Workload>(options), job.rt().device()));
   }
   return batches;
+}
+
+// The torch::nn::Module of a model: a TORCH_MODULE holder's contained module, or the model itself.
+template <class M>
+const torch::nn::Module& torch_module(const M& model) {
+  if constexpr (requires { model.ptr(); }) {
+    return *model.ptr();
+  } else {
+    return model;
+  }
 }
 
 // A step is forward, backward, optimizer step and zero_grad (gradients kept, as the anchor's
@@ -260,8 +336,7 @@ run_result train(Job& job, const bench_options& options) {
   loom::train(job, *optimizer,
               {.loss =
                    [&](std::int64_t step, int) {
-                     const auto& [x, y] = batches[static_cast<std::size_t>(step - 1)];
-                     return Workload::loss(job, x, y);
+                     return Workload::loss(job, batches[static_cast<std::size_t>(step - 1)]);
                    },
                .on_step =
                    [&](const loom::step_report& report) {
@@ -276,11 +351,16 @@ run_result train(Job& job, const bench_options& options) {
                .set_to_none = false});
 
   std::int64_t trainable = 0;  // the model's, as the anchor counts them (not this rank's shards)
-  for (const at::Tensor& p : job.module().parameters()) trainable += p.requires_grad() ? p.numel() : 0;
+  for (const at::Tensor& p : torch_module(job.module()).parameters()) trainable += p.requires_grad() ? p.numel() : 0;
   const rank_figures figures{bench::median(step_ms),
                              static_cast<double>(state_bytes(job.local_state_dict(), params, *optimizer)),
                              peak_rss_mb(), slowest_ms};
-  return {figures, final_loss, trainable, local_batch<Workload>(options), Workload::implementation(options.optimizer)};
+  return {figures,
+          final_loss,
+          trainable,
+          local_batch<Workload>(options),
+          Workload::tokens_per_sample,
+          Workload::implementation(options.optimizer)};
 }
 
 // The calls loom::train makes for a step, by hand, each timed: forward (the loss), backward, the
@@ -293,11 +373,10 @@ void time_phases(Job& job, const bench_options& options) {
   constexpr std::array<std::string_view, 4> names{"forward", "backward", "optimizer", "zero_grad"};
   std::array<std::vector<double>, names.size()> phase_ms;
   for (int step = 0; step < options.warmup + options.steps; ++step) {
-    const auto& [x, y] = batches[static_cast<std::size_t>(step)];
     using clock = std::chrono::steady_clock;
     std::array<clock::time_point, names.size() + 1> marks;
     marks[0] = clock::now();
-    const at::Tensor loss = Workload::loss(job, x, y);
+    const at::Tensor loss = Workload::loss(job, batches[static_cast<std::size_t>(step)]);
     marks[1] = clock::now();
     job.backward(loss);
     marks[2] = clock::now();
@@ -327,6 +406,43 @@ void run(const Plan& plan, const bench_options& options) {
   const run_result result = train<Workload>(job, options);
   const std::vector<rank_figures> all = gather_figures(job.rt(), result.figures);
   if (job.rt().rank() == 0) print_json(options, job.rt(), result, all);
+}
+
+// hf_anchor.py's checkpoint of `family` (its --checkpoint pattern filled in), or a sentence saying how
+// to write it.
+std::filesystem::path anchor_checkpoint(const bench_options& options, std::string_view family) {
+  std::string path = options.checkpoint;
+  if (const auto at = path.find("{family}"); at != std::string::npos) path.replace(at, 8, family);
+  if (!std::filesystem::exists(std::filesystem::path(path) / "config.json")) {
+    throw std::invalid_argument(fmt::format(
+        "{} has no starting weights ({}/config.json is missing): write them with "
+        "`python3 ../shared/bench/hf_anchor.py --make-checkpoint {} --family {}`, or give --checkpoint",
+        options.workload, path, path, family));
+  }
+  return path;
+}
+
+// The Wan DiT from the anchor's checkpoint, each block a shard unit; LoRA r 16, alpha 16 on FastVideo's
+// targets (to_out is diffusers' to_out.0); bf16: the base held in bf16 (the anchor's
+// from_pretrained(torch_dtype=bfloat16), which keeps diffusers' fp32 modules), gathered in bf16 and
+// reduced in fp32.
+void run_wan_workload(const bench_options& options) {
+  const std::filesystem::path checkpoint = anchor_checkpoint(options, "wan");
+  const auto wan = loom::model<loom::models::Wan>(loom::models::wan_config::from_pretrained(checkpoint)) |
+                   loom::seeded(1234);
+  const auto weights = loom::pretrained(checkpoint.string());
+  constexpr auto adapters = loom::lora(16, {"to_q", "to_k", "to_v", "to_out.0"}, {.alpha = 16});
+  const std::string_view name = options.workload;
+  if (name == "wan-fsdp") return run<wan_workload<false, torch::kFloat>>(wan | weights | loom::fsdp(), options);
+  if (name == "wan-lora-fsdp") {
+    return run<wan_workload<true, torch::kFloat>>(wan | weights | adapters | loom::fsdp(), options);
+  }
+  if (name == "wan-lora-bf16-fsdp") {
+    constexpr auto bf16 = loom::mixed_precision({.param = loom::bf16, .reduce = loom::fp32});
+    return run<wan_workload<true, torch::kBFloat16>>(
+        wan | loom::default_dtype(loom::bf16) | weights | adapters | bf16 | loom::fsdp(), options);
+  }
+  throw std::logic_error(fmt::format("workload '{}' has no plan", name));
 }
 
 // Plans are typed, so each workload is its own plan expression.
@@ -361,6 +477,7 @@ void run_workload(const bench_options& options) {
   }
   // 4 ranks: sharded within pairs (0, 1) and (2, 3), replicated across them (the anchor's 2 × 2 mesh).
   if (name == "gpt-hsdp") return run<gpt_workload>(gpt | loom::fsdp({.shard_group_size = 2}), options);
+  if (name.starts_with("wan-")) return run_wan_workload(options);
   throw std::logic_error(fmt::format("workload '{}' has no plan", name));  // --workload's check lists them
 }
 
