@@ -1,17 +1,19 @@
 // The same plan on any device and process group gives the same model. Usage (under loom-run):
 //   device-parity {ddp|fsdp|fsdp-eval|recompute-ddp|recompute-fsdp|lora-fsdp|bf16-ddp|bf16-fsdp|lora-bf16-fsdp|
-//                  hsdp} OUT.safetensors STEPS
+//                  hsdp|wan-fsdp|wan-lora-fsdp|wan-lora-bf16-fsdp} OUT.safetensors STEPS
 // trains a small TinyGpt with loom::train (loom::optim::AdamW, ATen's fused kernel on the device;
 // clipping; no run folder; fsdp-eval: fsdp() with an evaluation every 2 steps, a forward with no
 // backward; hsdp: hybrid sharding in groups of 2 ranks; recompute-*: every block recomputed in
-// backward; bf16-*: under mixed_precision(), the lora one over a base built in bf16) on the
-// runtime's device (LOOM_DEVICE, LOOM_BACKEND), each rank on its own batches drawn on the CPU by
-// (step, rank), and rank 0 writes the whole model (gathered under fsdp()) to OUT; on CUDA each rank
-// prints its peak allocated memory. parity.py compares two such files: CUDA against CPU
+// backward; bf16-*: under mixed_precision(), the lora one over a base built in bf16; wan-*: a small
+// loom::models::Wan by flow matching, LoRA on FastVideo's targets) on the runtime's device
+// (LOOM_DEVICE, LOOM_BACKEND), each rank on its own batches drawn on the CPU by (step, rank), and
+// rank 0 writes the whole model (gathered under fsdp()) to OUT; on CUDA each rank prints its peak
+// allocated memory. parity.py compares two such files: CUDA against CPU
 // (scripts/gpu-check), one launched rank with its own process group against a plain single process
 // (CI).
 #include <loom/io/safetensors.hpp>
 #include <loom/loom.hpp>
+#include <loom/models/wan.hpp>
 #include <loom/optim/adamw.hpp>
 #include <models/tiny_gpt.hpp>
 
@@ -29,17 +31,50 @@ namespace {
 
 constexpr models::tiny_gpt_config small{.vocab = 32, .d = 32, .layers = 3, .heads = 2, .ctx = 16};
 
-template <class Plan>
-void run(const Plan& plan, const std::filesystem::path& out, std::int64_t steps, std::int64_t eval_every = 0) {
+// Two blocks of 2 heads of 12 channels (the rotary embedding's frame, row and column 4 each).
+loom::models::wan_config small_wan() {
+  loom::models::wan_config config;
+  config.num_attention_heads = 2;
+  config.attention_head_dim = 12;
+  config.in_channels = config.out_channels = 4;
+  config.text_dim = 16;
+  config.freq_dim = 16;
+  config.ffn_dim = 32;
+  config.num_layers = 2;
+  config.rope_max_seq_len = 32;
+  return config;
+}
+
+// A batch of 4 sequences and their next tokens, drawn on the CPU by `gen`.
+at::Tensor tiny_gpt_loss(auto& job, at::Generator& gen) {
+  const at::Tensor x = torch::randint(0, small.vocab, {4, small.ctx}, gen).to(job.rt().device());
+  const at::Tensor y = torch::randint(0, small.vocab, {4, small.ctx}, gen).to(job.rt().device());
+  return job.forward(x, y);
+}
+
+// Flow matching on 2 clips' latents (2 frames of 8 × 8: 32 patches each) and 5 text states, drawn on
+// the CPU by `gen` (noise and levels too), so that every device trains on the same numbers.
+at::Tensor wan_loss(auto& job, at::Generator& gen) {
+  static const loom::flow_matching method({.weighting_scheme = loom::timestep_density::logit_normal});
+  const loom::models::wan_config config = small_wan();
+  const at::Tensor x0 = torch::randn({2, config.in_channels, 2, 8, 8}, gen);
+  const at::Tensor text = torch::randn({2, 5, config.text_dim}, gen);
+  loom::flow_matching_inputs inputs = method.noise(x0, gen);
+  const c10::Device device = job.rt().device();
+  for (at::Tensor* t : {&inputs.noisy, &inputs.timesteps, &inputs.sigmas, &inputs.velocity}) *t = t->to(device);
+  return loom::flow_matching::loss(job.forward(inputs.noisy, inputs.timesteps, text.to(device)), inputs);
+}
+
+template <class Plan, class Loss>
+void run(const Plan& plan, Loss batch_loss, const std::filesystem::path& out, std::int64_t steps,
+         std::int64_t eval_every = 0) {
   auto job = loom::build(plan, loom::runtime::from_env());
   const loom::runtime& rt = job.rt();
   loom::optim::AdamW optimizer(job.trainable_parameters(), torch::optim::AdamWOptions(1e-2));
   const auto rank = static_cast<std::uint64_t>(rt.rank());
   const auto loss = [&](std::uint64_t seed) {
-    auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
-    const at::Tensor x = torch::randint(0, small.vocab, {4, small.ctx}, gen).to(rt.device());
-    const at::Tensor y = torch::randint(0, small.vocab, {4, small.ctx}, gen).to(rt.device());
-    return job.forward(x, y);
+    at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(seed);
+    return batch_loss(job, gen);
   };
   const loom::train_result result = loom::train(
       job, optimizer,
@@ -67,8 +102,8 @@ int main(int argc, char** argv) {
   if (argc != 4) {
     fmt::print(stderr,
                "usage: device-parity "
-               "{{ddp|fsdp|fsdp-eval|recompute-ddp|recompute-fsdp|lora-fsdp|bf16-ddp|bf16-fsdp|lora-bf16-fsdp|hsdp}} "
-               "OUT.safetensors STEPS\n");
+               "{{ddp|fsdp|fsdp-eval|recompute-ddp|recompute-fsdp|lora-fsdp|bf16-ddp|bf16-fsdp|lora-bf16-fsdp|hsdp|"
+               "wan-fsdp|wan-lora-fsdp|wan-lora-bf16-fsdp}} OUT.safetensors STEPS\n");
     return 2;
   }
   const std::string_view strategy = argv[1];
@@ -76,28 +111,39 @@ int main(int argc, char** argv) {
   const std::int64_t steps = std::atoll(argv[3]);
   try {
     const auto base = loom::model<models::TinyGpt>(small) | loom::seeded(5);
+    const auto gpt = [](auto& job, at::Generator& gen) { return tiny_gpt_loss(job, gen); };
+    const auto wan = loom::model<loom::models::Wan>(small_wan()) | loom::seeded(5);
+    const auto wan_adapters = loom::lora(4, {"to_q", "to_k", "to_v", "to_out"});
+    const auto flow = [](auto& job, at::Generator& gen) { return wan_loss(job, gen); };
     if (strategy == "ddp") {
-      run(base | loom::ddp(), out, steps);
+      run(base | loom::ddp(), gpt, out, steps);
     } else if (strategy == "fsdp") {
-      run(base | loom::fsdp(), out, steps);
+      run(base | loom::fsdp(), gpt, out, steps);
     } else if (strategy == "hsdp") {
-      run(base | loom::fsdp({.shard_group_size = 2}), out, steps);
+      run(base | loom::fsdp({.shard_group_size = 2}), gpt, out, steps);
     } else if (strategy == "fsdp-eval") {
-      run(base | loom::fsdp(), out, steps, /*eval_every=*/2);
+      run(base | loom::fsdp(), gpt, out, steps, /*eval_every=*/2);
     } else if (strategy == "recompute-ddp") {
-      run(base | loom::recompute() | loom::ddp(), out, steps);
+      run(base | loom::recompute() | loom::ddp(), gpt, out, steps);
     } else if (strategy == "recompute-fsdp") {
-      run(base | loom::recompute() | loom::fsdp(), out, steps);
+      run(base | loom::recompute() | loom::fsdp(), gpt, out, steps);
     } else if (strategy == "lora-fsdp") {
-      run(base | loom::lora(4, {"q_proj", "v_proj"}) | loom::fsdp(), out, steps);
+      run(base | loom::lora(4, {"q_proj", "v_proj"}) | loom::fsdp(), gpt, out, steps);
     } else if (strategy == "bf16-ddp") {
-      run(base | loom::mixed_precision() | loom::ddp(), out, steps);
+      run(base | loom::mixed_precision() | loom::ddp(), gpt, out, steps);
     } else if (strategy == "bf16-fsdp") {
-      run(base | loom::mixed_precision() | loom::fsdp(), out, steps);
+      run(base | loom::mixed_precision() | loom::fsdp(), gpt, out, steps);
     } else if (strategy == "lora-bf16-fsdp") {
       run(base | loom::default_dtype(loom::bf16) | loom::lora(4, {"q_proj", "v_proj"}) | loom::mixed_precision() |
               loom::fsdp(),
-          out, steps);
+          gpt, out, steps);
+    } else if (strategy == "wan-fsdp") {
+      run(wan | loom::fsdp(), flow, out, steps);
+    } else if (strategy == "wan-lora-fsdp") {
+      run(wan | wan_adapters | loom::fsdp(), flow, out, steps);
+    } else if (strategy == "wan-lora-bf16-fsdp") {
+      run(wan | loom::default_dtype(loom::bf16) | wan_adapters | loom::mixed_precision() | loom::fsdp(), flow, out,
+          steps);
     } else {
       fmt::print(stderr, "device-parity: unknown strategy '{}'\n", strategy);
       return 2;

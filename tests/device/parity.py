@@ -9,11 +9,12 @@ more. The report names the tensor that differs most.
 """
 import sys
 
-from safetensors.numpy import load_file
+from safetensors.torch import load_file
 
 
 def main() -> int:
-    a, b = load_file(sys.argv[1]), load_file(sys.argv[2])
+    # widened to fp32, bf16 ones too (a base held in bf16)
+    a, b = ({name: t.float() for name, t in load_file(path).items()} for path in sys.argv[1:3])
     tolerance = float(sys.argv[3]) if len(sys.argv) > 3 else 1e-4
     if a.keys() != b.keys():
         print(f"parity: the files name different tensors: {sorted(a.keys() ^ b.keys())}")

@@ -1,6 +1,9 @@
 """The README's commands, run in the order it gives them, all succeed: every ```sh block's
 scripts/demo, Python and build/loom-run lines, with small step counts and the README's /tmp folders
-moved into a scratch one (the builds they start are meson's here; scripts/test is this suite).
+moved into a scratch one (the builds they start are meson's here; scripts/test is this suite). And
+the README's sample outputs are what the commands print now: each plan line and `build:` line in its
+output blocks (which depend on the plan and the model, not on the step counts) is printed by one of
+the runs, paths aside.
 
     readme_check.py README LOOM_RUN TINY_GPT LLAMA_FINETUNE WAN_FINETUNE PYTHON
 """
@@ -24,6 +27,27 @@ def commands(readme: Path) -> list[str]:
             line = line.split("  #")[0].strip()
             if line:
                 found.append(line)
+    return found
+
+
+# The lines of a sample output that a short run prints as the README's long one did.
+FIXED_LINE = re.compile(r"^\[rank 0\] (model<|seeded\(|default_dtype\(|pretrained\(|lora\(|trainable\(|recompute\(|"
+                        r"mixed_precision\(|ddp\(|fsdp\(|local\(|build: )")
+
+
+def without_paths(line: str) -> str:
+    """The line with its quoted paths left out: the README's runs wrote into /tmp, these into a scratch folder."""
+    return re.sub(r"'[^']*'", "'…'", re.sub(r'"[^"]*"', '"…"', line.rstrip()))
+
+
+def sample_lines(readme: Path) -> list[str]:
+    """The plan and build lines of every output block (a ``` block with no language), in order."""
+    found, fence = [], None  # fence: the open block's language ("" for output), None outside blocks
+    for line in readme.read_text().splitlines():
+        if line.startswith("```"):
+            fence = line[3:].strip() if fence is None else None
+        elif fence == "" and FIXED_LINE.match(line):
+            found.append(line.rstrip())
     return found
 
 
@@ -67,6 +91,7 @@ def main() -> int:
         print("FAIL: the README gives no second phase from a run file")
         return 1
     ran = 0
+    printed = set()
     with tempfile.TemporaryDirectory() as folder:
         scratch = Path(folder)
         (scratch / "llama").mkdir()
@@ -81,8 +106,16 @@ def main() -> int:
                 print(f"FAIL: README command {ran} exited {done.returncode}: {line}\n"
                       f"{done.stdout[-2000:]}{done.stderr[-2000:]}")
                 return 1
+            printed.update(without_paths(out) for out in (done.stdout + done.stderr).splitlines())
             print(f"ok: {line}")
     print(f"readme: {ran} commands ran, in the README's order")
+    samples = sample_lines(readme)
+    stale = [line for line in samples if without_paths(line) not in printed]
+    if not samples or stale:
+        print("FAIL: the README shows plan or build lines that no run printed: run its commands again and paste "
+              "their output\n  " + "\n  ".join(stale or ["(no sample output found)"]))
+        return 1
+    print(f"readme: its {len(samples)} plan and build lines are what the runs print")
     return 0
 
 
