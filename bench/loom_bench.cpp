@@ -192,7 +192,7 @@ using gpt_long_workload = tiny_gpt_workload<512, 4>;  // the gpt-long-* workload
 template <bool Adapted, c10::ScalarType InputDtype>
 struct wan_workload {
   static constexpr std::int64_t default_batch = 1;
-  static constexpr std::array<std::int64_t, 4> latent_shape{16, 5, 32, 32};  // channels, frames, height, width
+  static constexpr std::array<std::int64_t, 4> latent_shape{16, 5, 32, 32};   // channels, frames, height, width
   static constexpr std::array<std::int64_t, 2> text_shape{64, 128};           // tokens, text_dim
   static constexpr std::int64_t tokens_per_sample = 5 * (32 / 2) * (32 / 2);  // patched by (1, 2, 2)
   struct batch {
@@ -333,22 +333,20 @@ run_result train(Job& job, const bench_options& options) {
   std::vector<double> step_ms;
   double slowest_ms = 0;
   double final_loss = 0;
-  loom::train(job, *optimizer,
-              {.loss =
-                   [&](std::int64_t step, int) {
-                     return Workload::loss(job, batches[static_cast<std::size_t>(step - 1)]);
-                   },
-               .on_step =
-                   [&](const loom::step_report& report) {
-                     final_loss = report.rank_loss;  // rank 0's prints, as the anchor's
-                     slowest_ms = std::max(slowest_ms, report.step_ms);
-                     if (report.step > options.warmup) step_ms.push_back(report.step_ms);
-                   }},
-              {.steps = options.warmup + options.steps,
-               .log_every = options.warmup + options.steps,
-               .log_seconds = std::numeric_limits<double>::infinity(),
-               .name = options.workload,
-               .set_to_none = false});
+  loom::train(
+      job, *optimizer,
+      {.loss = [&](std::int64_t step, int) { return Workload::loss(job, batches[static_cast<std::size_t>(step - 1)]); },
+       .on_step =
+           [&](const loom::step_report& report) {
+             final_loss = report.rank_loss;  // rank 0's prints, as the anchor's
+             slowest_ms = std::max(slowest_ms, report.step_ms);
+             if (report.step > options.warmup) step_ms.push_back(report.step_ms);
+           }},
+      {.steps = options.warmup + options.steps,
+       .log_every = options.warmup + options.steps,
+       .log_seconds = std::numeric_limits<double>::infinity(),
+       .name = options.workload,
+       .set_to_none = false});
 
   std::int64_t trainable = 0;  // the model's, as the anchor counts them (not this rank's shards)
   for (const at::Tensor& p : torch_module(job.module()).parameters()) trainable += p.requires_grad() ? p.numel() : 0;
@@ -414,10 +412,10 @@ std::filesystem::path anchor_checkpoint(const bench_options& options, std::strin
   std::string path = options.checkpoint;
   if (const auto at = path.find("{family}"); at != std::string::npos) path.replace(at, 8, family);
   if (!std::filesystem::exists(std::filesystem::path(path) / "config.json")) {
-    throw std::invalid_argument(fmt::format(
-        "{} has no starting weights ({}/config.json is missing): write them with "
-        "`python3 ../shared/bench/hf_anchor.py --make-checkpoint {} --family {}`, or give --checkpoint",
-        options.workload, path, path, family));
+    throw std::invalid_argument(
+        fmt::format("{} has no starting weights ({}/config.json is missing): write them with "
+                    "`python3 ../shared/bench/hf_anchor.py --make-checkpoint {} --family {}`, or give --checkpoint",
+                    options.workload, path, path, family));
   }
   return path;
 }
@@ -428,8 +426,8 @@ std::filesystem::path anchor_checkpoint(const bench_options& options, std::strin
 // reduced in fp32.
 void run_wan_workload(const bench_options& options) {
   const std::filesystem::path checkpoint = anchor_checkpoint(options, "wan");
-  const auto wan = loom::model<loom::models::Wan>(loom::models::wan_config::from_pretrained(checkpoint)) |
-                   loom::seeded(1234);
+  const auto wan =
+      loom::model<loom::models::Wan>(loom::models::wan_config::from_pretrained(checkpoint)) | loom::seeded(1234);
   const auto weights = loom::pretrained(checkpoint.string());
   constexpr auto adapters = loom::lora(16, {"to_q", "to_k", "to_v", "to_out.0"}, {.alpha = 16});
   const std::string_view name = options.workload;
