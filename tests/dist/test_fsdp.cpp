@@ -320,8 +320,10 @@ TEST_CASE("accumulating under fsdp() keeps the gradients sharded; accumulate_uns
     // and 3 ranks on a loaded machine); before loom kept sharded gradients, a whole model's more.
     CHECK(sharded_peak <= one_micro_batch + 3 * unit_bytes);
     // Accumulating unsharded holds every unit's whole gradients until the last micro-batch.
-    // (Measured: 4.2 to 4.5 MB of the 4.7 MB more, its transients overlapping one micro-batch's.)
-    CHECK(unsharded_peak >= one_micro_batch + whole_gradients * 3 / 4);
+    // (Measured: 3.3 to 4.5 MB of the 4.7 MB more, its transients overlapping one micro-batch's, whose
+    // largest of 3 steps can be a lagging process group's; half of them, 9 units, is still 3 times
+    // what the sharded accumulation above may hold.)
+    CHECK(unsharded_peak >= one_micro_batch + whole_gradients / 2);
     // The same losses and the same state, to fp32's rounding of sums in another order.
     for (std::size_t micro = 0; micro < sharded_losses.size(); ++micro) {
       CHECK(std::abs(sharded_losses[micro] - unsharded_losses[micro]) <= 1e-6 * std::abs(unsharded_losses[micro]));
