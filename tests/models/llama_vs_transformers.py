@@ -21,13 +21,12 @@ sharded over several files with an index.
 """
 from __future__ import annotations
 
-import argparse
-import re
-import subprocess
 import sys
 import tempfile
 import warnings
 from pathlib import Path
+
+from loom_runs import LoomRuns, driver_arguments, strategies
 
 CONFIGS = {
     "gqa-untied": dict(num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=False),
@@ -117,42 +116,21 @@ def main() -> None:
     if len(sys.argv) == 3 and sys.argv[1] == "make":
         make(Path(sys.argv[2]))
         return
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--loom-run", required=True)
-    ap.add_argument("--program", required=True)
-    ap.add_argument("--ranks", type=int, required=True)
-    args = ap.parse_args()
+    args = driver_arguments()
     with tempfile.TemporaryDirectory(prefix="loom-llama-") as scratch:
         folder = Path(scratch)
         make(folder)
-        strategies = ["local"] if args.ranks == 1 else ["ddp", "fsdp"]
-        failures = []
-
-        def loom(*words: str) -> bool:
-            command = [args.loom_run, "--nproc-per-node", str(args.ranks), "--", args.program, *words]
-            print("$", " ".join(command), flush=True)
-            done = subprocess.run(command, timeout=120, capture_output=True, text=True)
-            print(done.stdout, done.stderr, end="", flush=True)
-            if done.returncode != 0:
-                failures.append(" ".join(words[1:]) + f" on {Path(words[0]).name}")
-                return False
-            # What pretrained(...) read: a rank's share of the checkpoint under fsdp(), all of it otherwise.
-            for read, total in re.findall(r"(\d+) of their (\d+) bytes read on this rank", done.stdout):
-                read, total = int(read), int(total)
-                share = total / args.ranks if words[1] == "fsdp" else total
-                if not (0 < read <= share * 1.25 and (words[1] == "fsdp" or read == total)):
-                    failures.append(f"{' '.join(words[1:])} on {Path(words[0]).name}: a rank read {read} of {total} bytes")
-            return True
-
+        loom = LoomRuns(args)
+        failures = loom.failures
         for name in CONFIGS:
-            for strategy in strategies:
-                loom(str(folder / name), strategy)
-                loom(str(folder / name), strategy, "--bf16")
+            for strategy in strategies(args.ranks):
+                loom(folder / name, strategy)
+                loom(folder / name, strategy, "--bf16")
         for name in LORA_CONFIGS:
-            for strategy in strategies:
+            for strategy in strategies(args.ranks):
                 for precision in ((), ("--bf16",)):
                     out = folder / "trained" / f"{name}-{strategy}{'-bf16' if precision else ''}"
-                    if loom(str(folder / name), strategy, *precision, "--lora", str(out)):
+                    if loom(folder / name, strategy, *precision, "--lora", str(out)):
                         failures += reproduced(folder / name, out, bool(precision))
         if failures:
             sys.exit("FAILED: " + "; ".join(failures))

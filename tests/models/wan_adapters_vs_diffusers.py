@@ -23,7 +23,6 @@ base model's by at least 100 times that bound, so that an adapter that did nothi
 """
 from __future__ import annotations
 
-import argparse
 import logging
 import os
 import subprocess
@@ -31,6 +30,8 @@ import sys
 import tempfile
 import warnings
 from pathlib import Path
+
+from loom_runs import driver_arguments
 
 from wan_vs_diffusers import CONFIGS, random_wan
 
@@ -140,11 +141,7 @@ def compare(folder: Path, out: Path) -> list[str]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--loom-run", required=True)
-    ap.add_argument("--program", required=True)
-    ap.add_argument("--ranks", type=int, required=True)
-    args = ap.parse_args()
+    args = driver_arguments()
     os.environ["HF_HUB_OFFLINE"] = "1"  # AutoPeftModel would ask the hub for a tokenizer
     with tempfile.TemporaryDirectory(prefix="loom-wan-adapters-") as scratch:
         folder = Path(scratch)

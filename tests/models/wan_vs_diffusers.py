@@ -19,12 +19,11 @@ of their own and null (in_channels), and a checkpoint sharded over several files
 """
 from __future__ import annotations
 
-import argparse
-import re
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
+
+from loom_runs import LoomRuns, driver_arguments, strategies
 
 # Each: the model's config, then the inputs' batch, [frames, height, width] and text length.
 CONFIGS = {
@@ -89,34 +88,16 @@ def main() -> None:
     if len(sys.argv) == 3 and sys.argv[1] == "make":
         make(Path(sys.argv[2]))
         return
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--loom-run", required=True)
-    ap.add_argument("--program", required=True)
-    ap.add_argument("--ranks", type=int, required=True)
-    args = ap.parse_args()
+    args = driver_arguments()
     with tempfile.TemporaryDirectory(prefix="loom-wan-") as scratch:
         folder = Path(scratch)
         make(folder)
-        # hsdp: hybrid sharding, shards over groups of 2 ranks that replicate each other.
-        strategies = ["local"] if args.ranks == 1 else ["ddp", "fsdp"] + (["hsdp"] if args.ranks == 4 else [])
-        failures = []
+        loom = LoomRuns(args)
         for name in CONFIGS:
-            for strategy, precision in ((s, p) for s in strategies for p in ((), ("--bf16",))):
-                command = [args.loom_run, "--nproc-per-node", str(args.ranks), "--", args.program, str(folder / name),
-                           strategy, *precision]
-                print("$", " ".join(command), flush=True)
-                done = subprocess.run(command, timeout=120, capture_output=True, text=True)
-                print(done.stdout, done.stderr, end="", flush=True)
-                if done.returncode != 0:
-                    failures.append(f"{' '.join([strategy, *precision])} on {name}")
-                    continue
-                # What pretrained(...) read: a rank's share of the checkpoint under fsdp(), all of it otherwise.
-                for read, total in re.findall(r"(\d+) of their (\d+) bytes read on this rank", done.stdout):
-                    read, total = int(read), int(total)
-                    sharded_over = {"fsdp": args.ranks, "hsdp": 2}.get(strategy)
-                    share = total / sharded_over if sharded_over else total
-                    if not (0 < read <= share * 1.25 and (sharded_over or read == total)):
-                        failures.append(f"{strategy} on {name}: a rank read {read} of {total} bytes")
+            for strategy in strategies(args.ranks, hybrid=True):
+                loom(folder / name, strategy)
+                loom(folder / name, strategy, "--bf16")
+        failures = loom.failures
         if failures:
             sys.exit("FAILED: " + "; ".join(failures))
     print(f"loom's Wan gives diffusers' velocity for {len(CONFIGS)} checkpoints at {args.ranks} rank(s), in fp32 and "
