@@ -22,6 +22,7 @@
 #include <c10/core/CachingDeviceAllocator.h>
 #include <fmt/format.h>
 #include <sys/resource.h>
+#include <torch/csrc/autograd/profiler_kineto.h>
 #include <torch/torch.h>
 #include <torch/version.h>
 
@@ -53,6 +54,9 @@ struct bench_options {
   std::string optimizer = "fused";
   // The steps by hand (the calls loom::train makes), each phase timed, for bench/phase_account.
   bool phases = false;
+  // A Chrome trace of two steps after the warm-up (run by hand, as --phases runs them), for the
+  // account of where a step's time goes by operator (bench/op_account).
+  std::string trace;
   // The real models' starting weights: hf_anchor.py's checkpoint of the workload's family.
   std::string checkpoint = "/tmp/loom-hf-anchor/{family}";
 };
@@ -98,6 +102,9 @@ std::variant<bench_options, int> parse_options(int argc, char** argv) {
   app.add_option("--checkpoint", options.checkpoint,
                  "a real model's starting weights, as hf_anchor.py writes them ({family}: the workload's, e.g. wan)")
       ->capture_default_str();
+  app.add_option("--trace", options.trace,
+                 "write a Chrome trace of two steps after the warm-up, this rank's operators, to FILE.RANK.json "
+                 "(bench/op_account sums it by operator)");
   app.add_flag("--phases", options.phases,
                "time each phase (forward, backward, optimizer, zero_grad) of steps run by hand, and print their "
                "medians instead (bench/phase_account)");
@@ -194,7 +201,8 @@ struct wan_workload {
   static constexpr std::int64_t default_batch = 1;
   static constexpr std::array<std::int64_t, 4> latent_shape{16, 5, 32, 32};   // channels, frames, height, width
   static constexpr std::array<std::int64_t, 2> text_shape{64, 128};           // tokens, text_dim
-  static constexpr std::int64_t tokens_per_sample = 5 * (32 / 2) * (32 / 2);  // patched by (1, 2, 2)
+  static constexpr std::int64_t tokens_per_sample =  // patched by (1, 2, 2)
+      latent_shape[1] * (latent_shape[2] / 2) * (latent_shape[3] / 2);
   struct batch {
     at::Tensor noisy, timestep, text, velocity;
   };
@@ -397,9 +405,32 @@ void time_phases(Job& job, const bench_options& options) {
   std::fflush(stdout);
 }
 
+// The warm-up steps by hand, then two under LibTorch's profiler (its CPU operators), saved as a
+// Chrome trace: FILE.RANK.json.
+template <class Workload, class Job>
+void trace_steps(Job& job, const bench_options& options) {
+  namespace profiler = torch::autograd::profiler;
+  const auto optimizer = Workload::optimizer(job.trainable_parameters(), options.optimizer);
+  const auto batches = draw_batches<Workload>(job, options);
+  const auto step = [&](int number) {
+    job.backward(Workload::loss(job, batches[static_cast<std::size_t>(number) % batches.size()]));
+    optimizer->step();
+    job.zero_grad(/*set_to_none=*/false);
+  };
+  for (int number = 0; number < options.warmup; ++number) step(number);
+  const torch::profiler::impl::ProfilerConfig config(torch::profiler::impl::ProfilerState::KINETO);
+  const std::set<torch::profiler::impl::ActivityType> activities{torch::profiler::impl::ActivityType::CPU};
+  profiler::prepareProfiler(config, activities);
+  profiler::enableProfiler(config, activities);
+  step(options.warmup);
+  step(options.warmup + 1);
+  profiler::disableProfiler()->save(fmt::format("{}.{}.json", options.trace, job.rt().rank()));
+}
+
 template <class Workload, class Plan>
 void run(const Plan& plan, const bench_options& options) {
   auto job = loom::build(plan, loom::runtime::from_env());
+  if (!options.trace.empty()) return trace_steps<Workload>(job, options);
   if (options.phases) return time_phases<Workload>(job, options);
   const run_result result = train<Workload>(job, options);
   const std::vector<rank_figures> all = gather_figures(job.rt(), result.figures);
