@@ -215,19 +215,29 @@ class reader final : public config_detail::fastvideo_reader {
     throw_error<run_file_error>("{}: {}", located(key), problem);
   }
 
-  // Where `key` was written: "run file 'x.yaml', line 7: models.transformer.lora", or "the override
-  // lora.rnak=4 (over run file 'x.yaml'): lora.rnak".
+  // Where `key` was written: "run file 'x.yaml', line 7: models.transformer.lora" (and the overrides
+  // that set keys within it), or "the override lora.rnak=4 (over run file 'x.yaml'): lora.rnak".
   [[nodiscard]] std::string located(const std::string& key) const {
+    const std::string written = as_written(key);
     for (const auto& [given, text] : overrides_) {
-      if (!key.empty() && (key == given || key.starts_with(given + "."))) {
-        return fmt::format("the override {} (over run file '{}'): {}", text, path_.string(), key);
+      for (const std::string& spelling : {key, written}) {
+        if (!key.empty() && (spelling == given || spelling.starts_with(given + "."))) {
+          return fmt::format("the override {} (over run file '{}'): {}", text, path_.string(), spelling);
+        }
       }
     }
+    // A stage of the file that overrides changed: "models.transformer.lora (with the override ...rank=0)".
+    std::vector<std::string> within;
+    for (const auto& [given, text] : overrides_) {
+      if (!key.empty() && (given.starts_with(key + ".") || given.starts_with(written + "."))) within.push_back(text);
+    }
     const auto line = lines_.find(key);
-    const std::string written = as_written(key);
-    return fmt::format("run file '{}'{}{}", path_.string(),
+    return fmt::format("run file '{}'{}{}{}", path_.string(),
                        line == lines_.end() ? "" : fmt::format(", line {}", line->second),
-                       written.empty() ? "" : ": " + written);
+                       written.empty() ? "" : ": " + written,
+                       within.empty() ? ""
+                                      : fmt::format(" (with the override{} {})", within.size() > 1 ? "s" : "",
+                                                    fmt::join(within, ", ")));
   }
 
   // `key` (loom's spelling) as the file writes it: FastVideo's `training.steps` for `train.steps`.
@@ -260,9 +270,9 @@ class reader final : public config_detail::fastvideo_reader {
     if (extension == ".yaml" || extension == ".yml") {
       const std::string text{std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
       try {
-        json root = from_yaml(YAML::Load(text), "", lines_);
-        config_detail::translate_fastvideo(root, *this);
-        return root;
+        // Translated from FastVideo's layout once the overrides in its spelling are in (apply_overrides).
+        fastvideo_layout_ = true;
+        return from_yaml(YAML::Load(text), "", lines_);
       } catch (const YAML::Exception& error) {
         fail("", fmt::format("line {}: it is not YAML ({})", error.mark.line + 1, error.msg));
       }
@@ -309,19 +319,31 @@ class reader final : public config_detail::fastvideo_reader {
   // "flow_matching.<key>=value" to its "flow_matching" object, the others to its "plan" list
   // ("lora.rank=16", "strategy=fsdp", "seeded=7"). The value is JSON when it parses as JSON, a string
   // otherwise.
+  //
+  // A YAML file also takes keys in FastVideo's spelling ("training.distributed.sp_size=2",
+  // "models.transformer.lora.rank=32"), set where the file would write them before its layout is
+  // translated, so that they are checked as the file's own keys are.
   void apply_overrides(json& root, std::span<const std::string> overrides) {
-    check_top_level(root);
+    std::vector<std::string> in_loom_spelling;
     for (const std::string& text : overrides) {
-      const auto equals = text.find('=');
-      if (equals == std::string::npos || equals == 0) {
-        fail(text, "an override is KEY=VALUE, for example lora.rank=16, strategy=fsdp or train.steps=100");
+      const auto [key, value] = parsed_override(text);
+      if (!key.starts_with("training.") && !key.starts_with("models.")) {
+        in_loom_spelling.push_back(text);
+        continue;
       }
-      const std::string key = text.substr(0, equals);
-      const std::string raw = text.substr(equals + 1);
-      forget_line(key);
-      overrides_.insert_or_assign(key, text);
-      json value = json::parse(raw, nullptr, /*allow_exceptions=*/false);
-      if (value.is_discarded()) value = raw;
+      if (!fastvideo_layout_) {
+        fail(key, fmt::format("{} is FastVideo's spelling, which YAML run files take; this run file is in loom's: "
+                              "override loom's key (train.steps for training.steps, lora.rank for "
+                              "models.transformer.lora.rank; docs/run_files.md)",
+                              key.substr(0, key.find('.'))));
+      }
+      set_written_key(root, key, value);
+    }
+    if (fastvideo_layout_) config_detail::translate_fastvideo(root, *this);
+    check_top_level(root);
+    for (const std::string& text : in_loom_spelling) {
+      auto [written_key, value] = parsed_override(text);
+      const std::string& key = written_key;  // clang before 16 cannot capture a structured binding
       if (const auto section =
               std::find_if(sections.begin(), sections.end(),
                            [&](std::string_view name) { return key.starts_with(std::string(name) + "."); });
@@ -536,6 +558,39 @@ class reader final : public config_detail::fastvideo_reader {
     }
   }
 
+  // KEY=VALUE's key, and its value: JSON when it parses as JSON, a string otherwise. The key is then
+  // the override's (its messages name it as given) and no longer the file's.
+  std::pair<std::string, json> parsed_override(const std::string& text) {
+    const auto equals = text.find('=');
+    if (equals == std::string::npos || equals == 0) {
+      fail(text, "an override is KEY=VALUE, for example lora.rank=16, strategy=fsdp or train.steps=100");
+    }
+    std::string key = text.substr(0, equals);
+    const std::string raw = text.substr(equals + 1);
+    forget_line(key);
+    overrides_.insert_or_assign(key, text);
+    json value = json::parse(raw, nullptr, /*allow_exceptions=*/false);
+    if (value.is_discarded()) value = raw;
+    return {std::move(key), std::move(value)};
+  }
+
+  // A key in the file's own layout, "training.distributed.sp_size": each part an object's key.
+  void set_written_key(json& root, const std::string& key, json value) const {
+    json* at = &root;
+    std::string path;
+    for (std::size_t start = 0;;) {
+      const auto dot = key.find('.', start);
+      const std::string part = key.substr(start, dot == std::string::npos ? std::string::npos : dot - start);
+      if (at->is_null()) *at = json::object();
+      if (!at->is_object()) fail(path, "is not an object in the run file, so the override cannot set a key in it");
+      path += (path.empty() ? "" : ".") + part;
+      at = &(*at)[part];
+      if (dot == std::string::npos) break;
+      start = dot + 1;
+    }
+    *at = std::move(value);
+  }
+
   // An override of a stage's key: "lora.rank" sets a key of the file's lora stage, "strategy=fsdp" or
   // "seeded=7" replaces the stage (or adds it).
   void set_stage_key(json& root, const std::string& key, json value) const {
@@ -646,6 +701,7 @@ class reader final : public config_detail::fastvideo_reader {
   std::filesystem::path path_;
   source_lines lines_;
   std::map<std::string, std::string> overrides_;                // each override's key, and it as given
+  bool fastvideo_layout_ = false;                               // a YAML file, translated after its overrides
   std::vector<std::pair<std::string, std::string>> spellings_;  // loom's key, and the file's (move_lines)
   std::vector<std::string> notes_;
   std::optional<ranks_asked> ranks_;

@@ -251,6 +251,34 @@ TEST_CASE("a YAML run file reads as its JSON twin, in loom's layout and in FastV
   CHECK(overridden.stages.find<loom::lora_stage>()->rank() == 16);
 }
 
+TEST_CASE("a YAML run file's overrides in FastVideo's spelling are set where the file writes them",
+          "[run_file][yaml]") {
+  const fs::path file = written("fastvideo-overrides",
+                                "models:\n  transformer:\n    lora: {enable: true, rank: 8}\n"
+                                "training:\n  distributed:\n    strategy: fsdp\n    sp_size: 1\n  steps: 5\n",
+                                ".yaml");
+  const loom::run_file overridden = loom::read_run_file(
+      file, std::vector<std::string>{"models.transformer.lora.rank=32", "training.steps=40", "train.log_every=4"});
+  CHECK(overridden.stages.stages.find<loom::lora_stage>()->rank() == 32);
+  CHECK(overridden.train.steps == 40);
+  CHECK(overridden.train.log_every == 4);
+  // Checked as the file's own keys are, and named as given.
+  CHECK_THROWS_WITH(loom::read_run_file(file, std::vector<std::string>{"training.distributed.sp_size=2"}),
+                    ContainsSubstring("the override training.distributed.sp_size=2 (over run file '") &&
+                        ContainsSubstring("training.distributed.sp_size: is 2, but loom has no sequence parallelism"));
+  CHECK_THROWS_WITH(loom::read_run_file(file, std::vector<std::string>{"training.stepz=3"}),
+                    ContainsSubstring("the override training.stepz=3 (over run file '") &&
+                        ContainsSubstring("training.stepz: unknown key"));
+  CHECK_THROWS_WITH(loom::read_run_file(file, std::vector<std::string>{"models.transformer.lora.rank=0"}),
+                    ContainsSubstring("line 3: models.transformer.lora (with the override "
+                                      "models.transformer.lora.rank=0): loom R5"));
+  // A file in loom's layout names loom's spelling.
+  const fs::path toml = written("loom-layout", "[train]\nsteps = 5\n", ".toml");
+  CHECK_THROWS_WITH(loom::read_run_file(toml, std::vector<std::string>{"training.steps=40"}),
+                    ContainsSubstring("training is FastVideo's spelling, which YAML run files take; this run file is "
+                                      "in loom's: override loom's key (train.steps for training.steps"));
+}
+
 TEST_CASE("FastVideo's LoRA block: enable, rank, alpha, target_modules, as its LoraConfig reads them",
           "[run_file][yaml]") {
   const auto read = [](const std::string& name, const std::string& text) {
