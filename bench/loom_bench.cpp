@@ -199,9 +199,9 @@ using gpt_long_workload = tiny_gpt_workload<512, 4>;  // the gpt-long-* workload
 template <bool Adapted, c10::ScalarType InputDtype>
 struct wan_workload {
   static constexpr std::int64_t default_batch = 1;
-  static constexpr std::array<std::int64_t, 4> latent_shape{16, 5, 32, 32};   // channels, frames, height, width
-  static constexpr std::array<std::int64_t, 2> text_shape{64, 128};           // tokens, text_dim
-  static constexpr std::int64_t tokens_per_sample =  // patched by (1, 2, 2)
+  static constexpr std::array<std::int64_t, 4> latent_shape{16, 5, 32, 32};  // channels, frames, height, width
+  static constexpr std::array<std::int64_t, 2> text_shape{64, 128};          // tokens, text_dim
+  static constexpr std::int64_t tokens_per_sample =                          // patched by (1, 2, 2)
       latent_shape[1] * (latent_shape[2] / 2) * (latent_shape[3] / 2);
   struct batch {
     at::Tensor noisy, timestep, text, velocity;

@@ -232,12 +232,12 @@ class reader final : public config_detail::fastvideo_reader {
       if (!key.empty() && (given.starts_with(key + ".") || given.starts_with(written + "."))) within.push_back(text);
     }
     const auto line = lines_.find(key);
-    return fmt::format("run file '{}'{}{}{}", path_.string(),
-                       line == lines_.end() ? "" : fmt::format(", line {}", line->second),
-                       written.empty() ? "" : ": " + written,
-                       within.empty() ? ""
-                                      : fmt::format(" (with the override{} {})", within.size() > 1 ? "s" : "",
-                                                    fmt::join(within, ", ")));
+    return fmt::format(
+        "run file '{}'{}{}{}", path_.string(), line == lines_.end() ? "" : fmt::format(", line {}", line->second),
+        written.empty() ? "" : ": " + written,
+        within.empty()
+            ? ""
+            : fmt::format(" (with the override{} {})", within.size() > 1 ? "s" : "", fmt::join(within, ", ")));
   }
 
   // `key` (loom's spelling) as the file writes it: FastVideo's `training.steps` for `train.steps`.
