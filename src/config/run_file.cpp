@@ -324,11 +324,11 @@ class reader final : public config_detail::fastvideo_reader {
   // "models.transformer.lora.rank=32"), set where the file would write them before its layout is
   // translated, so that they are checked as the file's own keys are.
   void apply_overrides(json& root, std::span<const std::string> overrides) {
-    std::vector<std::string> in_loom_spelling;
+    std::vector<std::pair<std::string, json>> in_loom_spelling;
     for (const std::string& text : overrides) {
-      const auto [key, value] = parsed_override(text);
+      auto [key, value] = parsed_override(text);
       if (!key.starts_with("training.") && !key.starts_with("models.")) {
-        in_loom_spelling.push_back(text);
+        in_loom_spelling.emplace_back(std::move(key), std::move(value));
         continue;
       }
       if (!fastvideo_layout_) {
@@ -337,13 +337,15 @@ class reader final : public config_detail::fastvideo_reader {
                               "models.transformer.lora.rank; docs/run_files.md)",
                               key.substr(0, key.find('.'))));
       }
-      set_written_key(root, key, value);
+      forget_line(key);
+      set_written_key(root, key, std::move(value));
     }
     if (fastvideo_layout_) config_detail::translate_fastvideo(root, *this);
     check_top_level(root);
-    for (const std::string& text : in_loom_spelling) {
-      auto [written_key, value] = parsed_override(text);
-      const std::string& key = written_key;  // clang before 16 cannot capture a structured binding
+    for (auto& override_ : in_loom_spelling) {
+      const std::string& key = override_.first;  // not a structured binding: the lambda below captures it
+      json& value = override_.second;
+      forget_line(key);  // where the translation put it
       if (const auto section =
               std::find_if(sections.begin(), sections.end(),
                            [&](std::string_view name) { return key.starts_with(std::string(name) + "."); });
@@ -558,8 +560,8 @@ class reader final : public config_detail::fastvideo_reader {
     }
   }
 
-  // KEY=VALUE's key, and its value: JSON when it parses as JSON, a string otherwise. The key is then
-  // the override's (its messages name it as given) and no longer the file's.
+  // KEY=VALUE's key, and its value: JSON when it parses as JSON, a string otherwise. Messages about
+  // the key name the override as given.
   std::pair<std::string, json> parsed_override(const std::string& text) {
     const auto equals = text.find('=');
     if (equals == std::string::npos || equals == 0) {
@@ -567,7 +569,6 @@ class reader final : public config_detail::fastvideo_reader {
     }
     std::string key = text.substr(0, equals);
     const std::string raw = text.substr(equals + 1);
-    forget_line(key);
     overrides_.insert_or_assign(key, text);
     json value = json::parse(raw, nullptr, /*allow_exceptions=*/false);
     if (value.is_discarded()) value = raw;
