@@ -24,6 +24,7 @@
 #include <loom/dsl/plan.hpp>
 #include <loom/dsl/pretrained.hpp>
 #include <loom/dsl/recompute.hpp>
+#include <loom/dsl/sequence_parallel.hpp>
 #include <loom/dsl/rules.hpp>
 #include <loom/dsl/run_plan.hpp>
 #include <loom/dsl/seeded.hpp>

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cctype>
 #include <cstdint>
+#include <initializer_list>
 #include <limits>
 #include <optional>
 #include <string>
@@ -93,29 +94,36 @@ class distributed_sizes {
   fastvideo_reader& reader_;
 };
 
-// training.distributed as the plan's strategy stage: its strategy, FastVideo's hybrid sharding
-// (hsdp_replicate_dim copies of the model, each sharded across hsdp_shard_dim ranks) as fsdp's
-// shard_group_size, and the ranks the file is written for; sequence and tensor parallelism, which
-// loom does not have yet, are refused.
-std::optional<json> fastvideo_strategy(const json& distributed, fastvideo_reader& reader) {
+// The plan's stages that training.distributed gives, each a plan entry.
+struct distributed_stages {
+  std::optional<json> sequence_parallel;
+  std::optional<json> strategy;
+};
+
+// training.distributed as the plan's stages: sp_size as sequence_parallel, its strategy, FastVideo's
+// hybrid sharding (hsdp_replicate_dim copies of the model, each sharded across hsdp_shard_dim ranks)
+// as fsdp's shard_group_size, and the ranks the file is written for; tensor parallelism, which loom
+// does not have yet, is refused.
+distributed_stages fastvideo_distributed(const json& distributed, fastvideo_reader& reader) {
   const std::string at = "training.distributed";
   if (!distributed.is_object()) reader.fail(at, "give {strategy: fsdp, hsdp_replicate_dim: 1, hsdp_shard_dim: 2}");
   reader.require_keys(at, {"strategy", "num_gpus", "hsdp_replicate_dim", "hsdp_shard_dim", "sp_size", "tp_size"},
                       distributed, at);
   const distributed_sizes sizes(distributed, reader);
   const std::int64_t gpus = sizes.size("num_gpus", 1);
+  distributed_stages stages;
   // FastVideo reads a missing sp_size, or -1, as num_gpus: sequence parallelism over every GPU.
   std::int64_t sp = sizes.size("sp_size", gpus, true);
   if (sp == -1) sp = gpus;
+  if (sizes.has("num_gpus") && gpus % sp != 0) {
+    reader.fail(distributed_sizes::key_of("sp_size"),
+                fmt::format("is {}, which does not divide num_gpus {}: give a divisor of it (each sequence is split "
+                            "across sp_size of the ranks)",
+                            sp, gpus));
+  }
   if (sp != 1) {
-    reader.fail(sizes.has("sp_size") ? distributed_sizes::key_of("sp_size") : distributed_sizes::key_of("num_gpus"),
-                sizes.has("sp_size")
-                    ? fmt::format("is {}, but loom has no sequence parallelism yet: set sp_size: 1, and each rank "
-                                  "trains on whole clips",
-                                  sp)
-                    : fmt::format("is {} without sp_size, which FastVideo then takes to be {} (sequence "
-                                  "parallelism), which loom does not have yet: add sp_size: 1",
-                                  gpus, gpus));
+    stages.sequence_parallel = json{{"sequence_parallel", json{{"size", sp}}}};
+    if (sizes.has("sp_size")) reader.move_lines(distributed_sizes::key_of("sp_size"), "sequence_parallel.size");
   }
   if (const std::int64_t tp = sizes.size("tp_size", 1, true); tp != 1 && tp != -1) {  // FastVideo's -1 is 1
     reader.fail(distributed_sizes::key_of("tp_size"),
@@ -169,9 +177,10 @@ std::optional<json> fastvideo_strategy(const json& distributed, fastvideo_reader
     }
     strategy["shard_group_size"] = shard == -1 ? 0 : shard;  // fsdp's 0: every rank
   }
-  if (strategy.is_null()) return std::nullopt;
+  if (strategy.is_null()) return stages;
   reader.move_lines(distributed_sizes::key_of("strategy"), "strategy");
-  return json{{"strategy", std::move(strategy)}};
+  stages.strategy = json{{"strategy", std::move(strategy)}};
+  return stages;
 }
 
 }  // namespace
@@ -179,7 +188,7 @@ std::optional<json> fastvideo_strategy(const json& distributed, fastvideo_reader
 void translate_fastvideo(json& root, fastvideo_reader& reader) {
   if (!root.is_object()) return;  // check_top_level says what a run file is
   std::optional<json> lora;
-  std::optional<json> strategy;
+  distributed_stages distributed;
   json flow_matching = json::object();
   if (root.contains("training")) {
     if (root.contains("train"))
@@ -187,7 +196,7 @@ void translate_fastvideo(json& root, fastvideo_reader& reader) {
     json training = root["training"];
     root.erase("training");
     if (training.is_object() && training.contains("distributed")) {
-      strategy = fastvideo_strategy(training["distributed"], reader);
+      distributed = fastvideo_distributed(training["distributed"], reader);
       training.erase("distributed");
     }
     if (training.is_object() && training.contains("model")) {
@@ -215,13 +224,18 @@ void translate_fastvideo(json& root, fastvideo_reader& reader) {
   json& plan = root["plan"];
   if (plan.is_null()) plan = json::array();
   reader.check_plan(plan);
-  if (lora) {  // before the stages the order rules put after lora, as a user writing the plan would
-    const auto after_lora = std::find_if(plan.begin(), plan.end(), [](const json& entry) {
-      return entry.is_object() && (entry.contains("trainable") || entry.contains("strategy"));
+  // Each before the stages the order rules put after it, as a user writing the plan would.
+  const auto insert_before = [&plan](json stage, std::initializer_list<const char*> later) {
+    const auto first_later = std::find_if(plan.begin(), plan.end(), [&later](const json& entry) {
+      return entry.is_object() &&
+             std::any_of(later.begin(), later.end(), [&entry](const char* name) { return entry.contains(name); });
     });
-    plan.insert(after_lora, std::move(*lora));
-  }
-  if (strategy) plan.push_back(std::move(*strategy));
+    plan.insert(first_later, std::move(stage));
+  };
+  if (distributed.sequence_parallel)
+    insert_before(std::move(*distributed.sequence_parallel), {"lora", "trainable", "strategy"});
+  if (lora) insert_before(std::move(*lora), {"trainable", "strategy"});
+  if (distributed.strategy) plan.push_back(std::move(*distributed.strategy));
   if (plan.empty()) root.erase("plan");
 }
 

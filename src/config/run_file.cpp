@@ -40,7 +40,7 @@ const std::vector<std::string> lora_keys{"rank", "alpha", "dropout", "targets", 
 constexpr std::array<std::string_view, 2> sections{"train", "flow_matching"};
 
 constexpr std::string_view stage_names =
-    "seeded, default_dtype, pretrained, mixed_precision, recompute, lora, trainable, strategy";
+    "seeded, default_dtype, pretrained, mixed_precision, recompute, sequence_parallel, lora, trainable, strategy";
 
 // Calls each(std::type_identity<S>{}) for each strategy stage S a run file can name (run_strategy's).
 template <class F>
@@ -413,6 +413,11 @@ class reader final : public config_detail::fastvideo_reader {
       if (!value.is_object()) fail(name, "give {\"every\": 1} to recompute every unit, or k for every k-th one");
       require_keys(name, field_names<recompute_options>(), value, name);
       return recompute_stage::checked(fields<recompute_options>(value, name));
+    }
+    if (name == "sequence_parallel") {
+      if (!value.is_object()) fail(name, "give {\"size\": 2} to split each sequence across 2 ranks");
+      require_keys(name, field_names<sequence_parallel_options>(), value, name);
+      return sequence_parallel_stage::checked(fields<sequence_parallel_options>(value, name));
     }
     if (name == "lora") return lora(value);
     if (name == "trainable") return trainable_stage::checked(targets("trainable", value, false));

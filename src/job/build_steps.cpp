@@ -1,7 +1,11 @@
 #include <loom/job/build_steps.hpp>
+
+#include <loom/base/text.hpp>
 #include <loom/lora/adapter.hpp>
 #include <loom/lora/lora.hpp>
 #include <loom/nn/recompute.hpp>
+#include <loom/nn/unit.hpp>
+#include <loom/runtime/sequence_group.hpp>
 #include <loom/replicas/replicas.hpp>
 
 namespace loom::build_steps {
@@ -50,6 +54,49 @@ std::size_t set_what_trains(torch::nn::Module& model, std::string_view model_nam
 std::vector<std::string> choose_recomputed_units(torch::nn::Module& model, const stage_list& stages) {
   if (const auto stage = stages.find<recompute_stage>()) return nn::recompute_units(model, stage->settings());
   return {};
+}
+
+std::shared_ptr<nn::sequence_split> split_sequences(torch::nn::Module& model, std::string_view model_name,
+                                                    const stage_list& stages, const runtime& rt, const dtypes& types,
+                                                    const std::vector<std::string>& recomputed_units) {
+  const auto stage = stages.find<sequence_parallel_stage>();
+  if (!stage || stage->settings().size == 1) return nullptr;
+  const int size = static_cast<int>(stage->settings().size);
+  auto group = std::make_shared<sequence_group>(rt, size);
+  const nn::sequence_modules found = nn::find_sequence_modules(model);
+  if (found.attentions.empty()) {
+    throw_error<std::invalid_argument>(
+        "sequence_parallel({}): {} has no loom::nn::Attention, around which each sequence's parts are exchanged: "
+        "register one in each attention layer and call it with the layer's q, k and v (loom::models::Llama and "
+        "loom::models::Wan do), or leave sequence_parallel out",
+        size, model_name);
+  }
+  if (found.sequences.empty()) {
+    throw_error<std::invalid_argument>(
+        "sequence_parallel({}): {} has no loom::nn::Sequence, which splits its input: register one and pass the "
+        "model's tokens through sequence->split(x, dim) where they enter, or leave sequence_parallel out",
+        size, model_name);
+  }
+  const std::vector<nn::unit_module> units = nn::find_units(model);
+  std::vector<nn::sequence_split::site> sites;
+  for (const auto& [name, attention] : found.attentions) {
+    nn::sequence_split::site& site = sites.emplace_back();
+    site.name = name;
+    site.options = attention->options();
+    for (const nn::unit_module& unit : units) {
+      if (!name.starts_with(unit.name + ".")) continue;
+      site.unit = unit.name;
+      site.recomputed =
+          std::find(recomputed_units.begin(), recomputed_units.end(), unit.name) != recomputed_units.end();
+    }
+  }
+  const at::ScalarType compute = types.policy     ? types.policy->param
+                                 : types.built_in ? scalar_type(*types.built_in)
+                                                  : at::kFloat;
+  auto split = std::make_shared<nn::sequence_split>(std::move(group), std::move(sites), compute);
+  for (std::size_t i = 0; i < found.attentions.size(); ++i) found.attentions[i].second->join(split, i);
+  for (nn::SequenceImpl* sequence : found.sequences) sequence->join(split);
+  return split;
 }
 
 void move_to_device(torch::nn::Module& model, const runtime& rt, nn::deferred_init* deferred) {

@@ -3,7 +3,9 @@
 #include <loom/base/text.hpp>
 #include <loom/io/peft.hpp>
 #include <loom/lora/peft_adapter.hpp>
+#include <loom/nn/sequence_parallel.hpp>
 #include <loom/runtime/failures.hpp>
+#include <loom/runtime/sequence_group.hpp>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -24,6 +26,7 @@ job_core::job_core(runtime rt, std::shared_ptr<torch::nn::Module> module, std::s
       lora_(std::move(lora)),
       plan_text_(std::move(plan_text)),
       plan_state_(decided.plan_state.empty() ? plan_text_ : decided.plan_state),
+      sequence_split_(decided.sequence_split),
       identity_(decided.identity) {
   if (decided.pretrained) {
     // PEFT loads a base model from a folder: the checkpoint's, for a single file.
@@ -46,11 +49,27 @@ job_core::job_core(runtime rt, std::shared_ptr<torch::nn::Module> module, std::s
     if (context_->rt().rank() == 0) fmt::print(stderr, "{}\n", error_message("{}", line));
     context_->note(std::move(line));
   }
+  if (sequence_split_) {
+    const sequence_group& group = sequence_split_->group();
+    context_->note(fmt::format(
+        "sequence parallel: {} a sequence (this rank's group {}: ranks {}), each keeping 1/{} of its tokens; {} "
+        "reading their own batches",
+        counted(group.size(), "rank"), group.name(), fmt::join(group.ranks(), ", "), group.size(),
+        counted(group.data_world_size(), "data-parallel rank")));
+  }
   if (!decided.recomputed_units.empty()) {
     context_->note(fmt::format("recompute: {} in backward: {}",
                                counted(static_cast<std::int64_t>(decided.recomputed_units.size()), "unit"),
                                fmt::join(decided.recomputed_units, ", ")));
   }
+}
+
+int job_core::data_rank() const noexcept {
+  return sequence_split_ ? sequence_split_->group().data_rank() : context_->rt().rank();
+}
+
+int job_core::data_world_size() const noexcept {
+  return sequence_split_ ? sequence_split_->group().data_world_size() : context_->rt().world_size();
 }
 
 void job_core::finish_initial_values() {
@@ -99,6 +118,9 @@ void job_core::set_up(function_ref<void(strategy_context&)> setup, bool engine_c
                                    : std::string()));
   }
   setup(*context_);
+  if (sequence_split_) {
+    for (schedule_entry& entry : sequence_split_->schedule_entries()) context_->schedule().add(std::move(entry));
+  }
   verify_schedule_across_ranks(context_->schedule(), context_->rt());
   built_schedule_ = context_->schedule();
 }
@@ -130,6 +152,13 @@ void job_core::run_part(pass_part part, function_ref<void()> body, function_ref<
           : std::string();
   const part_scope in_part(context_->rt().progress(), part, collectives);
   try {
+    if (sequence_split_) {
+      if (forward) {
+        sequence_split_->begin_forward();
+      } else {
+        sequence_split_->begin_backward();
+      }
+    }
     body();
   } catch (...) {
     if (explain) explain(std::current_exception());

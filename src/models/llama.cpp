@@ -7,6 +7,8 @@
 #include <loom/precision/linear.hpp>
 
 #include <ATen/ATen.h>
+#include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <torch/nn/functional/loss.h>
 #include <nlohmann/json.hpp>
 
@@ -150,29 +152,27 @@ LlamaAttentionImpl::LlamaAttentionImpl(const llama_config& config)
           "o_proj",
           loom::nn::Linear(torch::nn::LinearOptions(config.num_attention_heads * config.head_dim, config.hidden_size)
                                .bias(config.attention_bias)))),
+      attention(register_module("attention", loom::nn::Attention(loom::nn::attention_options{
+                                                 .heads = config.num_attention_heads,
+                                                 .kv_heads = config.num_key_value_heads,
+                                                 .head_dim = config.head_dim,
+                                                 .causal = true,
+                                                 .scale = std::nullopt}))),
       heads_(config.num_attention_heads),
       kv_heads_(config.num_key_value_heads),
       head_dim_(config.head_dim) {}
 
 at::Tensor LlamaAttentionImpl::forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
   const std::int64_t batch = x.size(0), seq = x.size(1);
-  const auto heads_of = [&](const at::Tensor& y, std::int64_t count) {
-    return y.view({batch, seq, count, head_dim_}).transpose(1, 2);
-  };
+  const auto heads_of = [&](const at::Tensor& y, std::int64_t count) { return y.view({batch, seq, count, head_dim_}); };
   const at::Tensor q = heads_of(q_proj(x), heads_);
   const at::Tensor k = heads_of(k_proj(x), kv_heads_);
-  at::Tensor v = heads_of(v_proj(x), kv_heads_);
-  const at::Tensor c = cos.to(q.scalar_type());
-  const at::Tensor s = sin.to(q.scalar_type());
-  const at::Tensor q_rotated = q * c + rotate_half(q) * s;
-  at::Tensor k_rotated = k * c + rotate_half(k) * s;
-  if (kv_heads_ != heads_) {  // each key-value head serves heads / kv_heads query heads, in order
-    k_rotated = k_rotated.repeat_interleave(heads_ / kv_heads_, 1);
-    v = v.repeat_interleave(heads_ / kv_heads_, 1);
-  }
-  const at::Tensor attended = at::scaled_dot_product_attention(q_rotated, k_rotated, v, /*attn_mask=*/{},
-                                                               /*dropout_p=*/0.0, /*is_causal=*/true);
-  return o_proj(attended.transpose(1, 2).reshape({batch, seq, heads_ * head_dim_}));
+  const at::Tensor v = heads_of(v_proj(x), kv_heads_);
+  // [seq, 1, head_dim]: the same angles for every head.
+  const at::Tensor c = cos.to(q.scalar_type()).unsqueeze(1);
+  const at::Tensor s = sin.to(q.scalar_type()).unsqueeze(1);
+  const at::Tensor attended = attention(q * c + rotate_half(q) * s, k * c + rotate_half(k) * s, v);
+  return o_proj(attended.reshape({batch, seq, heads_ * head_dim_}));
 }
 
 LlamaMLPImpl::LlamaMLPImpl(const llama_config& config)
@@ -207,20 +207,22 @@ LlamaModelImpl::LlamaModelImpl(const llama_config& config)
     : embed_tokens(register_module("embed_tokens", loom::nn::Embedding(config.vocab_size, config.hidden_size))),
       layers(register_module("layers", torch::nn::ModuleList())),
       norm(register_module("norm", LlamaRMSNorm(config.hidden_size, config.rms_norm_eps))),
+      sequence(register_module("sequence", loom::nn::Sequence())),
       inv_freq_(inverse_frequencies(config)) {
   for (std::int64_t i = 0; i < config.num_hidden_layers; ++i)
     layers->push_back(std::make_shared<LlamaDecoderLayer>(config));
 }
 
 at::Tensor LlamaModelImpl::forward(const at::Tensor& ids) {
-  const std::int64_t seq = ids.size(1);
+  const at::Tensor mine = sequence->split(ids, 1);
+  const loom::nn::token_range tokens = sequence->tokens(ids.size(1));
   // In fp32 whatever the model computes in, as transformers computes them with autocast off.
-  const at::Tensor positions = at::arange(seq, ids.options().dtype(at::kFloat));
+  const at::Tensor positions = at::arange(tokens.begin, tokens.end, ids.options().dtype(at::kFloat));
   const at::Tensor freqs = at::outer(positions, inv_freq_.to(ids.device()));
   const at::Tensor angles = at::cat({freqs, freqs}, -1);
   const at::Tensor cos = angles.cos();
   const at::Tensor sin = angles.sin();
-  at::Tensor h = embed_tokens(ids);
+  at::Tensor h = embed_tokens(mine);
   for (const auto& layer : *layers) h = layer->as<LlamaDecoderLayer>()->forward(h, cos, sin);
   return norm(h);
 }
@@ -240,10 +242,35 @@ at::Tensor LlamaImpl::forward(const at::Tensor& ids) {
 
 at::Tensor causal_lm_loss(const at::Tensor& logits, const at::Tensor& labels) {
   const std::int64_t seq = logits.size(1);
+  if (labels.dim() != 2 || labels.size(1) != seq) {
+    throw_error<std::invalid_argument>(
+        "causal_lm_loss: logits of {} against labels [{}]: give labels [batch, seq] of the logits' tokens (under "
+        "sequence_parallel the logits are this rank's part: pass the model's loom::nn::Sequence, "
+        "causal_lm_loss(logits, labels, model->model->sequence))",
+        counted(seq, "token"), fmt::join(labels.sizes(), ", "));
+  }
   const at::Tensor predicted = logits.narrow(1, 0, seq - 1).to(at::kFloat).flatten(0, 1);
   const at::Tensor targets = labels.narrow(1, 1, seq - 1).flatten();
   return torch::nn::functional::cross_entropy(predicted, targets,
                                               torch::nn::functional::CrossEntropyFuncOptions().ignore_index(-100));
+}
+
+at::Tensor causal_lm_loss(const at::Tensor& logits, const at::Tensor& labels, loom::nn::Sequence& sequence) {
+  if (sequence->size() == 1) return causal_lm_loss(logits, labels);
+  // Position t predicts labels[t + 1]; the last position predicts nothing.
+  const at::Tensor shifted =
+      at::cat({labels.narrow(1, 1, labels.size(1) - 1), at::full({labels.size(0), 1}, -100, labels.options())}, 1);
+  const at::Tensor targets = sequence->local(shifted, 1);
+  if (targets.size(1) != logits.size(1)) {
+    throw_error<std::invalid_argument>(
+        "causal_lm_loss: logits of {} against {} of this rank's labels: give the logits of the model's forward on "
+        "these labels' tokens",
+        counted(logits.size(1), "token"), targets.size(1));
+  }
+  const at::Tensor summed = torch::nn::functional::cross_entropy(
+      logits.to(at::kFloat).flatten(0, 1), targets.flatten(),
+      torch::nn::functional::CrossEntropyFuncOptions().ignore_index(-100).reduction(torch::kSum));
+  return sequence->sum(summed) / (shifted != -100).sum().to(at::kFloat);
 }
 
 }  // namespace loom::models

@@ -214,7 +214,7 @@ at::Tensor WanFP32LayerNormImpl::forward(const at::Tensor& x) {
       .to(x.scalar_type());
 }
 
-WanAttentionImpl::WanAttentionImpl(std::int64_t dim, std::int64_t heads, double eps)
+WanAttentionImpl::WanAttentionImpl(std::int64_t dim, std::int64_t heads, double eps, kind attends)
     : to_q(register_module("to_q", linear(dim, dim))),
       to_k(register_module("to_k", linear(dim, dim))),
       to_v(register_module("to_v", linear(dim, dim))),
@@ -224,6 +224,10 @@ WanAttentionImpl::WanAttentionImpl(std::int64_t dim, std::int64_t heads, double 
       norm_k(register_module("norm_k", WanRMSNorm(dim, eps))),
       heads_(heads) {
   to_out->push_back(out_proj);
+  if (attends == kind::self) {
+    attention = register_module(
+        "attention", loom::nn::Attention(loom::nn::attention_options{.heads = heads, .head_dim = dim / heads, .scale = std::nullopt}));
+  }
 }
 
 at::Tensor WanAttentionImpl::forward(const at::Tensor& x, const at::Tensor& context, const at::Tensor& cos,
@@ -236,7 +240,9 @@ at::Tensor WanAttentionImpl::forward(const at::Tensor& x, const at::Tensor& cont
     k = rotated(k, cos, sin);
   }
   const at::Tensor attended =
-      at::scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)).transpose(1, 2);
+      attention ? attention(q, k, v)
+                : at::scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
+                      .transpose(1, 2);
   return out_proj(attended.flatten(2, 3).to(q.scalar_type()));
 }
 
@@ -253,8 +259,10 @@ WanFeedForwardImpl::WanFeedForwardImpl(std::int64_t dim, std::int64_t ffn_dim)
 at::Tensor WanFeedForwardImpl::forward(const at::Tensor& x) { return project_out(project_in(x)); }
 
 WanTransformerBlockImpl::WanTransformerBlockImpl(const wan_config& config)
-    : attn1(register_module("attn1", WanAttention(config.inner_dim(), config.num_attention_heads, config.eps))),
-      attn2(register_module("attn2", WanAttention(config.inner_dim(), config.num_attention_heads, config.eps))),
+    : attn1(register_module("attn1", WanAttention(config.inner_dim(), config.num_attention_heads, config.eps,
+                                                  WanAttentionImpl::kind::self))),
+      attn2(register_module("attn2", WanAttention(config.inner_dim(), config.num_attention_heads, config.eps,
+                                                  WanAttentionImpl::kind::cross))),
       norm2(config.cross_attn_norm ? register_module("norm2", WanFP32LayerNorm(config.inner_dim(), config.eps))
                                    : WanFP32LayerNorm(nullptr)),
       ffn(register_module("ffn", WanFeedForward(config.inner_dim(), config.ffn_dim))),
@@ -322,7 +330,8 @@ WanImpl::WanImpl(const wan_config& config_)
       proj_out(
           register_module("proj_out", linear(config.inner_dim(), config.out_channels * config.patch_size[0] *
                                                                      config.patch_size[1] * config.patch_size[2]))),
-      scale_shift_table(scale_shift_table_of(*this, 2, config.inner_dim())) {
+      scale_shift_table(scale_shift_table_of(*this, 2, config.inner_dim())),
+      sequence(register_module("sequence", loom::nn::Sequence())) {
   for (std::int64_t i = 0; i < config.num_layers; ++i) blocks->push_back(std::make_shared<WanTransformerBlock>(config));
 }
 
@@ -357,9 +366,10 @@ at::Tensor WanImpl::forward(const at::Tensor& latents, const at::Tensor& timeste
         "rope_max_seq_len = {} rotary positions: give smaller latents or a config with a larger rope_max_seq_len",
         frames, height, width, config.rope_max_seq_len);
   }
-  const auto [cos, sin] = grid_cos_sin(config.attention_head_dim, frames, height, width, latents.device());
+  at::Tensor x = sequence->split(patch_embedding(latents).flatten(2).transpose(1, 2), 1).contiguous();
+  const auto [grid_cos, grid_sin] = grid_cos_sin(config.attention_head_dim, frames, height, width, latents.device());
+  const at::Tensor cos = sequence->local(grid_cos, 0), sin = sequence->local(grid_sin, 0);
 
-  at::Tensor x = patch_embedding(latents).flatten(2).transpose(1, 2).contiguous();
   const WanConditionEmbedderImpl::embedded condition = condition_embedder(timestep, text);
   for (const auto& block : *blocks) {
     x = block->as<WanTransformerBlock>()->forward(x, condition.text, condition.timestep_proj, cos, sin);
@@ -368,7 +378,7 @@ at::Tensor WanImpl::forward(const at::Tensor& latents, const at::Tensor& timeste
   const std::vector<at::Tensor> shift_scale = (scale_shift_table + condition.temb.unsqueeze(1)).chunk(2, 1);
   x = (fp32_layer_norm(x, config.eps) * (1 + shift_scale[1]) + shift_scale[0]).to(x.scalar_type());
   // Each patch's p_t·p_h·p_w·out_channels values back into the video, channel last within a patch.
-  return proj_out(x)
+  return sequence->whole(proj_out(x), 1)
       .reshape({batch, frames, height, width, patch_frames, patch_height, patch_width, -1})
       .permute({0, 7, 1, 4, 2, 5, 3, 6})
       .flatten(6, 7)

@@ -7,7 +7,10 @@
 #include <c10/core/Device.h>
 #include <c10/util/intrusive_ptr.h>
 
+#include <cstdint>
+#include <memory>
 #include <string>
+#include <vector>
 
 namespace c10d {
 class Backend;
@@ -15,6 +18,9 @@ class Store;
 }  // namespace c10d
 
 namespace loom {
+
+class collectives;
+class runtime;
 
 // A Gloo backend of `size` ranks, this one `rank`, meeting through `store` (a prefix of its own
 // for each group), with the launcher's timeout and the network interface the world's uses.
@@ -27,5 +33,13 @@ c10::intrusive_ptr<c10d::Backend> make_gloo(const c10::intrusive_ptr<c10d::Store
 c10::intrusive_ptr<c10d::Backend> make_nccl(const c10::intrusive_ptr<c10d::Store>& store, const launch_env& env,
                                             int rank, int size, const std::string& name, c10::Device device);
 #endif
+
+// The groups of a mesh (src/runtime/mesh.cpp): a number for a new mesh's groups that no earlier
+// mesh of the job used, and the collectives of the group `name` of `members` (world ranks, this one
+// `rank` in it), whose backend its members make now, meeting through the store's prefix
+// loom/mesh.<generation>/<name>.
+[[nodiscard]] std::int64_t next_mesh_generation(const runtime& rt);
+[[nodiscard]] std::unique_ptr<collectives> make_group(const runtime& rt, std::int64_t generation,
+                                                      const std::string& name, std::vector<int> members, int rank);
 
 }  // namespace loom

@@ -7,6 +7,7 @@
 
 #include <ATen/ATen.h>
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <stdexcept>
 #include <utility>
@@ -189,6 +190,30 @@ pending_collective collectives::emulated_reduce_scatter(const at::Tensor& padded
   return issued(std::move(work), "all_reduce", reduced, [shard, reduced, offset = rank_ * shard_size]() mutable {
     shard.copy_(reduced.narrow(0, offset, shard.numel()).view(shard.sizes()));
   });
+}
+
+pending_collective collectives::all_to_all(const at::Tensor& input, at::Tensor& output) {
+  if (input.sizes() != output.sizes() || input.size(0) % world_size_ != 0) {
+    throw_error<std::invalid_argument>(
+        "all_to_all of [{}] into [{}] over {}: give an output of the input's shape, whose first dimension the group "
+        "size divides",
+        fmt::join(input.sizes(), ", "), fmt::join(output.sizes(), ", "), counted(world_size_, "rank"));
+  }
+  if (!backend_) {
+    output.copy_(input);
+    return {};
+  }
+  if (staged(input)) {
+    at::Tensor host = at::empty(output.sizes(), output.options().device(c10::kCPU));
+    return all_to_all(input.cpu(), host).and_then([output, host]() mutable { output.copy_(host); });
+  }
+  at::Tensor send = input.contiguous();
+  const bool direct = output.is_contiguous();
+  at::Tensor received = direct ? output : at::empty(output.sizes(), output.options());
+  std::vector<std::int64_t> equal_splits;  // c10d's "equal blocks" when both are empty
+  auto work = backend_->alltoall_base(received, send, equal_splits, equal_splits);
+  if (direct) return issued(std::move(work), "all_to_all", send);
+  return issued(std::move(work), "all_to_all", send, [output, received]() mutable { output.copy_(received); });
 }
 
 pending_collective collectives::barrier() {

@@ -16,18 +16,32 @@
 #include <stdexcept>
 
 namespace loom {
-namespace {
 
-// A name for this mesh's groups that no earlier mesh of the job used: rank 0 counts the meshes in
-// the rendezvous store and tells the others, so that two meshes never share a group's keys.
-std::int64_t next_generation(const runtime& rt) {
+std::int64_t next_mesh_generation(const runtime& rt) {
+  // Rank 0 counts the meshes in the rendezvous store and tells the others, so that two meshes never
+  // share a group's keys.
   at::Tensor generation = at::zeros({1}, at::kLong);
   if (rt.rank() == 0) generation.fill_(rt.store()->add("loom/meshes", 1));
   rt.host_comm().broadcast(generation, 0).wait();
   return generation.item<std::int64_t>();
 }
 
-}  // namespace
+std::unique_ptr<collectives> make_group(const runtime& rt, std::int64_t generation, const std::string& name,
+                                        std::vector<int> members, int rank) {
+  const bool nccl = rt.backend() == backend_kind::nccl;
+  const bool staged = !nccl && rt.device().is_cuda();
+  const int size = static_cast<int>(members.size());
+  auto store = c10::make_intrusive<c10d::PrefixStore>(fmt::format("loom/mesh.{}/{}", generation, name), rt.store());
+  collective_group group{name, std::move(members)};
+#ifdef LOOM_HAVE_NCCL
+  if (nccl) {
+    return std::make_unique<collectives>(make_nccl(store, rt.env(), rank, size, name, rt.device()), rank, size, staged,
+                                         &rt.progress(), std::move(group));
+  }
+#endif
+  return std::make_unique<collectives>(make_gloo(store, rt.env(), rank, size), rank, size, staged, &rt.progress(),
+                                       std::move(group));
+}
 
 rank_mesh::rank_mesh(const runtime& rt, int shard_size)
     : rank_(rt.rank()), shard_size_(shard_size), replicate_size_(1) {
@@ -53,28 +67,13 @@ rank_mesh::rank_mesh(const runtime& rt, int shard_size)
     replicate_ = std::make_unique<collectives>(nullptr, 0, 1);
     return;
   }
-  const std::int64_t generation = next_generation(rt);
-  const bool nccl = rt.backend() == backend_kind::nccl;
-  const bool staged = !nccl && rt.device().is_cuda();
-  const auto make = [&](const std::string& name, std::vector<int> members, int rank) {
-    const int size = static_cast<int>(members.size());
-    auto store = c10::make_intrusive<c10d::PrefixStore>(fmt::format("loom/mesh.{}/{}", generation, name), rt.store());
-    collective_group group{name, std::move(members)};
-#ifdef LOOM_HAVE_NCCL
-    if (nccl) {
-      return std::make_unique<collectives>(make_nccl(store, rt.env(), rank, size, name, rt.device()), rank, size,
-                                           staged, &rt.progress(), std::move(group));
-    }
-#endif
-    return std::make_unique<collectives>(make_gloo(store, rt.env(), rank, size), rank, size, staged, &rt.progress(),
-                                         std::move(group));
-  };
+  const std::int64_t generation = next_mesh_generation(rt);
   // A group's backend is made by its members, who meet through its own prefix of the store: every
   // rank makes its shard group, then its replicate group, so that the members of each meet in the
   // same phase and none waits on a group its peers have not begun.
-  own_shard_ = make(shard_group(), shard_ranks(), shard_rank());
+  own_shard_ = make_group(rt, generation, shard_group(), shard_ranks(), shard_rank());
   shard_ = own_shard_.get();
-  replicate_ = make(replicate_group(), replicate_ranks(), shard_index());
+  replicate_ = make_group(rt, generation, replicate_group(), replicate_ranks(), shard_index());
 }
 
 rank_mesh::~rank_mesh() = default;

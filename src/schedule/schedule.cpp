@@ -43,6 +43,7 @@ std::string_view to_string(collective_op op) noexcept {
     case collective_op::broadcast: return "broadcast";
     case collective_op::all_gather: return "all_gather";
     case collective_op::reduce_scatter: return "reduce_scatter";
+    case collective_op::all_to_all: return "all_to_all";
     case collective_op::barrier: return "barrier";
   }
   return "?";
@@ -51,6 +52,7 @@ std::string_view to_string(collective_op op) noexcept {
 std::string_view to_string(step_phase phase) noexcept {
   switch (phase) {
     case step_phase::forward: return "forward";
+    case step_phase::recompute: return "recompute";
     case step_phase::backward: return "backward";
     case step_phase::optimizer: return "optimizer";
   }

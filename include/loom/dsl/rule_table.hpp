@@ -263,7 +263,16 @@
   X(r19_pretrained_after_strategy,                                                                             \
     "loom R19: pretrained(...) comes after the strategy: put it before the strategy (the strategy shards or "  \
     "replicates the weights it finds when it wraps the model)")                                                \
-  X(r19_empty_path, "loom R19: pretrained path is empty: give the checkpoint's folder or .safetensors file")
+  X(r19_empty_path, "loom R19: pretrained path is empty: give the checkpoint's folder or .safetensors file")    \
+  /* R20: sequence_parallel: once, before the strategy, k >= 1. */                                             \
+  X(r20_two_sequence_parallels,                                                                                \
+    "loom R20: the plan has two sequence_parallel(...) stages: keep one (one group size splits every "        \
+    "sequence)")                                                                                               \
+  X(r20_sequence_parallel_after_strategy,                                                                      \
+    "loom R20: sequence_parallel(...) comes after the strategy: put it before the strategy (the strategy "     \
+    "averages and shards over the ranks the sequence groups leave it)")                                        \
+  X(r20_size_zero,                                                                                             \
+    "loom R20: sequence_parallel size is 0: pass 1 to split no sequence, or k to split each over k ranks")
 
 // Stops compilation, with the sentence of its argument (a constant loom::violation) on the first
 // error line, unless that is violation::none: a static_assert per row, each with its sentence.

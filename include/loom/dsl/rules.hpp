@@ -44,6 +44,7 @@ constexpr violation scan(std::span<const stage_kind> stages, pipeline_shape shap
   }
   bool has_strategy = false, has_seeded = false, has_lora = false, has_trainable = false;
   bool has_default_dtype = false, has_mixed_precision = false, has_recompute = false, has_pretrained = false;
+  bool has_sequence_parallel = false;
   stage_kind strategy = stage_kind::local;
   for (std::size_t i = first; i != stages.size(); ++i) {
     const stage_kind k = stages[i];
@@ -54,6 +55,7 @@ constexpr violation scan(std::span<const stage_kind> stages, pipeline_shape shap
       if (k == stage_kind::lora || k == stage_kind::trainable) return too_late(k, strategy);
       if (k == stage_kind::mixed_precision) return violation::r15_mixed_precision_after_strategy;
       if (k == stage_kind::recompute) return violation::r18_recompute_after_strategy;
+      if (k == stage_kind::sequence_parallel) return violation::r20_sequence_parallel_after_strategy;
       if (k == stage_kind::pretrained) return violation::r19_pretrained_after_strategy;
       if (k == stage_kind::default_dtype) return violation::r17_default_dtype_not_after_model;
       return violation::r2_seeded_after_strategy;
@@ -82,6 +84,10 @@ constexpr violation scan(std::span<const stage_kind> stages, pipeline_shape shap
       case stage_kind::recompute:
         if (has_recompute) return violation::r18_two_recomputes;
         has_recompute = true;
+        break;
+      case stage_kind::sequence_parallel:
+        if (has_sequence_parallel) return violation::r20_two_sequence_parallels;
+        has_sequence_parallel = true;
         break;
       case stage_kind::lora:
         if (has_lora) return violation::r6_two_loras;

@@ -11,6 +11,7 @@
 #include <loom/dsl/pretrained.hpp>
 #include <loom/dsl/recompute.hpp>
 #include <loom/dsl/seeded.hpp>
+#include <loom/dsl/sequence_parallel.hpp>
 #include <loom/dsl/trainable.hpp>
 
 #include <optional>
@@ -26,7 +27,7 @@ namespace loom {
 // Every stage that may stand between the model and the strategy. A new such stage joins this list:
 // the typed plan, the run file's plan, find<S>() and describe() follow from it.
 using plan_stage = std::variant<seeded_stage, default_dtype_stage, pretrained_stage, mixed_precision_stage,
-                                recompute_stage, lora_stage, trainable_stage>;
+                                recompute_stage, sequence_parallel_stage, lora_stage, trainable_stage>;
 
 namespace detail {
 

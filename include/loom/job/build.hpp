@@ -149,6 +149,8 @@ auto build_checked(const plan_value<Args, Strategy>& plan, runtime rt) {
   decided.trainable_held_in_fp32 =
       build_steps::set_what_trains(model, type_name<M>(), made.lora.has_value(), plan.stages, dtypes.built_in);
   decided.recomputed_units = build_steps::choose_recomputed_units(model, plan.stages);
+  decided.sequence_split =
+      build_steps::split_sequences(model, type_name<M>(), plan.stages, rt, dtypes, decided.recomputed_units);
   build_steps::move_to_device(model, rt, deferred.get());
   build_steps::check_or_broadcast_replicas(rt, model, seed, deferred.get());
   decided.deferred = std::move(deferred);

@@ -7,6 +7,7 @@
 #include <loom/dsl/stage_list.hpp>
 #include <loom/io/weights.hpp>
 #include <loom/nn/deferred_init.hpp>
+#include <loom/nn/sequence_parallel.hpp>
 #include <loom/precision/precision.hpp>
 #include <loom/runtime/runtime.hpp>
 
@@ -55,6 +56,15 @@ enum class deferral { stands, nothing_deferred, construct_whole };
 
 // recompute(...)'s units, by name; none without the stage.
 [[nodiscard]] std::vector<std::string> choose_recomputed_units(torch::nn::Module& model, const stage_list& stages);
+
+// sequence_parallel(k)'s split, joined to every loom::nn::Attention and loom::nn::Sequence of the
+// model; none without the stage or with k = 1. Throws, naming the fix, when k does not divide the
+// world size or an attention's heads, or the model has no Attention or no Sequence to split around.
+[[nodiscard]] std::shared_ptr<nn::sequence_split> split_sequences(torch::nn::Module& model,
+                                                                  std::string_view model_name,
+                                                                  const stage_list& stages, const runtime& rt,
+                                                                  const dtypes& types,
+                                                                  const std::vector<std::string>& recomputed_units);
 
 // To the runtime's device; a deferred construction moves its records, not bytes it does not have.
 void move_to_device(torch::nn::Module& model, const runtime& rt, nn::deferred_init* deferred);

@@ -26,6 +26,10 @@
 #include <utility>
 #include <vector>
 
+namespace loom::nn {
+class sequence_split;
+}
+
 namespace loom {
 
 namespace detail {
@@ -165,6 +169,7 @@ struct build_decisions {
   bool pretrained_read = false;                       // copied in already (else after the setup)
   std::shared_ptr<nn::deferred_init> deferred;        // the records of a construction without bytes
   std::string constructed_whole;                      // why an engine that could not have it so
+  std::shared_ptr<nn::sequence_split> sequence_split; // sequence_parallel(k)'s, k > 1; none otherwise
   std::string plan_state;  // the plan's describe_state(): what a checkpoint of the job must have been saved by
   model_identity identity;
 };
@@ -215,6 +220,11 @@ class job_core {
 
   [[nodiscard]] lora_layers& require_lora(std::string_view what);
 
+  // This rank's place among the ranks that read their own batches: under sequence_parallel(k) its
+  // group's (rank / k of world / k), else the rank's.
+  [[nodiscard]] int data_rank() const noexcept;
+  [[nodiscard]] int data_world_size() const noexcept;
+
   // The adapters in `format`; rank 0 writes, every rank returns once it has.
   void save_adapter(const std::filesystem::path& folder, adapter_format format);
   // Every rank reads the adapters from `path` in `format`, checked against the plan's lora(...).
@@ -242,6 +252,7 @@ class job_core {
   std::string built_text_;  // how the model was built: its dtype, the parameters held in fp32
   collective_schedule built_schedule_;
   forward_casting casting_;
+  std::shared_ptr<nn::sequence_split> sequence_split_;
   // The diffusers component that prefixes a diffusers LoRA file's keys, refused when M names none.
   [[nodiscard]] std::string_view diffusers_component(std::string_view what) const;
 
@@ -293,6 +304,10 @@ class job {
   }
   [[nodiscard]] E& strategy() noexcept { return engine_; }
   [[nodiscard]] const runtime& rt() const noexcept { return core_.context().rt(); }
+  // Which batches this rank reads: under sequence_parallel(k) the ranks of a group read the same
+  // ones, so a recipe chooses them by data_rank() of data_world_size(), not by the rank.
+  [[nodiscard]] int data_rank() const noexcept { return core_.data_rank(); }
+  [[nodiscard]] int data_world_size() const noexcept { return core_.data_world_size(); }
 
   // M's forward with the strategy around it; returns what M's forward returns.
   template <class... Args>

@@ -12,6 +12,7 @@
 
 #include <loom/nn/embedding.hpp>
 #include <loom/nn/linear.hpp>
+#include <loom/nn/sequence_parallel.hpp>
 #include <loom/nn/unit.hpp>
 
 #include <ATen/core/Tensor.h>
@@ -78,10 +79,12 @@ TORCH_MODULE(LlamaRMSNorm);
 class LlamaAttentionImpl : public torch::nn::Module {
  public:
   explicit LlamaAttentionImpl(const llama_config& config);
-  // Causal self-attention over x [batch, seq, hidden], rotary embedding cos and sin [seq, head_dim].
+  // Causal self-attention over x [batch, seq, hidden], rotary embedding cos and sin [seq, head_dim]
+  // of the same tokens (this rank's, under sequence_parallel).
   at::Tensor forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
 
   loom::nn::Linear q_proj, k_proj, v_proj, o_proj;
+  loom::nn::Attention attention;  // no weights: where sequence_parallel exchanges the sequence for heads
 
  private:
   std::int64_t heads_, kv_heads_, head_dim_;
@@ -119,6 +122,7 @@ class LlamaModelImpl : public torch::nn::Module {
   loom::nn::Embedding embed_tokens;
   torch::nn::ModuleList layers;
   LlamaRMSNorm norm;
+  loom::nn::Sequence sequence;  // no weights: where sequence_parallel splits the tokens
 
  private:
   // The rotary embedding's inverse frequencies, fp32 [head_dim / 2]: computed, not a weight (as
@@ -148,5 +152,11 @@ TORCH_MODULE(Llama);
 // (int64), computed in fp32: position t predicts labels[t + 1]; labels of -100 are left out, as
 // transformers' causal-LM loss leaves them.
 [[nodiscard]] at::Tensor causal_lm_loss(const at::Tensor& logits, const at::Tensor& labels);
+// The same under sequence_parallel: `logits` of this rank's tokens, `labels` [batch, seq] whole on
+// every rank, shifted before they are split; the per-token losses summed over the group and divided
+// by the sequence's labelled tokens, so that loss and gradients are the unsplit run's. `sequence` is
+// the model's (Llama's model->sequence); without the stage this is the loss above.
+[[nodiscard]] at::Tensor causal_lm_loss(const at::Tensor& logits, const at::Tensor& labels,
+                                        loom::nn::Sequence& sequence);
 
 }  // namespace loom::models

@@ -24,6 +24,7 @@
 
 #include <loom/dsl/targets.hpp>
 #include <loom/nn/linear.hpp>
+#include <loom/nn/sequence_parallel.hpp>
 #include <loom/nn/unit.hpp>
 
 #include <ATen/core/Tensor.h>
@@ -120,7 +121,10 @@ TORCH_MODULE(WanFP32LayerNorm);
 // self-attention), each projection with a bias, queries and keys RMS-normalised across heads.
 class WanAttentionImpl : public torch::nn::Module {
  public:
-  WanAttentionImpl(std::int64_t dim, std::int64_t heads, double eps);
+  // Self-attention (over the video's tokens, which sequence_parallel splits) or cross-attention (to
+  // the text, whole on every rank).
+  enum class kind : bool { self, cross };
+  WanAttentionImpl(std::int64_t dim, std::int64_t heads, double eps, kind attends);
   // Attention of x [B, S, dim] over context [B, L, dim]; the rotary embedding's cos and sin
   // [S, head_dim / 2] (fp32) turn queries and keys when given (self-attention).
   at::Tensor forward(const at::Tensor& x, const at::Tensor& context, const at::Tensor& cos = {},
@@ -130,6 +134,7 @@ class WanAttentionImpl : public torch::nn::Module {
   torch::nn::ModuleList to_out;  // to_out.0: out_proj (diffusers' to_out.1 is a dropout of 0)
   loom::nn::Linear out_proj;
   WanRMSNorm norm_q, norm_k;
+  loom::nn::Attention attention{nullptr};  // self-attention's: no weights; none for cross-attention
 
  private:
   std::int64_t heads_;
@@ -250,6 +255,7 @@ class WanImpl : public torch::nn::Module {
   torch::nn::ModuleList blocks;
   loom::nn::Linear proj_out;
   at::Tensor scale_shift_table;  // fp32 [1, 2, dim]
+  loom::nn::Sequence sequence;   // no weights: where sequence_parallel splits the tokens and joins the output
 };
 TORCH_MODULE(Wan);
 

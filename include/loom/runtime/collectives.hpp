@@ -94,6 +94,10 @@ class collectives {
   // to world × shard elements as needed.
   pending_collective reduce_scatter(const at::Tensor& flat, at::Tensor& shard, reduce_op op = reduce_op::sum);
 
+  // Each rank's `input` split into world equal blocks along dim 0, block j sent to rank j; `output`
+  // (input's shape) receives rank i's block for this rank as its block i.
+  pending_collective all_to_all(const at::Tensor& input, at::Tensor& output);
+
   pending_collective barrier();
 
   // Reduce-scatter as an all-reduce and a local slice: for backends without a native one, and

@@ -15,8 +15,9 @@ namespace loom {
 
 class runtime;
 
-enum class collective_op { all_reduce, broadcast, all_gather, reduce_scatter, barrier };
-enum class step_phase { forward, backward, optimizer };
+enum class collective_op { all_reduce, broadcast, all_gather, reduce_scatter, all_to_all, barrier };
+// recompute: a unit's forward run again in backward (recompute(...)), with its collectives.
+enum class step_phase { forward, recompute, backward, optimizer };
 
 [[nodiscard]] std::string_view to_string(collective_op op) noexcept;
 [[nodiscard]] std::string_view to_string(step_phase phase) noexcept;

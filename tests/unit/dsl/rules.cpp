@@ -62,6 +62,9 @@ TEST_CASE("each order rule, as the first violation", "[dsl][rules]") {
   STATIC_REQUIRE(first({model, fsdp, default_dtype}) == violation::r17_default_dtype_not_after_model);
   STATIC_REQUIRE(first({model, recompute, lora, recompute}) == violation::r18_two_recomputes);
   STATIC_REQUIRE(first({model, fsdp, recompute}) == violation::r18_recompute_after_strategy);
+  STATIC_REQUIRE(first({model, sequence_parallel, lora, sequence_parallel}) == violation::r20_two_sequence_parallels);
+  STATIC_REQUIRE(first({model, ddp, sequence_parallel}) == violation::r20_sequence_parallel_after_strategy);
+  STATIC_REQUIRE(first({model, seeded, recompute, sequence_parallel, lora, fsdp}) == violation::none);
   STATIC_REQUIRE(first({model, recompute, default_dtype}) == violation::r17_default_dtype_not_after_model);
   STATIC_REQUIRE(first({model, seeded, default_dtype, pretrained, lora, fsdp}) == violation::none);
   STATIC_REQUIRE(first({model, pretrained, pretrained}) == violation::r19_two_pretrained);

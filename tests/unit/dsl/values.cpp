@@ -137,6 +137,13 @@ TEST_CASE("recompute: which units every k chooses, and R18's value check", "[dsl
   CHECK(loom::recompute_stage::checked({.every = 4}).settings().every == 4);
 }
 
+TEST_CASE("sequence_parallel: R20's value check", "[dsl][values]") {
+  plan_error_of([] { (void)loom::sequence_parallel_stage::checked({.size = 0}); }, violation::r20_size_zero);
+  CHECK(loom::sequence_parallel_stage::checked({.size = 3}).settings().size == 3);
+  STATIC_REQUIRE(loom::sequence_parallel(2).settings().size == 2);
+  CHECK(loom::sequence_parallel(4).describe() == "sequence_parallel(size=4)");
+}
+
 TEST_CASE("dtype names: loom's and PyTorch's", "[dsl][values]") {
   STATIC_REQUIRE(loom::dtype_named("bf16") == loom::bf16);
   STATIC_REQUIRE(loom::dtype_named("bfloat16") == loom::bf16);

@@ -1,0 +1,59 @@
+#include <loom/runtime/sequence_group.hpp>
+
+#include "backends.hpp"
+
+#include <loom/base/text.hpp>
+#include <loom/runtime/agreement.hpp>
+#include <loom/runtime/runtime.hpp>
+
+#include <fmt/format.h>
+#include <torch/csrc/distributed/c10d/Backend.hpp>
+
+#include <cstdint>
+#include <span>
+#include <stdexcept>
+
+namespace loom {
+
+sequence_group::sequence_group(const runtime& rt, int size)
+    : rank_(rt.rank()), world_size_(rt.world_size()), size_(size) {
+  const std::uint64_t asked = fnv1a(std::to_string(size));
+  require_agreement(
+      rt, "sequence_group", std::span(&asked, 1),
+      [&](std::size_t) { return "sequence groups of " + counted(size, "rank"); },
+      [&](const disagreement& d) {
+        return error_message(
+            "sequence_parallel: rank 0 asks for {} and rank {} for {}: every rank must build the same plan", d.rank0_item,
+            d.rank, d.other_item);
+      });
+  if (size < 1 || world_size_ % size != 0) {
+    throw_error<std::invalid_argument>(
+        "sequence_parallel({}) does not divide the world of {}: give a size that divides it (the ranks split into "
+        "groups of that many, each splitting one sequence), or start {}",
+        size, counted(world_size_, "rank"),
+        size < 1 ? std::string("with size 1 or more") : fmt::format("a multiple of {} ranks", size));
+  }
+  if (size_ == world_size_) {
+    comm_ = &rt.comm();
+    return;
+  }
+  if (size_ == 1) {
+    own_ = std::make_unique<collectives>(nullptr, 0, 1);
+  } else {
+    own_ = make_group(rt, next_mesh_generation(rt), name(), ranks(), rank());
+  }
+  comm_ = own_.get();
+}
+
+sequence_group::~sequence_group() = default;
+
+std::string sequence_group::name() const { return fmt::format("sequence.{}", data_rank()); }
+std::string sequence_group::role() const { return fmt::format("sequence[{}]", size_); }
+
+std::vector<int> sequence_group::ranks() const {
+  std::vector<int> ranks;
+  for (int r = 0; r < size_; ++r) ranks.push_back(data_rank() * size_ + r);
+  return ranks;
+}
+
+}  // namespace loom

@@ -1,0 +1,321 @@
+// sequence_parallel(k) across real processes, at 2, 3 and 4 ranks: Llama (both model forms) and Wan
+// under ddp() and fsdp(), with LoRA, recompute and bf16, against the same plan without the stage on
+// the same ranks reading the same batches: every step's loss and every gradient within fp32
+// rounding (bf16's bound under mixed precision), ten steps ending in the same state; the schedule's
+// all-to-alls; and the errors a user meets.
+#include "world.hpp"
+
+#include <loom/loom.hpp>
+#include <loom/models/llama.hpp>
+#include <loom/models/wan.hpp>
+
+#include <torch/torch.h>
+
+#include <catch2/catch_test_macros.hpp>
+#include <catch2/generators/catch_generators.hpp>
+#include <catch2/matchers/catch_matchers_string.hpp>
+
+#include <fmt/format.h>
+
+#include <optional>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+using Catch::Matchers::ContainsSubstring;
+using loom::testing::world;
+
+namespace {
+
+// k: the whole world at 2 and 3 ranks, and 2 sequence × 2 data-parallel ranks at 4.
+int group_size() { return world().world_size() == 4 ? 2 : world().world_size(); }
+
+loom::models::llama_config small_llama() {
+  loom::models::llama_config config;
+  config.vocab_size = 64;
+  config.hidden_size = 48;
+  config.intermediate_size = 40;
+  config.num_hidden_layers = 3;
+  config.num_attention_heads = 6;  // k = 2 and 3 divide it
+  config.num_key_value_heads = 2;  // k = 2 divides it; k = 3 does not, so they are repeated
+  config.head_dim = 8;
+  return config;
+}
+
+loom::models::wan_config small_wan() {
+  loom::models::wan_config config;
+  config.num_attention_heads = 6;
+  config.attention_head_dim = 12;
+  config.in_channels = 4;
+  config.out_channels = 4;
+  config.text_dim = 16;
+  config.freq_dim = 16;
+  config.ffn_dim = 40;
+  config.num_layers = 3;
+  config.rope_max_seq_len = 32;
+  return config;
+}
+
+struct SubclassLlama : loom::models::LlamaImpl {  // the subclass form
+  using LlamaImpl::LlamaImpl;
+};
+
+// The batch of data-parallel rank `data_rank` at `step`: its length varies by step (12 or 24 tokens,
+// which 2, 3 and 4 divide), its values by step and data rank.
+at::Tensor token_batch(int step, int data_rank) {
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(1000 + 37 * static_cast<std::uint64_t>(step) +
+                                                      static_cast<std::uint64_t>(data_rank));
+  const std::int64_t length = step % 2 == 0 ? 12 : 24;
+  at::Tensor ids = torch::randint(64, {2, length}, gen, torch::kLong);
+  return ids;
+}
+
+// Labels as a causal LM takes them, some left out (-100), at other places each step.
+at::Tensor labels_of(const at::Tensor& ids, int step) {
+  at::Tensor labels = ids.clone();
+  labels.index_put_({0, (step * 5) % ids.size(1)}, -100);
+  labels.index_put_({1, (step * 7 + 3) % ids.size(1)}, -100);
+  return labels;
+}
+
+struct video_batch {
+  at::Tensor latents, timestep, text, target;
+};
+
+// Latents of 3 or 6 frames of 4 × 4 (12 or 24 tokens after 1 × 2 × 2 patches).
+video_batch wan_batch(int step, int data_rank) {
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(5000 + 37 * static_cast<std::uint64_t>(step) +
+                                                      static_cast<std::uint64_t>(data_rank));
+  const std::int64_t frames = step % 2 == 0 ? 3 : 6;
+  return {torch::randn({2, 4, frames, 4, 4}, gen), torch::randint(0, 1000, {2}, gen, torch::kLong).to(torch::kFloat),
+          torch::randn({2, 5, 16}, gen), torch::randn({2, 4, frames, 4, 4}, gen)};
+}
+
+// How far `a` is from `b`, relative to b's largest magnitude.
+double difference(const at::Tensor& a, const at::Tensor& b) {
+  const double scale = std::max(b.abs().max().item<double>(), 1e-12);
+  return (a.to(at::kFloat) - b.to(at::kFloat)).abs().max().item<double>() / scale;
+}
+
+// A job stepped beside the others whose distance from the unsplit one bounds the split one's: the
+// same plan in fp32, for a plan in bf16.
+struct no_reference {};
+
+// Every gradient of `job`'s trainable parameters (this rank's shards under fsdp), flat, in fp32.
+template <class Job>
+at::Tensor gradients(Job& job) {
+  std::vector<at::Tensor> flat;
+  for (const at::Tensor& p : job.trainable_parameters()) {
+    if (p.grad().defined()) flat.push_back(p.grad().to(at::kFloat).flatten());
+  }
+  return at::cat(flat);
+}
+
+template <class Job>
+at::Tensor parameters(Job& job) {
+  std::vector<at::Tensor> flat;
+  for (const at::Tensor& p : job.trainable_parameters()) flat.push_back(p.detach().to(at::kFloat).flatten());
+  return at::cat(flat);
+}
+
+// `steps` SGD steps of both jobs on the same batches (chosen by each job's data_rank). Without a
+// reference: every loss and every gradient of this rank's trainable parameters (its shards under
+// fsdp) within `tolerance` of the unsplit job's, and the parameters at the end. With one (bf16,
+// whose rounding differs with the order of each sum): the split job's gradients and final
+// parameters no further from the fp32 reference's than twice the unsplit job's distance from them,
+// and its loss within one bf16 rounding of the unsplit job's.
+template <class Split, class Whole, class Reference, class Loss>
+void check_same_training(Split& split, Whole& whole, Reference& reference, const Loss& loss_of, double tolerance,
+                         int steps = 10) {
+  constexpr bool has_reference = !std::is_same_v<Reference, no_reference>;
+  REQUIRE(split.data_rank() == world().rank() / group_size());
+  REQUIRE(split.data_world_size() == world().world_size() / group_size());
+  const auto sgd = [](auto& job) {
+    return torch::optim::SGD(job.trainable_parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
+  };
+  torch::optim::SGD split_optimizer = sgd(split), whole_optimizer = sgd(whole);
+  std::optional<torch::optim::SGD> reference_optimizer;
+  if constexpr (has_reference) reference_optimizer.emplace(sgd(reference));
+  for (int step = 0; step < steps; ++step) {
+    CAPTURE(step);
+    const int data_rank = world().rank() / group_size();
+    const at::Tensor split_loss = loss_of(split, step, data_rank, true);
+    split.backward(split_loss);
+    const at::Tensor whole_loss = loss_of(whole, step, data_rank, false);
+    whole.backward(whole_loss);
+    if constexpr (has_reference) {
+      const at::Tensor reference_loss = loss_of(reference, step, data_rank, false);
+      reference.backward(reference_loss);
+      // One scalar: within one bf16 rounding (2^-8) of the unsplit run's.
+      CHECK(difference(split_loss.detach(), whole_loss.detach()) <= 1.0 / 256);
+      const at::Tensor fp32 = gradients(reference);
+      CHECK(difference(gradients(split), fp32) <= 2 * difference(gradients(whole), fp32) + tolerance);
+    } else {
+      CHECK(difference(split_loss.detach(), whole_loss.detach()) <= tolerance);
+      const std::vector<at::Tensor> a = split.trainable_parameters();
+      const std::vector<at::Tensor> b = whole.trainable_parameters();
+      REQUIRE(a.size() == b.size());
+      for (std::size_t i = 0; i < a.size(); ++i) {
+        CAPTURE(i);
+        REQUIRE(a[i].grad().defined() == b[i].grad().defined());
+        if (a[i].grad().defined()) CHECK(difference(a[i].grad(), b[i].grad()) <= tolerance);
+      }
+    }
+    split_optimizer.step();
+    whole_optimizer.step();
+    split.zero_grad();
+    whole.zero_grad();
+    if constexpr (has_reference) {
+      reference_optimizer->step();
+      reference.zero_grad();
+    }
+  }
+  if constexpr (has_reference) {
+    const at::Tensor fp32 = parameters(reference);
+    CHECK(difference(parameters(split), fp32) <= 2 * difference(parameters(whole), fp32) + tolerance);
+  } else {
+    CHECK(difference(parameters(split), parameters(whole)) <= 10 * tolerance);
+  }
+}
+
+// The loss of a Llama job on the batch of `data_rank` at `step`; under the split, over the group.
+template <class Job>
+at::Tensor llama_loss(Job& job, int step, int data_rank, bool split) {
+  const at::Tensor ids = token_batch(step, data_rank);
+  const at::Tensor logits = job.forward(ids);
+  if (split) return loom::models::causal_lm_loss(logits, labels_of(ids, step), job.module()->model->sequence);
+  return loom::models::causal_lm_loss(logits, labels_of(ids, step));
+}
+
+template <class Job>
+at::Tensor wan_loss(Job& job, int step, int data_rank, bool /*split*/) {
+  const video_batch batch = wan_batch(step, data_rank);
+  const at::Tensor predicted = job.forward(batch.latents, batch.timestep, batch.text);
+  return torch::mse_loss(predicted.to(at::kFloat), batch.target);
+}
+
+enum class variant { plain, lora, recompute, bf16 };
+
+std::string name_of(variant v) {
+  switch (v) {
+    case variant::plain: return "plain";
+    case variant::lora: return "lora";
+    case variant::recompute: return "recompute";
+    case variant::bf16: return "bf16";
+  }
+  return "?";
+}
+
+// Both jobs of `model_stage` for `v` and `strategy`, checked as above.
+template <class ModelStage, class Strategy, class Loss>
+void check_variant(const ModelStage& model_stage, variant v, const Strategy& strategy, const Loss& loss_of,
+                   const std::vector<std::string>& targets) {
+  const auto sp = loom::sequence_parallel_stage::checked({.size = static_cast<std::size_t>(group_size())});
+  const auto run = [&](const auto& plan, double tolerance, const auto&... reference_plan) {
+    auto split = loom::build(plan | sp | strategy, world());
+    auto whole = loom::build(plan | strategy, world());
+    const std::string schedule = split.schedule().to_string();
+    CHECK_THAT(schedule, ContainsSubstring(fmt::format("all_to_all forward sequence[{}]", group_size())));
+    CHECK_THAT(schedule, ContainsSubstring(fmt::format("all_to_all backward sequence[{}]", group_size())));
+    if (v == variant::recompute) CHECK_THAT(schedule, ContainsSubstring("all_to_all recompute"));
+    CHECK_THAT(split.describe(), ContainsSubstring("sequence parallel"));
+    if constexpr (sizeof...(reference_plan) == 0) {
+      no_reference none;
+      check_same_training(split, whole, none, loss_of, tolerance);
+    } else {
+      auto reference = loom::build((reference_plan | ... | strategy), world());
+      check_same_training(split, whole, reference, loss_of, tolerance);
+    }
+  };
+  const auto seeded = model_stage | loom::seeded(7);
+  const loom::lora_stage adapters = loom::lora_stage::checked(4, [&] {
+    loom::target_list list;
+    for (const std::string& t : targets) list.push_back(loom::target(t));
+    return list;
+  }());
+  switch (v) {
+    case variant::plain: run(seeded, 1e-5); break;
+    case variant::lora: run(seeded | adapters, 1e-5); break;
+    case variant::recompute: run(seeded | loom::recompute() | adapters, 1e-5); break;
+    // bf16 rounds each product, and the split runs' sums go in another order: each result is within
+    // bf16's own distance from the fp32 run's.
+    case variant::bf16: run(seeded | loom::mixed_precision({.param = loom::bf16}), 1e-5, seeded); break;
+  }
+}
+
+}  // namespace
+
+TEST_CASE("Llama with sequence_parallel: the unsplit run's losses, gradients and state", "[sequence_parallel]") {
+  REQUIRE(world().world_size() >= 2);
+  const variant v = GENERATE(variant::plain, variant::lora, variant::recompute, variant::bf16);
+  const int strategy = GENERATE(0, 1);
+  CAPTURE(name_of(v), strategy);
+  const std::vector<std::string> targets{"q_proj", "v_proj"};
+  if (strategy == 0) {
+    check_variant(loom::model<loom::models::Llama>(small_llama()), v, loom::ddp(),
+                  [](auto& job, int step, int data_rank, bool split) { return llama_loss(job, step, data_rank, split); },
+                  targets);
+  } else {
+    check_variant(loom::model<SubclassLlama>(small_llama()), v, loom::fsdp(),
+                  [](auto& job, int step, int data_rank, bool split) {
+                    const at::Tensor ids = token_batch(step, data_rank);
+                    const at::Tensor logits = job.forward(ids);
+                    if (split) return loom::models::causal_lm_loss(logits, labels_of(ids, step), job.module().model->sequence);
+                    return loom::models::causal_lm_loss(logits, labels_of(ids, step));
+                  },
+                  targets);
+  }
+}
+
+TEST_CASE("Wan with sequence_parallel: the unsplit run's losses, gradients and state", "[sequence_parallel]") {
+  const variant v = GENERATE(variant::plain, variant::lora, variant::recompute, variant::bf16);
+  const int strategy = GENERATE(0, 1);
+  CAPTURE(name_of(v), strategy);
+  const std::vector<std::string> targets{"to_q", "to_k", "to_v", "to_out.0"};
+  const auto loss = [](auto& job, int step, int data_rank, bool split) { return wan_loss(job, step, data_rank, split); };
+  if (strategy == 0) {
+    check_variant(loom::model<loom::models::Wan>(small_wan()), v, loom::ddp(), loss, targets);
+  } else {
+    check_variant(loom::model<loom::models::Wan>(small_wan()), v, loom::fsdp(), loss, targets);
+  }
+}
+
+namespace {
+
+// A model with no loom::nn::Attention: nothing to split its sequence around.
+struct Plain : torch::nn::Module {
+  Plain() : fc(register_module("fc", torch::nn::Linear(4, 4))) {}
+  at::Tensor forward(const at::Tensor& x) { return fc(x); }
+  torch::nn::Linear fc;
+};
+
+}  // namespace
+
+TEST_CASE("sequence_parallel's errors name the fix", "[sequence_parallel]") {
+  const int ranks = world().world_size();
+  SECTION("a size that does not divide the world") {
+    const auto stage = loom::sequence_parallel_stage::checked({.size = static_cast<std::size_t>(ranks + 1)});
+    CHECK_THROWS_WITH(loom::build(loom::model<loom::models::Llama>(small_llama()) | loom::seeded(1) | stage |
+                                      loom::ddp(),
+                                  world()),
+                      ContainsSubstring(fmt::format("sequence_parallel({}) does not divide the world of {} ranks",
+                                                    ranks + 1, ranks)));
+  }
+  SECTION("a size that does not divide the heads") {
+    loom::models::llama_config config = small_llama();
+    config.num_attention_heads = 5;
+    config.num_key_value_heads = 5;
+    config.head_dim = 8;
+    config.hidden_size = 40;
+    const auto stage = loom::sequence_parallel_stage::checked({.size = static_cast<std::size_t>(group_size())});
+    CHECK_THROWS_WITH(
+        loom::build(loom::model<loom::models::Llama>(config) | loom::seeded(1) | stage | loom::fsdp(), world()),
+        ContainsSubstring("model.layers.0.self_attn.attention has 5 attention heads, which") &&
+            ContainsSubstring("give a size that divides its heads"));
+  }
+  SECTION("a model with no loom::nn::Attention") {
+    const auto stage = loom::sequence_parallel_stage::checked({.size = static_cast<std::size_t>(group_size())});
+    CHECK_THROWS_WITH(loom::build(loom::model<Plain>() | loom::seeded(1) | stage | loom::ddp(), world()),
+                      ContainsSubstring("has no loom::nn::Attention"));
+  }
+}
