@@ -13,6 +13,7 @@
 #include <common/command_line.hpp>
 #include <loom/io/optimizer_state.hpp>
 #include <loom/loom.hpp>
+#include <loom/models/llama.hpp>
 #include <loom/models/wan.hpp>
 #include <loom/optim/adamw.hpp>
 #include <models/mlp.hpp>
@@ -21,6 +22,7 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <c10/core/CachingDeviceAllocator.h>
 #include <fmt/format.h>
+#include <malloc.h>
 #include <sys/resource.h>
 #include <torch/csrc/autograd/profiler_kineto.h>
 #include <torch/torch.h>
@@ -77,7 +79,13 @@ constexpr std::array workloads{"mlp-ddp",
                                "gpt-hsdp",
                                "wan-fsdp",
                                "wan-lora-fsdp",
-                               "wan-lora-bf16-fsdp"};
+                               "wan-lora-bf16-fsdp",
+                               "long-wan-fsdp",
+                               "long-wan-sp2-fsdp",
+                               "long-wan-sp4-fsdp",
+                               "long-llama-fsdp",
+                               "long-llama-sp2-fsdp",
+                               "long-llama-sp4-fsdp"};
 
 // The options, or the exit code to end with (--help, a bad command line).
 std::variant<bench_options, int> parse_options(int argc, char** argv) {
@@ -130,6 +138,13 @@ std::int64_t state_bytes(const loom::tensor_state& local, const std::vector<at::
     count(p.grad());
   }
   return total;
+}
+
+// What the C heap holds: on the CPU, LibTorch's allocator takes tensor storage from it, so the heap
+// held between a forward and its backward is the activations' memory.
+std::int64_t heap_in_use() {
+  const struct mallinfo2 info = mallinfo2();
+  return static_cast<std::int64_t>(info.uordblks + info.hblkhd);
 }
 
 double peak_rss_mb() {
@@ -196,12 +211,12 @@ using gpt_long_workload = tiny_gpt_workload<512, 4>;  // the gpt-long-* workload
 // The wan-* workloads: hf_anchor.py's Wan DiT, one flow-matching step as it draws it (latents x0,
 // noise, t = randint(0, 1000), text, in this order; s = t / 1000, the input (1 - s) x0 + s noise in
 // the dtype the base is held in, the target the velocity noise - x0 in fp32), AdamW at its rates.
-template <bool Adapted, c10::ScalarType InputDtype>
+template <bool Adapted, c10::ScalarType InputDtype, std::int64_t Frames = 5, std::int64_t Side = 32>
 struct wan_workload {
   static constexpr std::int64_t default_batch = 1;
-  static constexpr std::array<std::int64_t, 4> latent_shape{16, 5, 32, 32};  // channels, frames, height, width
-  static constexpr std::array<std::int64_t, 2> text_shape{64, 128};          // tokens, text_dim
-  static constexpr std::int64_t tokens_per_sample =                          // patched by (1, 2, 2)
+  static constexpr std::array<std::int64_t, 4> latent_shape{16, Frames, Side, Side};  // channels, frames, height, width
+  static constexpr std::array<std::int64_t, 2> text_shape{64, 128};                   // tokens, text_dim
+  static constexpr std::int64_t tokens_per_sample =                                   // patched by (1, 2, 2)
       latent_shape[1] * (latent_shape[2] / 2) * (latent_shape[3] / 2);
   struct batch {
     at::Tensor noisy, timestep, text, velocity;
@@ -230,18 +245,61 @@ struct wan_workload {
   }
 };
 
+// The long-wan-* workloads (docs/benchmarks.md, "Sequence parallelism"): the wan-* step on clips of
+// 8 frames of 64 × 64 latents, 8192 tokens, a Wan of 2 blocks built here.
+using long_wan_workload = wan_workload<false, torch::kFloat, 8, 64>;
+
+// The long-llama-* workloads: a Llama of 2 layers (4 heads of 32, 2 key-value heads) on one sequence
+// of 8192 random tokens, the causal-LM loss (over the sequence group under sequence_parallel), AdamW.
+struct long_llama_workload {
+  static constexpr std::int64_t default_batch = 1;
+  static constexpr std::int64_t tokens_per_sample = 8192;
+  static constexpr std::int64_t vocab = 256;
+  static loom::models::llama_config config() {
+    loom::models::llama_config c;
+    c.vocab_size = vocab;
+    c.hidden_size = 128;
+    c.intermediate_size = 256;
+    c.num_hidden_layers = 2;
+    c.num_attention_heads = 4;
+    c.num_key_value_heads = 2;
+    c.head_dim = 32;
+    c.max_position_embeddings = tokens_per_sample;
+    return c;
+  }
+  struct batch {
+    at::Tensor ids;
+  };
+  static batch draw(const at::Generator& gen, std::int64_t size, const at::Device& device) {
+    return {torch::randint(vocab, {size, tokens_per_sample}, gen, torch::kLong).to(device)};
+  }
+  template <class Job>
+  static at::Tensor loss(Job& job, const batch& b) {
+    return loom::models::causal_lm_loss(job.forward(b.ids), b.ids, job.module()->model->sequence);
+  }
+  static std::string_view implementation(std::string_view requested) { return requested; }
+  static std::unique_ptr<torch::optim::Optimizer> optimizer(const std::vector<at::Tensor>& params,
+                                                            std::string_view implementation) {
+    const auto options = torch::optim::AdamWOptions(1e-4);
+    if (implementation == "torch") return std::make_unique<torch::optim::AdamW>(params, options);
+    return std::make_unique<loom::optim::AdamW>(params, options);
+  }
+};
+
 // One rank's figures, in the order they travel in the all-gather.
 struct rank_figures {
   double step_ms_median;
   double state_bytes;
   double rss_peak_mb;
-  double step_ms_max;  // every step, warm-up included
+  double step_ms_max;    // every step, warm-up included
+  double activation_mb;  // the heap a step holds between forward and backward, median over the counted steps
 };
 
 std::vector<rank_figures> gather_figures(const loom::runtime& rt, const rank_figures& mine) {
-  constexpr std::int64_t fields = 4;
+  constexpr std::int64_t fields = 5;
   at::Tensor shard =
-      torch::tensor({mine.step_ms_median, mine.state_bytes, mine.rss_peak_mb, mine.step_ms_max}, torch::kDouble)
+      torch::tensor({mine.step_ms_median, mine.state_bytes, mine.rss_peak_mb, mine.step_ms_max, mine.activation_mb},
+                    torch::kDouble)
           .to(rt.device());
   at::Tensor flat = torch::empty({rt.world_size() * fields}, shard.options());
   rt.comm().all_gather(shard, flat).wait();
@@ -249,7 +307,8 @@ std::vector<rank_figures> gather_figures(const loom::runtime& rt, const rank_fig
   std::vector<rank_figures> all;
   const auto* values = flat.const_data_ptr<double>();
   for (int r = 0; r < rt.world_size(); ++r) {
-    all.push_back({values[r * fields], values[r * fields + 1], values[r * fields + 2], values[r * fields + 3]});
+    all.push_back({values[r * fields], values[r * fields + 1], values[r * fields + 2], values[r * fields + 3],
+                   values[r * fields + 4]});
   }
   return all;
 }
@@ -268,13 +327,14 @@ struct run_result {
   std::int64_t local_batch;
   std::int64_t tokens_per_sample;  // 0: no sequence, no tokens/s
   std::string_view optimizer;      // the implementation that ran
+  int data_ranks;                  // the ranks that read batches of their own (world / k under sequence_parallel)
 };
 
 // Where samples are sequences, their length and the tokens every rank steps through per second of the
 // slowest rank's median step (the anchor's `seq_len` and `tokens_per_s`); nothing otherwise.
-std::string token_fields(const loom::runtime& rt, const run_result& result, double step_ms) {
+std::string token_fields(const run_result& result, double step_ms) {
   if (result.tokens_per_sample == 0) return {};
-  const double tokens = static_cast<double>(rt.world_size() * result.local_batch * result.tokens_per_sample);
+  const double tokens = static_cast<double>(result.data_ranks * result.local_batch * result.tokens_per_sample);
   return fmt::format(", \"seq_len\": {}, \"tokens_per_s\": {:.1f}", result.tokens_per_sample,
                      tokens / (step_ms / 1000.0));
 }
@@ -296,11 +356,12 @@ void print_json(const bench_options& options, const loom::runtime& rt, const run
       "{{\"impl\": \"loom\", \"torch\": \"{}\", \"workload\": \"{}\", \"world\": {}, \"local_batch\": {}, "
       "\"optimizer\": \"{}\", \"steps\": {}, \"step_ms_median\": {:.3f}{}, \"state_mb_per_rank_max\": {:.3f}, "
       "\"rss_peak_mb_max\": {:.1f}, "
-      "\"final_loss\": {:.5f}, \"trainable_params\": {}, \"step_ms_max\": {:.3f}{}}}\n",
+      "\"final_loss\": {:.5f}, \"trainable_params\": {}, \"step_ms_max\": {:.3f}, \"activation_mb_max\": {:.1f}{}}}\n",
       TORCH_VERSION, options.workload, rt.world_size(), result.local_batch, result.optimizer, options.steps, step_ms,
-      token_fields(rt, result, step_ms), max_over_ranks(all, &rank_figures::state_bytes) / (1 << 20),
+      token_fields(result, step_ms), max_over_ranks(all, &rank_figures::state_bytes) / (1 << 20),
       max_over_ranks(all, &rank_figures::rss_peak_mb), result.final_loss, result.trainable_params,
-      max_over_ranks(all, &rank_figures::step_ms_max), device_peak_field(rt));
+      max_over_ranks(all, &rank_figures::step_ms_max), max_over_ranks(all, &rank_figures::activation_mb),
+      device_peak_field(rt));
   std::fflush(stdout);
 }
 
@@ -309,10 +370,11 @@ std::int64_t local_batch(const bench_options& options) {
   return options.batch ? options.batch : Workload::default_batch;
 }
 
-// Every step's batch, warm-up included, drawn before the steps from the anchor's generator.
+// Every step's batch, warm-up included, drawn before the steps from the anchor's generator (one per
+// data-parallel rank: the ranks of a sequence group draw the same).
 template <class Workload, class Job>
 std::vector<typename Workload::batch> draw_batches(const Job& job, const bench_options& options) {
-  const at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(99 + job.rt().rank());
+  const at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(99 + job.data_rank());
   std::vector<typename Workload::batch> batches;
   for (int step = 0; step < options.warmup + options.steps; ++step) {
     batches.push_back(Workload::draw(gen, local_batch<Workload>(options), job.rt().device()));
@@ -339,34 +401,42 @@ run_result train(Job& job, const bench_options& options) {
   const auto batches = draw_batches<Workload>(job, options);
 
   std::vector<double> step_ms;
+  std::vector<double> activation_mb;
   double slowest_ms = 0;
   double final_loss = 0;
-  loom::train(
-      job, *optimizer,
-      {.loss = [&](std::int64_t step, int) { return Workload::loss(job, batches[static_cast<std::size_t>(step - 1)]); },
-       .on_step =
-           [&](const loom::step_report& report) {
-             final_loss = report.rank_loss;  // rank 0's prints, as the anchor's
-             slowest_ms = std::max(slowest_ms, report.step_ms);
-             if (report.step > options.warmup) step_ms.push_back(report.step_ms);
-           }},
-      {.steps = options.warmup + options.steps,
-       .log_every = options.warmup + options.steps,
-       .log_seconds = std::numeric_limits<double>::infinity(),
-       .name = options.workload,
-       .set_to_none = false});
+  loom::train(job, *optimizer,
+              {.loss =
+                   [&](std::int64_t step, int) {
+                     const std::int64_t before = heap_in_use();
+                     at::Tensor loss = Workload::loss(job, batches[static_cast<std::size_t>(step - 1)]);
+                     if (step > options.warmup)
+                       activation_mb.push_back(static_cast<double>(heap_in_use() - before) / (1 << 20));
+                     return loss;
+                   },
+               .on_step =
+                   [&](const loom::step_report& report) {
+                     final_loss = report.rank_loss;  // rank 0's prints, as the anchor's
+                     slowest_ms = std::max(slowest_ms, report.step_ms);
+                     if (report.step > options.warmup) step_ms.push_back(report.step_ms);
+                   }},
+              {.steps = options.warmup + options.steps,
+               .log_every = options.warmup + options.steps,
+               .log_seconds = std::numeric_limits<double>::infinity(),
+               .name = options.workload,
+               .set_to_none = false});
 
   std::int64_t trainable = 0;  // the model's, as the anchor counts them (not this rank's shards)
   for (const at::Tensor& p : torch_module(job.module()).parameters()) trainable += p.requires_grad() ? p.numel() : 0;
   const rank_figures figures{bench::median(step_ms),
                              static_cast<double>(state_bytes(job.local_state_dict(), params, *optimizer)),
-                             peak_rss_mb(), slowest_ms};
+                             peak_rss_mb(), slowest_ms, bench::median(activation_mb)};
   return {figures,
           final_loss,
           trainable,
           local_batch<Workload>(options),
           Workload::tokens_per_sample,
-          Workload::implementation(options.optimizer)};
+          Workload::implementation(options.optimizer),
+          job.data_world_size()};
 }
 
 // The calls loom::train makes for a step, by hand, each timed: forward (the loss), backward, the
@@ -474,6 +544,30 @@ void run_wan_workload(const bench_options& options) {
   throw std::logic_error(fmt::format("workload '{}' has no plan", name));
 }
 
+// The long-* workloads, built here with seeded(1234), fsdp() over every rank, with and without
+// sequence_parallel(k): at 4 ranks, sp2 is 2 sequence × 2 data-parallel ranks, sp4 one group of 4.
+void run_long_workload(const bench_options& options) {
+  const std::string_view name = options.workload;
+  const std::size_t split = name.find("-sp2-") != std::string_view::npos   ? 2
+                            : name.find("-sp4-") != std::string_view::npos ? 4
+                                                                           : 1;
+  const auto stage = loom::sequence_parallel_stage::checked({.size = split});
+  if (name.starts_with("long-wan-")) {
+    loom::models::wan_config config;
+    config.num_attention_heads = 4;
+    config.attention_head_dim = 32;
+    config.text_dim = 128;
+    config.freq_dim = 64;
+    config.ffn_dim = 512;
+    config.num_layers = 2;
+    return run<long_wan_workload>(loom::model<loom::models::Wan>(config) | loom::seeded(1234) | stage | loom::fsdp(),
+                                  options);
+  }
+  return run<long_llama_workload>(
+      loom::model<loom::models::Llama>(long_llama_workload::config()) | loom::seeded(1234) | stage | loom::fsdp(),
+      options);
+}
+
 // Plans are typed, so each workload is its own plan expression.
 void run_workload(const bench_options& options) {
   const auto gpt = loom::model<models::TinyGpt>(gpt_workload::config) | loom::seeded(1234);
@@ -507,6 +601,7 @@ void run_workload(const bench_options& options) {
   // 4 ranks: sharded within pairs (0, 1) and (2, 3), replicated across them (the anchor's 2 × 2 mesh).
   if (name == "gpt-hsdp") return run<gpt_workload>(gpt | loom::fsdp({.shard_group_size = 2}), options);
   if (name.starts_with("wan-")) return run_wan_workload(options);
+  if (name.starts_with("long-")) return run_long_workload(options);
   throw std::logic_error(fmt::format("workload '{}' has no plan", name));  // --workload's check lists them
 }
 

@@ -73,12 +73,15 @@ int run(const options& opts) {
   // Before the model is built: too little data is a sentence, not a wait for the build.
   const loom::launch_env env = loom::parse_launch_env();
   loom::check_world_size(file, env.world_size);
+  // Under sequence_parallel(k) the k ranks of a group read the same batches.
+  const loom::data_parallel_place data =
+      loom::data_parallel(plan.find<loom::sequence_parallel_stage>(), env.rank, env.world_size);
   const std::string knobs = "give a longer token file, a shorter --seq-len or a smaller --batch-size";
-  const text_data::batch_sampler batches(tokens.narrow(0, 0, split), seed, env.rank, env.world_size,
+  const text_data::batch_sampler batches(tokens.narrow(0, 0, split), seed, data.rank, data.world_size,
                                          opts.batch_per_rank, opts.seq_len,
                                          fmt::format("the first nine tenths of --tokens '{}'", opts.tokens), knobs);
-  const text_data::batch_sampler held_out(tokens.narrow(0, split, tokens.numel() - split), seed + 1, env.rank,
-                                          env.world_size, opts.batch_per_rank, opts.seq_len,
+  const text_data::batch_sampler held_out(tokens.narrow(0, split, tokens.numel() - split), seed + 1, data.rank,
+                                          data.world_size, opts.batch_per_rank, opts.seq_len,
                                           fmt::format("the held-out last tenth of --tokens '{}'", opts.tokens), knobs);
 
   auto built = loom::build(plan, loom::runtime::from_env());
@@ -92,9 +95,12 @@ int run(const options& opts) {
         loom::train_options train_options = file.train;
         const double peak = train_options.lr ? train_options.lr->peak : 1e-3;
         loom::optim::AdamW optimizer(job.trainable_parameters(), torch::optim::AdamWOptions(peak).weight_decay(0.0));
-        train_options.tokens_per_micro_batch = opts.batch_per_rank * opts.seq_len;
+        // Each rank's share of a micro-batch's tokens: under sequence_parallel(k), 1/k of its sequences.
+        train_options.tokens_per_micro_batch = opts.batch_per_rank * opts.seq_len * data.world_size / rt.world_size();
         train_options.name = "llama-finetune";
-        const auto loss_of = [&](const at::Tensor& ids) { return loom::models::causal_lm_loss(job.forward(ids), ids); };
+        const auto loss_of = [&](const at::Tensor& ids) {
+          return loom::models::causal_lm_loss(job.forward(ids), ids, job.module()->model->sequence);
+        };
         const loom::train_result result =
             loom::train(job, optimizer,
                         {.loss =

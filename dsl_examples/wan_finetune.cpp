@@ -90,10 +90,14 @@ int run(const options& opts) {
   const std::uint64_t seed = seeded ? seeded->seed() : 0;
   const loom::launch_env env = loom::parse_launch_env();
   loom::check_world_size(file, env.world_size);
-  const latent_clips::sampler batches(std::vector<fs::path>(clips.begin(), split), seed, env.rank, env.world_size,
+  // Under sequence_parallel(k) (FastVideo's sp_size) the k ranks of a group read the same clips and
+  // draw the same noise.
+  const loom::data_parallel_place data =
+      loom::data_parallel(plan.find<loom::sequence_parallel_stage>(), env.rank, env.world_size);
+  const latent_clips::sampler batches(std::vector<fs::path>(clips.begin(), split), seed, data.rank, data.world_size,
                                       opts.batch_per_rank, opts.text_len,
                                       fmt::format("the clips of --data '{}' but its last tenth", opts.data));
-  const latent_clips::sampler held_out(std::vector<fs::path>(split, clips.end()), seed, env.rank, env.world_size, 1,
+  const latent_clips::sampler held_out(std::vector<fs::path>(split, clips.end()), seed, data.rank, data.world_size, 1,
                                        opts.text_len, fmt::format("the last tenth of --data '{}'", opts.data));
   // A base held in bf16 takes bf16 inputs, as FastVideo casts its batch to the training dtype.
   const auto built_in = plan.find<loom::default_dtype_stage>();
@@ -115,8 +119,10 @@ int run(const options& opts) {
         loom::optim::AdamW optimizer(job.trainable_parameters(), torch::optim::AdamWOptions(peak).weight_decay(0.0));
         const auto& [patch_frames, patch_height, patch_width] = model_config.patch_size;
         const at::Tensor& latents = first_clip.latents;  // [C, F, H, W]: the patches of a clip are its tokens
+        // Each rank's share of a micro-batch's tokens: under sequence_parallel(k), 1/k of its clips'.
         train_options.tokens_per_micro_batch = opts.batch_per_rank * (latents.size(1) / patch_frames) *
-                                               (latents.size(2) / patch_height) * (latents.size(3) / patch_width);
+                                               (latents.size(2) / patch_height) * (latents.size(3) / patch_width) *
+                                               data.world_size / rt.world_size();
         train_options.name = "wan-finetune";
         const auto loss_of = [&](const latent_clips::batch& clips_of, at::Generator& draws) {
           const loom::flow_matching_inputs inputs = method.noise(clips_of.latents.to(rt.device(), input_dtype), draws);
@@ -127,7 +133,7 @@ int run(const options& opts) {
             job, optimizer,
             {.loss =
                  [&](std::int64_t step, int micro) {
-                   at::Generator draws = loom::step_generator(seed, step, rt.rank(), micro, rt.device());
+                   at::Generator draws = loom::step_generator(seed, step, data.rank, micro, rt.device());
                    return loss_of(batches.at((step - 1) * train_options.accumulate + micro), draws);
                  },
              // The same noise and levels at every evaluation: step 0, which no training step is, and

@@ -24,10 +24,10 @@
 #include <loom/dsl/plan.hpp>
 #include <loom/dsl/pretrained.hpp>
 #include <loom/dsl/recompute.hpp>
-#include <loom/dsl/sequence_parallel.hpp>
 #include <loom/dsl/rules.hpp>
 #include <loom/dsl/run_plan.hpp>
 #include <loom/dsl/seeded.hpp>
+#include <loom/dsl/sequence_parallel.hpp>
 #include <loom/dsl/stage_kind.hpp>
 #include <loom/dsl/stage_list.hpp>
 #include <loom/dsl/strategies.hpp>

@@ -122,7 +122,7 @@ distributed_stages fastvideo_distributed(const json& distributed, fastvideo_read
                             sp, gpus));
   }
   if (sp != 1) {
-    stages.sequence_parallel = json{{"sequence_parallel", json{{"size", sp}}}};
+    stages.sequence_parallel = json{{"sequence_parallel", json{{"size", static_cast<std::uint64_t>(sp)}}}};
     if (sizes.has("sp_size")) reader.move_lines(distributed_sizes::key_of("sp_size"), "sequence_parallel.size");
   }
   if (const std::int64_t tp = sizes.size("tp_size", 1, true); tp != 1 && tp != -1) {  // FastVideo's -1 is 1

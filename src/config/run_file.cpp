@@ -19,6 +19,7 @@
 #include <fstream>
 #include <functional>
 #include <iterator>
+#include <limits>
 #include <map>
 #include <optional>
 #include <regex>
@@ -719,14 +720,28 @@ run_file read_run_file(const std::filesystem::path& path, std::span<const std::s
   reader file(path);
   json root = file.load();
   file.apply_overrides(root, overrides);
-  return {file.stages(root), file.training(root), file.flow_matching(root), file.ranks(), file.take_notes()};
+  run_file read{file.stages(root), file.training(root), file.flow_matching(root), file.ranks(), {}, file.take_notes()};
+  if (const auto split = read.stages.stages.find<sequence_parallel_stage>(); split && split->settings().size > 1) {
+    const auto size = static_cast<int>(std::min<std::size_t>(split->settings().size, std::numeric_limits<int>::max()));
+    read.sequence_group =
+        ranks_asked{size, file.located("sequence_parallel.size"), file.as_written("sequence_parallel.size")};
+  }
+  return read;
 }
 
 void check_world_size(const run_file& file, int world_size) {
-  if (!file.ranks || file.ranks->ranks == world_size) return;
-  throw_error<run_file_error>("{} asks for {} ranks, but the job has {}: launch {} ranks, or make {} {}",
-                              file.ranks->asked_by, file.ranks->ranks, world_size, file.ranks->ranks, file.ranks->sizes,
-                              world_size);
+  if (file.ranks && file.ranks->ranks != world_size) {
+    throw_error<run_file_error>("{} asks for {} ranks, but the job has {}: launch {} ranks, or make {} {}",
+                                file.ranks->asked_by, file.ranks->ranks, world_size, file.ranks->ranks,
+                                file.ranks->sizes, world_size);
+  }
+  if (file.sequence_group && world_size % file.sequence_group->ranks != 0) {
+    throw_error<run_file_error>(
+        "{}: sequence_parallel splits each sequence over {} ranks, which does not divide the job's {}: launch a "
+        "multiple of {} ranks, or make {} a divisor of {}",
+        file.sequence_group->asked_by, file.sequence_group->ranks, world_size, file.sequence_group->ranks,
+        file.sequence_group->sizes, world_size);
+  }
 }
 
 run_stages read_run_stages(const std::filesystem::path& path, std::span<const std::string> overrides) {

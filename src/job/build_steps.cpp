@@ -5,8 +5,8 @@
 #include <loom/lora/lora.hpp>
 #include <loom/nn/recompute.hpp>
 #include <loom/nn/unit.hpp>
-#include <loom/runtime/sequence_group.hpp>
 #include <loom/replicas/replicas.hpp>
+#include <loom/runtime/sequence_group.hpp>
 
 namespace loom::build_steps {
 

@@ -152,12 +152,12 @@ LlamaAttentionImpl::LlamaAttentionImpl(const llama_config& config)
           "o_proj",
           loom::nn::Linear(torch::nn::LinearOptions(config.num_attention_heads * config.head_dim, config.hidden_size)
                                .bias(config.attention_bias)))),
-      attention(register_module("attention", loom::nn::Attention(loom::nn::attention_options{
-                                                 .heads = config.num_attention_heads,
-                                                 .kv_heads = config.num_key_value_heads,
-                                                 .head_dim = config.head_dim,
-                                                 .causal = true,
-                                                 .scale = std::nullopt}))),
+      attention(register_module("attention",
+                                loom::nn::Attention(loom::nn::attention_options{.heads = config.num_attention_heads,
+                                                                                .kv_heads = config.num_key_value_heads,
+                                                                                .head_dim = config.head_dim,
+                                                                                .causal = true,
+                                                                                .scale = std::nullopt}))),
       heads_(config.num_attention_heads),
       kv_heads_(config.num_key_value_heads),
       head_dim_(config.head_dim) {}

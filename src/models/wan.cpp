@@ -225,8 +225,8 @@ WanAttentionImpl::WanAttentionImpl(std::int64_t dim, std::int64_t heads, double 
       heads_(heads) {
   to_out->push_back(out_proj);
   if (attends == kind::self) {
-    attention = register_module(
-        "attention", loom::nn::Attention(loom::nn::attention_options{.heads = heads, .head_dim = dim / heads, .scale = std::nullopt}));
+    attention = register_module("attention", loom::nn::Attention(loom::nn::attention_options{
+                                                 .heads = heads, .head_dim = dim / heads, .scale = std::nullopt}));
   }
 }
 
@@ -240,9 +240,9 @@ at::Tensor WanAttentionImpl::forward(const at::Tensor& x, const at::Tensor& cont
     k = rotated(k, cos, sin);
   }
   const at::Tensor attended =
-      attention ? attention(q, k, v)
-                : at::scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
-                      .transpose(1, 2);
+      attention
+          ? attention(q, k, v)
+          : at::scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)).transpose(1, 2);
   return out_proj(attended.flatten(2, 3).to(q.scalar_type()));
 }
 

@@ -200,14 +200,13 @@ std::int64_t sequence_split::kv_heads_sent(std::size_t site_index) const {
 
 void sequence_split::declare(std::size_t site_index, exchange what, step_phase phase) {
   const site& s = sites_[site_index];
-  const std::int64_t heads = what == exchange::to_heads ? s.options.heads + 2 * kv_heads_sent(site_index)
-                                                        : s.options.heads;
+  const std::int64_t heads =
+      what == exchange::to_heads ? s.options.heads + 2 * kv_heads_sent(site_index) : s.options.heads;
   schedule_entry entry{
       .op = collective_op::all_to_all,
       .phase = phase,
-      .tensors = {tensor_spec{fmt::format("{} {} per token", s.name, exchange_name(what)),
-                              {heads, s.options.head_dim},
-                              compute_type_}},
+      .tensors = {tensor_spec{
+          fmt::format("{} {} per token", s.name, exchange_name(what)), {heads, s.options.head_dim}, compute_type_}},
       .group = group_->role()};
   declared_.push_back({site_index, what, phase, std::move(entry)});
 }
@@ -245,7 +244,8 @@ void sequence_split::agree_on_length(std::int64_t batch, std::int64_t length, c1
   group_->comm().all_gather(mine, all).wait();
   const at::Tensor shapes = all.cpu().view({k, 2});
   for (int r = 0; r < k; ++r) {
-    const std::int64_t their_batch = shapes[r][0].item<std::int64_t>(), their_length = shapes[r][1].item<std::int64_t>();
+    const std::int64_t their_batch = shapes[r][0].item<std::int64_t>(),
+                       their_length = shapes[r][1].item<std::int64_t>();
     if (their_batch != batch || their_length != length) {
       throw_error<std::invalid_argument>(
           "sequence_parallel({}): the ranks of {} were given other batches: rank {} of the group {} sequences of {}, "

@@ -23,8 +23,8 @@ sequence_group::sequence_group(const runtime& rt, int size)
       [&](std::size_t) { return "sequence groups of " + counted(size, "rank"); },
       [&](const disagreement& d) {
         return error_message(
-            "sequence_parallel: rank 0 asks for {} and rank {} for {}: every rank must build the same plan", d.rank0_item,
-            d.rank, d.other_item);
+            "sequence_parallel: rank 0 asks for {} and rank {} for {}: every rank must build the same plan",
+            d.rank0_item, d.rank, d.other_item);
       });
   if (size < 1 || world_size_ % size != 0) {
     throw_error<std::invalid_argument>(

@@ -252,18 +252,20 @@ TEST_CASE("Llama with sequence_parallel: the unsplit run's losses, gradients and
   CAPTURE(name_of(v), strategy);
   const std::vector<std::string> targets{"q_proj", "v_proj"};
   if (strategy == 0) {
-    check_variant(loom::model<loom::models::Llama>(small_llama()), v, loom::ddp(),
-                  [](auto& job, int step, int data_rank, bool split) { return llama_loss(job, step, data_rank, split); },
-                  targets);
+    check_variant(
+        loom::model<loom::models::Llama>(small_llama()), v, loom::ddp(),
+        [](auto& job, int step, int data_rank, bool split) { return llama_loss(job, step, data_rank, split); },
+        targets);
   } else {
-    check_variant(loom::model<SubclassLlama>(small_llama()), v, loom::fsdp(),
-                  [](auto& job, int step, int data_rank, bool split) {
-                    const at::Tensor ids = token_batch(step, data_rank);
-                    const at::Tensor logits = job.forward(ids);
-                    if (split) return loom::models::causal_lm_loss(logits, labels_of(ids, step), job.module().model->sequence);
-                    return loom::models::causal_lm_loss(logits, labels_of(ids, step));
-                  },
-                  targets);
+    check_variant(
+        loom::model<SubclassLlama>(small_llama()), v, loom::fsdp(),
+        [](auto& job, int step, int data_rank, bool split) {
+          const at::Tensor ids = token_batch(step, data_rank);
+          const at::Tensor logits = job.forward(ids);
+          if (split) return loom::models::causal_lm_loss(logits, labels_of(ids, step), job.module().model->sequence);
+          return loom::models::causal_lm_loss(logits, labels_of(ids, step));
+        },
+        targets);
   }
 }
 
@@ -272,7 +274,9 @@ TEST_CASE("Wan with sequence_parallel: the unsplit run's losses, gradients and s
   const int strategy = GENERATE(0, 1);
   CAPTURE(name_of(v), strategy);
   const std::vector<std::string> targets{"to_q", "to_k", "to_v", "to_out.0"};
-  const auto loss = [](auto& job, int step, int data_rank, bool split) { return wan_loss(job, step, data_rank, split); };
+  const auto loss = [](auto& job, int step, int data_rank, bool split) {
+    return wan_loss(job, step, data_rank, split);
+  };
   if (strategy == 0) {
     check_variant(loom::model<loom::models::Wan>(small_wan()), v, loom::ddp(), loss, targets);
   } else {
@@ -295,11 +299,10 @@ TEST_CASE("sequence_parallel's errors name the fix", "[sequence_parallel]") {
   const int ranks = world().world_size();
   SECTION("a size that does not divide the world") {
     const auto stage = loom::sequence_parallel_stage::checked({.size = static_cast<std::size_t>(ranks + 1)});
-    CHECK_THROWS_WITH(loom::build(loom::model<loom::models::Llama>(small_llama()) | loom::seeded(1) | stage |
-                                      loom::ddp(),
-                                  world()),
-                      ContainsSubstring(fmt::format("sequence_parallel({}) does not divide the world of {} ranks",
-                                                    ranks + 1, ranks)));
+    CHECK_THROWS_WITH(
+        loom::build(loom::model<loom::models::Llama>(small_llama()) | loom::seeded(1) | stage | loom::ddp(), world()),
+        ContainsSubstring(
+            fmt::format("sequence_parallel({}) does not divide the world of {} ranks", ranks + 1, ranks)));
   }
   SECTION("a size that does not divide the heads") {
     loom::models::llama_config config = small_llama();

@@ -8,7 +8,8 @@ random latents: from a YAML run file in FastVideo's layout, LoRA on FastVideo's 
   uninterrupted run writes, byte for byte; the adapter names diffusers' to_out.0, and PEFT loads it
   onto diffusers' model;
 - at 4 ranks, hsdp_replicate_dim 2 × hsdp_shard_dim 2 is fsdp's hybrid sharding in groups of 2;
-- sp_size: 2 and sizes whose product is not the world's are refused in one sentence, before the build.
+- sp_size: 2 at 2 ranks is sequence_parallel(2) and trains; an sp_size that does not divide num_gpus and
+  sizes whose product is not the world's are refused in one sentence, before the build.
 
     wan_finetune_check.py LOOM_RUN WAN_FINETUNE SOURCE_DIR
 """
@@ -142,9 +143,21 @@ def main() -> int:
             failures.append(f"hsdp_replicate_dim 2 × hsdp_shard_dim 2 did not train at 4 ranks: "
                             f"{done.stdout[-1500:]}{done.stderr[-1500:]}")
 
+        split = root / "sp"
+        done = subprocess.run(command(2, 1, 2, split, sp=2), capture_output=True, text=True)
+        split_train = losses(split, "loss") if done.returncode == 0 else []
+        if (done.returncode != 0 or "sequence_parallel(size=2)" not in done.stdout
+                or "sequence parallel: 2 ranks a sequence" not in done.stdout or not (split / "adapter").is_dir()
+                or sum(split_train[-4:]) >= sum(split_train[:4])):
+            failures.append(f"sp_size: 2 did not train at 2 ranks, its loss falling: {split_train} "
+                            f"{done.stdout[-1500:]}{done.stderr[-1500:]}")
+        else:
+            print(f"sp_size 2 at 2 ranks: loss {split_train[0]:.3f} -> {split_train[-1]:.3f}")
+
         refusals = {
-            "sequence parallelism": (command(2, 1, 2, root / "sp", sp=2),
-                                     "training.distributed.sp_size: is 2, but loom has no sequence parallelism yet"),
+            "a group that does not divide the world": (
+                command(3, 1, 3, root / "sp3", sp=2),
+                "training.distributed.sp_size: is 2, which does not divide num_gpus 3"),
             "the world's size": (command(2, 2, 2, root / "sizes"),
                                  "training.distributed: hsdp_replicate_dim 2 × hsdp_shard_dim 2 asks for 4 ranks, but "
                                  "the job has 2: launch 4 ranks, or make hsdp_replicate_dim × hsdp_shard_dim 2"),

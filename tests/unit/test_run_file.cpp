@@ -123,8 +123,9 @@ TEST_CASE("a plan from a file describes itself as the typed plan does", "[run_fi
 TEST_CASE("an override that adds a stage puts it where the rules want it", "[run_file]") {
   const fs::path file = source / "tests" / "run_files" / "tiny_gpt_lora_fsdp.json";
   // Each alone, and all of them: every stage a run file can add, given after a file with a strategy.
-  const std::vector<std::string> added{R"(mixed_precision={"param": "bf16"})", "recompute={}", "default_dtype=fp32",
-                                       "pretrained=weights/", "seeded=3"};
+  const std::vector<std::string> added{
+      R"(mixed_precision={"param": "bf16"})", "recompute={}", "default_dtype=fp32", "pretrained=weights/", "seeded=3",
+      R"(sequence_parallel={"size": 2})"};
   for (const std::string& override : added) {
     CAPTURE(override);
     CHECK_NOTHROW((void)loom::read_run_stages(file, std::vector<std::string>{override}));
@@ -133,7 +134,7 @@ TEST_CASE("an override that adds a stage puts it where the rules want it", "[run
   std::vector<std::string> order;
   for (const loom::stage_kind kind : all.kinds) order.emplace_back(loom::name_of(kind));
   CHECK(order == std::vector<std::string>{"seeded", "default_dtype", "pretrained", "mixed_precision", "recompute",
-                                          "lora", "trainable", "fsdp"});
+                                          "sequence_parallel", "lora", "trainable", "fsdp"});
   const auto typed = loom::model<models::TinyGpt>(small) | loom::seeded(7) |
                      loom::mixed_precision({.param = loom::bf16}) | loom::recompute() |
                      loom::lora(4, {"q_proj", "v_proj"}, {.alpha = 8}) | loom::trainable({"head"}) |
@@ -166,9 +167,10 @@ TEST_CASE("a run file's own mistakes name the file, the key and the accepted for
   CHECK_THROWS_WITH(read("option", R"({"plan": [{"strategy": {"name": "fsdp", "bucket_cap": 5}}]})"),
                     ContainsSubstring("strategy.bucket_cap: unknown key; fsdp takes name, reshard_after_forward, "
                                       "bucket_cap_mb"));
-  CHECK_THROWS_WITH(read("stage", R"({"plan": [{"dropout": 0.1}]})"),
-                    ContainsSubstring("unknown stage 'dropout'; the stages after the model are seeded, default_dtype, "
-                                      "pretrained, mixed_precision, recompute, lora, trainable, strategy"));
+  CHECK_THROWS_WITH(
+      read("stage", R"({"plan": [{"dropout": 0.1}]})"),
+      ContainsSubstring("unknown stage 'dropout'; the stages after the model are seeded, default_dtype, "
+                        "pretrained, mixed_precision, recompute, sequence_parallel, lora, trainable, strategy"));
   CHECK_THROWS_WITH(read("top", R"({"plan": [], "steps": 3})"), ContainsSubstring("steps: unknown key"));
   CHECK_THROWS_WITH(read("json", "{\"plan\": [\n  {\"seeded\": }\n]}"),
                     ContainsSubstring("it is not JSON") && ContainsSubstring("line 2"));
@@ -263,9 +265,13 @@ TEST_CASE("a YAML run file's overrides in FastVideo's spelling are set where the
   CHECK(overridden.train.steps == 40);
   CHECK(overridden.train.log_every == 4);
   // Checked as the file's own keys are, and named as given.
-  CHECK_THROWS_WITH(loom::read_run_file(file, std::vector<std::string>{"training.distributed.sp_size=2"}),
-                    ContainsSubstring("the override training.distributed.sp_size=2 (over run file '") &&
-                        ContainsSubstring("training.distributed.sp_size: is 2, but loom has no sequence parallelism"));
+  CHECK(loom::read_run_file(file, std::vector<std::string>{"training.distributed.sp_size=2"})
+            .stages.stages.find<loom::sequence_parallel_stage>()
+            ->settings()
+            .size == 2);
+  CHECK_THROWS_WITH(loom::read_run_file(file, std::vector<std::string>{"training.distributed.sp_size=0"}),
+                    ContainsSubstring("the override training.distributed.sp_size=0 (over run file '") &&
+                        ContainsSubstring("training.distributed.sp_size: give a whole number of GPUs, or -1"));
   CHECK_THROWS_WITH(loom::read_run_file(file, std::vector<std::string>{"training.stepz=3"}),
                     ContainsSubstring("the override training.stepz=3 (over run file '") &&
                         ContainsSubstring("training.stepz: unknown key"));
@@ -378,13 +384,28 @@ TEST_CASE("FastVideo's training.distributed: hybrid sharding as fsdp's shard_gro
     CHECK(shard_group_size(read("every", "    hsdp_shard_dim: -1\n")) == 0);
     CHECK_NOTHROW(loom::check_world_size(read("plain", "    strategy: fsdp\n"), 7));
   }
+  SECTION("sp_size is sequence_parallel, before the strategy; without it, num_gpus, as FastVideo reads it") {
+    const auto split_size = [](const loom::run_file& file) {
+      const auto stage = file.stages.stages.find<loom::sequence_parallel_stage>();
+      return stage ? stage->settings().size : std::size_t{1};
+    };
+    const loom::run_file sp = read("sp", "    strategy: fsdp\n    sp_size: 2\n");
+    CHECK(split_size(sp) == 2);
+    std::vector<std::string> order;
+    for (const loom::stage_kind kind : sp.stages.kinds) order.emplace_back(loom::name_of(kind));
+    CHECK(order == std::vector<std::string>{"sequence_parallel", "fsdp"});
+    CHECK_NOTHROW(loom::check_world_size(sp, 4));
+    CHECK_THROWS_WITH(loom::check_world_size(sp, 3),
+                      ContainsSubstring("sp.yaml', line 4: training.distributed.sp_size: sequence_parallel splits each "
+                                        "sequence over 2 ranks, which does not divide the job's 3: launch a multiple "
+                                        "of 2 ranks, or make training.distributed.sp_size a divisor of 3"));
+    CHECK(split_size(read("sp-default", "    num_gpus: 4\n")) == 4);
+    CHECK(split_size(read("sp-every", "    num_gpus: 2\n    sp_size: -1\n")) == 2);
+    CHECK(split_size(read("sp-one", "    num_gpus: 2\n    sp_size: 1\n")) == 1);
+    CHECK_THROWS_WITH(read("sp-odd", "    num_gpus: 4\n    sp_size: 3\n"),
+                      ContainsSubstring("training.distributed.sp_size: is 3, which does not divide num_gpus 4"));
+  }
   SECTION("what loom does not have yet, and sizes that disagree, in one sentence naming the key") {
-    CHECK_THROWS_WITH(read("sp", "    sp_size: 2\n"),
-                      ContainsSubstring(", line 3: training.distributed.sp_size: is 2, but loom has no sequence "
-                                        "parallelism yet: set sp_size: 1"));
-    CHECK_THROWS_WITH(read("sp-default", "    num_gpus: 4\n"),
-                      ContainsSubstring("training.distributed.num_gpus: is 4 without sp_size, which FastVideo then "
-                                        "takes to be 4 (sequence parallelism)"));
     CHECK_THROWS_WITH(read("tp", "    tp_size: 2\n"),
                       ContainsSubstring("training.distributed.tp_size: is 2, but loom has no tensor parallelism yet"));
     CHECK_THROWS_WITH(read("product",
@@ -580,6 +601,29 @@ TEST_CASE("recompute is read from run files, with overrides", "[run_file]") {
       ContainsSubstring("recompute: give {\"every\": 1} to recompute every unit, or k for every k-th one"));
   CHECK_THROWS_WITH(loom::read_run_stages(written("recompute-key", R"({"plan": [{"recompute": {"mode": "full"}}]})")),
                     ContainsSubstring("recompute.mode: unknown key; recompute takes every"));
+}
+
+TEST_CASE("sequence_parallel is read from run files, checked by R20 and against the job's ranks", "[run_file]") {
+  const fs::path file = written("sequence-parallel", R"({"plan": [{"seeded": 1}, {"sequence_parallel": {"size": 2}},
+      {"strategy": "ddp"}]})");
+  const auto typed = loom::model<models::TinyGpt>(small) | loom::seeded(1) | loom::sequence_parallel(4) | loom::ddp();
+  CHECK(loom::plan_from_file(loom::model<models::TinyGpt>(small), file,
+                             std::vector<std::string>{"sequence_parallel.size=4"})
+            .describe() == typed.describe());
+  const fs::path toml =
+      written("sequence-parallel", "plan = [\n  { sequence_parallel = { size = 3 } },\n  { strategy = \"fsdp\" },\n]\n",
+              ".toml");
+  const loom::run_file read = loom::read_run_file(toml);
+  CHECK(read.stages.stages.find<loom::sequence_parallel_stage>()->settings().size == 3);
+  CHECK_NOTHROW(loom::check_world_size(read, 6));
+  CHECK_THROWS_WITH(loom::check_world_size(read, 4),
+                    ContainsSubstring("sequence-parallel.toml', line 2: sequence_parallel.size: sequence_parallel "
+                                      "splits each sequence over 3 ranks, which does not divide the job's 4"));
+  CHECK_THROWS_WITH(
+      loom::read_run_stages(written("sequence-parallel-zero", R"({"plan": [{"sequence_parallel": {"size": 0}}]})")),
+      ContainsSubstring("loom R20: sequence_parallel size is 0"));
+  CHECK_THROWS_WITH(loom::read_run_stages(written("sequence-parallel-int", R"({"plan": [{"sequence_parallel": 2}]})")),
+                    ContainsSubstring("sequence_parallel: give {\"size\": 2} to split each sequence across 2 ranks"));
 }
 
 TEST_CASE("pretrained is read from run files; an empty path is R19's sentence", "[run_file]") {

@@ -52,13 +52,17 @@ struct run_file {
   // The ranks the file is written for, when it says (FastVideo's hsdp_replicate_dim × hsdp_shard_dim,
   // or num_gpus): check_world_size compares them with the job's.
   std::optional<ranks_asked> ranks;
+  // sequence_parallel's group size, k > 1, which the job's ranks must be a multiple of (`sizes`
+  // names its key): check_world_size checks it.
+  std::optional<ranks_asked> sequence_group;
   // What the reader accepted but a user should hear about once (a FastVideo LoRA block with enable:
   // false), for the program to print on one rank.
   std::vector<std::string> notes;
 };
 
-// Throws run_file_error when the file is written for another number of ranks than `world_size`, in
-// one sentence naming the keys that say so; a program calls it once it knows the world's size
+// Throws run_file_error when the file is written for another number of ranks than `world_size`, or
+// splits each sequence over a group of ranks that does not divide it, in one sentence naming the keys
+// that say so; a program calls it once it knows the world's size
 // (loom::parse_launch_env()), before it builds anything.
 void check_world_size(const run_file& file, int world_size);
 

@@ -263,10 +263,10 @@
   X(r19_pretrained_after_strategy,                                                                             \
     "loom R19: pretrained(...) comes after the strategy: put it before the strategy (the strategy shards or "  \
     "replicates the weights it finds when it wraps the model)")                                                \
-  X(r19_empty_path, "loom R19: pretrained path is empty: give the checkpoint's folder or .safetensors file")    \
+  X(r19_empty_path, "loom R19: pretrained path is empty: give the checkpoint's folder or .safetensors file")   \
   /* R20: sequence_parallel: once, before the strategy, k >= 1. */                                             \
   X(r20_two_sequence_parallels,                                                                                \
-    "loom R20: the plan has two sequence_parallel(...) stages: keep one (one group size splits every "        \
+    "loom R20: the plan has two sequence_parallel(...) stages: keep one (one group size splits every "         \
     "sequence)")                                                                                               \
   X(r20_sequence_parallel_after_strategy,                                                                      \
     "loom R20: sequence_parallel(...) comes after the strategy: put it before the strategy (the strategy "     \

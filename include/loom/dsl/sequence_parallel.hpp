@@ -12,6 +12,7 @@
 #include <loom/dsl/stage_kind.hpp>
 
 #include <cstddef>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <tuple>
@@ -46,6 +47,20 @@ class sequence_parallel_stage : public detail::pipeable {
 
   sequence_parallel_options settings_;
 };
+
+// Which batches a rank reads, known before the build: the ranks of one sequence group read the same
+// ones, so under sequence_parallel(k) rank r is data-parallel rank r / k of world / k (the job says
+// the same, job.data_rank()); without the stage, the rank of the world.
+struct data_parallel_place {
+  int rank = 0;
+  int world_size = 1;
+};
+constexpr data_parallel_place data_parallel(const std::optional<sequence_parallel_stage>& stage, int rank,
+                                            int world_size) noexcept {
+  const int size = stage ? static_cast<int>(stage->settings().size) : 1;
+  if (size < 1 || world_size % size != 0) return {rank, world_size};  // the build names that
+  return {rank / size, world_size / size};
+}
 
 // Constant arguments, checked while compiling: sequence_parallel(2) splits each sequence over two
 // ranks. With a run-time value use sequence_parallel_stage::checked.

@@ -60,8 +60,7 @@ enum class deferral { stands, nothing_deferred, construct_whole };
 // sequence_parallel(k)'s split, joined to every loom::nn::Attention and loom::nn::Sequence of the
 // model; none without the stage or with k = 1. Throws, naming the fix, when k does not divide the
 // world size or an attention's heads, or the model has no Attention or no Sequence to split around.
-[[nodiscard]] std::shared_ptr<nn::sequence_split> split_sequences(torch::nn::Module& model,
-                                                                  std::string_view model_name,
+[[nodiscard]] std::shared_ptr<nn::sequence_split> split_sequences(torch::nn::Module& model, std::string_view model_name,
                                                                   const stage_list& stages, const runtime& rt,
                                                                   const dtypes& types,
                                                                   const std::vector<std::string>& recomputed_units);

@@ -161,15 +161,15 @@ struct model_identity {
 // What build() decided from the plan's stages before the strategy: the dtypes the model is built
 // in and computes in (loom/precision), and the units that recompute (loom/nn/recompute.hpp).
 struct build_decisions {
-  std::optional<dtype> built_in;                      // default_dtype(...), if any
-  std::size_t trainable_held_in_fp32 = 0;             // parameters built narrower that train, held in fp32
-  std::optional<precision_policy> policy;             // mixed_precision(...), if any
-  std::vector<std::string> recomputed_units;          // recompute(...)'s choice, by name; empty without it
-  std::shared_ptr<pretrained_checkpoint> pretrained;  // pretrained(...)'s checkpoint, if any, checked
-  bool pretrained_read = false;                       // copied in already (else after the setup)
-  std::shared_ptr<nn::deferred_init> deferred;        // the records of a construction without bytes
-  std::string constructed_whole;                      // why an engine that could not have it so
-  std::shared_ptr<nn::sequence_split> sequence_split; // sequence_parallel(k)'s, k > 1; none otherwise
+  std::optional<dtype> built_in;                       // default_dtype(...), if any
+  std::size_t trainable_held_in_fp32 = 0;              // parameters built narrower that train, held in fp32
+  std::optional<precision_policy> policy;              // mixed_precision(...), if any
+  std::vector<std::string> recomputed_units;           // recompute(...)'s choice, by name; empty without it
+  std::shared_ptr<pretrained_checkpoint> pretrained;   // pretrained(...)'s checkpoint, if any, checked
+  bool pretrained_read = false;                        // copied in already (else after the setup)
+  std::shared_ptr<nn::deferred_init> deferred;         // the records of a construction without bytes
+  std::string constructed_whole;                       // why an engine that could not have it so
+  std::shared_ptr<nn::sequence_split> sequence_split;  // sequence_parallel(k)'s, k > 1; none otherwise
   std::string plan_state;  // the plan's describe_state(): what a checkpoint of the job must have been saved by
   model_identity identity;
 };
