@@ -53,9 +53,9 @@ job_core::job_core(runtime rt, std::shared_ptr<torch::nn::Module> module, std::s
     const sequence_group& group = sequence_split_->group();
     context_->note(fmt::format(
         "sequence parallel: {} a sequence (this rank's group {}: ranks {}), each keeping 1/{} of its tokens; {} "
-        "reading their own batches",
+        "in all, each reading its own batches",
         counted(group.size(), "rank"), group.name(), fmt::join(group.ranks(), ", "), group.size(),
-        counted(group.data_world_size(), "data-parallel rank")));
+        counted(group.data_world_size(), "group")));
   }
   if (!decided.recomputed_units.empty()) {
     context_->note(fmt::format("recompute: {} in backward: {}",
@@ -302,9 +302,11 @@ std::string job_core::describe() const {
   if (!built_text_.empty()) text += "build: " + built_text_ + '\n';
   for (const std::string& line : context_->notes()) text += "build: " + line + '\n';
   const collective_schedule& schedule = context_->schedule();
-  text += fmt::format("build: schedule {} a step, {} bytes, fingerprint {:016x}\n",
-                      counted(static_cast<std::int64_t>(schedule.entries().size()), "collective"),
-                      schedule.bytes_per_step(), schedule.fingerprint());
+  const std::int64_t per_token = schedule.bytes_per_token();
+  text += fmt::format(
+      "build: schedule {} a step, {} bytes{}, fingerprint {:016x}\n",
+      counted(static_cast<std::int64_t>(schedule.entries().size()), "collective"), schedule.bytes_per_step(),
+      per_token > 0 ? fmt::format(" and {} bytes a token of the sequence", per_token) : "", schedule.fingerprint());
   return text;
 }
 

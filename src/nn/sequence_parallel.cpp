@@ -206,8 +206,9 @@ void sequence_split::declare(std::size_t site_index, exchange what, step_phase p
       .op = collective_op::all_to_all,
       .phase = phase,
       .tensors = {tensor_spec{
-          fmt::format("{} {} per token", s.name, exchange_name(what)), {heads, s.options.head_dim}, compute_type_}},
-      .group = group_->role()};
+          fmt::format("{} {}", s.name, exchange_name(what)), {heads, s.options.head_dim}, compute_type_}},
+      .group = group_->role(),
+      .per_token = true};
   declared_.push_back({site_index, what, phase, std::move(entry)});
 }
 

@@ -68,15 +68,21 @@ std::int64_t schedule_entry::bytes() const noexcept {
 std::string schedule_entry::to_string() const {
   std::vector<std::string> specs;
   for (const tensor_spec& t : tensors) specs.push_back(t.to_string());
-  return fmt::format("{} {} {} {} B [{}]", loom::to_string(op), loom::to_string(phase), group, bytes(),
-                     fmt::join(specs, ", "));
+  return fmt::format("{} {} {} {} B{} [{}]", loom::to_string(op), loom::to_string(phase), group, bytes(),
+                     per_token ? "/token" : "", fmt::join(specs, ", "));
 }
 
 void collective_schedule::add(schedule_entry entry) { entries_.push_back(std::move(entry)); }
 
 std::int64_t collective_schedule::bytes_per_step() const noexcept {
   std::int64_t total = 0;
-  for (const schedule_entry& e : entries_) total += e.bytes();
+  for (const schedule_entry& e : entries_) total += e.per_token ? 0 : e.bytes();
+  return total;
+}
+
+std::int64_t collective_schedule::bytes_per_token() const noexcept {
+  std::int64_t total = 0;
+  for (const schedule_entry& e : entries_) total += e.per_token ? e.bytes() : 0;
   return total;
 }
 
@@ -89,8 +95,10 @@ std::string collective_schedule::entry_lines() const {
 }
 
 std::string collective_schedule::to_string() const {
-  std::string text = fmt::format("collective schedule: {} collectives a step, {} B, fingerprint {:016x}\n",
-                                 entries_.size(), bytes_per_step(), fingerprint());
+  const std::int64_t per_token = bytes_per_token();
+  std::string text = fmt::format(
+      "collective schedule: {} collectives a step, {} B{}, fingerprint {:016x}\n", entries_.size(), bytes_per_step(),
+      per_token > 0 ? fmt::format(" and {} B a token of the sequence", per_token) : "", fingerprint());
   for (std::size_t i = 0; i < entries_.size(); ++i) text += fmt::format("  #{} {}\n", i, entries_[i].to_string());
   return text;
 }

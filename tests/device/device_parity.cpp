@@ -1,12 +1,13 @@
 // The same plan on any device and process group gives the same model. Usage (under loom-run):
 //   device-parity {ddp|fsdp|fsdp-eval|recompute-ddp|recompute-fsdp|lora-fsdp|bf16-ddp|bf16-fsdp|lora-bf16-fsdp|
-//                  hsdp|wan-fsdp|wan-lora-fsdp|wan-lora-bf16-fsdp} OUT.safetensors STEPS
+//                  hsdp|wan-fsdp|wan-lora-fsdp|wan-lora-bf16-fsdp|wan-sp-fsdp} OUT.safetensors STEPS
 // trains a small TinyGpt with loom::train (loom::optim::AdamW, ATen's fused kernel on the device;
 // clipping; no run folder; fsdp-eval: fsdp() with an evaluation every 2 steps, a forward with no
 // backward; hsdp: hybrid sharding in groups of 2 ranks; recompute-*: every block recomputed in
 // backward; bf16-*: under mixed_precision(), the lora one over a base built in bf16; wan-*: a small
-// loom::models::Wan by flow matching, LoRA on FastVideo's targets) on the runtime's device
-// (LOOM_DEVICE, LOOM_BACKEND), each rank on its own batches drawn on the CPU by (step, rank), and
+// loom::models::Wan by flow matching, LoRA on FastVideo's targets; wan-sp-fsdp: each clip split
+// across sequence groups of 2 ranks) on the runtime's device (LOOM_DEVICE, LOOM_BACKEND), each
+// data-parallel rank on its own batches drawn on the CPU by (step, job.data_rank()), and
 // rank 0 writes the whole model (gathered under fsdp()) to OUT; on CUDA each rank prints its peak
 // allocated memory. parity.py compares two such files: CUDA against CPU
 // (scripts/gpu-check), one launched rank with its own process group against a plain single process
@@ -72,6 +73,7 @@ void run(const Plan& plan, Loss batch_loss, const std::filesystem::path& out, st
   const loom::runtime& rt = job.rt();
   loom::optim::AdamW optimizer(job.trainable_parameters(), torch::optim::AdamWOptions(1e-2));
   const auto rank = static_cast<std::uint64_t>(rt.rank());
+  const auto data_rank = static_cast<std::uint64_t>(job.data_rank());
   const auto loss = [&](std::uint64_t seed) {
     at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(seed);
     return batch_loss(job, gen);
@@ -80,9 +82,9 @@ void run(const Plan& plan, Loss batch_loss, const std::filesystem::path& out, st
       job, optimizer,
       {.loss =
            [&](std::int64_t step, int micro) {
-             return loss(1000 * static_cast<std::uint64_t>(step) + 10 * rank + static_cast<std::uint64_t>(micro));
+             return loss(1000 * static_cast<std::uint64_t>(step) + 10 * data_rank + static_cast<std::uint64_t>(micro));
            },
-       .eval_loss = [&] { return loss(7 + rank); }},
+       .eval_loss = [&] { return loss(7 + data_rank); }},
       {.steps = steps, .accumulate = 2, .clip_norm = 0.5, .eval_every = eval_every, .log_every = steps});
   if (rank == 0) fmt::print("{}final loss {:.6f}\n", job.describe(), result.last_loss);
   if (rt.device().is_cuda()) {
@@ -103,7 +105,7 @@ int main(int argc, char** argv) {
     fmt::print(stderr,
                "usage: device-parity "
                "{{ddp|fsdp|fsdp-eval|recompute-ddp|recompute-fsdp|lora-fsdp|bf16-ddp|bf16-fsdp|lora-bf16-fsdp|hsdp|"
-               "wan-fsdp|wan-lora-fsdp|wan-lora-bf16-fsdp}} OUT.safetensors STEPS\n");
+               "wan-fsdp|wan-lora-fsdp|wan-lora-bf16-fsdp|wan-sp-fsdp}} OUT.safetensors STEPS\n");
     return 2;
   }
   const std::string_view strategy = argv[1];
@@ -144,6 +146,8 @@ int main(int argc, char** argv) {
     } else if (strategy == "wan-lora-bf16-fsdp") {
       run(wan | loom::default_dtype(loom::bf16) | wan_adapters | loom::mixed_precision() | loom::fsdp(), flow, out,
           steps);
+    } else if (strategy == "wan-sp-fsdp") {
+      run(wan | loom::sequence_parallel(2) | loom::fsdp(), flow, out, steps);
     } else {
       fmt::print(stderr, "device-parity: unknown strategy '{}'\n", strategy);
       return 2;

@@ -122,8 +122,10 @@ at::Tensor parameters(Job& job) {
 // reference: every loss and every gradient of this rank's trainable parameters (its shards under
 // fsdp) within `tolerance` of the unsplit job's, and the parameters at the end. With one (bf16,
 // whose rounding differs with the order of each sum): the split job's gradients and final
-// parameters no further from the fp32 reference's than twice the unsplit job's distance from them,
-// and its loss within one bf16 rounding of the unsplit job's.
+// parameters no further from the fp32 reference's than 4 times the unsplit job's distance from them
+// (two bf16 runs' distances from fp32 differ by up to about 2.5 times, measured over these steps
+// and ranks; a split that lost or doubled a part misses by tens of times), and its loss within one
+// bf16 rounding of the unsplit job's.
 template <class Split, class Whole, class Reference, class Loss>
 void check_same_training(Split& split, Whole& whole, Reference& reference, const Loss& loss_of, double tolerance,
                          int steps = 10) {
@@ -149,7 +151,7 @@ void check_same_training(Split& split, Whole& whole, Reference& reference, const
       // One scalar: within one bf16 rounding (2^-8) of the unsplit run's.
       CHECK(difference(split_loss.detach(), whole_loss.detach()) <= 1.0 / 256);
       const at::Tensor fp32 = gradients(reference);
-      CHECK(difference(gradients(split), fp32) <= 2 * difference(gradients(whole), fp32) + tolerance);
+      CHECK(difference(gradients(split), fp32) <= 4 * difference(gradients(whole), fp32) + tolerance);
     } else {
       CHECK(difference(split_loss.detach(), whole_loss.detach()) <= tolerance);
       const std::vector<at::Tensor> a = split.trainable_parameters();
@@ -172,7 +174,7 @@ void check_same_training(Split& split, Whole& whole, Reference& reference, const
   }
   if constexpr (has_reference) {
     const at::Tensor fp32 = parameters(reference);
-    CHECK(difference(parameters(split), fp32) <= 2 * difference(parameters(whole), fp32) + tolerance);
+    CHECK(difference(parameters(split), fp32) <= 4 * difference(parameters(whole), fp32) + tolerance);
   } else {
     CHECK(difference(parameters(split), parameters(whole)) <= 10 * tolerance);
   }
@@ -321,4 +323,35 @@ TEST_CASE("sequence_parallel's errors name the fix", "[sequence_parallel]") {
     CHECK_THROWS_WITH(loom::build(loom::model<Plain>() | loom::seeded(1) | stage | loom::ddp(), world()),
                       ContainsSubstring("has no loom::nn::Attention"));
   }
+}
+
+namespace {
+
+// A model with an Attention but no Sequence: nothing splits its input.
+struct AttentionOnly : torch::nn::Module {
+  AttentionOnly()
+      : attention(register_module("attention", loom::nn::Attention(loom::nn::attention_options{
+                                                   .heads = 6, .head_dim = 4, .scale = std::nullopt}))) {}
+  at::Tensor forward(const at::Tensor& q) { return attention(q, q, q); }
+  loom::nn::Attention attention;
+};
+
+}  // namespace
+
+TEST_CASE("sequence_parallel refuses a model with nowhere to split its input", "[sequence_parallel]") {
+  const auto stage = loom::sequence_parallel_stage::checked({.size = static_cast<std::size_t>(group_size())});
+  CHECK_THROWS_WITH(loom::build(loom::model<AttentionOnly>() | loom::seeded(1) | stage | loom::ddp(), world()),
+                    ContainsSubstring("has no loom::nn::Sequence, which splits its input: register one"));
+}
+
+// Last: a failed forward ends the job on every rank.
+TEST_CASE("a sequence the group cannot split evenly is refused on every rank, naming the fix", "[sequence_parallel]") {
+  const auto stage = loom::sequence_parallel_stage::checked({.size = static_cast<std::size_t>(group_size())});
+  auto job =
+      loom::build(loom::model<loom::models::Llama>(small_llama()) | loom::seeded(1) | stage | loom::fsdp(), world());
+  const at::Tensor ids = torch::zeros({2, 12 * group_size() + 1}, torch::kLong);
+  CHECK_THROWS_WITH(job.forward(ids),
+                    ContainsSubstring(fmt::format("the sequence has {} tokens, which {} ranks cannot split evenly: "
+                                                  "give sequences whose length is a multiple of {}",
+                                                  12 * group_size() + 1, group_size(), group_size())));
 }

@@ -27,9 +27,13 @@ struct schedule_entry {
   step_phase phase;
   std::vector<tensor_spec> tensors;  // communicated as one flat buffer, in this order
   std::string group = "world";
+  // The tensors are one token's (sequence parallelism's all-to-alls): a step sends bytes() times the
+  // tokens of the rank's part of its batch.
+  bool per_token = false;
 
   [[nodiscard]] std::int64_t bytes() const noexcept;
-  // One line: "all_reduce backward world 1.25 MiB [head.bias f32[128], head.weight f32[128,256]]".
+  // One line: "all_reduce backward world 1310720 B [head.bias f32[128], head.weight f32[128,256]]",
+  // or "... 1536 B/token [...]" per token.
   [[nodiscard]] std::string to_string() const;
 };
 
@@ -38,7 +42,9 @@ class collective_schedule {
   void add(schedule_entry entry);
   [[nodiscard]] std::span<const schedule_entry> entries() const noexcept { return entries_; }
   [[nodiscard]] bool empty() const noexcept { return entries_.empty(); }
+  // The bytes of the entries whose size is fixed, and the bytes per token of those per token.
   [[nodiscard]] std::int64_t bytes_per_step() const noexcept;
+  [[nodiscard]] std::int64_t bytes_per_token() const noexcept;
 
   // FNV-1a over every entry's line, in order.
   [[nodiscard]] std::uint64_t fingerprint() const;
