@@ -1,13 +1,15 @@
 // sequence_parallel(k) across real processes, at 2, 3 and 4 ranks: Llama (both model forms) and Wan
-// under ddp() and fsdp(), with LoRA, recompute and bf16, against the same plan without the stage on
-// the same ranks reading the same batches: every step's loss and every gradient within fp32
-// rounding (bf16's bound under mixed precision), ten steps ending in the same state; the schedule's
-// all-to-alls; and the errors a user meets.
+// under ddp(), fsdp() and (at 4 ranks) hybrid sharding, with LoRA, recompute and bf16, against the same plan without
+// the stage on the same ranks reading the same batches: every step's loss and every gradient within fp32 rounding
+// (bf16's bound under mixed precision), ten steps ending in the same state; the schedule's all-to-alls; and the errors
+// a user meets.
 #include "world.hpp"
 
 #include <loom/loom.hpp>
 #include <loom/models/llama.hpp>
 #include <loom/models/wan.hpp>
+#include <loom/nn/sequence_parallel.hpp>
+#include <loom/runtime/sequence_group.hpp>
 
 #include <torch/torch.h>
 
@@ -17,6 +19,7 @@
 
 #include <fmt/format.h>
 
+#include <memory>
 #include <optional>
 #include <string>
 #include <type_traits>
@@ -29,6 +32,11 @@ namespace {
 
 // k: the whole world at 2 and 3 ranks, and 2 sequence × 2 data-parallel ranks at 4.
 int group_size() { return world().world_size() == 4 ? 2 : world().world_size(); }
+
+// Hybrid sharding at 4 ranks: shards across {0, 1} and {2, 3}, replicas across {0, 2} and {1, 3},
+// so the shard groups are the sequence groups and the replicas cross them.
+bool hybrid_world() { return world().world_size() == 4; }
+loom::fsdp_stage hybrid() { return loom::fsdp({.shard_group_size = 2}); }
 
 loom::models::llama_config small_llama() {
   loom::models::llama_config config;
@@ -250,10 +258,16 @@ void check_variant(const ModelStage& model_stage, variant v, const Strategy& str
 TEST_CASE("Llama with sequence_parallel: the unsplit run's losses, gradients and state", "[sequence_parallel]") {
   REQUIRE(world().world_size() >= 2);
   const variant v = GENERATE(variant::plain, variant::lora, variant::recompute, variant::bf16);
-  const int strategy = GENERATE(0, 1);
+  const int strategy = GENERATE(0, 1, 2);
   CAPTURE(name_of(v), strategy);
+  if (strategy == 2 && !hybrid_world()) return;
   const std::vector<std::string> targets{"q_proj", "v_proj"};
-  if (strategy == 0) {
+  if (strategy == 2) {
+    check_variant(
+        loom::model<loom::models::Llama>(small_llama()), v, hybrid(),
+        [](auto& job, int step, int data_rank, bool split) { return llama_loss(job, step, data_rank, split); },
+        targets);
+  } else if (strategy == 0) {
     check_variant(
         loom::model<loom::models::Llama>(small_llama()), v, loom::ddp(),
         [](auto& job, int step, int data_rank, bool split) { return llama_loss(job, step, data_rank, split); },
@@ -273,13 +287,16 @@ TEST_CASE("Llama with sequence_parallel: the unsplit run's losses, gradients and
 
 TEST_CASE("Wan with sequence_parallel: the unsplit run's losses, gradients and state", "[sequence_parallel]") {
   const variant v = GENERATE(variant::plain, variant::lora, variant::recompute, variant::bf16);
-  const int strategy = GENERATE(0, 1);
+  const int strategy = GENERATE(0, 1, 2);
   CAPTURE(name_of(v), strategy);
+  if (strategy == 2 && !hybrid_world()) return;
   const std::vector<std::string> targets{"to_q", "to_k", "to_v", "to_out.0"};
   const auto loss = [](auto& job, int step, int data_rank, bool split) {
     return wan_loss(job, step, data_rank, split);
   };
-  if (strategy == 0) {
+  if (strategy == 2) {
+    check_variant(loom::model<loom::models::Wan>(small_wan()), v, hybrid(), loss, targets);
+  } else if (strategy == 0) {
     check_variant(loom::model<loom::models::Wan>(small_wan()), v, loom::ddp(), loss, targets);
   } else {
     check_variant(loom::model<loom::models::Wan>(small_wan()), v, loom::fsdp(), loss, targets);
@@ -342,6 +359,49 @@ TEST_CASE("sequence_parallel refuses a model with nowhere to split its input", "
   const auto stage = loom::sequence_parallel_stage::checked({.size = static_cast<std::size_t>(group_size())});
   CHECK_THROWS_WITH(loom::build(loom::model<AttentionOnly>() | loom::seeded(1) | stage | loom::ddp(), world()),
                     ContainsSubstring("has no loom::nn::Sequence, which splits its input: register one"));
+}
+
+// The split's own checks, before any all-to-all goes out: each rank throws at the same call, so the
+// group never waits on an exchange another rank skipped.
+TEST_CASE("an attention out of its declared order, or in another dtype, is a sentence naming the entry",
+          "[sequence_parallel]") {
+  using loom::nn::sequence_split;
+  const int k = group_size();
+  const loom::nn::attention_options options{.heads = 12, .head_dim = 2, .scale = std::nullopt};
+  sequence_split split(
+      std::make_shared<loom::sequence_group>(world(), k),
+      {{.name = "blocks.0.attention", .options = options}, {.name = "blocks.1.attention", .options = options}},
+      at::kFloat);
+  REQUIRE(split.schedule_entries().size() == 8);
+  const auto exchanged = [&](at::ScalarType dtype) {
+    // [k, batch, tokens / k, 3 × heads / k, head_dim]: q, k and v for one all-to-all.
+    return torch::ones({k, 1, 2, 3 * options.heads / k, options.head_dim}, at::TensorOptions(dtype));
+  };
+  at::Tensor output = exchanged(at::kFloat);
+
+  split.begin_forward();
+  CHECK_THROWS_WITH(split.all_to_all(1, sequence_split::exchange::to_heads, false, exchanged(at::kFloat), output),
+                    ContainsSubstring("the model issued blocks.1.attention's q,k,v forward all-to-all where the "
+                                      "schedule has entry 0, all_to_all forward") &&
+                        ContainsSubstring("in the order it was registered"));
+  split.begin_forward();
+  CHECK_THROWS_WITH(
+      split.all_to_all(0, sequence_split::exchange::to_heads, false, exchanged(at::kBFloat16), output),
+      ContainsSubstring("blocks.0.attention's q,k,v forward all-to-all exchanges BFloat16 where the schedule "
+                        "declares Float"));
+  // In order it goes out, and its result is every rank's part; a backward after half a forward is refused.
+  split.begin_forward();
+  split.all_to_all(0, sequence_split::exchange::to_heads, false, exchanged(at::kFloat), output);
+  CHECK(output.sum().item<double>() == static_cast<double>(exchanged(at::kFloat).numel()));
+  CHECK_THROWS_WITH(split.begin_backward(),
+                    ContainsSubstring("the forward issued 1 of the 4 all-to-alls its attentions declare (the next "
+                                      "was blocks.0.attention's attended forward all-to-all)"));
+  // The same all-to-all twice in one forward.
+  split.begin_forward();
+  split.all_to_all(0, sequence_split::exchange::to_heads, false, exchanged(at::kFloat), output);
+  CHECK_THROWS_WITH(split.all_to_all(0, sequence_split::exchange::to_heads, false, exchanged(at::kFloat), output),
+                    ContainsSubstring("the model issued blocks.0.attention's q,k,v forward all-to-all where the "
+                                      "schedule has entry 1, all_to_all forward"));
 }
 
 // Last: a failed forward ends the job on every rank.
