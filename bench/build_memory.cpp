@@ -12,7 +12,7 @@
 //
 //   build/loom-run --nproc-per-node 2 -- build/bench/build-memory --checkpoint DIR --strategy fsdp
 #include <loom/loom.hpp>
-#include <loom/models/llama.hpp>
+#include <loom/models/causal_lm.hpp>
 
 #include <c10/core/CPUAllocator.h>
 #include <fmt/format.h>
@@ -74,12 +74,12 @@ class counting_allocator final : public c10::Allocator {
 };
 
 // A Llama that fsdp() cannot construct without its bytes: its constructor draws one number.
-struct WholeLlama : loom::models::LlamaImpl {
-  explicit WholeLlama(const loom::models::llama_config& config) : LlamaImpl(config) { (void)torch::rand({1}); }
+struct WholeLlama : loom::models::CausalLMImpl {
+  explicit WholeLlama(const loom::models::causal_lm_config& config) : CausalLMImpl(config) { (void)torch::rand({1}); }
 };
 
-loom::models::LlamaImpl& llama_of(loom::models::Llama& holder) { return *holder; }
-loom::models::LlamaImpl& llama_of(WholeLlama& module) { return module; }
+loom::models::CausalLMImpl& llama_of(loom::models::CausalLM& holder) { return *holder; }
+loom::models::CausalLMImpl& llama_of(WholeLlama& module) { return module; }
 
 double bytes_of(const torch::nn::Module& module) {
   double bytes = 0;
@@ -92,7 +92,7 @@ double bytes_of(const torch::nn::Module& module) {
 template <class Plan>
 int measure(const Plan& plan, const std::string& label, double before_mb, const counting_allocator& counted) {
   auto job = loom::build(plan, loom::runtime::from_env());
-  const loom::models::LlamaImpl& llama = llama_of(job.module());
+  const loom::models::CausalLMImpl& llama = llama_of(job.module());
   const double model_bytes = bytes_of(llama);
   double largest = 0;
   for (const auto& parameter : llama.parameters()) {
@@ -130,7 +130,7 @@ int measure(const Plan& plan, const std::string& label, double before_mb, const 
 template <class Model>
 int run(const std::string& checkpoint, const std::string& strategy, bool pretrained, const std::string& label,
         double before_mb, const counting_allocator& counted) {
-  const auto config = loom::models::llama_config::from_pretrained(checkpoint);
+  const auto config = loom::models::causal_lm_config::from_pretrained(checkpoint);
   const auto seeded = loom::model<Model>(config) | loom::seeded(0);
   const auto go = [&](const auto& plan) {
     if (strategy == "ddp") return measure(plan | loom::ddp(), label, before_mb, counted);
@@ -168,7 +168,7 @@ int main(int argc, char** argv) {
     const bool pretrained = init == "pretrained";
     const std::string label = fmt::format("{} {} {}", strategy, init, construct);
     if (construct == "whole") return run<WholeLlama>(checkpoint, strategy, pretrained, label, before_mb, counted);
-    return run<loom::models::Llama>(checkpoint, strategy, pretrained, label, before_mb, counted);
+    return run<loom::models::CausalLM>(checkpoint, strategy, pretrained, label, before_mb, counted);
   } catch (const std::exception& error) {
     fmt::print(stderr, "build-memory: {}\n", error.what());
     return 1;

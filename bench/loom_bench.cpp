@@ -13,7 +13,7 @@
 #include <common/command_line.hpp>
 #include <loom/io/optimizer_state.hpp>
 #include <loom/loom.hpp>
-#include <loom/models/llama.hpp>
+#include <loom/models/causal_lm.hpp>
 #include <loom/models/wan.hpp>
 #include <loom/optim/adamw.hpp>
 #include <models/mlp.hpp>
@@ -255,8 +255,8 @@ struct long_llama_workload {
   static constexpr std::int64_t default_batch = 1;
   static constexpr std::int64_t tokens_per_sample = 8192;
   static constexpr std::int64_t vocab = 256;
-  static loom::models::llama_config config() {
-    loom::models::llama_config c;
+  static loom::models::causal_lm_config config() {
+    loom::models::causal_lm_config c;
     c.vocab_size = vocab;
     c.hidden_size = 128;
     c.intermediate_size = 256;
@@ -564,7 +564,7 @@ void run_long_workload(const bench_options& options) {
                                   options);
   }
   return run<long_llama_workload>(
-      loom::model<loom::models::Llama>(long_llama_workload::config()) | loom::seeded(1234) | stage | loom::fsdp(),
+      loom::model<loom::models::CausalLM>(long_llama_workload::config()) | loom::seeded(1234) | stage | loom::fsdp(),
       options);
 }
 

@@ -1,12 +1,12 @@
 #!/usr/bin/env python3
-"""Writes a token file for llama-finetune in llm.c's format: 256 little-endian int32 (magic, version,
+"""Writes a token file for lm-finetune in llm.c's format: 256 little-endian int32 (magic, version,
 token count, zeros), then the tokens, uint16 (magic 20240520, version 1) when every id fits, else
 uint32 (magic 20240801, version 7).
 
     make_tokens.py TEXT OUT.bin                       byte-level ids: each byte of TEXT is its id (0..255)
     make_tokens.py TEXT OUT.bin --tokenizer DIR       a Hugging Face tokenizer folder (local files only)
 
-Byte-level ids need a model whose vocab_size is at least 256 (make_llama.py's is).
+Byte-level ids need a model whose vocab_size is at least 256 (make_lm.py's is).
 """
 from __future__ import annotations
 

@@ -35,7 +35,14 @@ namespace {
 
 using json = nlohmann::ordered_json;
 
-const std::vector<std::string> lora_keys{"rank", "alpha", "dropout", "targets", "patterns", "exclude"};
+const std::vector<std::string> lora_keys{"rank",    "alpha",      "dropout",      "targets",      "patterns",
+                                         "exclude", "use_rslora", "rank_pattern", "alpha_pattern"};
+
+// Names as people spell them: "DDP" and "ddp", PEFT's "All-Linear" and "all-linear".
+std::string lowercase(std::string text) {
+  std::transform(text.begin(), text.end(), text.begin(), [](unsigned char c) { return std::tolower(c); });
+  return text;
+}
 
 // The objects of a run file beside its plan, each read through its options struct's fields().
 constexpr std::array<std::string_view, 2> sections{"train", "flow_matching"};
@@ -425,13 +432,29 @@ class reader final : public config_detail::fastvideo_reader {
     fail(where, fmt::format("unknown stage '{}'; the stages after the model are {}", name, stage_names));
   }
 
+  // A list of names (or regexes), where PEFT's "all-linear" (in any case, as PEFT reads it) is
+  // loom::all_linear, alone or as the whole value.
   target_list targets(const std::string& key, const json& value, bool patterns) const {
+    const auto named = [&](const std::string& text) {
+      if (!patterns && lowercase(text) == all_linear.text) return all_linear;
+      return patterns ? pattern(text) : target(text);
+    };
+    if (value.is_string() && !patterns) return target_list{named(value.get<std::string>())};
     if (!value.is_array()) fail(key, "give a list of strings, e.g. [\"q_proj\", \"v_proj\"]");
     target_list list;
     for (const json& item : value) {
       if (!item.is_string()) fail(key, "give a list of strings, e.g. [\"q_proj\", \"v_proj\"]");
-      const std::string text = item.get<std::string>();
-      list.push_back(patterns ? pattern(text) : target(text));
+      list.push_back(named(item.get<std::string>()));
+    }
+    return list;
+  }
+
+  // PEFT's {"q_proj": 16, "layers\\.0\\..*": 4}, in the file's order (the first key that matches wins).
+  lora_pattern_list pattern_values(const std::string& key, const json& value) const {
+    if (!value.is_object()) fail(key, "give an object of a module name or regex to a number, e.g. {\"q_proj\": 16}");
+    lora_pattern_list list;
+    for (const auto& [pattern_key, number_value] : value.items()) {
+      list.push_back({pattern_key, number<double>(key + "." + pattern_key, number_value, false)});
     }
     return list;
   }
@@ -476,6 +499,12 @@ class reader final : public config_detail::fastvideo_reader {
     if (value.contains("alpha")) options.alpha = number<double>("lora.alpha", value["alpha"], false);
     if (value.contains("dropout")) options.dropout = number<double>("lora.dropout", value["dropout"], false);
     if (value.contains("exclude")) options.exclude = targets("lora.exclude", value["exclude"], false);
+    if (value.contains("use_rslora")) options.use_rslora = boolean("lora.use_rslora", value["use_rslora"]);
+    if (value.contains("rank_pattern"))
+      options.rank_pattern = pattern_values("lora.rank_pattern", value["rank_pattern"]);
+    if (value.contains("alpha_pattern")) {
+      options.alpha_pattern = pattern_values("lora.alpha_pattern", value["alpha_pattern"]);
+    }
     target_list chosen = default_targets;
     if (value.contains("targets") || value.contains("patterns")) {
       chosen = value.contains("targets") ? targets("lora.targets", value["targets"], false) : target_list{};
@@ -495,8 +524,7 @@ class reader final : public config_detail::fastvideo_reader {
     } else {
       fail("strategy", fmt::format("give a name ({}) or {{\"name\": \"ddp\", options...}}", strategy_names()));
     }
-    // Spelled as people spell them: "DDP", "ddp", "FSDP", "fsdp".
-    std::transform(name.begin(), name.end(), name.begin(), [](unsigned char c) { return std::tolower(c); });
+    name = lowercase(name);
     const json options = value.is_object() ? value : json::object();
     const std::optional<run_strategy> chosen = strategy_named(std::type_identity<run_strategy>{}, name, options);
     if (!chosen) fail("strategy", fmt::format("unknown strategy '{}'; the strategies are {}", name, strategy_names()));

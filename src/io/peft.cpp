@@ -20,7 +20,8 @@
 namespace loom {
 namespace {
 
-using json = nlohmann::json;
+// Ordered: rank_pattern's and alpha_pattern's first matching key wins, so their order is kept.
+using json = nlohmann::ordered_json;
 
 constexpr std::string_view config_file = "adapter_config.json";
 constexpr std::string_view weights_file = "adapter_model.safetensors";
@@ -80,6 +81,14 @@ T setting(const origin& from, const json& config, const char* key, T fallback) {
   return found->template get<T>();
 }
 
+// {key: value, ...} in the adapter's order.
+template <class Value>
+json patterns(const std::vector<std::pair<std::string, Value>>& entries) {
+  json object = json::object();
+  for (const auto& [key, value] : entries) object[key] = number(static_cast<double>(value));
+  return object;
+}
+
 // PEFT's LoraConfig of `adapter`, as its to_dict() holds it: adapter_config.json, and what diffusers
 // builds a LoraConfig from.
 json lora_config(const peft_lora_adapter& adapter) {
@@ -94,13 +103,13 @@ json lora_config(const peft_lora_adapter& adapter) {
       {"fan_in_fan_out", false},
       {"init_lora_weights", true},
       {"inference_mode", true},
-      {"use_rslora", false},
+      {"use_rslora", adapter.use_rslora},
       {"use_dora", false},
       {"modules_to_save", nullptr},
       {"layers_to_transform", nullptr},
       {"layers_pattern", nullptr},
-      {"rank_pattern", json::object()},
-      {"alpha_pattern", json::object()},
+      {"rank_pattern", patterns(adapter.rank_pattern)},
+      {"alpha_pattern", patterns(adapter.alpha_pattern)},
       {"base_model_name_or_path", string_or_null(adapter.base_model_name_or_path)},
       {"revision", nullptr},
   };
@@ -109,6 +118,22 @@ json lora_config(const peft_lora_adapter& adapter) {
                               {"parent_library", adapter.parent_library}};
   }
   return config;
+}
+
+// rank_pattern's or alpha_pattern's keys and numbers, in the file's order; none when unset.
+std::vector<std::pair<std::string, double>> pattern_entries(const origin& from, const json& config, const char* key) {
+  std::vector<std::pair<std::string, double>> entries;
+  if (unset(config, key)) return entries;
+  const json& object = config[key];
+  if (!object.is_object())
+    refuse(from, fmt::format("has {} for {} in {}, not an object", kind_of(object), key, from.config));
+  for (const auto& [name, value] : object.items()) {
+    if (!value.is_number()) {
+      refuse(from, fmt::format("has {} for {} '{}' in {}, not a number", kind_of(value), key, name, from.config));
+    }
+    entries.emplace_back(name, value.get<double>());
+  }
+  return entries;
 }
 
 json parsed_config(const std::string& text, const origin& from) {
@@ -134,16 +159,10 @@ peft_lora_adapter read_lora_config(const json& config, const origin& from) {
   if (setting(from, config, "use_dora", false)) {
     refuse(from, "is a DoRA adapter (use_dora), which plain LoRA cannot express");
   }
-  if (setting(from, config, "use_rslora", false)) {
-    refuse(from, "uses rsLoRA's scaling alpha / sqrt(r) (use_rslora); loom's LoRA scales by alpha / r");
-  }
   if (setting(from, config, "fan_in_fan_out", false)) refuse(from, "stores transposed weights (fan_in_fan_out)");
   const std::string bias = setting(from, config, "bias", std::string("none"));
   if (bias != "none") {
     refuse(from, fmt::format("trains biases (bias '{}'), which a LoRA adapter file of loom's cannot carry", bias));
-  }
-  for (const char* key : {"rank_pattern", "alpha_pattern"}) {
-    if (!unset(config, key)) refuse(from, fmt::format("sets {}: a rank or alpha per layer", key));
   }
   if (!unset(config, "modules_to_save")) refuse(from, "saves whole modules beside the adapters (modules_to_save)");
 
@@ -151,6 +170,18 @@ peft_lora_adapter read_lora_config(const json& config, const origin& from) {
   adapter.r = config["r"].get<std::int64_t>();
   adapter.lora_alpha = config["lora_alpha"].get<double>();
   adapter.lora_dropout = setting(from, config, "lora_dropout", 0.0);
+  adapter.use_rslora = setting(from, config, "use_rslora", false);
+  for (const auto& [key, value] : pattern_entries(from, config, "rank_pattern")) {
+    if (value < 1 || value != std::floor(value)) {
+      refuse(from, fmt::format("has rank_pattern '{}': {} in {}, not a positive whole rank", key, value, from.config));
+    }
+    adapter.rank_pattern.emplace_back(key, static_cast<std::int64_t>(value));
+  }
+  for (const auto& [key, value] : pattern_entries(from, config, "alpha_pattern")) {
+    if (!(value > 0))
+      refuse(from, fmt::format("has alpha_pattern '{}': {} in {}, not a positive alpha", key, value, from.config));
+    adapter.alpha_pattern.emplace_back(key, value);
+  }
   adapter.task_type = setting(from, config, "task_type", std::string());
   adapter.base_model_name_or_path = setting(from, config, "base_model_name_or_path", std::string());
   if (!(adapter.lora_dropout >= 0 && adapter.lora_dropout <= 1)) {

@@ -67,7 +67,7 @@ std::shared_ptr<nn::sequence_split> split_sequences(torch::nn::Module& model, st
   if (found.attentions.empty()) {
     throw_error<std::invalid_argument>(
         "sequence_parallel({}): {} has no loom::nn::Attention, around which each sequence's parts are exchanged: "
-        "register one in each attention layer and call it with the layer's q, k and v (loom::models::Llama and "
+        "register one in each attention layer and call it with the layer's q, k and v (loom::models::CausalLM and "
         "loom::models::Wan do), or leave sequence_parallel out",
         size, model_name);
   }

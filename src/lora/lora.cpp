@@ -45,6 +45,7 @@ target_list resolved(const target_list& targets, std::span<const target_alias> a
 }  // namespace
 
 bool matches(const target& target, std::string_view name) {
+  if (target.kind == target_kind::all_linear) return false;  // a layer's kind, not its name: inject's to judge
   if (target.kind == target_kind::pattern) {
     return std::regex_match(name.begin(), name.end(), std::regex(target.text.begin(), target.text.end()));
   }
@@ -61,18 +62,21 @@ bool matches_any(const target_list& targets, std::string_view name) {
 }
 
 lora_layers lora_layers::inject(torch::nn::Module& root, std::string_view model_name, const lora_stage& spec,
-                                std::optional<at::ScalarType> compute_dtype, std::span<const target_alias> aliases) {
-  const lora_adapter_options adapter{spec.rank(), spec.scaling(), spec.dropout(), compute_dtype};
+                                std::optional<at::ScalarType> compute_dtype, lora_model_names names) {
   lora_layers layers;
-  layers.rank_ = spec.rank();
-  layers.alpha_ = spec.alpha();
+  layers.rules_ = lora_scaling_rules::of(spec);
   layers.dropout_ = spec.dropout();
-  const target_list targets = resolved(spec.targets(), aliases);
-  const target_list exclude = resolved(spec.exclude(), aliases);
+  const target_list targets = resolved(spec.targets(), names.aliases);
+  const target_list exclude = resolved(spec.exclude(), names.aliases);
+  const bool all_linear_layers = targets.size() == 1 && targets[0].kind == target_kind::all_linear;
   for (const auto& item : root.named_modules("", /*include_self=*/false)) {
     const std::string& name = item.key();
-    if (!matches_any(targets, name) || matches_any(exclude, name)) continue;
     const std::shared_ptr<torch::nn::Module>& module = item.value();
+    const bool selected =
+        all_linear_layers ? is_linear(*module) && name != names.output_embeddings : matches_any(targets, name);
+    if (!selected || matches_any(exclude, name)) continue;
+    const lora_scaling_rules::layer settings = layers.rules_.for_layer(name);
+    const lora_adapter_options adapter{settings.rank, settings.scaling, spec.dropout(), compute_dtype};
     if (auto fast = std::dynamic_pointer_cast<nn::LinearImpl>(module)) {
       fast->add_adapter(adapter);
       layers.fast_.push_back(fast);

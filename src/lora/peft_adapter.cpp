@@ -2,6 +2,7 @@
 
 #include <loom/base/text.hpp>
 #include <loom/lora/adapter.hpp>
+#include <loom/lora/scaling.hpp>
 
 #include <torch/types.h>
 
@@ -22,6 +23,11 @@ peft_lora_adapter to_peft_adapter(const lora_layers& lora, const torch::nn::Modu
   adapter.r = lora.rank();
   adapter.lora_alpha = lora.alpha();
   adapter.lora_dropout = lora.dropout();
+  adapter.use_rslora = lora.rules().use_rslora;
+  for (const auto& [key, rank] : lora.rules().rank_pattern) {
+    adapter.rank_pattern.emplace_back(key, static_cast<std::int64_t>(rank));
+  }
+  adapter.alpha_pattern = lora.rules().alpha_pattern;
   adapter.target_modules = lora.adapted();
   for (const auto& item : module.named_parameters()) {
     if (lora_adapter::is_adapter_parameter(item.key())) {
@@ -53,6 +59,27 @@ void copy_peft_adapter_into(const lora_layers& lora, torch::nn::Module& module, 
         fmt::format("the adapter has lora_alpha = {}, the plan alpha = {}: its update would be scaled otherwise; "
                     "give lora(...) {{.alpha = {}}}",
                     adapter.lora_alpha, lora.alpha(), adapter.lora_alpha));
+  }
+  if (adapter.use_rslora != lora.rules().use_rslora) {
+    refuse(
+        fmt::format("the adapter {} use_rslora and the plan {}: its update would be scaled by alpha / {} rather "
+                    "than alpha / {}; give lora(...) {{.use_rslora = {}}}",
+                    adapter.use_rslora ? "sets" : "does not set", lora.rules().use_rslora ? "does" : "does not",
+                    adapter.use_rslora ? "√r" : "r", adapter.use_rslora ? "r" : "√r", adapter.use_rslora));
+  }
+  // Per layer, where either side has rank_pattern or alpha_pattern: each adapted layer's rank and
+  // scale by the adapter's rules equal to the plan's.
+  const lora_scaling_rules theirs = lora_scaling_rules::of(adapter);
+  if (theirs.per_layer() || lora.rules().per_layer()) {
+    for (const std::string& layer : lora.adapted()) {
+      const lora_scaling_rules::layer a = theirs.for_layer(layer), b = lora.rules().for_layer(layer);
+      if (a.rank != b.rank || a.alpha != b.alpha) {
+        refuse(
+            fmt::format("'{}' has rank {} and alpha {} by the adapter's rank_pattern and alpha_pattern, rank {} "
+                        "and alpha {} by the plan's: give lora(...) the adapter's patterns",
+                        layer, a.rank, a.alpha, b.rank, b.alpha));
+      }
+    }
   }
   std::map<std::string, at::Tensor> mine;
   for (const auto& item : module.named_parameters()) {

@@ -141,8 +141,15 @@ at::Tensor attend(const at::Tensor& q, at::Tensor k, at::Tensor v, const attenti
     k = k.repeat_interleave(heads / kv_heads, 2);
     v = v.repeat_interleave(heads / kv_heads, 2);
   }
-  return at::scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
-                                          /*attn_mask=*/{}, /*dropout_p=*/0.0, options.causal, options.scale)
+  std::optional<at::Tensor> window;
+  if (options.sliding_window > 0) {
+    // Key j is in query i's window when i - sliding_window < j <= i (transformers' sliding mask).
+    const at::Tensor positions = at::arange(q.size(1), at::TensorOptions(at::kLong).device(q.device()));
+    const at::Tensor behind = positions.unsqueeze(1) - positions.unsqueeze(0);
+    window = behind.ge(0).logical_and(behind.lt(options.sliding_window));
+  }
+  return at::scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), window,
+                                          /*dropout_p=*/0.0, options.causal && !window.has_value(), options.scale)
       .transpose(1, 2);
 }
 
@@ -301,6 +308,12 @@ AttentionImpl::AttentionImpl(const attention_options& options) : options_(option
         "loom::nn::Attention: {} and {}: give key-value heads that divide the heads (each serves heads / kv_heads "
         "query heads)",
         counted(options_.heads, "head"), counted(options_.key_value_heads(), "key-value head"));
+  }
+  if (options_.sliding_window < 0 || (options_.sliding_window > 0 && !options_.causal)) {
+    throw_error<std::invalid_argument>(
+        "loom::nn::Attention: a sliding window of {} for {} attention: give a causal attention a window of 1 or more "
+        "tokens, or 0 for none",
+        options_.sliding_window, options_.causal ? "causal" : "bidirectional");
   }
 }
 

@@ -5,7 +5,7 @@ the README's sample outputs are what the commands print now: each plan line and 
 output blocks (which depend on the plan and the model, not on the step counts) is printed by one of
 the runs, paths aside.
 
-    readme_check.py README LOOM_RUN TINY_GPT LLAMA_FINETUNE WAN_FINETUNE PYTHON
+    readme_check.py README LOOM_RUN TINY_GPT LM_FINETUNE WAN_FINETUNE PYTHON
 """
 import re
 import shlex
@@ -53,7 +53,7 @@ def sample_lines(readme: Path) -> list[str]:
 
 def runnable(line: str, scratch: Path, programs: dict[str, str]) -> list[str] | None:
     """The command as this test runs it, or None for one the suite does itself (builds, tests)."""
-    words = shlex.split(line.replace("/tmp/loom-llama", str(scratch / "llama")).replace("/tmp/loom-wan",
+    words = shlex.split(line.replace("/tmp/loom-lm", str(scratch / "lm")).replace("/tmp/loom-wan",
                                                                                          str(scratch / "wan")))
     if words[0] in ("ninja", "scripts/test"):
         return None
@@ -68,7 +68,7 @@ def runnable(line: str, scratch: Path, programs: dict[str, str]) -> list[str] | 
         split = words.index("--")
         program = Path(words[split + 1]).name
         tail = words[split + 2:]
-        if program in ("llama-finetune", "wan-finetune"):  # their run files name /tmp folders of their own
+        if program in ("lm-finetune", "wan-finetune"):  # their run files name /tmp folders of their own
             folder = scratch / program.removesuffix("-finetune")
             if not any(w.startswith("--pretrained") for w in tail):
                 tail.append(f"--pretrained={folder / 'model'}")
@@ -83,7 +83,7 @@ def main() -> int:
     readme = Path(sys.argv[1])
     # Absolute: the commands run in the README's folder.
     programs = {name: str(Path(path).resolve()) for name, path in
-                (("loom-run", sys.argv[2]), ("tiny-gpt", sys.argv[3]), ("llama-finetune", sys.argv[4]),
+                (("loom-run", sys.argv[2]), ("tiny-gpt", sys.argv[3]), ("lm-finetune", sys.argv[4]),
                  ("wan-finetune", sys.argv[5]))}
     programs["python"] = sys.argv[6]
     lines = commands(readme)
@@ -94,7 +94,7 @@ def main() -> int:
     printed = set()
     with tempfile.TemporaryDirectory() as folder:
         scratch = Path(folder)
-        (scratch / "llama").mkdir()
+        (scratch / "lm").mkdir()
         (scratch / "wan").mkdir()
         for line in lines:
             command = runnable(line, scratch, programs)

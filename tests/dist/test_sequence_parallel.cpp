@@ -6,7 +6,7 @@
 #include "world.hpp"
 
 #include <loom/loom.hpp>
-#include <loom/models/llama.hpp>
+#include <loom/models/causal_lm.hpp>
 #include <loom/models/wan.hpp>
 #include <loom/nn/sequence_parallel.hpp>
 #include <loom/runtime/sequence_group.hpp>
@@ -38,8 +38,8 @@ int group_size() { return world().world_size() == 4 ? 2 : world().world_size(); 
 bool hybrid_world() { return world().world_size() == 4; }
 loom::fsdp_stage hybrid() { return loom::fsdp({.shard_group_size = 2}); }
 
-loom::models::llama_config small_llama() {
-  loom::models::llama_config config;
+loom::models::causal_lm_config small_llama() {
+  loom::models::causal_lm_config config;
   config.vocab_size = 64;
   config.hidden_size = 48;
   config.intermediate_size = 40;
@@ -64,8 +64,8 @@ loom::models::wan_config small_wan() {
   return config;
 }
 
-struct SubclassLlama : loom::models::LlamaImpl {  // the subclass form
-  using LlamaImpl::LlamaImpl;
+struct SubclassLlama : loom::models::CausalLMImpl {  // the subclass form
+  using CausalLMImpl::CausalLMImpl;
 };
 
 // The batch of data-parallel rank `data_rank` at `step`: its length varies by step (12 or 24 tokens,
@@ -264,12 +264,12 @@ TEST_CASE("Llama with sequence_parallel: the unsplit run's losses, gradients and
   const std::vector<std::string> targets{"q_proj", "v_proj"};
   if (strategy == 2) {
     check_variant(
-        loom::model<loom::models::Llama>(small_llama()), v, hybrid(),
+        loom::model<loom::models::CausalLM>(small_llama()), v, hybrid(),
         [](auto& job, int step, int data_rank, bool split) { return llama_loss(job, step, data_rank, split); },
         targets);
   } else if (strategy == 0) {
     check_variant(
-        loom::model<loom::models::Llama>(small_llama()), v, loom::ddp(),
+        loom::model<loom::models::CausalLM>(small_llama()), v, loom::ddp(),
         [](auto& job, int step, int data_rank, bool split) { return llama_loss(job, step, data_rank, split); },
         targets);
   } else {
@@ -319,19 +319,20 @@ TEST_CASE("sequence_parallel's errors name the fix", "[sequence_parallel]") {
   SECTION("a size that does not divide the world") {
     const auto stage = loom::sequence_parallel_stage::checked({.size = static_cast<std::size_t>(ranks + 1)});
     CHECK_THROWS_WITH(
-        loom::build(loom::model<loom::models::Llama>(small_llama()) | loom::seeded(1) | stage | loom::ddp(), world()),
+        loom::build(loom::model<loom::models::CausalLM>(small_llama()) | loom::seeded(1) | stage | loom::ddp(),
+                    world()),
         ContainsSubstring(
             fmt::format("sequence_parallel({}) does not divide the world of {} ranks", ranks + 1, ranks)));
   }
   SECTION("a size that does not divide the heads") {
-    loom::models::llama_config config = small_llama();
+    loom::models::causal_lm_config config = small_llama();
     config.num_attention_heads = 5;
     config.num_key_value_heads = 5;
     config.head_dim = 8;
     config.hidden_size = 40;
     const auto stage = loom::sequence_parallel_stage::checked({.size = static_cast<std::size_t>(group_size())});
     CHECK_THROWS_WITH(
-        loom::build(loom::model<loom::models::Llama>(config) | loom::seeded(1) | stage | loom::fsdp(), world()),
+        loom::build(loom::model<loom::models::CausalLM>(config) | loom::seeded(1) | stage | loom::fsdp(), world()),
         ContainsSubstring("model.layers.0.self_attn.attention has 5 attention heads, which") &&
             ContainsSubstring("give a size that divides its heads"));
   }
@@ -368,10 +369,10 @@ TEST_CASE("an attention out of its declared order, or in another dtype, is a sen
   using loom::nn::sequence_split;
   const int k = group_size();
   const loom::nn::attention_options options{.heads = 12, .head_dim = 2, .scale = std::nullopt};
-  sequence_split split(
-      std::make_shared<loom::sequence_group>(world(), k),
-      {{.name = "blocks.0.attention", .options = options}, {.name = "blocks.1.attention", .options = options}},
-      at::kFloat);
+  sequence_split split(std::make_shared<loom::sequence_group>(world(), k),
+                       {{.name = "blocks.0.attention", .options = options, .unit = "", .recomputed = false},
+                        {.name = "blocks.1.attention", .options = options, .unit = "", .recomputed = false}},
+                       at::kFloat);
   REQUIRE(split.schedule_entries().size() == 8);
   const auto exchanged = [&](at::ScalarType dtype) {
     // [k, batch, tokens / k, 3 × heads / k, head_dim]: q, k and v for one all-to-all.
@@ -408,7 +409,7 @@ TEST_CASE("an attention out of its declared order, or in another dtype, is a sen
 TEST_CASE("a sequence the group cannot split evenly is refused on every rank, naming the fix", "[sequence_parallel]") {
   const auto stage = loom::sequence_parallel_stage::checked({.size = static_cast<std::size_t>(group_size())});
   auto job =
-      loom::build(loom::model<loom::models::Llama>(small_llama()) | loom::seeded(1) | stage | loom::fsdp(), world());
+      loom::build(loom::model<loom::models::CausalLM>(small_llama()) | loom::seeded(1) | stage | loom::fsdp(), world());
   const at::Tensor ids = torch::zeros({2, 12 * group_size() + 1}, torch::kLong);
   CHECK_THROWS_WITH(job.forward(ids),
                     ContainsSubstring(fmt::format("the sequence has {} tokens, which {} ranks cannot split evenly: "

@@ -1,6 +1,6 @@
 // fsdp() constructing a model without the full replica (loom/nn/deferred_init.hpp): each rank's
 // shards equal, bit for bit, those of a full construction, for a TORCH_MODULE holder
-// (loom::models::Llama, tied and untied) and a Module subclass (TinyGpt), seeded or not, with LoRA,
+// (loom::models::CausalLM, tied and untied) and a Module subclass (TinyGpt), seeded or not, with LoRA,
 // a narrower default dtype and mixed precision; the generator left as a full construction leaves
 // it; training from there equal to local()'s; models that must be constructed whole say which
 // layers forced it and still equal local(); a bad checkpoint is refused on every rank.
@@ -10,7 +10,7 @@
 #include <models/tiny_gpt.hpp>
 
 #include <loom/loom.hpp>
-#include <loom/models/llama.hpp>
+#include <loom/models/causal_lm.hpp>
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <fmt/format.h>
@@ -30,8 +30,8 @@ using loom::testing::world;
 
 namespace {
 
-loom::models::llama_config small_llama(bool tied) {
-  loom::models::llama_config config;
+loom::models::causal_lm_config small_llama(bool tied) {
+  loom::models::causal_lm_config config;
   config.vocab_size = 61;  // no world size divides it: the last rank's shard is short
   config.hidden_size = 32;
   config.intermediate_size = 56;
@@ -67,7 +67,7 @@ TEST_CASE("fsdp constructs a Llama without the full replica: every rank's shards
           "[construction]") {
   const bool tied = GENERATE(false, true);
   CAPTURE(tied);
-  const auto base = loom::model<loom::models::Llama>(small_llama(tied));
+  const auto base = loom::model<loom::models::CausalLM>(small_llama(tied));
   SECTION("seeded") { check_against_full_construction(base | loom::seeded(3), true); }
   SECTION("not seeded: rank 0's generator, as rank 0's weights are broadcast") {
     check_against_full_construction(base, true);
@@ -90,7 +90,7 @@ TEST_CASE("a Module subclass of loom's layers (TinyGpt) is constructed without t
 }
 
 TEST_CASE("training a model constructed without the full replica equals local()'s", "[construction][train]") {
-  const auto plan = loom::model<loom::models::Llama>(small_llama(false)) | loom::seeded(8) |
+  const auto plan = loom::model<loom::models::CausalLM>(small_llama(false)) | loom::seeded(8) |
                     loom::lora(4, {"q_proj", "v_proj"}) | loom::trainable({"model.norm"});
   auto reference = loom::build(plan | loom::local(), loom::runtime::single_process());
   auto sharded = loom::build(plan | loom::fsdp(), world());
@@ -180,14 +180,15 @@ TEST_CASE("a checkpoint that does not fit is refused on every rank, naming the f
   namespace fs = std::filesystem;
   const fs::path folder =
       fs::temp_directory_path() / ("loom-test-sharded-construction-" + std::to_string(world().world_size()));
-  const loom::models::llama_config config = small_llama(false);
-  const auto base = loom::model<loom::models::Llama>(config);
+  const loom::models::causal_lm_config config = small_llama(false);
+  const auto base = loom::model<loom::models::CausalLM>(config);
   const auto build = [&] {
     return loom::build(base | loom::seeded(2) | loom::pretrained(folder.string()) | loom::fsdp(), world());
   };
-  const auto save = [&](const loom::models::llama_config& saved_config, std::int64_t max_shard_bytes) {
+  const auto save = [&](const loom::models::causal_lm_config& saved_config, std::int64_t max_shard_bytes) {
     if (world().rank() == 0) fs::remove_all(folder);
-    auto saved = loom::build(loom::model<loom::models::Llama>(saved_config) | loom::seeded(1) | loom::fsdp(), world());
+    auto saved =
+        loom::build(loom::model<loom::models::CausalLM>(saved_config) | loom::seeded(1) | loom::fsdp(), world());
     saved.save_weights(folder, max_shard_bytes);
   };
   save(config, 20'000);
@@ -217,7 +218,7 @@ TEST_CASE("a checkpoint that does not fit is refused on every rank, naming the f
   barrier();
   CHECK_THROWS_WITH(build(), ContainsSubstring(fmt::format("'{}' is not a valid safetensors file", second.string())));
   barrier();
-  loom::models::llama_config wider = config;
+  loom::models::causal_lm_config wider = config;
   wider.intermediate_size = 64;
   save(wider, std::int64_t{1} << 30);
   CHECK_THROWS_WITH(build(), ContainsSubstring("'model.layers.0.mlp.gate_proj.weight' is Float[64,32] in the weights "

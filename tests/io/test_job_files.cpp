@@ -12,7 +12,9 @@
 
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <string>
+#include <tuple>
 #include <vector>
 
 using Catch::Matchers::ContainsSubstring;
@@ -171,6 +173,74 @@ TEST_CASE("load_adapter checks rank, alpha and layers against the plan", "[peft]
   CHECK_THROWS_AS(other_layers.load_adapter(scratch("nothing-here")), loom::peft_error);
 }
 
+TEST_CASE("rank_pattern, alpha_pattern, use_rslora and all-linear give each layer PEFT's rank and scale",
+          "[peft][lora]") {
+  // PEFT's rule: the first key whose (.*\.)?(key) matches the layer's whole name.
+  const loom::lora_scaling_rules rules{.r = 4,
+                                       .lora_alpha = 8,
+                                       .use_rslora = false,
+                                       .rank_pattern = {{"v_proj", 2}, {R"(blocks\.1\..*)", 6}, {"q_proj", 3}},
+                                       .alpha_pattern = {{"blocks.0.attn.q_proj", 1}}};
+  const auto layer = [&](const std::string& name) {
+    const loom::lora_scaling_rules::layer l = rules.for_layer(name);
+    return std::tuple{l.rank, l.alpha, l.scaling};
+  };
+  CHECK(layer("blocks.0.attn.q_proj") == std::tuple{std::int64_t{3}, 1.0, 1.0 / 3});
+  CHECK(layer("blocks.1.attn.v_proj") == std::tuple{std::int64_t{2}, 8.0, 4.0});      // v_proj comes first
+  CHECK(layer("blocks.1.attn.q_proj") == std::tuple{std::int64_t{6}, 8.0, 8.0 / 6});  // blocks.1 before q_proj
+  CHECK(layer("blocks.0.attn.o_proj") == std::tuple{std::int64_t{4}, 8.0, 2.0});
+  CHECK(layer("blocks.0.attn.xv_proj") == std::tuple{std::int64_t{4}, 8.0, 2.0});  // a key matches at a dot
+  loom::lora_scaling_rules rs = rules;
+  rs.use_rslora = true;
+  CHECK(rs.for_layer("blocks.0.attn.o_proj").scaling == 4.0);  // 8 / √4
+  rs.rank_pattern = {{"q_proj[", 2}};
+  CHECK_THROWS_WITH(rs.for_layer("blocks.0.attn.q_proj"),
+                    ContainsSubstring("lora rank_pattern key 'q_proj[' is not a regular expression"));
+
+  // In the model: each layer's A and B of its rank, every linear layer under all-linear.
+  constexpr auto options = loom::lora(4, {loom::all_linear},
+                                      {.alpha = 8,
+                                       .use_rslora = true,
+                                       .rank_pattern = {{"v_proj", 2}, {"fc_in", 6}},
+                                       .alpha_pattern = {{"o_proj", 2}}});
+  auto job = loom::build(loom::model<models::TinyGpt>(small) | loom::seeded(1) | options, one());
+  std::map<std::string, std::int64_t> ranks;
+  for (const auto& item : job.module().named_parameters()) {
+    if (item.key().ends_with(".lora_A")) ranks[item.key()] = item.value().size(0);
+  }
+  CHECK(ranks.at("blocks.0.attn.q_proj.lora_A") == 4);
+  CHECK(ranks.at("blocks.0.attn.v_proj.lora_A") == 2);
+  CHECK(ranks.at("blocks.1.fc_in.lora_A") == 6);
+  CHECK(ranks.at("blocks.1.fc_out.lora_A") == 4);
+  CHECK(ranks.size() == 6 * 2 + 1);  // q, k, v, o, fc_in, fc_out in each block, and the head: no output_embeddings
+  CHECK_THAT(job.describe(), ContainsSubstring("use_rslora=true, rank_pattern={v_proj: 2, fc_in: 6}"));
+
+  // The file carries them, and a plan with other patterns refuses it, naming the layer.
+  const fs::path folder = scratch("patterns");
+  job.save_adapter(folder);
+  const loom::peft_lora_adapter written = loom::load_peft_adapter(folder);
+  CHECK(written.use_rslora);
+  CHECK(written.rank_pattern == std::vector<std::pair<std::string, std::int64_t>>{{"v_proj", 2}, {"fc_in", 6}});
+  CHECK(written.alpha_pattern == std::vector<std::pair<std::string, double>>{{"o_proj", 2}});
+  auto same = loom::build(loom::model<models::TinyGpt>(small) | loom::seeded(2) | options, one());
+  same.load_adapter(folder);
+  auto plain_scale = loom::build(
+      loom::model<models::TinyGpt>(small) |
+          loom::lora(4, {loom::all_linear},
+                     {.alpha = 8, .rank_pattern = {{"v_proj", 2}, {"fc_in", 6}}, .alpha_pattern = {{"o_proj", 2}}}),
+      one());
+  CHECK_THROWS_WITH(plain_scale.load_adapter(folder),
+                    ContainsSubstring("the adapter sets use_rslora and the plan does not"));
+  auto other_alpha =
+      loom::build(loom::model<models::TinyGpt>(small) |
+                      loom::lora(4, {loom::all_linear},
+                                 {.alpha = 8, .use_rslora = true, .rank_pattern = {{"v_proj", 2}, {"fc_in", 6}}}),
+                  one());
+  CHECK_THROWS_WITH(other_alpha.load_adapter(folder),
+                    ContainsSubstring("'blocks.0.attn.o_proj' has rank 4 and alpha 2 by the adapter's rank_pattern and "
+                                      "alpha_pattern, rank 4 and alpha 8 by the plan's"));
+}
+
 TEST_CASE("an adapter_config.json that is not a plain LoRA's, or holds the wrong kinds, is refused by name",
           "[peft][errors]") {
   const fs::path folder = scratch("config");
@@ -200,8 +270,19 @@ TEST_CASE("an adapter_config.json that is not a plain LoRA's, or holds the wrong
   CHECK(loom::load_peft_adapter(with(R"(, "target_modules": "q_proj|v_proj")")).target_modules.empty());
 
   refused(R"(, "use_dora": true)", "is a DoRA adapter (use_dora)");
-  refused(R"(, "use_rslora": true)", "uses rsLoRA's scaling");
-  refused(R"(, "rank_pattern": {"q_proj": 4})", "sets rank_pattern: a rank or alpha per layer");
+  // PEFT's rsLoRA and per-layer ranks and alphas read as written, the patterns in the file's order.
+  const loom::peft_lora_adapter options = loom::load_peft_adapter(
+      with(R"(, "use_rslora": true, "rank_pattern": {"v_proj": 4, "q_proj": 8}, "alpha_pattern": {"q_proj": 2.5})"));
+  CHECK(options.use_rslora);
+  REQUIRE(options.rank_pattern.size() == 2);
+  CHECK(options.rank_pattern[0] == std::pair<std::string, std::int64_t>{"v_proj", 4});
+  CHECK(options.rank_pattern[1] == std::pair<std::string, std::int64_t>{"q_proj", 8});
+  CHECK(options.alpha_pattern == std::vector<std::pair<std::string, double>>{{"q_proj", 2.5}});
+  refused(R"(, "rank_pattern": {"q_proj": 2.5})",
+          "has rank_pattern 'q_proj': 2.5 in adapter_config.json, not a positive whole rank");
+  refused(R"(, "alpha_pattern": {"q_proj": "2"})",
+          "has a string for alpha_pattern 'q_proj' in adapter_config.json, not a number");
+  refused(R"(, "rank_pattern": [4])", "has an array for rank_pattern in adapter_config.json, not an object");
   refused(R"(, "bias": "lora_only")", "trains biases (bias 'lora_only')");
   // What the fuzzer found (tests/fuzz/corpus/peft-config): a value of another kind escaped as
   // nlohmann's type_error, naming no file.

@@ -38,7 +38,7 @@ def main() -> int:
     failed = False
     with tempfile.TemporaryDirectory(prefix="loom-pretrained-memory-") as scratch:
         model = Path(scratch) / "model"
-        subprocess.run([sys.executable, source / "dsl_examples" / "data" / "make_llama.py", model, "--hidden", "1024",
+        subprocess.run([sys.executable, source / "dsl_examples" / "data" / "make_lm.py", model, "--hidden", "1024",
                         "--layers", "4"], check=True)
         local = measure(loom_run, build_memory, model, 1)
         if local is None:

@@ -49,7 +49,7 @@ inline std::string to_text(const target_list& list) {
     if (text.size() > 1) text += ", ";
     if (entry.kind == target_kind::pattern) {
       text.append("pattern(\"").append(entry.text).append("\")");
-    } else {
+    } else {  // a name, or all-linear
       text.append(entry.text);
     }
   }

@@ -7,17 +7,89 @@
 #include <loom/dsl/stage_kind.hpp>
 #include <loom/dsl/targets.hpp>
 
+#include <array>
+#include <cstddef>
+#include <initializer_list>
 #include <optional>
 #include <string>
 #include <string_view>
 
 namespace loom {
 
-struct lora_options {
-  std::optional<double> alpha{};  // unset: alpha = rank, so scaling() is 1
-  double dropout = 0.0;           // on the adapter's input only
-  target_list exclude{};          // matched like targets; wins over them
+// One key of PEFT's rank_pattern or alpha_pattern: a layer whose dotted name matches the regular
+// expression (.*\.)?(key), i.e. `key` or a regex of the name's end at a dot, takes `value` as its rank
+// (alpha); the first key that matches wins.
+struct lora_pattern {
+  std::string_view key;
+  double value = 0;
+
+  friend constexpr bool operator==(const lora_pattern&, const lora_pattern&) = default;
 };
+
+// {{"q_proj", 16}, {R"(layers\.0\..*)", 4}}, stored inline so that a plan stays a constexpr value.
+class lora_pattern_list {
+ public:
+  static constexpr std::size_t capacity = 16;
+
+  constexpr lora_pattern_list() noexcept = default;
+  constexpr lora_pattern_list(std::initializer_list<lora_pattern> entries) {
+    for (const lora_pattern& entry : entries) push_back(entry);
+  }
+
+  // R12 when full.
+  constexpr void push_back(lora_pattern entry) {
+    if (size_ == capacity) detail::enforce(violation::r12_too_many_pattern_keys);
+    if (!std::is_constant_evaluated()) entry.key = detail::intern(entry.key);
+    entries_[size_++] = entry;
+  }
+
+  [[nodiscard]] constexpr std::size_t size() const noexcept { return size_; }
+  [[nodiscard]] constexpr bool empty() const noexcept { return size_ == 0; }
+  [[nodiscard]] constexpr const lora_pattern* begin() const noexcept { return entries_.data(); }
+  [[nodiscard]] constexpr const lora_pattern* end() const noexcept { return entries_.data() + size_; }
+
+ private:
+  std::array<lora_pattern, capacity> entries_{};
+  std::size_t size_ = 0;
+};
+
+struct lora_options {
+  std::optional<double> alpha{};      // unset: alpha = rank, so scaling() is 1
+  double dropout = 0.0;               // on the adapter's input only
+  target_list exclude{};              // matched like targets; wins over them
+  bool use_rslora = false;            // scale by alpha / √rank (rsLoRA), not alpha / rank
+  lora_pattern_list rank_pattern{};   // per-layer ranks, PEFT's rank_pattern
+  lora_pattern_list alpha_pattern{};  // per-layer alphas, PEFT's alpha_pattern
+};
+
+namespace detail {
+
+// The first empty or repeated key of a pattern list, or a value `valid` refuses, as the violations given.
+constexpr violation pattern_violation(const lora_pattern_list& list, bool (*valid)(double),
+                                      violation bad_value) noexcept {
+  for (const lora_pattern* entry = list.begin(); entry != list.end(); ++entry) {
+    if (entry->key.empty()) return violation::r5_empty_pattern_key;
+    for (const lora_pattern* earlier = list.begin(); earlier != entry; ++earlier)
+      if (earlier->key == entry->key) return violation::r5_duplicate_pattern_key;
+    if (!valid(entry->value)) return bad_value;
+  }
+  return violation::none;
+}
+
+constexpr bool positive_whole(double value) noexcept {
+  return value >= 1 && value <= 1e9 && value == static_cast<double>(static_cast<long long>(value));
+}
+constexpr bool positive(double value) noexcept { return value > 0; }  // NaN too
+
+// √value of a positive whole number, while compiling too (std::sqrt is not constexpr in C++20):
+// Newton's iteration from above, to the double nearest.
+constexpr double square_root(int value) noexcept {
+  double root = value;
+  for (double next = 0.5 * (root + value / root); next < root; next = 0.5 * (root + value / root)) root = next;
+  return root;
+}
+
+}  // namespace detail
 
 // R5: the first value of a lora(...) that is out of range, or none.
 constexpr violation lora_violation(int rank, const target_list& targets, const lora_options& options) noexcept {
@@ -29,7 +101,21 @@ constexpr violation lora_violation(int rank, const target_list& targets, const l
           detail::entries_violation(targets, violation::r5_empty_target, violation::r5_duplicate_target);
       v != violation::none)
     return v;
-  return detail::entries_violation(options.exclude, violation::r5_empty_exclude, violation::r5_duplicate_exclude);
+  for (const target& t : targets) {
+    if (t.kind == target_kind::all_linear && targets.size() > 1) return violation::r5_all_linear_not_alone;
+  }
+  for (const target& t : options.exclude) {
+    if (t.kind == target_kind::all_linear) return violation::r5_all_linear_not_alone;
+  }
+  if (const violation v =
+          detail::entries_violation(options.exclude, violation::r5_empty_exclude, violation::r5_duplicate_exclude);
+      v != violation::none)
+    return v;
+  if (const violation v =
+          detail::pattern_violation(options.rank_pattern, detail::positive_whole, violation::r5_rank_pattern_value);
+      v != violation::none)
+    return v;
+  return detail::pattern_violation(options.alpha_pattern, detail::positive, violation::r5_alpha_pattern_value);
 }
 
 class lora_stage : public detail::pipeable {
@@ -48,17 +134,35 @@ class lora_stage : public detail::pipeable {
   [[nodiscard]] constexpr double dropout() const noexcept { return options_.dropout; }
   [[nodiscard]] constexpr const target_list& targets() const noexcept { return targets_; }
   [[nodiscard]] constexpr const target_list& exclude() const noexcept { return options_.exclude; }
-  // What the adapter's output is multiplied by.
-  [[nodiscard]] constexpr double scaling() const noexcept { return alpha() / rank_; }
+  // What an adapter's output is multiplied by: alpha / rank, or alpha / √rank with use_rslora (a layer
+  // that rank_pattern or alpha_pattern matches has its own: loom/lora/scaling.hpp).
+  [[nodiscard]] constexpr double scaling() const noexcept {
+    return alpha() / (use_rslora() ? detail::square_root(rank_) : rank_);
+  }
+  [[nodiscard]] constexpr bool use_rslora() const noexcept { return options_.use_rslora; }
+  [[nodiscard]] constexpr const lora_pattern_list& rank_pattern() const noexcept { return options_.rank_pattern; }
+  [[nodiscard]] constexpr const lora_pattern_list& alpha_pattern() const noexcept { return options_.alpha_pattern; }
 
   [[nodiscard]] std::string options() const {
+    // PEFT's options beyond plain LoRA only when set, so that a plain plan reads as it always has.
     return "rank=" + detail::to_text(rank_) + ", alpha=" + detail::to_text(alpha()) +
            ", dropout=" + detail::to_text(dropout()) + ", targets=" + detail::to_text(targets_) +
-           ", exclude=" + detail::to_text(exclude());
+           ", exclude=" + detail::to_text(exclude()) + (use_rslora() ? ", use_rslora=true" : "") +
+           patterns_text("rank_pattern", rank_pattern()) + patterns_text("alpha_pattern", alpha_pattern());
   }
   [[nodiscard]] std::string describe() const { return detail::call_text(name, options()); }
 
  private:
+  static std::string patterns_text(std::string_view name, const lora_pattern_list& list) {
+    if (list.empty()) return {};
+    std::string text = ", " + std::string(name) + "={";
+    for (const lora_pattern& entry : list) {
+      if (text.back() != '{') text += ", ";
+      text.append(entry.key).append(": ").append(detail::to_text(entry.value));
+    }
+    return text + "}";
+  }
+
   constexpr lora_stage(int rank, const target_list& targets, const lora_options& options)
       : rank_(rank), targets_(targets), options_(options) {}
 

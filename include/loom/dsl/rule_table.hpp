@@ -168,6 +168,19 @@
   X(r5_duplicate_target, "loom R5: a lora target is listed twice: remove the duplicate")                       \
   X(r5_empty_exclude, "loom R5: a lora exclude entry is empty: remove it or name a module")                    \
   X(r5_duplicate_exclude, "loom R5: a lora exclude entry is listed twice: remove the duplicate")               \
+  X(r5_all_linear_not_alone,                                                                                   \
+    "loom R5: loom::all_linear is a whole target list (every linear layer but the output head, PEFT's "        \
+    "\"all-linear\"): give it alone, and leave layers out with .exclude")                                      \
+  X(r5_empty_pattern_key,                                                                                      \
+    "loom R5: a lora rank_pattern or alpha_pattern key is empty: give a module's name or a regex of the end "  \
+    "of its dotted name")                                                                                      \
+  X(r5_duplicate_pattern_key,                                                                                  \
+    "loom R5: a lora rank_pattern or alpha_pattern key is listed twice: keep one (the first key that matches " \
+    "a layer gives its value)")                                                                                \
+  X(r5_rank_pattern_value,                                                                                     \
+    "loom R5: a lora rank_pattern value must be a whole number > 0: give each matched layer a positive rank")  \
+  X(r5_alpha_pattern_value,                                                                                    \
+    "loom R5: a lora alpha_pattern value must be > 0: give each matched layer a positive alpha")               \
   /* R6: at most one lora. */                                                                                  \
   X(r6_two_loras,                                                                                              \
     "loom R6: the plan has two lora(...) stages: keep one and list every target in it "                        \
@@ -205,6 +218,9 @@
   X(r12_too_many_targets,                                                                                      \
     "loom R12: a target list holds at most 16 entries: match several modules "                                 \
     "with one loom::pattern(regex)")                                                                           \
+  X(r12_too_many_pattern_keys,                                                                                 \
+    "loom R12: a rank_pattern or alpha_pattern holds at most 16 keys: match several layers with one regex "    \
+    "key")                                                                                                     \
   /* R13: the right side of | is a stage. */                                                                   \
   X(r13_not_a_stage,                                                                                           \
     "loom R13: the right side of | is not a loom stage: call the stage function, "                             \

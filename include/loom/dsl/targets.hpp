@@ -17,8 +17,9 @@
 namespace loom {
 
 enum class target_kind : unsigned char {
-  name,     // a module whose dotted name equals it or ends with "." + it
-  pattern,  // a regular expression that matches the whole dotted name
+  name,        // a module whose dotted name equals it or ends with "." + it
+  pattern,     // a regular expression that matches the whole dotted name
+  all_linear,  // lora's: every linear layer but the model's output head (PEFT's "all-linear")
 };
 
 struct target {
@@ -46,6 +47,11 @@ struct target_alias {
 
 // loom::pattern(".*attn\\.(q|v)") matches a module whose whole dotted name matches the regex.
 constexpr target pattern(std::string_view regex) noexcept { return {regex, target_kind::pattern}; }
+
+// lora(16, {loom::all_linear}): every linear layer but the output head, as PEFT's target_modules =
+// "all-linear" (the head is the layer a model names as its `output_embeddings`, transformers'
+// get_output_embeddings(); lm_head for loom::models::CausalLM). A whole target list by itself (R5).
+inline constexpr target all_linear{"all-linear", target_kind::all_linear};
 
 namespace detail {
 

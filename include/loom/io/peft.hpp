@@ -17,6 +17,7 @@
 #include <stdexcept>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 namespace loom {
@@ -34,6 +35,10 @@ struct peft_lora_adapter {
   std::int64_t r = 0;
   double lora_alpha = 0;  // as given: a fractional alpha stays fractional
   double lora_dropout = 0;
+  bool use_rslora = false;  // scaled by lora_alpha / √r, not lora_alpha / r
+  // Per-layer ranks and alphas by key (a name, or a regex of a name's end), in the file's order.
+  std::vector<std::pair<std::string, std::int64_t>> rank_pattern{};
+  std::vector<std::pair<std::string, double>> alpha_pattern{};
   std::vector<std::string> target_modules;  // the adapted layers' full dotted names
   // What AutoPeftModel*.from_pretrained(folder) needs to load the base model itself: PEFT's task
   // ("CAUSAL_LM") and the base model's folder; null in the file when empty.
@@ -51,9 +56,8 @@ struct peft_lora_adapter {
 // file atomically.
 void save_peft_adapter(const std::filesystem::path& folder, const peft_lora_adapter& adapter);
 
-// Reads a LoRA adapter that PEFT (or loom) saved; refuses, with the reason, what a plain LoRA
-// adapter cannot express: another peft_type, DoRA, rsLoRA's scaling, trained biases, per-layer
-// ranks or alphas, modules_to_save.
+// Reads a LoRA adapter that PEFT (or loom) saved; refuses, with the reason, what loom's LoRA cannot
+// express: another peft_type, DoRA, trained biases, modules_to_save.
 [[nodiscard]] peft_lora_adapter load_peft_adapter(const std::filesystem::path& folder);
 
 // Writes pytorch_lora_weights.safetensors into `folder` (created if missing), atomically: the keys and

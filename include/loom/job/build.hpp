@@ -52,14 +52,16 @@ struct plan_value {
 template <class M>
 using stored_module = std::remove_pointer_t<decltype(std::declval<module_storage<M>&>().operator->())>;
 
-// The other names the model's users give its modules, for lora(...)'s targets (loom::target_alias).
+// What the model says of its names for lora(...)'s targets, from its static members (each
+// optional): other names its users give its modules (lora_target_aliases, loom::target_alias), and
+// its output head (output_embeddings, transformers' get_output_embeddings()), which loom::all_linear
+// leaves out.
 template <class Module>
-constexpr std::span<const target_alias> lora_target_aliases_of() noexcept {
-  if constexpr (requires { Module::lora_target_aliases; }) {
-    return Module::lora_target_aliases;
-  } else {
-    return {};
-  }
+constexpr lora_model_names lora_model_names_of() noexcept {
+  lora_model_names names;
+  if constexpr (requires { Module::lora_target_aliases; }) names.aliases = Module::lora_target_aliases;
+  if constexpr (requires { Module::output_embeddings; }) names.output_embeddings = Module::output_embeddings;
+  return names;
 }
 
 // What the module says of itself for the files other libraries read, from its static members (each optional).
@@ -106,7 +108,7 @@ constructed<M> construct(const Args& model_args, std::optional<std::uint64_t> se
   if (lora) {
     made.lora = lora_layers::inject(*made.model.base(), type_name<M>(), *lora,
                                     dtypes.policy ? std::optional(dtypes.policy->param) : std::nullopt,
-                                    lora_target_aliases_of<stored_module<M>>());
+                                    lora_model_names_of<stored_module<M>>());
   }
   return made;
 }

@@ -6,6 +6,7 @@
 #include <loom/dsl/lora.hpp>
 #include <loom/dsl/targets.hpp>
 #include <loom/lora/adapter.hpp>
+#include <loom/lora/scaling.hpp>
 #include <loom/nn/linear.hpp>
 
 #include <torch/nn/module.h>
@@ -25,29 +26,38 @@ namespace loom {
 [[nodiscard]] bool matches(const target& target, std::string_view name);
 [[nodiscard]] bool matches_any(const target_list& targets, std::string_view name);
 
+// What a model says of its names for lora(...)'s targets: other names its users give its modules
+// (loom::target_alias), and its output head, which loom::all_linear leaves out (none: every linear
+// layer).
+struct lora_model_names {
+  std::span<const target_alias> aliases{};
+  std::string_view output_embeddings{};
+};
+
 class lora_layers {
  public:
   lora_layers() = default;
 
   // Adapts every linear layer under `root` that a target of `spec` selects and no exclusion does,
-  // drawing A from the current default generator (the forked one under seeded). Throws
-  // std::invalid_argument when nothing matches or a target selects a module that is not linear.
-  // `model_name` names the model in errors. `compute_dtype`: what the updates compute in
-  // (mixed_precision's param), none for each adapter's own (lora_adapter_options). A name target
-  // (or exclusion) that is, or ends with, one of the model's `aliases` selects what the alias stands
-  // for: `to_out` is `to_out.0` on a model that declares {"to_out", "to_out.0"}.
+  // each of the rank and scale PEFT's rules give it (loom/lora/scaling.hpp), drawing A from the
+  // current default generator (the forked one under seeded). Throws std::invalid_argument when
+  // nothing matches or a target selects a module that is not linear. `model_name` names the model in
+  // errors. `compute_dtype`: what the updates compute in (mixed_precision's param), none for each
+  // adapter's own (lora_adapter_options). A name target (or exclusion) that is, or ends with, one of
+  // the model's aliases selects what the alias stands for: `to_out` is `to_out.0` on a model that
+  // declares {"to_out", "to_out.0"}.
   static lora_layers inject(torch::nn::Module& root, std::string_view model_name, const lora_stage& spec,
-                            std::optional<at::ScalarType> compute_dtype = std::nullopt,
-                            std::span<const target_alias> aliases = {});
+                            std::optional<at::ScalarType> compute_dtype = std::nullopt, lora_model_names names = {});
 
   [[nodiscard]] std::size_t fast_path_count() const noexcept { return fast_.size(); }
   [[nodiscard]] std::size_t fallback_count() const noexcept { return fallback_.size(); }
   [[nodiscard]] const std::vector<std::string>& adapted() const noexcept { return adapted_; }
   [[nodiscard]] bool empty() const noexcept { return adapted_.empty(); }
-  // The plan's lora(rank, ..., {.alpha, .dropout}), as given.
-  [[nodiscard]] std::int64_t rank() const noexcept { return rank_; }
-  [[nodiscard]] double alpha() const noexcept { return alpha_; }
+  // The plan's lora(rank, ..., {.alpha, .dropout, .use_rslora, .rank_pattern, .alpha_pattern}).
+  [[nodiscard]] std::int64_t rank() const noexcept { return rules_.r; }
+  [[nodiscard]] double alpha() const noexcept { return rules_.lora_alpha; }
   [[nodiscard]] double dropout() const noexcept { return dropout_; }
+  [[nodiscard]] const lora_scaling_rules& rules() const noexcept { return rules_; }
   // Whether merge() folded the adapters into the base weights (and unmerge() has not taken them out).
   [[nodiscard]] bool merged() const noexcept { return merged_; }
 
@@ -74,8 +84,7 @@ class lora_layers {
     lora_adapter adapter;
   };
 
-  std::int64_t rank_ = 0;
-  double alpha_ = 0;
+  lora_scaling_rules rules_;
   double dropout_ = 0;
   std::vector<std::string> adapted_;
   std::vector<std::shared_ptr<nn::LinearImpl>> fast_;

@@ -41,7 +41,8 @@ struct attention_options {
   std::int64_t kv_heads = 0;  // 0: as many as heads
   std::int64_t head_dim = 64;
   bool causal = false;
-  std::optional<double> scale;  // none: 1 / sqrt(head_dim)
+  std::optional<double> scale;      // none: 1 / sqrt(head_dim)
+  std::int64_t sliding_window = 0;  // causal only: > 0, each query sees this many tokens, itself the last
 
   [[nodiscard]] std::int64_t key_value_heads() const noexcept { return kv_heads == 0 ? heads : kv_heads; }
 };

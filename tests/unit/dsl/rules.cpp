@@ -115,6 +115,11 @@ TEST_CASE("every sentence names its rule and reads 'loom R<n>: what: fix'", "[ds
       {v::r5_duplicate_target, 5},
       {v::r5_empty_exclude, 5},
       {v::r5_duplicate_exclude, 5},
+      {v::r5_all_linear_not_alone, 5},
+      {v::r5_empty_pattern_key, 5},
+      {v::r5_duplicate_pattern_key, 5},
+      {v::r5_rank_pattern_value, 5},
+      {v::r5_alpha_pattern_value, 5},
       {v::r6_two_loras, 6},
       {v::r9_trainable_without_lora, 9},
       {v::r10_trainable_twice, 10},
@@ -122,6 +127,7 @@ TEST_CASE("every sentence names its rule and reads 'loom R<n>: what: fix'", "[ds
       {v::r11_empty_pattern, 11},
       {v::r11_duplicate_pattern, 11},
       {v::r12_too_many_targets, 12},
+      {v::r12_too_many_pattern_keys, 12},
   };
   for (const auto& [code, id] : rules) {
     const std::string_view text = loom::sentence(code);

@@ -57,6 +57,48 @@ TEST_CASE("lora_violation rejects NaN", "[dsl][values]") {
   CHECK(loom::lora_violation(8, attention, {.dropout = nan}) == violation::r5_dropout_out_of_range);
 }
 
+TEST_CASE("PEFT's options: all-linear alone, pattern keys and values", "[dsl][values]") {
+  using loom::lora_violation;
+  STATIC_REQUIRE(lora_violation(8, {loom::all_linear}, {}) == violation::none);
+  STATIC_REQUIRE(lora_violation(8, {loom::all_linear, "lm_head"}, {}) == violation::r5_all_linear_not_alone);
+  STATIC_REQUIRE(lora_violation(8, attention, {.exclude = {loom::all_linear}}) == violation::r5_all_linear_not_alone);
+  STATIC_REQUIRE(lora_violation(8, attention,
+                                {.use_rslora = true,
+                                 .rank_pattern = {{"q_proj", 4}, {"v_.*", 2}},
+                                 .alpha_pattern = {{"q_proj", 0.5}}}) == violation::none);
+  STATIC_REQUIRE(lora_violation(8, attention, {.rank_pattern = {{"q_proj", 0}}}) == violation::r5_rank_pattern_value);
+  STATIC_REQUIRE(lora_violation(8, attention, {.rank_pattern = {{"q_proj", 2.5}}}) == violation::r5_rank_pattern_value);
+  STATIC_REQUIRE(lora_violation(8, attention, {.alpha_pattern = {{"q_proj", -1}}}) ==
+                 violation::r5_alpha_pattern_value);
+  STATIC_REQUIRE(lora_violation(8, attention, {.alpha_pattern = {{"", 1}}}) == violation::r5_empty_pattern_key);
+  STATIC_REQUIRE(lora_violation(8, attention, {.rank_pattern = {{"q_proj", 2}, {"q_proj", 4}}}) ==
+                 violation::r5_duplicate_pattern_key);
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  CHECK(lora_violation(8, attention, {.alpha_pattern = {{"q_proj", nan}}}) == violation::r5_alpha_pattern_value);
+  CHECK(lora_violation(8, attention, {.rank_pattern = {{"q_proj", nan}}}) == violation::r5_rank_pattern_value);
+
+  // rsLoRA scales by alpha / √rank; the text says what is set beyond plain LoRA, and only that.
+  constexpr loom::lora_stage rs =
+      loom::lora(16, {loom::all_linear},
+                 {.alpha = 8, .use_rslora = true, .rank_pattern = {{"o_proj", 4}}, .alpha_pattern = {{"up_proj", 2}}});
+  STATIC_REQUIRE(rs.scaling() == 2.0);
+  CHECK(
+      rs.describe() ==
+      "lora(rank=16, alpha=8, dropout=0, targets=[all-linear], exclude=[], use_rslora=true, rank_pattern={o_proj: 4}, "
+      "alpha_pattern={up_proj: 2})");
+  CHECK(loom::lora(4).describe() ==
+        "lora(rank=4, alpha=4, dropout=0, targets=[q_proj, k_proj, v_proj, o_proj, to_q, "
+        "to_k, to_v, to_out, to_qkv, to_gate_compress], exclude=[])");
+
+  loom::lora_pattern_list full;
+  for (int i = 0; i < 16; ++i) {
+    std::string key = "l";
+    key += std::to_string(i);
+    full.push_back({key, 2});
+  }
+  plan_error_of([&] { full.push_back({"one_more", 2}); }, violation::r12_too_many_pattern_keys);
+}
+
 TEST_CASE("lora(...) with constants, lora_stage::checked with run-time values", "[dsl][values]") {
   constexpr loom::lora_stage fixed = loom::lora(16, {"q_proj", "v_proj"}, {.alpha = 8, .dropout = 0.1});
   STATIC_REQUIRE(fixed.rank() == 16);

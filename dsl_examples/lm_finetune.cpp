@@ -1,11 +1,12 @@
-// llama-finetune: LoRA fine-tuning of a Hugging Face Llama checkpoint on a token file, under
+// lm-finetune: LoRA fine-tuning of a Hugging Face causal language model (Llama, Mistral, Qwen2, Qwen3,
+// Gemma 3: whichever its config.json names) on a token file, under
 // loom::train, from a run file (TOML, JSON, or YAML in FastVideo's layout). The checkpoint is the
 // plan's pretrained stage; its config.json gives the model. Checkpoints, resume, preemption and
 // metrics are loom::train's; the adapter (PEFT's format) and, with --merged, the merged weights
 // (transformers' format, config.json beside them) are written at the end. README.md has a run.
 //
-//   build/loom-run --nproc-per-node 2 -- build/dsl_examples/llama-finetune
-//       --config dsl_examples/configs/llama_finetune.toml --tokens tokens.bin
+//   build/loom-run --nproc-per-node 2 -- build/dsl_examples/lm-finetune
+//       --config dsl_examples/configs/lm_finetune.toml --tokens tokens.bin
 //       [--batch-size 4] [--seq-len 128] [--merged] [--pretrained=DIR] [--lora.rank=16] [--train.steps=100] ...
 #include "common/adapter.hpp"
 #include "common/checkpoint_folder.hpp"
@@ -15,7 +16,7 @@
 
 #include <loom/config/run_file.hpp>
 #include <loom/loom.hpp>
-#include <loom/models/llama.hpp>
+#include <loom/models/causal_lm.hpp>
 #include <loom/optim/adamw.hpp>
 
 #include <fmt/core.h>
@@ -39,8 +40,10 @@ struct options {
 
 std::variant<options, int> parse(int argc, char** argv) {
   options parsed;
-  CLI::App app{"LoRA fine-tuning of a Hugging Face Llama checkpoint on a token file, from a run file.",
-               "llama-finetune"};
+  CLI::App app{
+      "LoRA fine-tuning of a Hugging Face causal language model (Llama, Mistral, Qwen2, Qwen3, Gemma 3) on a "
+      "token file, from a run file.",
+      "lm-finetune"};
   parsed.run_file.add_to(app, /*required=*/true);
   app.add_option("--tokens", parsed.tokens,
                  "an llm.c token file (dsl_examples/data/make_tokens.py); its last tenth is held out")
@@ -60,14 +63,14 @@ int run(const options& opts) {
   const auto& [config, overrides] = opts.run_file;
   const loom::run_file file = loom::read_run_file(config, overrides);
   const fs::path checkpoint = recipes::checkpoint_folder(file, config);
-  const loom::models::llama_config model_config = loom::models::llama_config::from_pretrained(checkpoint);
+  const loom::models::causal_lm_config model_config = loom::models::causal_lm_config::from_pretrained(checkpoint);
   if (opts.seq_len > model_config.max_position_embeddings) {
     throw std::invalid_argument(fmt::format("--seq-len {} is longer than the checkpoint's max_position_embeddings {}",
                                             opts.seq_len, model_config.max_position_embeddings));
   }
   const at::Tensor tokens = token_file::load(opts.tokens, model_config.vocab_size);
   const std::int64_t split = tokens.numel() * 9 / 10;
-  const auto plan = loom::plan_from_file(loom::model<loom::models::Llama>(model_config), file);
+  const auto plan = loom::plan_from_file(loom::model<loom::models::CausalLM>(model_config), file);
   const auto seeded = plan.find<loom::seeded_stage>();
   const std::uint64_t seed = seeded ? seeded->seed() : 0;
   // Before the model is built: too little data is a sentence, not a wait for the build.
@@ -97,7 +100,7 @@ int run(const options& opts) {
         loom::optim::AdamW optimizer(job.trainable_parameters(), torch::optim::AdamWOptions(peak).weight_decay(0.0));
         // Each rank's share of a micro-batch's tokens: under sequence_parallel(k), 1/k of its sequences.
         train_options.tokens_per_micro_batch = opts.batch_per_rank * opts.seq_len * data.world_size / rt.world_size();
-        train_options.name = "llama-finetune";
+        train_options.name = "lm-finetune";
         const auto loss_of = [&](const at::Tensor& ids) {
           return loom::models::causal_lm_loss(job.forward(ids), ids, job.module()->model->sequence);
         };
@@ -116,7 +119,8 @@ int run(const options& opts) {
           if (plan.find<loom::lora_stage>()) job.merge();
           job.save_pretrained(merged);  // in the checkpoint's dtypes, with its config and tokenizer files
           if (rt.rank() == 0) {
-            fmt::print("saved {} (transformers' format: LlamaForCausalLM.from_pretrained)\n", merged.string());
+            fmt::print("saved {} (transformers' format: {}.from_pretrained)\n", merged.string(),
+                       loom::models::architecture_of(model_config.family));
           }
         }
         return 0;
@@ -126,4 +130,4 @@ int run(const options& opts) {
 
 }  // namespace
 
-int main(int argc, char** argv) { return recipes::run_main<options>("llama-finetune", argc, argv, parse, run); }
+int main(int argc, char** argv) { return recipes::run_main<options>("lm-finetune", argc, argv, parse, run); }

@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""llama-finetune, the recipe, end to end on a small random Llama that transformers makes here: from a
+"""lm-finetune, the recipe, end to end on a small random Qwen3 (q and k norms, a
+head_dim of its own, a tied head) that transformers makes here: from a
 YAML run file in FastVideo's layout, LoRA under fsdp() on 2 ranks, on an llm.c token file.
 
 - a run preempted (SIGTERM to loom-run) and started again ends with the adapter an uninterrupted run
@@ -9,7 +10,7 @@ YAML run file in FastVideo's layout, LoRA under fsdp() on 2 ranks, on an llm.c t
 - with the LoRA block's enable: false the run says so once, and a token file the model's vocabulary
   cannot read is refused naming the token.
 
-    llama_finetune_check.py LOOM_RUN LLAMA_FINETUNE SOURCE_DIR
+    lm_finetune_check.py LOOM_RUN LM_FINETUNE SOURCE_DIR
 """
 from __future__ import annotations
 
@@ -50,10 +51,10 @@ def main() -> int:
     loom_run, recipe, source = sys.argv[1], sys.argv[2], Path(sys.argv[3])
     data = source / "dsl_examples" / "data"
     failures: list[str] = []
-    with tempfile.TemporaryDirectory(prefix="loom-llama-finetune-") as scratch:
+    with tempfile.TemporaryDirectory(prefix="loom-lm-finetune-") as scratch:
         root = Path(scratch)
         model, tokens = root / "model", root / "tokens.bin"
-        subprocess.run([sys.executable, data / "make_llama.py", model, "--layers", "2", "--hidden", "64"], check=True)
+        subprocess.run([sys.executable, data / "make_lm.py", model, "--family", "qwen3", "--layers", "2", "--hidden", "64"], check=True)
         subprocess.run([sys.executable, data / "make_tokens.py", "/usr/share/common-licenses/GPL-3", tokens], check=True)
         config = root / "run.yaml"
         config.write_text(RUN_FILE.format(model=model, enable="true"))
@@ -77,7 +78,7 @@ def main() -> int:
         preempted = root / "preempted"
         run = subprocess.Popen(command(preempted), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         for line in run.stdout:
-            if re.search(r"llama-finetune step +3/8", line):
+            if re.search(r"lm-finetune step +3/8", line):
                 break
         run.send_signal(signal.SIGTERM)
         rest = run.stdout.read()
@@ -92,18 +93,18 @@ def main() -> int:
 
         import torch
         from peft import PeftModel
-        from transformers import LlamaForCausalLM
+        from transformers import AutoModelForCausalLM
 
         ids = torch.randint(0, 256, (2, 32), generator=torch.Generator().manual_seed(5))
         with warnings.catch_warnings():
             warnings.simplefilter("error")
             # PEFT 0.21 reads an attribute transformers 5 has deprecated: theirs, not about the files.
             warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing. is deprecated", category=FutureWarning)
-            base = LlamaForCausalLM.from_pretrained(model).eval()
+            base = AutoModelForCausalLM.from_pretrained(model).eval()
             with torch.no_grad():
                 before = base(ids).logits
             adapted = PeftModel.from_pretrained(base, straight / "adapter").eval()
-            merged = LlamaForCausalLM.from_pretrained(straight / "merged").eval()
+            merged = AutoModelForCausalLM.from_pretrained(straight / "merged").eval()
             # The adapter names its task and its base model: PEFT loads both from the folder alone.
             from peft import AutoPeftModelForCausalLM
             on_its_own = AutoPeftModelForCausalLM.from_pretrained(straight / "adapter").eval()
@@ -144,7 +145,7 @@ def main() -> int:
             failures.append(f"a token beyond the vocabulary was not refused by name: {refused.stderr[-800:]}")
     for failure in failures:
         print("FAIL:", failure)
-    print("llama-finetune:", "ok" if not failures else f"{len(failures)} failures")
+    print("lm-finetune:", "ok" if not failures else f"{len(failures)} failures")
     return 1 if failures else 0
 
 

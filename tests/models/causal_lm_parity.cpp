@@ -1,6 +1,6 @@
-// loom's Llama on a transformers checkpoint (tests/models/llama_vs_transformers.py makes them and
-// checks what this writes):
-//   llama-parity FOLDER {local|ddp|fsdp} [--bf16] [--lora OUT]
+// loom's CausalLM on a transformers checkpoint of any family it reads
+// (tests/models/causal_lm_vs_transformers.py makes them and checks what this writes):
+//   causal-lm-parity FOLDER {local|ddp|fsdp} [--bf16] [--lora OUT]
 // reads FOLDER/config.json and builds the plan with pretrained(FOLDER) (the weights by name,
 // strictly), under mixed_precision() with --bf16. Without --lora it runs the forward on
 // FOLDER/expected.safetensors' ids and compares its logits with transformers' on every rank: fp32
@@ -13,7 +13,7 @@
 // unmerged ones here first (in fp32).
 #include <loom/io/safetensors.hpp>
 #include <loom/loom.hpp>
-#include <loom/models/llama.hpp>
+#include <loom/models/causal_lm.hpp>
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <fmt/format.h>
@@ -154,7 +154,7 @@ bool with_precision(const Plan& plan, const arguments& args) {
 int main(int argc, char** argv) {
   const std::vector<std::string_view> words(argv + 1, argv + argc);
   if (words.size() < 2) {
-    fmt::print(stderr, "usage: llama-parity FOLDER {{local|ddp|fsdp}} [--bf16] [--lora OUT]\n");
+    fmt::print(stderr, "usage: causal-lm-parity FOLDER {{local|ddp|fsdp}} [--bf16] [--lora OUT]\n");
     return 2;
   }
   arguments args;
@@ -166,19 +166,19 @@ int main(int argc, char** argv) {
     } else if (words[i] == "--lora" && i + 1 < words.size()) {
       args.lora_out = fs::path(words[++i]);
     } else {
-      fmt::print(stderr, "llama-parity: unexpected '{}'\n", words[i]);
+      fmt::print(stderr, "causal-lm-parity: unexpected '{}'\n", words[i]);
       return 2;
     }
   }
   try {
-    const auto config = loom::models::llama_config::from_pretrained(args.folder);
+    const auto config = loom::models::causal_lm_config::from_pretrained(args.folder);
     const auto base =
-        loom::model<loom::models::Llama>(config) | loom::seeded(0) | loom::pretrained(args.folder.string());
+        loom::model<loom::models::CausalLM>(config) | loom::seeded(0) | loom::pretrained(args.folder.string());
     const bool ok = args.lora_out ? with_precision(base | loom::lora(4, {"q_proj", "v_proj", "down_proj"}), args)
                                   : with_precision(base, args);
     return ok ? 0 : 1;
   } catch (const std::exception& error) {
-    fmt::print(stderr, "llama-parity: {}\n", error.what());
+    fmt::print(stderr, "causal-lm-parity: {}\n", error.what());
     return 1;
   }
 }

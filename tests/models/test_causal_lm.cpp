@@ -1,9 +1,9 @@
-// loom::models::Llama without transformers: llama_config::from_json against config.json as
+// loom::models::CausalLM without transformers: causal_lm_config::from_json against config.json as
 // transformers 4 and 5 write it, each refusal's sentence, the module's names (transformers' own, so
 // that checkpoints load by name), the causal-LM loss, and the recipe's token files
 // (dsl_examples/models/token_file.hpp).
 #include <loom/loom.hpp>
-#include <loom/models/llama.hpp>
+#include <loom/models/causal_lm.hpp>
 #include <models/token_file.hpp>
 
 #include <ATen/CPUGeneratorImpl.h>
@@ -11,7 +11,9 @@
 
 #include <catch2/catch_test_macros.hpp>
 #include <catch2/matchers/catch_matchers_string.hpp>
+#include <catch2/matchers/catch_matchers_vector.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <filesystem>
@@ -22,7 +24,7 @@
 
 using Catch::Matchers::ContainsSubstring;
 using Catch::Matchers::StartsWith;
-using loom::models::llama_config;
+using loom::models::causal_lm_config;
 
 namespace {
 
@@ -38,18 +40,22 @@ std::string config_json(const std::string& extra = "") {
 }  // namespace
 
 TEST_CASE("config.json as transformers 5 writes it", "[llama]") {
-  const llama_config config = llama_config::from_json(config_json(), "config.json");
+  const causal_lm_config config = causal_lm_config::from_json(config_json(), "config.json");
   CHECK(config.vocab_size == 96);
   CHECK(config.num_key_value_heads == 2);
   CHECK(config.head_dim == 8);  // hidden_size / num_attention_heads
-  CHECK(config.rope_theta == 500.0);
+  CHECK(config.rope.theta == 500.0);
   CHECK(config.rms_norm_eps == 1e-5);
-  CHECK_FALSE(config.rope_scaling);
+  CHECK(config.rope.type == loom::models::rope_parameters::scaling::none);
   CHECK_FALSE(config.tie_word_embeddings);
+  CHECK(config.family == loom::models::causal_lm_family::llama);
+  CHECK(config.layer_types.empty());
+  CHECK_FALSE(config.qkv_bias);
+  CHECK_FALSE(config.qk_norm);
 }
 
 TEST_CASE("config.json as transformers 4 writes it: rope_theta and rope_scaling", "[llama]") {
-  const llama_config config = llama_config::from_json(
+  const causal_lm_config config = causal_lm_config::from_json(
       R"({"model_type": "llama", "vocab_size": 10, "hidden_size": 16, "intermediate_size": 8,
           "num_hidden_layers": 1, "num_attention_heads": 2, "head_dim": 6, "rope_theta": 1000000.0,
           "rope_scaling": {"type": "llama3", "factor": 32.0, "original_max_position_embeddings": 4096},
@@ -57,26 +63,30 @@ TEST_CASE("config.json as transformers 4 writes it: rope_theta and rope_scaling"
       "v4.json");
   CHECK(config.num_key_value_heads == 2);  // num_attention_heads when left out
   CHECK(config.head_dim == 6);
-  CHECK(config.rope_theta == 1e6);
-  REQUIRE(config.rope_scaling);
-  CHECK(config.rope_scaling->factor == 32.0);
-  CHECK(config.rope_scaling->low_freq_factor == 1.0);
-  CHECK(config.rope_scaling->original_max_position_embeddings == 4096);
+  CHECK(config.rope.theta == 1e6);
+  REQUIRE(config.rope.type == loom::models::rope_parameters::scaling::llama3);
+  CHECK(config.rope.factor == 32.0);
+  CHECK(config.rope.low_freq_factor == 1.0);
+  CHECK(config.rope.original_max_position_embeddings == 4096);
   CHECK(config.tie_word_embeddings);
 }
 
 TEST_CASE("a config.json loom cannot build is one sentence naming the file and the key", "[llama][errors]") {
   const auto refused = [](const std::string& text) {
     try {
-      (void)llama_config::from_json(text, "ckpt/config.json");
+      (void)causal_lm_config::from_json(text, "ckpt/config.json");
     } catch (const std::invalid_argument& error) {
       return std::string(error.what());
     }
     return std::string("accepted");
   };
-  CHECK_THAT(refused(R"({"architectures": ["MistralForCausalLM"]})"),
-             StartsWith("loom: Llama config 'ckpt/config.json': 'architectures' is [\"MistralForCausalLM\"]: "
-                        "loom::models::Llama reads LlamaForCausalLM checkpoints"));
+  CHECK_THAT(refused(R"({"architectures": ["FalconForCausalLM"]})"),
+             StartsWith("loom: CausalLM config 'ckpt/config.json': 'architectures' is [\"FalconForCausalLM\"]: "
+                        "loom::models::CausalLM reads LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, "
+                        "Qwen3ForCausalLM, Gemma3ForCausalLM"));
+  CHECK_THAT(refused(R"({"model_type": "phi3"})"),
+             ContainsSubstring("'model_type' is \"phi3\": loom::models::CausalLM reads the model types of"));
+  CHECK_THAT(refused(R"({"vocab_size": 3})"), ContainsSubstring("it has neither 'architectures' nor 'model_type'"));
   CHECK_THAT(refused(R"({"model_type": "llama"})"),
              ContainsSubstring("'vocab_size' is missing: a Llama config.json gives it as a positive whole number"));
   CHECK_THAT(refused(config_json(R"(, "hidden_size": 30)")),
@@ -84,19 +94,22 @@ TEST_CASE("a config.json loom cannot build is one sentence naming the file and t
   CHECK_THAT(refused(config_json(R"(, "num_key_value_heads": 3)")),
              ContainsSubstring("num_key_value_heads = 3 does not divide num_attention_heads = 4"));
   CHECK_THAT(refused(config_json(R"(, "rope_parameters": {"rope_type": "yarn", "factor": 4.0})")),
-             ContainsSubstring("rope scaling of type 'yarn' is not supported"));
+             ContainsSubstring("'rope_parameters' has rope_type 'yarn': loom computes the default rotary embedding, "
+                               "linear's and llama3's"));
+  CHECK_THAT(refused(config_json(R"(, "pad_token_id": 96)")),
+             ContainsSubstring("'pad_token_id' is 96: give a token id below vocab_size = 96, or null"));
   CHECK_THAT(refused(config_json(R"(, "hidden_act": "gelu")")),
              ContainsSubstring("'hidden_act' is \"gelu\": Llama's MLP is SwiGLU, silu"));
   CHECK_THAT(refused(config_json(R"(, "vocab_size": "96")")), ContainsSubstring("'vocab_size' is \"96\""));
   CHECK_THAT(refused("not json"), ContainsSubstring("not a JSON object"));
-  CHECK_THROWS_WITH(llama_config::from_pretrained("/nonexistent/checkpoint"),
+  CHECK_THROWS_WITH(causal_lm_config::from_pretrained("/nonexistent/checkpoint"),
                     ContainsSubstring("cannot be read: give a checkpoint folder holding config.json"));
 }
 
 TEST_CASE("the module's names are transformers' names", "[llama]") {
-  llama_config config = llama_config::from_json(config_json(R"(, "attention_bias": true)"), "config.json");
+  causal_lm_config config = causal_lm_config::from_json(config_json(R"(, "attention_bias": true)"), "config.json");
   config.num_hidden_layers = 1;
-  loom::models::Llama untied(config);
+  loom::models::CausalLM untied(config);
   const std::vector<std::string> expected{"model.embed_tokens.weight",
                                           "model.layers.0.self_attn.q_proj.weight",
                                           "model.layers.0.self_attn.q_proj.bias",
@@ -116,10 +129,160 @@ TEST_CASE("the module's names are transformers' names", "[llama]") {
   CHECK(untied->named_parameters().keys() == expected);
   CHECK(untied->named_buffers().is_empty());  // the rotary frequencies are computed, in no state_dict
   config.tie_word_embeddings = true;
-  loom::models::Llama tied(config);
+  loom::models::CausalLM tied(config);
   CHECK(tied->named_parameters().keys().back() == "model.norm.weight");  // no lm_head.weight of its own
   CHECK(untied->model->layers->size() == 1);
-  CHECK(untied->model->layers[0]->as<loom::models::LlamaDecoderLayer>() != nullptr);  // a unit
+  CHECK(untied->model->layers[0]->as<loom::models::DecoderLayer>() != nullptr);  // a unit
+}
+
+namespace {
+
+using loom::models::layer_attention;
+using loom::models::rope_parameters;
+
+std::vector<std::string> parameter_names(const causal_lm_config& config) {
+  loom::models::CausalLM model(config);
+  return model->named_parameters().keys();
+}
+
+// "full full sliding": each layer's attention.
+std::string layer_kinds(const causal_lm_config& config) {
+  std::string text;
+  for (const layer_attention kind : config.layer_types) {
+    if (!text.empty()) text += ' ';
+    text += kind == layer_attention::full ? "full" : "sliding";
+  }
+  return text;
+}
+
+bool has(const std::vector<std::string>& names, const std::string& name) {
+  return std::find(names.begin(), names.end(), name) != names.end();
+}
+
+}  // namespace
+
+TEST_CASE("Qwen2 and Qwen2.5: biases on q, k and v but not o; the window on the layers the config names",
+          "[causal_lm][qwen2]") {
+  // Qwen2.5-0.5B's config.json (transformers 4): no window in use, a tied head.
+  const std::string qwen25 = R"({"architectures": ["Qwen2ForCausalLM"], "hidden_act": "silu", "hidden_size": 32,
+    "intermediate_size": 48, "max_position_embeddings": 32768, "max_window_layers": 2, "model_type": "qwen2",
+    "num_attention_heads": 4, "num_hidden_layers": 3, "num_key_value_heads": 2, "rms_norm_eps": 1e-06,
+    "rope_theta": 1000000.0, "sliding_window": 32768, "tie_word_embeddings": true, "use_sliding_window": false,
+    "vocab_size": 64)";
+  const causal_lm_config config = causal_lm_config::from_json(qwen25 + "}", "qwen2.5.json");
+  CHECK(config.family == loom::models::causal_lm_family::qwen2);
+  CHECK(config.qkv_bias);
+  CHECK_FALSE(config.output_bias);
+  CHECK(config.tie_word_embeddings);
+  CHECK(config.rope.theta == 1e6);
+  CHECK(config.layer_types.empty());  // use_sliding_window is false
+  const std::vector<std::string> names = parameter_names(config);
+  CHECK(has(names, "model.layers.0.self_attn.q_proj.bias"));
+  CHECK(has(names, "model.layers.0.self_attn.v_proj.bias"));
+  CHECK_FALSE(has(names, "model.layers.0.self_attn.o_proj.bias"));
+  CHECK_FALSE(has(names, "lm_head.weight"));
+
+  // With the window: the layers from max_window_layers on, or those layer_types names.
+  const std::string windowed = R"(, "use_sliding_window": true, "sliding_window": 16)";
+  const causal_lm_config by_count = causal_lm_config::from_json(qwen25 + windowed + "}", "qwen2.json");
+  CHECK(by_count.sliding_window == 16);
+  CHECK(layer_kinds(by_count) == "full full sliding");
+  const causal_lm_config by_type = causal_lm_config::from_json(
+      qwen25 + windowed + R"(, "layer_types": ["sliding_attention", "full_attention", "full_attention"]})", "q.json");
+  CHECK(by_type.attention_of(0) == layer_attention::sliding);
+  CHECK(by_type.attention_of(2) == layer_attention::full);
+  CHECK_THROWS_WITH(
+      causal_lm_config::from_json(qwen25 + windowed + R"(, "layer_types": ["full_attention"]})", "q.json"),
+      ContainsSubstring("'layer_types' is [\"full_attention\"]: give one of \"full_attention\" and "
+                        "\"sliding_attention\" for each of the 3 layers"));
+}
+
+TEST_CASE("Qwen3: q and k normed per head, a head_dim of its own, attention_bias on all four", "[causal_lm][qwen3]") {
+  const std::string qwen3 = R"({"architectures": ["Qwen3ForCausalLM"], "hidden_size": 32, "intermediate_size": 48,
+    "model_type": "qwen3", "num_attention_heads": 4, "num_hidden_layers": 1, "num_key_value_heads": 2,
+    "vocab_size": 64, "rope_parameters": {"rope_theta": 1000000.0, "rope_type": "default"})";
+  const causal_lm_config config = causal_lm_config::from_json(qwen3 + "}", "qwen3.json");
+  CHECK(config.head_dim == 128);  // Qwen3Config's, not hidden_size / heads
+  CHECK(config.qk_norm);
+  CHECK_FALSE(config.qkv_bias);
+  const std::vector<std::string> names = parameter_names(config);
+  CHECK(has(names, "model.layers.0.self_attn.q_norm.weight"));
+  CHECK(has(names, "model.layers.0.self_attn.k_norm.weight"));
+  CHECK(has(names, "lm_head.weight"));
+  const causal_lm_config biased =
+      causal_lm_config::from_json(qwen3 + R"(, "attention_bias": true, "head_dim": 6})", "qwen3.json");
+  CHECK(biased.head_dim == 6);
+  CHECK(has(parameter_names(biased), "model.layers.0.self_attn.o_proj.bias"));
+}
+
+TEST_CASE("Mistral: every layer in the sliding window when sliding_window is set", "[causal_lm][mistral]") {
+  const std::string mistral = R"({"architectures": ["MistralForCausalLM"], "hidden_size": 32, "intermediate_size": 48,
+    "model_type": "mistral", "num_attention_heads": 4, "num_hidden_layers": 2, "num_key_value_heads": 2,
+    "vocab_size": 64, "head_dim": 10)";
+  const causal_lm_config windowed = causal_lm_config::from_json(mistral + R"(, "sliding_window": 4096})", "m.json");
+  CHECK(windowed.head_dim == 10);
+  CHECK(windowed.sliding_window == 4096);
+  CHECK(layer_kinds(windowed) == "sliding sliding");
+  const causal_lm_config whole = causal_lm_config::from_json(mistral + R"(, "sliding_window": null})", "m.json");
+  CHECK(whole.layer_types.empty());
+  CHECK_THAT(parameter_names(whole), Catch::Matchers::VectorContains(std::string("lm_head.weight")));
+}
+
+TEST_CASE("Gemma 3: (1 + w) norms around both sublayers, scaled embeddings, local and global layers",
+          "[causal_lm][gemma3]") {
+  // As transformers 4 wrote gemma-3-1b's (its sizes cut down).
+  const std::string gemma = R"({"architectures": ["Gemma3ForCausalLM"], "model_type": "gemma3_text",
+    "hidden_size": 32, "intermediate_size": 48, "num_attention_heads": 4, "num_hidden_layers": 7,
+    "num_key_value_heads": 1, "head_dim": 8, "vocab_size": 64, "hidden_activation": "gelu_pytorch_tanh",
+    "query_pre_attn_scalar": 256, "rope_theta": 1000000.0, "rope_local_base_freq": 10000.0,
+    "rope_scaling": {"rope_type": "linear", "factor": 8.0}, "sliding_window": 512, "sliding_window_pattern": 6,
+    "attn_logit_softcapping": null, "final_logit_softcapping": null, "pad_token_id": 0)";
+  const causal_lm_config config = causal_lm_config::from_json(gemma + "}", "gemma.json");
+  CHECK(config.family == loom::models::causal_lm_family::gemma3);
+  CHECK(config.tie_word_embeddings);  // Gemma3TextConfig's default
+  CHECK(config.norm == loom::models::norm_weighting::offset_scale);
+  CHECK(config.sandwich_norms);
+  CHECK(config.scaled_embeddings);
+  CHECK(config.activation == loom::models::mlp_activation::gelu_tanh);
+  CHECK(config.query_pre_attn_scalar == 256);
+  CHECK_FALSE(config.final_logit_softcapping);
+  CHECK(config.pad_token_id == 0);
+  CHECK(config.rope.theta == 1e6);
+  CHECK(config.rope.type == rope_parameters::scaling::linear);
+  CHECK(config.rope.factor == 8);
+  CHECK(config.sliding_rope.theta == 1e4);
+  CHECK(config.sliding_rope.type == rope_parameters::scaling::none);
+  // Every sixth layer global, the others in the window.
+  CHECK(layer_kinds(config) == "sliding sliding sliding sliding sliding full sliding");
+  CHECK(config.sliding_window == 512);
+
+  const std::vector<std::string> names = parameter_names(config);
+  for (const std::string norm : {"input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm",
+                                 "post_feedforward_layernorm", "self_attn.q_norm", "self_attn.k_norm"}) {
+    CHECK(has(names, "model.layers.0." + norm + ".weight"));
+  }
+  CHECK_FALSE(has(names, "lm_head.weight"));
+  // (1 + w) from zeros: a fresh model's norms are the identity, as Gemma's initialiser leaves them.
+  loom::models::CausalLM model(config);
+  CHECK(model->model->norm->weight.abs().max().item<double>() == 0);
+
+  // transformers 5's per-layer-type rope_parameters, and soft-capping.
+  const causal_lm_config v5 =
+      causal_lm_config::from_json(gemma + R"(, "final_logit_softcapping": 30.0, "rope_parameters": {
+        "full_attention": {"rope_type": "linear", "factor": 4.0, "rope_theta": 500000.0},
+        "sliding_attention": {"rope_type": "default", "rope_theta": 20000.0}}})",
+                                  "gemma5.json");
+  CHECK(v5.final_logit_softcapping == 30.0);
+  CHECK(v5.rope.theta == 5e5);
+  CHECK(v5.rope.factor == 4);
+  CHECK(v5.sliding_rope.theta == 2e4);
+
+  CHECK_THROWS_WITH(
+      causal_lm_config::from_json(gemma + R"(, "use_bidirectional_attention": true})", "gemma.json"),
+      ContainsSubstring("'use_bidirectional_attention' is true: loom builds Gemma 3's causal language model"));
+  CHECK_THROWS_WITH(causal_lm_config::from_json(gemma + R"(, "hidden_activation": "gelu"})", "gemma.json"),
+                    ContainsSubstring("'hidden_activation' is \"gelu\": Gemma 3's MLP is gated by GELU's tanh form, "
+                                      "gelu_pytorch_tanh"));
 }
 
 TEST_CASE("causal_lm_loss predicts the next token, in fp32, leaving out labels of -100", "[llama]") {
@@ -148,10 +311,10 @@ TEST_CASE("causal_lm_loss predicts the next token, in fp32, leaving out labels o
 TEST_CASE("pretrained(path) loads by name while the model is built: strict, cast to the model's dtype",
           "[llama][pretrained]") {
   namespace fs = std::filesystem;
-  llama_config config = llama_config::from_json(config_json(), "config.json");
+  causal_lm_config config = causal_lm_config::from_json(config_json(), "config.json");
   const fs::path folder = fs::temp_directory_path() / "loom-test-llama-pretrained";
   fs::remove_all(folder);
-  const auto base = loom::model<loom::models::Llama>(config);
+  const auto base = loom::model<loom::models::CausalLM>(config);
   auto saved = loom::build(base | loom::seeded(1), loom::runtime::single_process());
   saved.save_weights(folder);
 
@@ -179,7 +342,7 @@ TEST_CASE("pretrained(path) loads by name while the model is built: strict, cast
 
   config.tie_word_embeddings = true;  // the checkpoint holds lm_head.weight, which a tied model has not
   CHECK_THROWS_WITH(
-      loom::build(loom::model<loom::models::Llama>(config) | loom::pretrained(folder.string()),
+      loom::build(loom::model<loom::models::CausalLM>(config) | loom::pretrained(folder.string()),
                   loom::runtime::single_process()),
       ContainsSubstring("pretrained(\"" + folder.string() +
                         "\"): the weights do not match the model: missing [], unexpected [lm_head.weight]"));
@@ -188,10 +351,10 @@ TEST_CASE("pretrained(path) loads by name while the model is built: strict, cast
 TEST_CASE("save_pretrained writes what from_pretrained reads: the checkpoint's dtypes, its config and tokenizer",
           "[llama][pretrained]") {
   namespace fs = std::filesystem;
-  const llama_config config = llama_config::from_json(config_json(), "config.json");
+  const causal_lm_config config = causal_lm_config::from_json(config_json(), "config.json");
   const fs::path folder = fs::temp_directory_path() / "loom-test-llama-save-pretrained";
   fs::remove_all(folder);
-  const auto base = loom::model<loom::models::Llama>(config);
+  const auto base = loom::model<loom::models::CausalLM>(config);
   {
     // A bf16 checkpoint, with its model files beside it.
     auto saved = loom::build(base | loom::seeded(1), loom::runtime::single_process());
@@ -276,10 +439,10 @@ TEST_CASE("token files as llm.c writes them: uint16 and uint32 ids, and each ref
 TEST_CASE("pretrained(path) names the file or the tensor that is wrong, before a byte is copied",
           "[llama][pretrained][errors]") {
   namespace fs = std::filesystem;
-  const llama_config config = llama_config::from_json(config_json(), "config.json");
+  const causal_lm_config config = causal_lm_config::from_json(config_json(), "config.json");
   const fs::path folder = fs::temp_directory_path() / "loom-test-llama-pretrained-bad";
   fs::remove_all(folder);
-  const auto base = loom::model<loom::models::Llama>(config);
+  const auto base = loom::model<loom::models::CausalLM>(config);
   auto saved = loom::build(base | loom::seeded(1), loom::runtime::single_process());
   saved.save_weights(folder, /*max_shard_bytes=*/20'000);  // an index and several files
   REQUIRE(fs::exists(folder / "model.safetensors.index.json"));
@@ -303,9 +466,10 @@ TEST_CASE("pretrained(path) names the file or the tensor that is wrong, before a
 
   // A checkpoint of another shape: the tensor named, with both shapes.
   fs::remove_all(folder);
-  llama_config wider = config;
+  causal_lm_config wider = config;
   wider.intermediate_size = 64;
-  auto other = loom::build(loom::model<loom::models::Llama>(wider) | loom::seeded(1), loom::runtime::single_process());
+  auto other =
+      loom::build(loom::model<loom::models::CausalLM>(wider) | loom::seeded(1), loom::runtime::single_process());
   other.save_weights(folder);
   CHECK_THROWS_WITH(build(), ContainsSubstring("'model.layers.0.mlp.gate_proj.weight' is Float[64,32] in the weights "
                                                "but Float[56,32] in the model"));

@@ -1,0 +1,141 @@
+#pragma once
+// loom::models::CausalLM: the decoder-only language models of transformers' Llama, Mistral, Qwen2,
+// Qwen3 and Gemma 3 families (causal_lm_config.hpp says where they differ), with transformers'
+// module and parameter names (model.embed_tokens, model.layers.<i>.self_attn.q_proj, ...,
+// model.norm, lm_head), so that a Hugging Face checkpoint loads by name (pretrained(...)) and LoRA
+// targets and PEFT adapters line up with no renaming. Each decoder layer is a loom::nn::Unit: a unit
+// of sharding under fsdp() and of recompute(...). docs/models.md.
+//
+//   const auto config = loom::models::causal_lm_config::from_pretrained("Qwen3-0.6B/");
+//   auto job = loom::build(loom::model<loom::models::CausalLM>(config) | loom::pretrained("Qwen3-0.6B/") |
+//                          loom::fsdp(), rt);
+//   const at::Tensor logits = job.forward(ids);  // int64 [batch, seq] -> [batch, seq, vocab]
+
+#include <loom/models/causal_lm_config.hpp>
+#include <loom/nn/embedding.hpp>
+#include <loom/nn/linear.hpp>
+#include <loom/nn/sequence_parallel.hpp>
+#include <loom/nn/unit.hpp>
+
+#include <ATen/core/Tensor.h>
+#include <torch/nn/module.h>
+#include <torch/nn/modules/container/modulelist.h>
+#include <torch/nn/pimpl.h>
+
+#include <cstdint>
+#include <string_view>
+
+namespace loom::models {
+
+// x / rms(x), computed in fp32, weighted as `weighting` says (causal_lm_config::norm).
+class DecoderRMSNormImpl : public torch::nn::Module {
+ public:
+  DecoderRMSNormImpl(std::int64_t size, double eps, norm_weighting weighting);
+  at::Tensor forward(const at::Tensor& x);
+
+  at::Tensor weight;
+
+ private:
+  double eps_;
+  norm_weighting weighting_;
+};
+TORCH_MODULE(DecoderRMSNorm);
+
+class DecoderAttentionImpl : public torch::nn::Module {
+ public:
+  DecoderAttentionImpl(const causal_lm_config& config, std::int64_t layer);
+  // Causal self-attention over x [batch, seq, hidden], rotary embedding cos and sin [seq, head_dim]
+  // of the same tokens (this rank's, under sequence_parallel).
+  at::Tensor forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
+
+  loom::nn::Linear q_proj, k_proj, v_proj, o_proj;
+  DecoderRMSNorm q_norm{nullptr}, k_norm{nullptr};  // qk_norm's, over each head
+  loom::nn::Attention attention;  // no weights: where sequence_parallel exchanges the sequence for heads
+
+ private:
+  std::int64_t heads_, kv_heads_, head_dim_;
+};
+TORCH_MODULE(DecoderAttention);
+
+// down(act(gate(x)) · up(x)).
+class DecoderMLPImpl : public torch::nn::Module {
+ public:
+  explicit DecoderMLPImpl(const causal_lm_config& config);
+  at::Tensor forward(const at::Tensor& x);
+
+  loom::nn::Linear gate_proj, up_proj, down_proj;
+
+ private:
+  mlp_activation activation_;
+};
+TORCH_MODULE(DecoderMLP);
+
+class DecoderLayerImpl : public torch::nn::Module {
+ public:
+  DecoderLayerImpl(const causal_lm_config& config, std::int64_t layer);
+  at::Tensor forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
+
+  [[nodiscard]] layer_attention attention_kind() const noexcept { return attention_kind_; }
+
+  DecoderAttention self_attn;
+  DecoderMLP mlp;
+  DecoderRMSNorm input_layernorm, post_attention_layernorm;
+  DecoderRMSNorm pre_feedforward_layernorm{nullptr}, post_feedforward_layernorm{nullptr};  // sandwich_norms'
+
+ private:
+  layer_attention attention_kind_;
+};
+using DecoderLayer = loom::nn::Unit<DecoderLayerImpl>;
+
+// The decoder: embeddings, the layers, the final norm (transformers' <Family>Model, named `model`).
+class DecoderModelImpl : public torch::nn::Module {
+ public:
+  explicit DecoderModelImpl(const causal_lm_config& config);
+  // The final hidden states [batch, seq, hidden] of token ids [batch, seq].
+  at::Tensor forward(const at::Tensor& ids);
+
+  loom::nn::Embedding embed_tokens;
+  torch::nn::ModuleList layers;
+  DecoderRMSNorm norm;
+  loom::nn::Sequence sequence;  // no weights: where sequence_parallel splits the tokens
+
+ private:
+  // The rotary embeddings' inverse frequencies, fp32 [head_dim / 2], of full-attention layers and of
+  // sliding ones: computed, not weights (as transformers' non-persistent inv_freq buffers), so they
+  // are in no state_dict.
+  at::Tensor inv_freq_, sliding_inv_freq_;
+  double embedding_scale_;
+};
+TORCH_MODULE(DecoderModel);
+
+// <Family>ForCausalLM: the decoder and the head. A tied head (tie_word_embeddings) reads the embedding
+// matrix and has no weight of its own, as a checkpoint of it has no lm_head.weight.
+class CausalLMImpl : public torch::nn::Module {
+ public:
+  // What a saved adapter tells PEFT, so that AutoPeftModelForCausalLM loads it with its base model.
+  static constexpr std::string_view peft_task_type = "CAUSAL_LM";
+  // The head, which lora(r, {loom::all_linear}) leaves out, as PEFT's "all-linear" does (none when tied).
+  static constexpr std::string_view output_embeddings = "lm_head";
+
+  explicit CausalLMImpl(const causal_lm_config& config);
+  // Logits [batch, seq, vocab] of token ids [batch, seq] (int64).
+  at::Tensor forward(const at::Tensor& ids);
+
+  causal_lm_config config;
+  DecoderModel model;
+  loom::nn::Linear lm_head{nullptr};  // none when tied
+};
+TORCH_MODULE(CausalLM);
+
+// The mean next-token cross-entropy of `logits` [batch, seq, vocab] against `labels` [batch, seq]
+// (int64), computed in fp32: position t predicts labels[t + 1]; labels of -100 are left out, as
+// transformers' causal-LM loss leaves them.
+[[nodiscard]] at::Tensor causal_lm_loss(const at::Tensor& logits, const at::Tensor& labels);
+// The same under sequence_parallel: `logits` of this rank's tokens, `labels` [batch, seq] whole on
+// every rank, shifted before they are split; the per-token losses summed over the group and divided
+// by the sequence's labelled tokens, so that loss and gradients are the unsplit run's. `sequence` is
+// the model's (model->sequence); without the stage this is the loss above.
+[[nodiscard]] at::Tensor causal_lm_loss(const at::Tensor& logits, const at::Tensor& labels,
+                                        loom::nn::Sequence& sequence);
+
+}  // namespace loom::models

@@ -1,0 +1,239 @@
+#include <loom/models/causal_lm.hpp>
+
+#include <loom/base/text.hpp>
+#include <loom/nn/deferred_init.hpp>
+#include <loom/precision/linear.hpp>
+
+#include <ATen/ATen.h>
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <torch/nn/functional/loss.h>
+
+#include <cmath>
+#include <numbers>
+#include <stdexcept>
+
+namespace loom::models {
+namespace {
+
+// The rotary embedding's inverse frequencies, as transformers' rope init functions compute them.
+at::Tensor inverse_frequencies(const rope_parameters& rope, std::int64_t head_dim) {
+  const at::Tensor inv_freq =
+      1.0 / at::pow(rope.theta, at::arange(0, head_dim, 2, at::TensorOptions(at::kLong)).to(at::kFloat) /
+                                    static_cast<double>(head_dim));
+  switch (rope.type) {
+    case rope_parameters::scaling::none: return inv_freq;
+    case rope_parameters::scaling::linear: return inv_freq / rope.factor;
+    case rope_parameters::scaling::llama3: break;
+  }
+  const auto old_context = static_cast<double>(rope.original_max_position_embeddings);
+  const double low_freq_wavelen = old_context / rope.low_freq_factor;
+  const double high_freq_wavelen = old_context / rope.high_freq_factor;
+  const at::Tensor wavelen = 2 * std::numbers::pi / inv_freq;
+  const at::Tensor scaled = at::where(wavelen > low_freq_wavelen, inv_freq / rope.factor, inv_freq);
+  const at::Tensor smooth =
+      (old_context / wavelen - rope.low_freq_factor) / (rope.high_freq_factor - rope.low_freq_factor);
+  const at::Tensor smoothed = (1 - smooth) * scaled / rope.factor + smooth * scaled;
+  const at::Tensor medium = (wavelen >= high_freq_wavelen).logical_and(wavelen <= low_freq_wavelen);
+  return at::where(medium, smoothed, scaled).to(at::kFloat);
+}
+
+// cos and sin [tokens, head_dim] of `positions`, in fp32 whatever the model computes in, as
+// transformers computes them with autocast off.
+std::pair<at::Tensor, at::Tensor> rotary_angles(const at::Tensor& positions, const at::Tensor& inv_freq) {
+  const at::Tensor freqs = at::outer(positions, inv_freq.to(positions.device()));
+  const at::Tensor angles = at::cat({freqs, freqs}, -1);
+  return {angles.cos(), angles.sin()};
+}
+
+at::Tensor rotate_half(const at::Tensor& x) {
+  const std::int64_t half = x.size(-1) / 2;
+  return at::cat({-x.narrow(-1, half, half), x.narrow(-1, 0, half)}, -1);
+}
+
+loom::nn::Linear linear(std::int64_t in, std::int64_t out, bool bias) {
+  return loom::nn::Linear(torch::nn::LinearOptions(in, out).bias(bias));
+}
+
+}  // namespace
+
+DecoderRMSNormImpl::DecoderRMSNormImpl(std::int64_t size, double eps, norm_weighting weighting)
+    : weight(register_parameter("weight", loom::nn::empty({size}))), eps_(eps), weighting_(weighting) {
+  // The identity either way: Gemma's (1 + w) starts from zeros.
+  const double identity = weighting == norm_weighting::scale ? 1 : 0;
+  loom::nn::initialise(weight, {[identity](at::Tensor& w) { w.fill_(identity); }, /*draws=*/false});
+}
+
+at::Tensor DecoderRMSNormImpl::forward(const at::Tensor& x) {
+  const at::Tensor wide = x.to(at::kFloat);
+  const at::Tensor normed = wide * at::rsqrt(wide.pow(2).mean(-1, /*keepdim=*/true) + eps_);
+  if (weighting_ == norm_weighting::offset_scale) return (normed * (1 + weight.to(at::kFloat))).to(x.scalar_type());
+  return weight * normed.to(x.scalar_type());
+}
+
+DecoderAttentionImpl::DecoderAttentionImpl(const causal_lm_config& config, std::int64_t layer)
+    : q_proj(register_module(
+          "q_proj", linear(config.hidden_size, config.num_attention_heads * config.head_dim, config.qkv_bias))),
+      k_proj(register_module(
+          "k_proj", linear(config.hidden_size, config.num_key_value_heads * config.head_dim, config.qkv_bias))),
+      v_proj(register_module(
+          "v_proj", linear(config.hidden_size, config.num_key_value_heads * config.head_dim, config.qkv_bias))),
+      o_proj(register_module(
+          "o_proj", linear(config.num_attention_heads * config.head_dim, config.hidden_size, config.output_bias))),
+      attention(register_module(
+          "attention",
+          loom::nn::Attention(loom::nn::attention_options{
+              .heads = config.num_attention_heads,
+              .kv_heads = config.num_key_value_heads,
+              .head_dim = config.head_dim,
+              .causal = true,
+              .scale = config.query_pre_attn_scalar
+                           ? std::optional<double>(1 / std::sqrt(*config.query_pre_attn_scalar))
+                           : std::nullopt,
+              .sliding_window = config.attention_of(layer) == layer_attention::sliding ? config.sliding_window : 0}))),
+      heads_(config.num_attention_heads),
+      kv_heads_(config.num_key_value_heads),
+      head_dim_(config.head_dim) {
+  if (config.qk_norm) {
+    q_norm = register_module("q_norm", DecoderRMSNorm(config.head_dim, config.rms_norm_eps, config.norm));
+    k_norm = register_module("k_norm", DecoderRMSNorm(config.head_dim, config.rms_norm_eps, config.norm));
+  }
+}
+
+at::Tensor DecoderAttentionImpl::forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+  const std::int64_t batch = x.size(0), seq = x.size(1);
+  const auto heads_of = [&](const at::Tensor& y, std::int64_t count) { return y.view({batch, seq, count, head_dim_}); };
+  at::Tensor q = heads_of(q_proj(x), heads_);
+  at::Tensor k = heads_of(k_proj(x), kv_heads_);
+  const at::Tensor v = heads_of(v_proj(x), kv_heads_);
+  if (q_norm) {
+    q = q_norm(q);
+    k = k_norm(k);
+  }
+  // [seq, 1, head_dim]: the same angles for every head.
+  const at::Tensor c = cos.to(q.scalar_type()).unsqueeze(1);
+  const at::Tensor s = sin.to(q.scalar_type()).unsqueeze(1);
+  const at::Tensor attended = attention(q * c + rotate_half(q) * s, k * c + rotate_half(k) * s, v);
+  return o_proj(attended.reshape({batch, seq, heads_ * head_dim_}));
+}
+
+DecoderMLPImpl::DecoderMLPImpl(const causal_lm_config& config)
+    : gate_proj(register_module("gate_proj", linear(config.hidden_size, config.intermediate_size, config.mlp_bias))),
+      up_proj(register_module("up_proj", linear(config.hidden_size, config.intermediate_size, config.mlp_bias))),
+      down_proj(register_module("down_proj", linear(config.intermediate_size, config.hidden_size, config.mlp_bias))),
+      activation_(config.activation) {}
+
+at::Tensor DecoderMLPImpl::forward(const at::Tensor& x) {
+  const at::Tensor gate = gate_proj(x);
+  const at::Tensor activated = activation_ == mlp_activation::silu ? at::silu(gate) : at::gelu(gate, "tanh");
+  return down_proj(activated * up_proj(x));
+}
+
+DecoderLayerImpl::DecoderLayerImpl(const causal_lm_config& config, std::int64_t layer)
+    : self_attn(register_module("self_attn", DecoderAttention(config, layer))),
+      mlp(register_module("mlp", DecoderMLP(config))),
+      input_layernorm(
+          register_module("input_layernorm", DecoderRMSNorm(config.hidden_size, config.rms_norm_eps, config.norm))),
+      post_attention_layernorm(register_module("post_attention_layernorm",
+                                               DecoderRMSNorm(config.hidden_size, config.rms_norm_eps, config.norm))),
+      attention_kind_(config.attention_of(layer)) {
+  if (config.sandwich_norms) {
+    pre_feedforward_layernorm = register_module("pre_feedforward_layernorm",
+                                                DecoderRMSNorm(config.hidden_size, config.rms_norm_eps, config.norm));
+    post_feedforward_layernorm = register_module("post_feedforward_layernorm",
+                                                 DecoderRMSNorm(config.hidden_size, config.rms_norm_eps, config.norm));
+  }
+}
+
+at::Tensor DecoderLayerImpl::forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+  if (!pre_feedforward_layernorm) {
+    const at::Tensor h = x + self_attn(input_layernorm(x), cos, sin);
+    return h + mlp(post_attention_layernorm(h));
+  }
+  // Gemma's sandwich: each sublayer's output normed before it joins the residual.
+  const at::Tensor h = x + post_attention_layernorm(self_attn(input_layernorm(x), cos, sin));
+  return h + post_feedforward_layernorm(mlp(pre_feedforward_layernorm(h)));
+}
+
+DecoderModelImpl::DecoderModelImpl(const causal_lm_config& config)
+    : embed_tokens(register_module(
+          "embed_tokens",
+          loom::nn::Embedding(torch::nn::EmbeddingOptions(config.vocab_size, config.hidden_size)
+                                  .padding_idx(config.pad_token_id ? std::optional<std::int64_t>(*config.pad_token_id)
+                                                                   : std::nullopt)))),
+      layers(register_module("layers", torch::nn::ModuleList())),
+      norm(register_module("norm", DecoderRMSNorm(config.hidden_size, config.rms_norm_eps, config.norm))),
+      sequence(register_module("sequence", loom::nn::Sequence())),
+      inv_freq_(inverse_frequencies(config.rope, config.head_dim)),
+      sliding_inv_freq_(inverse_frequencies(config.sliding_rope, config.head_dim)),
+      embedding_scale_(config.scaled_embeddings ? std::sqrt(static_cast<double>(config.hidden_size)) : 1) {
+  for (std::int64_t i = 0; i < config.num_hidden_layers; ++i)
+    layers->push_back(std::make_shared<DecoderLayer>(config, i));
+}
+
+at::Tensor DecoderModelImpl::forward(const at::Tensor& ids) {
+  const at::Tensor mine = sequence->split(ids, 1);
+  const loom::nn::token_range tokens = sequence->tokens(ids.size(1));
+  const at::Tensor positions = at::arange(tokens.begin, tokens.end, ids.options().dtype(at::kFloat));
+  const auto [cos, sin] = rotary_angles(positions, inv_freq_);
+  const auto [sliding_cos, sliding_sin] = rotary_angles(positions, sliding_inv_freq_);
+  at::Tensor h = embed_tokens(mine);
+  // Gemma rounds √hidden to the embeddings' dtype before it scales them.
+  if (embedding_scale_ != 1) h = h * at::scalar_tensor(embedding_scale_, h.options());
+  for (const auto& layer : *layers) {
+    auto& decoder_layer = *layer->as<DecoderLayer>();
+    const bool sliding = decoder_layer.attention_kind() == layer_attention::sliding;
+    h = decoder_layer.forward(h, sliding ? sliding_cos : cos, sliding ? sliding_sin : sin);
+  }
+  return norm(h);
+}
+
+CausalLMImpl::CausalLMImpl(const causal_lm_config& config_)
+    : config(config_), model(register_module("model", DecoderModel(config))) {
+  if (!config.tie_word_embeddings) {
+    lm_head = register_module("lm_head", linear(config.hidden_size, config.vocab_size, false));
+  }
+}
+
+at::Tensor CausalLMImpl::forward(const at::Tensor& ids) {
+  const at::Tensor hidden = model(ids);
+  const at::Tensor logits = lm_head ? lm_head(hidden) : loom::linear(hidden, model->embed_tokens->weight);
+  if (!config.final_logit_softcapping) return logits;
+  const double cap = *config.final_logit_softcapping;
+  return at::tanh(logits / cap) * cap;
+}
+
+at::Tensor causal_lm_loss(const at::Tensor& logits, const at::Tensor& labels) {
+  const std::int64_t seq = logits.size(1);
+  if (labels.dim() != 2 || labels.size(1) != seq) {
+    throw_error<std::invalid_argument>(
+        "causal_lm_loss: logits of {} against labels [{}]: give labels [batch, seq] of the logits' tokens (under "
+        "sequence_parallel the logits are this rank's part: pass the model's loom::nn::Sequence, "
+        "causal_lm_loss(logits, labels, model->model->sequence))",
+        counted(seq, "token"), fmt::join(labels.sizes(), ", "));
+  }
+  const at::Tensor predicted = logits.narrow(1, 0, seq - 1).to(at::kFloat).flatten(0, 1);
+  const at::Tensor targets = labels.narrow(1, 1, seq - 1).flatten();
+  return torch::nn::functional::cross_entropy(predicted, targets,
+                                              torch::nn::functional::CrossEntropyFuncOptions().ignore_index(-100));
+}
+
+at::Tensor causal_lm_loss(const at::Tensor& logits, const at::Tensor& labels, loom::nn::Sequence& sequence) {
+  if (sequence->size() == 1) return causal_lm_loss(logits, labels);
+  // Position t predicts labels[t + 1]; the last position predicts nothing.
+  const at::Tensor shifted =
+      at::cat({labels.narrow(1, 1, labels.size(1) - 1), at::full({labels.size(0), 1}, -100, labels.options())}, 1);
+  const at::Tensor targets = sequence->local(shifted, 1);
+  if (targets.size(1) != logits.size(1)) {
+    throw_error<std::invalid_argument>(
+        "causal_lm_loss: logits of {} against {} of this rank's labels: give the logits of the model's forward on "
+        "these labels' tokens",
+        counted(logits.size(1), "token"), targets.size(1));
+  }
+  const at::Tensor summed = torch::nn::functional::cross_entropy(
+      logits.to(at::kFloat).flatten(0, 1), targets.flatten(),
+      torch::nn::functional::CrossEntropyFuncOptions().ignore_index(-100).reduction(torch::kSum));
+  return sequence->sum(summed) / (shifted != -100).sum().to(at::kFloat);
+}
+
+}  // namespace loom::models
