@@ -286,6 +286,30 @@ TEST_CASE("a YAML run file's overrides in FastVideo's spelling are set where the
                                       "in loom's: override loom's key (train.steps for training.steps"));
 }
 
+TEST_CASE("PEFT's LoRA options in loom's lora stage: use_rslora, all-linear, rank_pattern, alpha_pattern",
+          "[run_file]") {
+  const loom::run_file file = loom::read_run_file(
+      written("peft-options", R"({"plan": [{"lora": {"rank": 8, "targets": "all-linear", "use_rslora": true,
+        "rank_pattern": {"v_proj": 2, "layers\\.0\\..*": 4}, "alpha_pattern": {"q_proj": 3}}}]})"));
+  const loom::lora_stage lora = *file.stages.stages.find<loom::lora_stage>();
+  CHECK(lora.targets() == loom::target_list{loom::all_linear});
+  CHECK(lora.use_rslora());
+  // In the file's order, not sorted: the first key that matches a layer gives its value.
+  CHECK(lora.describe() ==
+        "lora(rank=8, alpha=8, dropout=0, targets=[all-linear], exclude=[], use_rslora=true, "
+        "rank_pattern={v_proj: 2, layers\\.0\\..*: 4}, alpha_pattern={q_proj: 3})");
+  const auto typed = loom::lora(
+      8, {loom::all_linear},
+      {.use_rslora = true, .rank_pattern = {{"v_proj", 2}, {R"(layers\.0\..*)", 4}}, .alpha_pattern = {{"q_proj", 3}}});
+  CHECK(lora.describe() == typed.describe());
+  CHECK_THROWS_WITH(loom::read_run_file(written("pattern-type", R"({"plan": [{"lora": {"rank": 8,
+                        "rank_pattern": ["v_proj"]}}]})")),
+                    ContainsSubstring("lora.rank_pattern: give an object of a module name or regex to a number"));
+  CHECK_THROWS_WITH(loom::read_run_file(written("pattern-value", R"({"plan": [{"lora": {"rank": 8,
+                        "alpha_pattern": {"q_proj": "3"}}}]})")),
+                    ContainsSubstring("lora.alpha_pattern.q_proj: give a number"));
+}
+
 TEST_CASE("FastVideo's LoRA block: enable, rank, alpha, target_modules, as its LoraConfig reads them",
           "[run_file][yaml]") {
   const auto read = [](const std::string& name, const std::string& text) {
@@ -300,6 +324,12 @@ TEST_CASE("FastVideo's LoRA block: enable, rank, alpha, target_modules, as its L
     CHECK(file.stages.stages.find<loom::lora_stage>()->scaling() == 1.0);
     CHECK(std::holds_alternative<loom::ddp_stage>(file.stages.strategy.value()));
     CHECK(file.train.steps == 5);
+  }
+  SECTION("target_modules: all-linear, PEFT's spelling, in any case") {
+    const loom::run_file file = read("all-linear",
+                                     "models:\n  transformer:\n    lora: {enable: true, rank: 8, "
+                                     "target_modules: All-Linear}\n");
+    CHECK(file.stages.stages.find<loom::lora_stage>()->targets() == loom::target_list{loom::all_linear});
   }
   SECTION("enable: false with a rank is valid, applies no LoRA, and says so once") {
     const loom::run_file file = read("disabled", "models:\n  transformer:\n    lora: {enable: false, rank: 8}\n");
