@@ -35,8 +35,8 @@ namespace {
 
 using json = nlohmann::ordered_json;
 
-const std::vector<std::string> lora_keys{"rank",    "alpha",      "dropout",      "targets",      "patterns",
-                                         "exclude", "use_rslora", "rank_pattern", "alpha_pattern"};
+const std::vector<std::string> lora_keys{"rank",    "alpha",      "dropout",      "targets",       "patterns",
+                                         "exclude", "use_rslora", "rank_pattern", "alpha_pattern", "modules_to_save"};
 
 // Names as people spell them: "DDP" and "ddp", PEFT's "All-Linear" and "all-linear".
 std::string lowercase(std::string text) {
@@ -500,6 +500,9 @@ class reader final : public config_detail::fastvideo_reader {
     if (value.contains("dropout")) options.dropout = number<double>("lora.dropout", value["dropout"], false);
     if (value.contains("exclude")) options.exclude = targets("lora.exclude", value["exclude"], false);
     if (value.contains("use_rslora")) options.use_rslora = boolean("lora.use_rslora", value["use_rslora"]);
+    if (value.contains("modules_to_save")) {
+      options.modules_to_save = targets("lora.modules_to_save", value["modules_to_save"], false);
+    }
     if (value.contains("rank_pattern"))
       options.rank_pattern = pattern_values("lora.rank_pattern", value["rank_pattern"]);
     if (value.contains("alpha_pattern")) {

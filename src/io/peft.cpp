@@ -105,7 +105,8 @@ json lora_config(const peft_lora_adapter& adapter) {
       {"inference_mode", true},
       {"use_rslora", adapter.use_rslora},
       {"use_dora", false},
-      {"modules_to_save", nullptr},
+      {"modules_to_save", adapter.modules_to_save.empty() ? json(nullptr) : json(adapter.modules_to_save)},
+      {"ensure_weight_tying", adapter.ensure_weight_tying},
       {"layers_to_transform", nullptr},
       {"layers_pattern", nullptr},
       {"rank_pattern", patterns(adapter.rank_pattern)},
@@ -164,13 +165,25 @@ peft_lora_adapter read_lora_config(const json& config, const origin& from) {
   if (bias != "none") {
     refuse(from, fmt::format("trains biases (bias '{}'), which a LoRA adapter file of loom's cannot carry", bias));
   }
-  if (!unset(config, "modules_to_save")) refuse(from, "saves whole modules beside the adapters (modules_to_save)");
 
   peft_lora_adapter adapter;
   adapter.r = config["r"].get<std::int64_t>();
   adapter.lora_alpha = config["lora_alpha"].get<double>();
   adapter.lora_dropout = setting(from, config, "lora_dropout", 0.0);
   adapter.use_rslora = setting(from, config, "use_rslora", false);
+  adapter.ensure_weight_tying = setting(from, config, "ensure_weight_tying", false);
+  if (!unset(config, "modules_to_save")) {
+    const json& modules = config["modules_to_save"];
+    if (!modules.is_array()) {
+      refuse(from, fmt::format("has {} for modules_to_save in {}, not a list of names", kind_of(modules), from.config));
+    }
+    for (const json& name : modules) {
+      if (!name.is_string()) {
+        refuse(from, fmt::format("has {} among modules_to_save in {}, not only names", kind_of(name), from.config));
+      }
+      adapter.modules_to_save.push_back(name.get<std::string>());
+    }
+  }
   for (const auto& [key, value] : pattern_entries(from, config, "rank_pattern")) {
     if (value < 1 || value != std::floor(value)) {
       refuse(from, fmt::format("has rank_pattern '{}': {} in {}, not a positive whole rank", key, value, from.config));
@@ -202,29 +215,40 @@ peft_lora_adapter read_lora_config(const json& config, const origin& from) {
   return adapter;
 }
 
-// The tensors under the file's keys, "<prefix><layer>.lora_A.weight".
-std::vector<named_tensor> keyed(const std::vector<named_tensor>& tensors, std::string_view prefix) {
+// The tensors under the file's keys: "<prefix><layer>.lora_A.weight", and a module to save's
+// parameters under their own names, "<prefix>model.embed_tokens.weight" (PEFT's, without
+// "modules_to_save.<adapter>.").
+std::vector<named_tensor> keyed(const peft_lora_adapter& adapter, std::string_view prefix) {
   std::vector<named_tensor> out;
-  for (const named_tensor& t : tensors) out.push_back({fmt::format("{}{}{}", prefix, t.name, key_suffix), t.tensor});
+  for (const named_tensor& t : adapter.tensors) {
+    out.push_back({fmt::format("{}{}{}", prefix, t.name, key_suffix), t.tensor});
+  }
+  for (const named_tensor& t : adapter.module_tensors) out.push_back({fmt::format("{}{}", prefix, t.name), t.tensor});
   return out;
 }
 
-// The tensors of a file under the module's names, "<layer>.lora_A" and "<layer>.lora_B".
-std::vector<named_tensor> adapter_tensors(std::vector<named_tensor> file_tensors, std::string_view prefix,
-                                          const origin& from) {
-  std::vector<named_tensor> tensors;
+// The tensors of a file under the module's names: "<layer>.lora_A" and "<layer>.lora_B" into the
+// adapter's tensors, and, when it has modules_to_save, every other key into its module tensors.
+void read_tensors(peft_lora_adapter& adapter, std::vector<named_tensor> file_tensors, std::string_view prefix,
+                  const origin& from) {
   for (named_tensor& t : file_tensors) {
     const std::string_view key = t.name;
-    if (key.size() < prefix.size() + key_suffix.size() || !key.starts_with(prefix) || !key.ends_with(key_suffix)) {
+    const bool prefixed = key.starts_with(prefix) && key.size() > prefix.size();
+    const bool weight = prefixed && key.size() > prefix.size() + key_suffix.size() && key.ends_with(key_suffix);
+    const std::string_view name =
+        weight ? key.substr(prefix.size(), key.size() - prefix.size() - key_suffix.size()) : std::string_view();
+    if (name.ends_with(".lora_A") || name.ends_with(".lora_B")) {
+      adapter.tensors.push_back({std::string(name), std::move(t.tensor)});
+    } else if (prefixed && !adapter.modules_to_save.empty()) {
+      adapter.module_tensors.push_back({std::string(key.substr(prefix.size())), std::move(t.tensor)});
+    } else if (!weight) {
       refuse(from, fmt::format("holds '{}', not a key of the form {}<layer>.lora_A{}", t.name, prefix, key_suffix));
+    } else {
+      refuse(from, fmt::format("holds '{}', which is not a lora_A or lora_B weight, and saves no modules "
+                               "(modules_to_save)",
+                               t.name));
     }
-    std::string name(key.substr(prefix.size(), key.size() - prefix.size() - key_suffix.size()));
-    if (!name.ends_with(".lora_A") && !name.ends_with(".lora_B")) {
-      refuse(from, fmt::format("holds '{}', which is not a lora_A or lora_B weight", t.name));
-    }
-    tensors.push_back({std::move(name), std::move(t.tensor)});
   }
-  return tensors;
 }
 
 // What diffusers makes of a LoRA file without its config: the rank from the shapes, one for every
@@ -253,7 +277,7 @@ void read_config_from_shapes(peft_lora_adapter& adapter, const origin& from) {
 
 void save_peft_adapter(const std::filesystem::path& folder, const peft_lora_adapter& adapter) {
   std::filesystem::create_directories(folder);
-  save_safetensors(folder / weights_file, keyed(adapter.tensors, key_prefix), {{"format", "pt"}});
+  save_safetensors(folder / weights_file, keyed(adapter, key_prefix), {{"format", "pt"}});
   write_text(folder / config_file, lora_config(adapter).dump(2) + "\n");
 }
 
@@ -268,7 +292,7 @@ peft_lora_adapter load_peft_adapter(const std::filesystem::path& folder) {
   }
   const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   peft_lora_adapter adapter = read_lora_config(parsed_config(text, from), from);
-  adapter.tensors = adapter_tensors(load_safetensors(folder / weights_file).tensors, key_prefix, from);
+  read_tensors(adapter, load_safetensors(folder / weights_file).tensors, key_prefix, from);
   return adapter;
 }
 
@@ -279,7 +303,7 @@ void save_diffusers_lora(const std::filesystem::path& folder, const peft_lora_ad
   const json config = lora_config(adapter);
   json metadata = json::object();
   for (const auto& [key, value] : config.items()) metadata[prefix + key] = value;
-  save_safetensors(folder / diffusers_file, keyed(adapter.tensors, prefix),
+  save_safetensors(folder / diffusers_file, keyed(adapter, prefix),
                    {{"format", "pt"}, {std::string(diffusers_metadata_key), metadata.dump(2)}});
 }
 
@@ -295,11 +319,10 @@ peft_lora_adapter load_diffusers_lora(const std::filesystem::path& path, std::st
   }
   safetensors_content content = load_safetensors(file);
   const std::string prefix = fmt::format("{}.", component);
-  std::vector<named_tensor> tensors = adapter_tensors(std::move(content.tensors), prefix, from);
   const auto metadata = content.metadata.find(std::string(diffusers_metadata_key));
   if (metadata == content.metadata.end()) {
     peft_lora_adapter adapter;
-    adapter.tensors = std::move(tensors);
+    read_tensors(adapter, std::move(content.tensors), prefix, from);
     read_config_from_shapes(adapter, from);
     return adapter;
   }
@@ -311,7 +334,7 @@ peft_lora_adapter load_diffusers_lora(const std::filesystem::path& path, std::st
   }
   if (config.empty()) refuse(from, fmt::format("has {} with no key under '{}'", diffusers_metadata_key, prefix));
   peft_lora_adapter adapter = read_lora_config(config, from);
-  adapter.tensors = std::move(tensors);
+  read_tensors(adapter, std::move(content.tensors), prefix, from);
   return adapter;
 }
 

@@ -44,10 +44,12 @@ bool load_pretrained(pretrained_checkpoint& checkpoint, torch::nn::Module& model
   return true;
 }
 
-std::size_t set_what_trains(torch::nn::Module& model, std::string_view model_name, bool has_lora,
-                            const stage_list& stages, std::optional<dtype> built_in) {
+std::size_t set_what_trains(torch::nn::Module& model, std::string_view model_name, const lora_layers* lora,
+                            std::span<const tied_parameter> tied, const stage_list& stages,
+                            std::optional<dtype> built_in) {
   const auto trainable = stages.find<trainable_stage>();
-  set_trainable(model, model_name, has_lora, trainable ? trainable->patterns() : target_list{});
+  set_trainable(model, model_name, lora != nullptr, trainable ? trainable->patterns() : target_list{});
+  if (lora != nullptr) lora->train_modules_to_save(model, model_name, tied);
   return built_in ? hold_trainable_in_fp32(model) : 0;
 }
 

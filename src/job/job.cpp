@@ -196,9 +196,15 @@ void job_core::save_adapter(const std::filesystem::path& folder, adapter_format 
         "job.save_adapter(): the adapters are merged into the base weights, so a model that loads this "
         "adapter would apply it twice; call job.unmerge() first, or save the merged model with job.save_weights()");
   }
+  if (format == adapter_format::diffusers && !lora.modules_to_save().empty()) {
+    throw_error<std::logic_error>(
+        "job.save_adapter(..., adapter_format::diffusers): a diffusers LoRA file carries no modules_to_save ({}); "
+        "save PEFT's folder (adapter_format::peft)",
+        detail::to_text(lora.modules_to_save()));
+  }
   const std::string_view component =
       format == adapter_format::diffusers ? diffusers_component("save_adapter") : std::string_view();
-  peft_lora_adapter adapter = to_peft_adapter(lora, context_->module());
+  peft_lora_adapter adapter = to_peft_adapter(lora, context_->module(), identity_.tied);
   adapter.task_type = identity_.peft_task_type;
   adapter.base_model_name_or_path = base_model_.string();
   adapter.base_model_class = identity_.peft_base_model_class;
@@ -222,7 +228,7 @@ void job_core::load_adapter(const std::filesystem::path& path, adapter_format fo
   const peft_lora_adapter adapter = format == adapter_format::diffusers
                                         ? load_diffusers_lora(path, diffusers_component("load_adapter"))
                                         : load_peft_adapter(path);
-  copy_peft_adapter_into(lora, context_->module(), adapter, path);
+  copy_peft_adapter_into(lora, context_->module(), adapter, path, identity_.tied);
 }
 
 void job_core::save_weights(const std::filesystem::path& folder, const tensor_state& whole,

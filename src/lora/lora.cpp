@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 #include <torch/nn/init.h>
 
+#include <algorithm>
 #include <cmath>
 #include <regex>
 #include <stdexcept>
@@ -66,6 +67,7 @@ lora_layers lora_layers::inject(torch::nn::Module& root, std::string_view model_
   lora_layers layers;
   layers.rules_ = lora_scaling_rules::of(spec);
   layers.dropout_ = spec.dropout();
+  layers.modules_to_save_ = spec.modules_to_save();
   const target_list targets = resolved(spec.targets(), names.aliases);
   const target_list exclude = resolved(spec.exclude(), names.aliases);
   const bool all_linear_layers = targets.size() == 1 && targets[0].kind == target_kind::all_linear;
@@ -130,6 +132,40 @@ void lora_layers::unmerge() {
   for (auto& layer : fast_) layer->unmerge();
   for (fallback_layer& f : fallback_) f.adapter.unmerge_from(f.base_weight);
   merged_ = false;
+}
+
+bool lora_layers::saves(std::string_view parameter) const {
+  for (std::size_t dot = parameter.rfind('.'); dot != std::string_view::npos && dot > 0;
+       dot = parameter.rfind('.', dot - 1)) {
+    if (matches_any(modules_to_save_, parameter.substr(0, dot))) return true;
+  }
+  return false;
+}
+
+void lora_layers::train_modules_to_save(torch::nn::Module& root, std::string_view model_name,
+                                        std::span<const tied_parameter> tied) const {
+  for (const target& name : modules_to_save_) {
+    bool selected = false;
+    for (const auto& module : root.named_modules("", /*include_self=*/false)) {
+      if (!matches(name, module.key())) continue;
+      for (auto& parameter : module.value()->parameters()) parameter.set_requires_grad(true);
+      selected = true;
+    }
+    if (selected) continue;
+    const auto tie = std::find_if(tied.begin(), tied.end(), [&](const tied_parameter& p) {
+      return matches(name, p.name.substr(0, p.name.rfind('.')));
+    });
+    if (tie != tied.end()) {
+      throw_error<std::invalid_argument>(
+          "lora modules_to_save '{}' selects no module of {}: its {} reads {} (they are tied); save '{}' instead, "
+          "which then trains for both, and the saved adapter keeps the tie (PEFT's ensure_weight_tying)",
+          name.text, model_name, tie->name, tie->reads, tie->reads.substr(0, tie->reads.rfind('.')));
+    }
+    std::vector<std::string> names;
+    for (const auto& module : root.named_modules("", false)) names.push_back(module.key());
+    throw_error<std::invalid_argument>("lora modules_to_save '{}' selects no module of {}; its modules are: {}",
+                                       name.text, model_name, some_of(names));
+  }
 }
 
 void set_trainable(torch::nn::Module& root, std::string_view model_name, bool has_lora, const target_list& patterns) {

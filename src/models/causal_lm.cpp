@@ -195,6 +195,11 @@ CausalLMImpl::CausalLMImpl(const causal_lm_config& config_)
   }
 }
 
+std::vector<tied_parameter> CausalLMImpl::tied_parameters() const {
+  if (!config.tie_word_embeddings) return {};
+  return {{.name = "lm_head.weight", .reads = "model.embed_tokens.weight"}};
+}
+
 at::Tensor CausalLMImpl::forward(const at::Tensor& ids) {
   const at::Tensor hidden = model(ids);
   const at::Tensor logits = lm_head ? lm_head(hidden) : loom::linear(hidden, model->embed_tokens->weight);

@@ -13,6 +13,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <set>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -144,7 +145,8 @@ TEST_CASE(
   auto extra =
       loom::build(loom::model<models::TinyGpt>(small) | loom::seeded(1) | adapted | loom::trainable({"head"}), one());
   CHECK_THROWS_WITH(extra.save_adapter(scratch("extra")),
-                    ContainsSubstring("trainable(...) also trains 2 parameters (head.weight, head.bias)"));
+                    ContainsSubstring("trainable(...) also trains 2 parameters (head.weight, head.bias)") &&
+                        ContainsSubstring("{.modules_to_save = {...}}"));
   auto plain = loom::build(loom::model<models::TinyGpt>(small) | loom::seeded(1), one());
   CHECK_THROWS_WITH(plain.save_adapter(scratch("plain")), ContainsSubstring("needs a plan with lora(...)"));
   // diffusers' file keys the adapters under the model's name in its pipeline, which TinyGpt has not.
@@ -239,6 +241,45 @@ TEST_CASE("rank_pattern, alpha_pattern, use_rslora and all-linear give each laye
   CHECK_THROWS_WITH(other_alpha.load_adapter(folder),
                     ContainsSubstring("'blocks.0.attn.o_proj' has rank 4 and alpha 2 by the adapter's rank_pattern and "
                                       "alpha_pattern, rank 4 and alpha 8 by the plan's"));
+}
+
+TEST_CASE("modules_to_save: whole modules trained, saved beside the adapters under PEFT's keys, and loaded back",
+          "[peft][lora]") {
+  constexpr auto saving = loom::lora(4, {"q_proj", "v_proj"}, {.alpha = 6.5, .modules_to_save = {"head"}});
+  auto source = loom::build(loom::model<models::TinyGpt>(small) | loom::seeded(1) | saving, one());
+  CHECK(source.module().head->weight.requires_grad());
+  CHECK_FALSE(source.module().tok->weight.requires_grad());
+  CHECK_THAT(source.describe(), ContainsSubstring("modules_to_save=[head]"));
+  {
+    torch::NoGradGuard no_grad;
+    source.module().head->weight.add_(1.0);  // as training would move it
+  }
+  const fs::path folder = scratch("modules-to-save");
+  source.save_adapter(folder);
+  const loom::peft_lora_adapter written = loom::load_peft_adapter(folder);
+  CHECK(written.modules_to_save == std::vector<std::string>{"head"});
+  CHECK_FALSE(written.ensure_weight_tying);
+  std::set<std::string> names;
+  for (const loom::named_tensor& t : written.module_tensors) names.insert(t.name);
+  CHECK(names == std::set<std::string>{"head.bias", "head.weight"});
+
+  auto target = loom::build(loom::model<models::TinyGpt>(small) | loom::seeded(2) | saving, one());
+  target.load_adapter(folder);
+  CHECK(torch::equal(target.module().head->weight, source.module().head->weight));
+  auto without = loom::build(loom::model<models::TinyGpt>(small) | loom::seeded(2) | adapted, one());
+  CHECK_THROWS_WITH(without.load_adapter(folder),
+                    ContainsSubstring("its modules to save differ from the plan's: missing [], unexpected [head.bias, "
+                                      "head.weight] (the adapter's modules_to_save [head], the plan's [])"));
+  auto other = loom::build(loom::model<models::TinyGpt>(small) |
+                               loom::lora(4, {"q_proj", "v_proj"}, {.alpha = 6.5, .modules_to_save = {"ln_f"}}),
+                           one());
+  CHECK_THROWS_WITH(other.load_adapter(folder), ContainsSubstring("missing [ln_f.bias, ln_f.weight]"));
+  CHECK_THROWS_WITH(source.save_adapter(scratch("no-pipeline-saving"), loom::adapter_format::diffusers),
+                    ContainsSubstring("a diffusers LoRA file carries no modules_to_save ([head])"));
+  CHECK_THROWS_WITH(
+      loom::build(loom::model<models::TinyGpt>(small) | loom::lora(4, {"q_proj"}, {.modules_to_save = {"lm_head"}}),
+                  one()),
+      ContainsSubstring("lora modules_to_save 'lm_head' selects no module of"));
 }
 
 TEST_CASE("an adapter_config.json that is not a plain LoRA's, or holds the wrong kinds, is refused by name",

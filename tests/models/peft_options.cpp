@@ -71,7 +71,9 @@ int main(int argc, char** argv) {
     auto built = loom::build(plan, loom::runtime::from_env());
     std::visit(
         [&](auto& job) {
-          if (job.rt().rank() == 0) fmt::print("{}\n", job.describe());
+          // The plan, and the collectives a step issues: under fsdp() a saved module's shard is
+          // reduce-scattered with its unit's.
+          if (job.rt().rank() == 0) fmt::print("{}\n{}\n", job.describe(), job.schedule().to_string());
           if (loads) {
             load(job, fs::path(words[2]), fs::path(words[3]), fs::path(words[4]));
           } else {

@@ -285,6 +285,32 @@ TEST_CASE("Gemma 3: (1 + w) norms around both sublayers, scaled embeddings, loca
                                       "gelu_pytorch_tanh"));
 }
 
+TEST_CASE("modules_to_save on a tied head: the embedding it reads is what trains, named in the refusal",
+          "[causal_lm][lora]") {
+  causal_lm_config config = causal_lm_config::from_json(config_json(R"(, "tie_word_embeddings": true)"), "c.json");
+  config.num_hidden_layers = 1;
+  const auto tied = loom::model<loom::models::CausalLM>(config) | loom::seeded(1);
+  CHECK_THROWS_WITH(
+      loom::build(tied | loom::lora(4, {"q_proj"}, {.modules_to_save = {"lm_head"}}), loom::runtime::single_process()),
+      ContainsSubstring("lora modules_to_save 'lm_head' selects no module of") &&
+          ContainsSubstring("its lm_head.weight reads model.embed_tokens.weight (they are tied); save "
+                            "'model.embed_tokens' instead"));
+  auto job = loom::build(tied | loom::lora(4, {"q_proj"}, {.modules_to_save = {"embed_tokens"}}),
+                         loom::runtime::single_process());
+  CHECK(job.module()->model->embed_tokens->weight.requires_grad());
+  const std::filesystem::path folder = std::filesystem::temp_directory_path() / "loom-test-causal-lm-tied-saving";
+  std::filesystem::remove_all(folder);
+  job.save_adapter(folder);
+  // PEFT's layout with ensure_weight_tying: the head's key beside the embedding's, the same values.
+  const loom::peft_lora_adapter written = loom::load_peft_adapter(folder);
+  CHECK(written.ensure_weight_tying);
+  std::map<std::string, at::Tensor> saved;
+  for (const loom::named_tensor& t : written.module_tensors) saved.emplace(t.name, t.tensor);
+  REQUIRE(saved.size() == 2);
+  CHECK(torch::equal(saved.at("model.embed_tokens.weight"), saved.at("lm_head.weight")));
+  job.load_adapter(folder);
+}
+
 TEST_CASE("causal_lm_loss predicts the next token, in fp32, leaving out labels of -100", "[llama]") {
   auto gen = at::make_generator<at::CPUGeneratorImpl>(3);
   const at::Tensor logits = torch::randn({2, 5, 7}, gen).to(at::kBFloat16);

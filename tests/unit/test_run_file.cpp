@@ -93,11 +93,12 @@ TEST_CASE("a run file breaks the rules with the compiler's sentences", "[run_fil
       "r4_seeded_not_after_model", "r5_rank_zero", "r5_negative_alpha", "r5_dropout_one", "r5_empty_targets",
       "r5_empty_target_name", "r5_duplicate_target", "r5_duplicate_exclude", "r5_rank_pattern_zero",
       "r5_alpha_pattern_negative", "r5_empty_pattern_key", "r5_all_linear_not_alone", "r12_too_many_pattern_keys",
-      "r6_two_loras", "r9_trainable_without_lora", "r10_trainable_twice", "r11_no_patterns", "r12_too_many_targets",
-      "r15_two_mixed_precisions", "r15_mixed_precision_after_fsdp", "r16_param_int8", "r16_param_fp32",
-      "r16_param_fp16", "r16_reduce_bool", "r16_output_int64", "r17_default_dtype_int32", "r17_default_dtype_twice",
-      "r17_default_dtype_after_lora", "r18_two_recomputes", "r18_recompute_after_fsdp", "r18_every_zero",
-      "r19_two_pretrained", "r19_pretrained_after_lora", "r19_pretrained_after_fsdp");
+      "r5_empty_module_to_save", "r5_duplicate_module_to_save", "r6_two_loras", "r9_trainable_without_lora",
+      "r10_trainable_twice", "r11_no_patterns", "r12_too_many_targets", "r15_two_mixed_precisions",
+      "r15_mixed_precision_after_fsdp", "r16_param_int8", "r16_param_fp32", "r16_param_fp16", "r16_reduce_bool",
+      "r16_output_int64", "r17_default_dtype_int32", "r17_default_dtype_twice", "r17_default_dtype_after_lora",
+      "r18_two_recomputes", "r18_recompute_after_fsdp", "r18_every_zero", "r19_two_pretrained",
+      "r19_pretrained_after_lora", "r19_pretrained_after_fsdp");
   CAPTURE(name);
   const fs::path file = source / "tests" / "run_files" / (name + ".json");
   try {

@@ -7,9 +7,6 @@
 #include <loom/dsl/stage_kind.hpp>
 #include <loom/dsl/targets.hpp>
 
-#include <array>
-#include <cstddef>
-#include <initializer_list>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -26,32 +23,9 @@ struct lora_pattern {
   friend constexpr bool operator==(const lora_pattern&, const lora_pattern&) = default;
 };
 
-// {{"q_proj", 16}, {R"(layers\.0\..*)", 4}}, stored inline so that a plan stays a constexpr value.
-class lora_pattern_list {
- public:
-  static constexpr std::size_t capacity = 16;
-
-  constexpr lora_pattern_list() noexcept = default;
-  constexpr lora_pattern_list(std::initializer_list<lora_pattern> entries) {
-    for (const lora_pattern& entry : entries) push_back(entry);
-  }
-
-  // R12 when full.
-  constexpr void push_back(lora_pattern entry) {
-    if (size_ == capacity) detail::enforce(violation::r12_too_many_pattern_keys);
-    if (!std::is_constant_evaluated()) entry.key = detail::intern(entry.key);
-    entries_[size_++] = entry;
-  }
-
-  [[nodiscard]] constexpr std::size_t size() const noexcept { return size_; }
-  [[nodiscard]] constexpr bool empty() const noexcept { return size_ == 0; }
-  [[nodiscard]] constexpr const lora_pattern* begin() const noexcept { return entries_.data(); }
-  [[nodiscard]] constexpr const lora_pattern* end() const noexcept { return entries_.data() + size_; }
-
- private:
-  std::array<lora_pattern, capacity> entries_{};
-  std::size_t size_ = 0;
-};
+// {{"q_proj", 16}, {R"(layers\.0\..*)", 4}}: R12 past 16 keys.
+using lora_pattern_list =
+    detail::inline_list<lora_pattern, &lora_pattern::key, 16, violation::r12_too_many_pattern_keys>;
 
 struct lora_options {
   std::optional<double> alpha{};      // unset: alpha = rank, so scaling() is 1
@@ -60,6 +34,7 @@ struct lora_options {
   bool use_rslora = false;            // scale by alpha / √rank (rsLoRA), not alpha / rank
   lora_pattern_list rank_pattern{};   // per-layer ranks, PEFT's rank_pattern
   lora_pattern_list alpha_pattern{};  // per-layer alphas, PEFT's alpha_pattern
+  target_list modules_to_save{};      // whole modules trained and saved beside the adapters, PEFT's modules_to_save
 };
 
 namespace detail {
@@ -104,11 +79,17 @@ constexpr violation lora_violation(int rank, const target_list& targets, const l
   for (const target& t : targets) {
     if (t.kind == target_kind::all_linear && targets.size() > 1) return violation::r5_all_linear_not_alone;
   }
-  for (const target& t : options.exclude) {
-    if (t.kind == target_kind::all_linear) return violation::r5_all_linear_not_alone;
+  for (const target_list* list : {&options.exclude, &options.modules_to_save}) {
+    for (const target& t : *list) {
+      if (t.kind == target_kind::all_linear) return violation::r5_all_linear_not_alone;
+    }
   }
   if (const violation v =
           detail::entries_violation(options.exclude, violation::r5_empty_exclude, violation::r5_duplicate_exclude);
+      v != violation::none)
+    return v;
+  if (const violation v = detail::entries_violation(options.modules_to_save, violation::r5_empty_module_to_save,
+                                                    violation::r5_duplicate_module_to_save);
       v != violation::none)
     return v;
   if (const violation v =
@@ -142,13 +123,15 @@ class lora_stage : public detail::pipeable {
   [[nodiscard]] constexpr bool use_rslora() const noexcept { return options_.use_rslora; }
   [[nodiscard]] constexpr const lora_pattern_list& rank_pattern() const noexcept { return options_.rank_pattern; }
   [[nodiscard]] constexpr const lora_pattern_list& alpha_pattern() const noexcept { return options_.alpha_pattern; }
+  [[nodiscard]] constexpr const target_list& modules_to_save() const noexcept { return options_.modules_to_save; }
 
   [[nodiscard]] std::string options() const {
     // PEFT's options beyond plain LoRA only when set, so that a plain plan reads as it always has.
     return "rank=" + detail::to_text(rank_) + ", alpha=" + detail::to_text(alpha()) +
            ", dropout=" + detail::to_text(dropout()) + ", targets=" + detail::to_text(targets_) +
            ", exclude=" + detail::to_text(exclude()) + (use_rslora() ? ", use_rslora=true" : "") +
-           patterns_text("rank_pattern", rank_pattern()) + patterns_text("alpha_pattern", alpha_pattern());
+           patterns_text("rank_pattern", rank_pattern()) + patterns_text("alpha_pattern", alpha_pattern()) +
+           (modules_to_save().empty() ? "" : ", modules_to_save=" + detail::to_text(modules_to_save()));
   }
   [[nodiscard]] std::string describe() const { return detail::call_text(name, options()); }
 

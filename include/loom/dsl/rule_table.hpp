@@ -125,169 +125,171 @@
   LOOM_SHARDING_HOOKS(LOOM_DETAIL_R14_SHARDING_ROW, X)
 
 // X(id, sentence) for every rule, in the order of docs/rules.md.
-#define LOOM_RULES(X)                                                                                          \
-  /* R1: a plan starts with exactly one model<M>(). */                                                         \
-  X(r1_no_model,                                                                                               \
-    "loom R1: the plan has no model: start it with loom::model<M>(args...) "                                   \
-    "(there is nothing to build without one)")                                                                 \
-  X(r1_model_not_first,                                                                                        \
-    "loom R1: model<M>(...) is not the first stage: start the plan with the model "                            \
-    "and pipe the other stages into it")                                                                       \
-  X(r1_two_models,                                                                                             \
-    "loom R1: the plan has two models: keep one model<M>(...) (a plan builds exactly "                         \
-    "one model)")                                                                                              \
-  /* R2: at most one strategy, and it is the last stage. */                                                    \
-  X(r2_two_strategies,                                                                                         \
-    "loom R2: the plan has two strategies: keep one of local(), ddp(), fsdp() or "                             \
-    "strategy(...) (one strategy wraps the whole model)")                                                      \
-  X(r2_seeded_after_strategy,                                                                                  \
-    "loom R2: seeded(...) comes after the strategy: the strategy is the "                                      \
-    "last stage, so move seeded directly after model<M>(...)")                                                 \
-  /* R3: lora / trainable come before the strategy. */                                                         \
-  LOOM_DETAIL_R3_ROWS(X, lora)                                                                                 \
-  LOOM_DETAIL_R3_ROWS(X, trainable)                                                                            \
-  /* R4: seeded at most once, directly after model. */                                                         \
-  X(r4_seeded_twice,                                                                                           \
-    "loom R4: seeded(...) appears twice: keep one seed (it governs the model's "                               \
-    "construction, which happens once)")                                                                       \
-  X(r4_seeded_not_after_model,                                                                                 \
-    "loom R4: seeded(...) is not directly after model<M>(...): move it "                                       \
-    "there (the seed governs the model's construction, which comes first)")                                    \
-  /* R5: the values of lora(...). */                                                                           \
-  X(r5_rank_not_positive, "loom R5: lora rank must be > 0: pass a positive rank, e.g. lora(8)")                \
-  X(r5_alpha_not_positive,                                                                                     \
-    "loom R5: lora alpha must be > 0: pass .alpha > 0, or leave it out to use "                                \
-    "the rank")                                                                                                \
-  X(r5_dropout_out_of_range,                                                                                   \
-    "loom R5: lora dropout must be in [0, 1): pass .dropout >= 0 and < 1 "                                     \
-    "(dropout 1 zeroes the adapter's input)")                                                                  \
-  X(r5_no_targets,                                                                                             \
-    "loom R5: lora targets are empty: name at least one module, or leave targets out "                         \
-    "to use loom::default_targets")                                                                            \
-  X(r5_empty_target, "loom R5: a lora target is empty: remove it or name a module")                            \
-  X(r5_duplicate_target, "loom R5: a lora target is listed twice: remove the duplicate")                       \
-  X(r5_empty_exclude, "loom R5: a lora exclude entry is empty: remove it or name a module")                    \
-  X(r5_duplicate_exclude, "loom R5: a lora exclude entry is listed twice: remove the duplicate")               \
-  X(r5_all_linear_not_alone,                                                                                   \
-    "loom R5: loom::all_linear is a whole target list (every linear layer but the output head, PEFT's "        \
-    "\"all-linear\"): give it alone, and leave layers out with .exclude")                                      \
-  X(r5_empty_pattern_key,                                                                                      \
-    "loom R5: a lora rank_pattern or alpha_pattern key is empty: give a module's name or a regex of the end "  \
-    "of its dotted name")                                                                                      \
-  X(r5_duplicate_pattern_key,                                                                                  \
-    "loom R5: a lora rank_pattern or alpha_pattern key is listed twice: keep one (the first key that matches " \
-    "a layer gives its value)")                                                                                \
-  X(r5_rank_pattern_value,                                                                                     \
-    "loom R5: a lora rank_pattern value must be a whole number > 0: give each matched layer a positive rank")  \
-  X(r5_alpha_pattern_value,                                                                                    \
-    "loom R5: a lora alpha_pattern value must be > 0: give each matched layer a positive alpha")               \
-  /* R6: at most one lora. */                                                                                  \
-  X(r6_two_loras,                                                                                              \
-    "loom R6: the plan has two lora(...) stages: keep one and list every target in it "                        \
-    "(a plan carries one adapter set)")                                                                        \
-  /* R7: a LibTorch module with a forward, constructible from the arguments; the DSL checks it is a class. */  \
-  X(r7_model_not_class,                                                                                        \
-    "loom R7: model<M>(...) needs a class type M: pass the module type, e.g. "                                 \
-    "model<TinyGpt>(config)")                                                                                  \
-  X(r7_not_a_module, LOOM_R7_NOT_A_MODULE)                                                                     \
-  X(r7_not_constructible, LOOM_R7_NOT_CONSTRUCTIBLE)                                                           \
-  X(r7_no_forward, LOOM_R7_NO_FORWARD)                                                                         \
-  /* R8: a user-written strategy models loom::Strategy; one sentence per requirement. */                       \
-  X(r8_no_name, LOOM_R8_NO_NAME)                                                                               \
-  X(r8_no_options, LOOM_R8_NO_OPTIONS)                                                                         \
-  X(r8_no_setup, LOOM_R8_NO_SETUP)                                                                             \
-  X(r8_no_before_forward, LOOM_R8_NO_BEFORE_FORWARD)                                                           \
-  X(r8_no_after_backward, LOOM_R8_NO_AFTER_BACKWARD)                                                           \
-  X(r8_not_copyable, LOOM_R8_NOT_COPYABLE)                                                                     \
-  /* R9: trainable needs a lora before it. */                                                                  \
-  X(r9_trainable_without_lora,                                                                                 \
-    "loom R9: trainable(...) has no lora(...) before it: put lora first "                                      \
-    "(lora freezes the base model and trainable keeps more of it "                                             \
-    "trainable; without lora every parameter is trainable already)")                                           \
-  /* R10: at most one trainable. */                                                                            \
-  X(r10_trainable_twice,                                                                                       \
-    "loom R10: trainable(...) appears twice: list every pattern in one "                                       \
-    "trainable(...)")                                                                                          \
-  /* R11: the values of trainable(...). */                                                                     \
-  X(r11_no_patterns,                                                                                           \
-    "loom R11: trainable() has no patterns: name at least one module or parameter, "                           \
-    "or remove the stage")                                                                                     \
-  X(r11_empty_pattern, "loom R11: a trainable pattern is empty: remove it or name a module")                   \
-  X(r11_duplicate_pattern, "loom R11: a trainable pattern is listed twice: remove the duplicate")              \
-  /* R12: a target list is stored inline, so it has a fixed capacity. */                                       \
-  X(r12_too_many_targets,                                                                                      \
-    "loom R12: a target list holds at most 16 entries: match several modules "                                 \
-    "with one loom::pattern(regex)")                                                                           \
-  X(r12_too_many_pattern_keys,                                                                                 \
-    "loom R12: a rank_pattern or alpha_pattern holds at most 16 keys: match several layers with one regex "    \
-    "key")                                                                                                     \
-  /* R13: the right side of | is a stage. */                                                                   \
-  X(r13_not_a_stage,                                                                                           \
-    "loom R13: the right side of | is not a loom stage: call the stage function, "                             \
-    "e.g. loom::ddp() rather than loom::ddp")                                                                  \
-  /* R14: an engine's optional hooks have their signatures; a sharding one has its state hooks. */             \
-  LOOM_DETAIL_R14_ROWS(X)                                                                                      \
-  /* R15: at most one mixed_precision, before the strategy. */                                                 \
-  X(r15_two_mixed_precisions,                                                                                  \
-    "loom R15: the plan has two mixed_precision(...) stages: keep one (one policy sets the dtypes of "         \
-    "the whole model)")                                                                                        \
-  X(r15_mixed_precision_after_strategy,                                                                        \
-    "loom R15: mixed_precision(...) comes after the strategy: put it before the strategy (the "                \
-    "strategy decides, when it wraps the model, the dtype of each collective)")                                \
-  /* R16: the values of mixed_precision(...). */                                                               \
-  X(r16_param_not_floating,                                                                                    \
-    "loom R16: mixed_precision param is not a floating dtype: pass .param = loom::bf16 (forward and "          \
-    "backward compute in it)")                                                                                 \
-  X(r16_param_full_precision,                                                                                  \
-    "loom R16: mixed_precision param is fp32 or wider, which computes in full precision already: pass "        \
-    ".param = loom::bf16, or remove the stage")                                                                \
-  X(r16_fp16_without_loss_scaling,                                                                             \
-    "loom R16: mixed_precision param fp16 needs loss scaling, which loom::train does not do: pass "            \
-    ".param = loom::bf16 (fp16 gradients below 6e-8 underflow to zero unless the loss is scaled up; "          \
-    "bf16 has fp32's range and needs no scaling)")                                                             \
-  X(r16_reduce_not_floating,                                                                                   \
-    "loom R16: mixed_precision reduce is not a floating dtype: pass .reduce = loom::fp32, the default "        \
-    "(gradients are averaged in it)")                                                                          \
-  X(r16_output_not_floating,                                                                                   \
-    "loom R16: mixed_precision output is not a floating dtype: pass .output = loom::fp32, or leave it "        \
-    "out to keep the dtype the forward computes in")                                                           \
-  /* R17: default_dtype: floating, once, where the model is built. */                                          \
-  X(r17_not_floating,                                                                                          \
-    "loom R17: default_dtype(...) is not a floating dtype: pass loom::bf16, loom::fp16 or loom::fp32 "         \
-    "(the model's parameters are built in it)")                                                                \
-  X(r17_default_dtype_twice, "loom R17: default_dtype(...) appears twice: keep one (the model is built once)") \
-  X(r17_default_dtype_not_after_model,                                                                         \
-    "loom R17: default_dtype(...) is not directly after model<M>(...) or seeded(...): move it there "          \
-    "(it sets the dtype the model is built in, and the model is built first)")                                 \
-  /* R18: recompute: once, before the strategy, every k >= 1. */                                               \
-  X(r18_two_recomputes,                                                                                        \
-    "loom R18: the plan has two recompute(...) stages: keep one (one choice of units recomputes in the "       \
-    "whole model)")                                                                                            \
-  X(r18_recompute_after_strategy,                                                                              \
-    "loom R18: recompute(...) comes after the strategy: put it before the strategy (the strategy wraps the "   \
-    "units' forward and backward as the stages before it leave them)")                                         \
-  X(r18_every_zero,                                                                                            \
-    "loom R18: recompute every is 0: pass .every = 1 to recompute every unit, or k for every k-th "            \
-    "one")                                                                                                     \
-  /* R19: pretrained: once, after the model is built, before lora and the strategy. */                         \
-  X(r19_two_pretrained,                                                                                        \
-    "loom R19: the plan has two pretrained(...) stages: keep one (the model's weights come from one "          \
-    "checkpoint)")                                                                                             \
-  X(r19_pretrained_after_lora,                                                                                 \
-    "loom R19: pretrained(...) comes after lora(...): put pretrained first (lora adapts the weights the "      \
-    "checkpoint gives, and its adapters are not in the checkpoint)")                                           \
-  X(r19_pretrained_after_strategy,                                                                             \
-    "loom R19: pretrained(...) comes after the strategy: put it before the strategy (the strategy shards or "  \
-    "replicates the weights it finds when it wraps the model)")                                                \
-  X(r19_empty_path, "loom R19: pretrained path is empty: give the checkpoint's folder or .safetensors file")   \
-  /* R20: sequence_parallel: once, before the strategy, k >= 1. */                                             \
-  X(r20_two_sequence_parallels,                                                                                \
-    "loom R20: the plan has two sequence_parallel(...) stages: keep one (one group size splits every "         \
-    "sequence)")                                                                                               \
-  X(r20_sequence_parallel_after_strategy,                                                                      \
-    "loom R20: sequence_parallel(...) comes after the strategy: put it before the strategy (the strategy "     \
-    "averages and shards over the ranks the sequence groups leave it)")                                        \
-  X(r20_size_zero,                                                                                             \
+#define LOOM_RULES(X)                                                                                           \
+  /* R1: a plan starts with exactly one model<M>(). */                                                          \
+  X(r1_no_model,                                                                                                \
+    "loom R1: the plan has no model: start it with loom::model<M>(args...) "                                    \
+    "(there is nothing to build without one)")                                                                  \
+  X(r1_model_not_first,                                                                                         \
+    "loom R1: model<M>(...) is not the first stage: start the plan with the model "                             \
+    "and pipe the other stages into it")                                                                        \
+  X(r1_two_models,                                                                                              \
+    "loom R1: the plan has two models: keep one model<M>(...) (a plan builds exactly "                          \
+    "one model)")                                                                                               \
+  /* R2: at most one strategy, and it is the last stage. */                                                     \
+  X(r2_two_strategies,                                                                                          \
+    "loom R2: the plan has two strategies: keep one of local(), ddp(), fsdp() or "                              \
+    "strategy(...) (one strategy wraps the whole model)")                                                       \
+  X(r2_seeded_after_strategy,                                                                                   \
+    "loom R2: seeded(...) comes after the strategy: the strategy is the "                                       \
+    "last stage, so move seeded directly after model<M>(...)")                                                  \
+  /* R3: lora / trainable come before the strategy. */                                                          \
+  LOOM_DETAIL_R3_ROWS(X, lora)                                                                                  \
+  LOOM_DETAIL_R3_ROWS(X, trainable)                                                                             \
+  /* R4: seeded at most once, directly after model. */                                                          \
+  X(r4_seeded_twice,                                                                                            \
+    "loom R4: seeded(...) appears twice: keep one seed (it governs the model's "                                \
+    "construction, which happens once)")                                                                        \
+  X(r4_seeded_not_after_model,                                                                                  \
+    "loom R4: seeded(...) is not directly after model<M>(...): move it "                                        \
+    "there (the seed governs the model's construction, which comes first)")                                     \
+  /* R5: the values of lora(...). */                                                                            \
+  X(r5_rank_not_positive, "loom R5: lora rank must be > 0: pass a positive rank, e.g. lora(8)")                 \
+  X(r5_alpha_not_positive,                                                                                      \
+    "loom R5: lora alpha must be > 0: pass .alpha > 0, or leave it out to use "                                 \
+    "the rank")                                                                                                 \
+  X(r5_dropout_out_of_range,                                                                                    \
+    "loom R5: lora dropout must be in [0, 1): pass .dropout >= 0 and < 1 "                                      \
+    "(dropout 1 zeroes the adapter's input)")                                                                   \
+  X(r5_no_targets,                                                                                              \
+    "loom R5: lora targets are empty: name at least one module, or leave targets out "                          \
+    "to use loom::default_targets")                                                                             \
+  X(r5_empty_target, "loom R5: a lora target is empty: remove it or name a module")                             \
+  X(r5_duplicate_target, "loom R5: a lora target is listed twice: remove the duplicate")                        \
+  X(r5_empty_exclude, "loom R5: a lora exclude entry is empty: remove it or name a module")                     \
+  X(r5_duplicate_exclude, "loom R5: a lora exclude entry is listed twice: remove the duplicate")                \
+  X(r5_all_linear_not_alone,                                                                                    \
+    "loom R5: loom::all_linear is a whole target list (every linear layer but the output head, PEFT's "         \
+    "\"all-linear\"): give it alone, and leave layers out with .exclude")                                       \
+  X(r5_empty_module_to_save, "loom R5: a lora modules_to_save entry is empty: remove it or name a module")      \
+  X(r5_duplicate_module_to_save, "loom R5: a lora modules_to_save entry is listed twice: remove the duplicate") \
+  X(r5_empty_pattern_key,                                                                                       \
+    "loom R5: a lora rank_pattern or alpha_pattern key is empty: give a module's name or a regex of the end "   \
+    "of its dotted name")                                                                                       \
+  X(r5_duplicate_pattern_key,                                                                                   \
+    "loom R5: a lora rank_pattern or alpha_pattern key is listed twice: keep one (the first key that matches "  \
+    "a layer gives its value)")                                                                                 \
+  X(r5_rank_pattern_value,                                                                                      \
+    "loom R5: a lora rank_pattern value must be a whole number > 0: give each matched layer a positive rank")   \
+  X(r5_alpha_pattern_value,                                                                                     \
+    "loom R5: a lora alpha_pattern value must be > 0: give each matched layer a positive alpha")                \
+  /* R6: at most one lora. */                                                                                   \
+  X(r6_two_loras,                                                                                               \
+    "loom R6: the plan has two lora(...) stages: keep one and list every target in it "                         \
+    "(a plan carries one adapter set)")                                                                         \
+  /* R7: a LibTorch module with a forward, constructible from the arguments; the DSL checks it is a class. */   \
+  X(r7_model_not_class,                                                                                         \
+    "loom R7: model<M>(...) needs a class type M: pass the module type, e.g. "                                  \
+    "model<TinyGpt>(config)")                                                                                   \
+  X(r7_not_a_module, LOOM_R7_NOT_A_MODULE)                                                                      \
+  X(r7_not_constructible, LOOM_R7_NOT_CONSTRUCTIBLE)                                                            \
+  X(r7_no_forward, LOOM_R7_NO_FORWARD)                                                                          \
+  /* R8: a user-written strategy models loom::Strategy; one sentence per requirement. */                        \
+  X(r8_no_name, LOOM_R8_NO_NAME)                                                                                \
+  X(r8_no_options, LOOM_R8_NO_OPTIONS)                                                                          \
+  X(r8_no_setup, LOOM_R8_NO_SETUP)                                                                              \
+  X(r8_no_before_forward, LOOM_R8_NO_BEFORE_FORWARD)                                                            \
+  X(r8_no_after_backward, LOOM_R8_NO_AFTER_BACKWARD)                                                            \
+  X(r8_not_copyable, LOOM_R8_NOT_COPYABLE)                                                                      \
+  /* R9: trainable needs a lora before it. */                                                                   \
+  X(r9_trainable_without_lora,                                                                                  \
+    "loom R9: trainable(...) has no lora(...) before it: put lora first "                                       \
+    "(lora freezes the base model and trainable keeps more of it "                                              \
+    "trainable; without lora every parameter is trainable already)")                                            \
+  /* R10: at most one trainable. */                                                                             \
+  X(r10_trainable_twice,                                                                                        \
+    "loom R10: trainable(...) appears twice: list every pattern in one "                                        \
+    "trainable(...)")                                                                                           \
+  /* R11: the values of trainable(...). */                                                                      \
+  X(r11_no_patterns,                                                                                            \
+    "loom R11: trainable() has no patterns: name at least one module or parameter, "                            \
+    "or remove the stage")                                                                                      \
+  X(r11_empty_pattern, "loom R11: a trainable pattern is empty: remove it or name a module")                    \
+  X(r11_duplicate_pattern, "loom R11: a trainable pattern is listed twice: remove the duplicate")               \
+  /* R12: a target list is stored inline, so it has a fixed capacity. */                                        \
+  X(r12_too_many_targets,                                                                                       \
+    "loom R12: a target list holds at most 16 entries: match several modules "                                  \
+    "with one loom::pattern(regex)")                                                                            \
+  X(r12_too_many_pattern_keys,                                                                                  \
+    "loom R12: a rank_pattern or alpha_pattern holds at most 16 keys: match several layers with one regex "     \
+    "key")                                                                                                      \
+  /* R13: the right side of | is a stage. */                                                                    \
+  X(r13_not_a_stage,                                                                                            \
+    "loom R13: the right side of | is not a loom stage: call the stage function, "                              \
+    "e.g. loom::ddp() rather than loom::ddp")                                                                   \
+  /* R14: an engine's optional hooks have their signatures; a sharding one has its state hooks. */              \
+  LOOM_DETAIL_R14_ROWS(X)                                                                                       \
+  /* R15: at most one mixed_precision, before the strategy. */                                                  \
+  X(r15_two_mixed_precisions,                                                                                   \
+    "loom R15: the plan has two mixed_precision(...) stages: keep one (one policy sets the dtypes of "          \
+    "the whole model)")                                                                                         \
+  X(r15_mixed_precision_after_strategy,                                                                         \
+    "loom R15: mixed_precision(...) comes after the strategy: put it before the strategy (the "                 \
+    "strategy decides, when it wraps the model, the dtype of each collective)")                                 \
+  /* R16: the values of mixed_precision(...). */                                                                \
+  X(r16_param_not_floating,                                                                                     \
+    "loom R16: mixed_precision param is not a floating dtype: pass .param = loom::bf16 (forward and "           \
+    "backward compute in it)")                                                                                  \
+  X(r16_param_full_precision,                                                                                   \
+    "loom R16: mixed_precision param is fp32 or wider, which computes in full precision already: pass "         \
+    ".param = loom::bf16, or remove the stage")                                                                 \
+  X(r16_fp16_without_loss_scaling,                                                                              \
+    "loom R16: mixed_precision param fp16 needs loss scaling, which loom::train does not do: pass "             \
+    ".param = loom::bf16 (fp16 gradients below 6e-8 underflow to zero unless the loss is scaled up; "           \
+    "bf16 has fp32's range and needs no scaling)")                                                              \
+  X(r16_reduce_not_floating,                                                                                    \
+    "loom R16: mixed_precision reduce is not a floating dtype: pass .reduce = loom::fp32, the default "         \
+    "(gradients are averaged in it)")                                                                           \
+  X(r16_output_not_floating,                                                                                    \
+    "loom R16: mixed_precision output is not a floating dtype: pass .output = loom::fp32, or leave it "         \
+    "out to keep the dtype the forward computes in")                                                            \
+  /* R17: default_dtype: floating, once, where the model is built. */                                           \
+  X(r17_not_floating,                                                                                           \
+    "loom R17: default_dtype(...) is not a floating dtype: pass loom::bf16, loom::fp16 or loom::fp32 "          \
+    "(the model's parameters are built in it)")                                                                 \
+  X(r17_default_dtype_twice, "loom R17: default_dtype(...) appears twice: keep one (the model is built once)")  \
+  X(r17_default_dtype_not_after_model,                                                                          \
+    "loom R17: default_dtype(...) is not directly after model<M>(...) or seeded(...): move it there "           \
+    "(it sets the dtype the model is built in, and the model is built first)")                                  \
+  /* R18: recompute: once, before the strategy, every k >= 1. */                                                \
+  X(r18_two_recomputes,                                                                                         \
+    "loom R18: the plan has two recompute(...) stages: keep one (one choice of units recomputes in the "        \
+    "whole model)")                                                                                             \
+  X(r18_recompute_after_strategy,                                                                               \
+    "loom R18: recompute(...) comes after the strategy: put it before the strategy (the strategy wraps the "    \
+    "units' forward and backward as the stages before it leave them)")                                          \
+  X(r18_every_zero,                                                                                             \
+    "loom R18: recompute every is 0: pass .every = 1 to recompute every unit, or k for every k-th "             \
+    "one")                                                                                                      \
+  /* R19: pretrained: once, after the model is built, before lora and the strategy. */                          \
+  X(r19_two_pretrained,                                                                                         \
+    "loom R19: the plan has two pretrained(...) stages: keep one (the model's weights come from one "           \
+    "checkpoint)")                                                                                              \
+  X(r19_pretrained_after_lora,                                                                                  \
+    "loom R19: pretrained(...) comes after lora(...): put pretrained first (lora adapts the weights the "       \
+    "checkpoint gives, and its adapters are not in the checkpoint)")                                            \
+  X(r19_pretrained_after_strategy,                                                                              \
+    "loom R19: pretrained(...) comes after the strategy: put it before the strategy (the strategy shards or "   \
+    "replicates the weights it finds when it wraps the model)")                                                 \
+  X(r19_empty_path, "loom R19: pretrained path is empty: give the checkpoint's folder or .safetensors file")    \
+  /* R20: sequence_parallel: once, before the strategy, k >= 1. */                                              \
+  X(r20_two_sequence_parallels,                                                                                 \
+    "loom R20: the plan has two sequence_parallel(...) stages: keep one (one group size splits every "          \
+    "sequence)")                                                                                                \
+  X(r20_sequence_parallel_after_strategy,                                                                       \
+    "loom R20: sequence_parallel(...) comes after the strategy: put it before the strategy (the strategy "      \
+    "averages and shards over the ranks the sequence groups leave it)")                                         \
+  X(r20_size_zero,                                                                                              \
     "loom R20: sequence_parallel size is 0: pass 1 to split no sequence, or k to split each over k ranks")
 
 // Stops compilation, with the sentence of its argument (a constant loom::violation) on the first

@@ -64,41 +64,46 @@ inline std::string_view intern(std::string_view text) {
   return *texts.emplace(text).first;
 }
 
-}  // namespace detail
-
-class target_list {
+// A list stored inline (no heap), so that a plan stays a constexpr value: at most Capacity entries
+// (the violation `full` past them), and each entry's text, given at run time, copied by intern().
+template <class Entry, std::string_view Entry::*text, std::size_t Capacity, violation full>
+class inline_list {
  public:
-  static constexpr std::size_t capacity = 16;
+  static constexpr std::size_t capacity = Capacity;
 
-  constexpr target_list() noexcept = default;
-  constexpr target_list(std::initializer_list<target> entries) {
-    for (const target& entry : entries) push_back(entry);
+  constexpr inline_list() noexcept = default;
+  constexpr inline_list(std::initializer_list<Entry> entries) {
+    for (const Entry& entry : entries) push_back(entry);
   }
 
-  // R12 when full.
-  constexpr void push_back(target entry) {
-    if (size_ == capacity) detail::enforce(violation::r12_too_many_targets);
-    if (!std::is_constant_evaluated()) entry.text = detail::intern(entry.text);
+  constexpr void push_back(Entry entry) {
+    if (size_ == capacity) enforce(full);
+    if (!std::is_constant_evaluated()) entry.*text = intern(entry.*text);
     entries_[size_++] = entry;
   }
 
   [[nodiscard]] constexpr std::size_t size() const noexcept { return size_; }
   [[nodiscard]] constexpr bool empty() const noexcept { return size_ == 0; }
-  [[nodiscard]] constexpr const target* begin() const noexcept { return entries_.data(); }
-  [[nodiscard]] constexpr const target* end() const noexcept { return entries_.data() + size_; }
-  [[nodiscard]] constexpr const target& operator[](std::size_t i) const noexcept { return entries_[i]; }
+  [[nodiscard]] constexpr const Entry* begin() const noexcept { return entries_.data(); }
+  [[nodiscard]] constexpr const Entry* end() const noexcept { return entries_.data() + size_; }
+  [[nodiscard]] constexpr const Entry& operator[](std::size_t i) const noexcept { return entries_[i]; }
 
-  friend constexpr bool operator==(const target_list& a, const target_list& b) noexcept {
+  friend constexpr bool operator==(const inline_list& a, const inline_list& b) noexcept {
     if (a.size_ != b.size_) return false;
     for (std::size_t i = 0; i != a.size_; ++i)
-      if (a[i] != b[i]) return false;
+      if (!(a[i] == b[i])) return false;
     return true;
   }
 
  private:
-  std::array<target, capacity> entries_{};
+  std::array<Entry, Capacity> entries_{};
   std::size_t size_ = 0;
 };
+
+}  // namespace detail
+
+// R12 past 16 entries.
+using target_list = detail::inline_list<target, &target::text, 16, violation::r12_too_many_targets>;
 
 // The layers that PEFT and FastVideo adapt by default: attention projections under both spellings,
 // and the gate of FastVideo's compressed attention (its DEFAULT_LORA_TARGET_MODULES).

@@ -39,6 +39,11 @@ struct peft_lora_adapter {
   // Per-layer ranks and alphas by key (a name, or a regex of a name's end), in the file's order.
   std::vector<std::pair<std::string, std::int64_t>> rank_pattern{};
   std::vector<std::pair<std::string, double>> alpha_pattern{};
+  // Whole modules trained beside the adapters, as named in the config, and their parameters' tensors
+  // under the model's names ("model.embed_tokens.weight"); with ensure_weight_tying, a tied one too.
+  std::vector<std::string> modules_to_save{};
+  bool ensure_weight_tying = false;
+  std::vector<named_tensor> module_tensors{};
   std::vector<std::string> target_modules;  // the adapted layers' full dotted names
   // What AutoPeftModel*.from_pretrained(folder) needs to load the base model itself: PEFT's task
   // ("CAUSAL_LM") and the base model's folder; null in the file when empty.
@@ -57,7 +62,7 @@ struct peft_lora_adapter {
 void save_peft_adapter(const std::filesystem::path& folder, const peft_lora_adapter& adapter);
 
 // Reads a LoRA adapter that PEFT (or loom) saved; refuses, with the reason, what loom's LoRA cannot
-// express: another peft_type, DoRA, trained biases, modules_to_save.
+// express: another peft_type, DoRA, trained biases.
 [[nodiscard]] peft_lora_adapter load_peft_adapter(const std::filesystem::path& folder);
 
 // Writes pytorch_lora_weights.safetensors into `folder` (created if missing), atomically: the keys and

@@ -80,6 +80,17 @@ model_identity identity_of() {
   return identity;
 }
 
+// The parameters the model does not hold because they read others (a tied head's), from its
+// tied_parameters(), which depends on its configuration.
+template <class Module>
+std::vector<tied_parameter> tied_parameters_of(const Module& module) {
+  if constexpr (requires { module.tied_parameters(); }) {
+    return module.tied_parameters();
+  } else {
+    return {};
+  }
+}
+
 // The model and its adapters, as the plan's stages before the strategy made them.
 template <class M>
 struct constructed {
@@ -146,10 +157,11 @@ auto build_checked(const plan_value<Args, Strategy>& plan, runtime rt) {
     }
   }
   torch::nn::Module& model = *made.model.base();
+  decided.identity.tied = tied_parameters_of(*made.model.operator->());
   if (decided.pretrained)
     decided.pretrained_read = build_steps::load_pretrained(*decided.pretrained, model, hooks::shards_parameters<E>());
-  decided.trainable_held_in_fp32 =
-      build_steps::set_what_trains(model, type_name<M>(), made.lora.has_value(), plan.stages, dtypes.built_in);
+  decided.trainable_held_in_fp32 = build_steps::set_what_trains(
+      model, type_name<M>(), made.lora ? &*made.lora : nullptr, decided.identity.tied, plan.stages, dtypes.built_in);
   decided.recomputed_units = build_steps::choose_recomputed_units(model, plan.stages);
   decided.sequence_split =
       build_steps::split_sequences(model, type_name<M>(), plan.stages, rt, dtypes, decided.recomputed_units);

@@ -6,6 +6,7 @@
 #include <loom/dsl/dtype.hpp>
 #include <loom/dsl/stage_list.hpp>
 #include <loom/io/weights.hpp>
+#include <loom/lora/lora.hpp>
 #include <loom/nn/deferred_init.hpp>
 #include <loom/nn/sequence_parallel.hpp>
 #include <loom/precision/precision.hpp>
@@ -17,6 +18,7 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -49,9 +51,11 @@ enum class deferral { stands, nothing_deferred, construct_whole };
 // checkpoint was read here.
 [[nodiscard]] bool load_pretrained(pretrained_checkpoint& checkpoint, torch::nn::Module& model, bool engine_shards);
 
-// Freezes what neither LoRA nor trainable(...) names; under default_dtype(...), holds the trainable
-// parameters it built narrower in fp32. Returns how many it held so.
-[[nodiscard]] std::size_t set_what_trains(torch::nn::Module& model, std::string_view model_name, bool has_lora,
+// Freezes what neither LoRA (its adapters and modules_to_save) nor trainable(...) names; under
+// default_dtype(...), holds the trainable parameters it built narrower in fp32. Returns how many it
+// held so. `tied`: the model's parameters that read others, named in modules_to_save's refusals.
+[[nodiscard]] std::size_t set_what_trains(torch::nn::Module& model, std::string_view model_name,
+                                          const lora_layers* lora, std::span<const tied_parameter> tied,
                                           const stage_list& stages, std::optional<dtype> built_in);
 
 // recompute(...)'s units, by name; none without the stage.

@@ -155,7 +155,8 @@ struct model_identity {
   // ("WanTransformer3DModel") and its module (peft_parent_library), PEFT's auto_mapping.
   std::string peft_base_model_class;
   std::string peft_parent_library;
-  std::string diffusers_component;  // its name in a diffusers pipeline ("transformer"), its LoRA keys' prefix
+  std::string diffusers_component;   // its name in a diffusers pipeline ("transformer"), its LoRA keys' prefix
+  std::vector<tied_parameter> tied;  // what it reads rather than holds: a tied head's lm_head.weight
 };
 
 // What build() decided from the plan's stages before the strategy: the dtypes the model is built
@@ -227,6 +228,8 @@ class job_core {
 
   // The adapters in `format`; rank 0 writes, every rank returns once it has.
   void save_adapter(const std::filesystem::path& folder, adapter_format format);
+  // Whether the plan's lora(...) saves whole modules beside its adapters (modules_to_save).
+  [[nodiscard]] bool saves_modules() const noexcept { return lora_ && !lora_->modules_to_save().empty(); }
   // Every rank reads the adapters from `path` in `format`, checked against the plan's lora(...).
   void load_adapter(const std::filesystem::path& path, adapter_format format);
   // `whole` (the state_dict) without the adapters, under pretrained(...)'s checkpoint's file names
@@ -444,11 +447,13 @@ class job {
   // as diffusers' pytorch_lora_weights.safetensors that the pipeline's load_lora_weights and the
   // model's load_lora_adapter load; and back, from such a folder (or, for diffusers', a file of its
   // own name). docs/checkpoints.md. Every rank calls them.
+  // With lora(...)'s modules_to_save, their parameters are read and written whole (a sharding
+  // strategy gathers them for the call).
   void save_adapter(const std::filesystem::path& folder, adapter_format format = adapter_format::peft) {
-    core_.save_adapter(folder, format);
+    with_saved_modules([&] { core_.save_adapter(folder, format); });
   }
   void load_adapter(const std::filesystem::path& path, adapter_format format = adapter_format::peft) {
-    core_.load_adapter(path, format);
+    with_saved_modules([&] { core_.load_adapter(path, format); });
   }
 
   // The base weights, whole, without the adapters (after merge(), a plain model with them folded
@@ -479,6 +484,15 @@ class job {
 
  private:
   static constexpr bool engine_casts = hooks::casts_parameters<E>();
+
+  template <class F>
+  void with_saved_modules(const F& body) {
+    if (core_.saves_modules()) {
+      hooks::with_full_parameters(engine_, core_.context(), body);
+    } else {
+      body();
+    }
+  }
 
   detail::module_storage<M> model_;
   detail::job_core core_;

@@ -34,6 +34,13 @@ struct lora_model_names {
   std::string_view output_embeddings{};
 };
 
+// A parameter a model does not hold because it reads another: a tied head's "lm_head.weight" reads
+// "model.embed_tokens.weight" (transformers' _tied_weights_keys, when tie_word_embeddings holds).
+struct tied_parameter {
+  std::string name;
+  std::string reads;
+};
+
 class lora_layers {
  public:
   lora_layers() = default;
@@ -58,6 +65,14 @@ class lora_layers {
   [[nodiscard]] double alpha() const noexcept { return rules_.lora_alpha; }
   [[nodiscard]] double dropout() const noexcept { return dropout_; }
   [[nodiscard]] const lora_scaling_rules& rules() const noexcept { return rules_; }
+  // The modules trained whole and saved beside the adapters (PEFT's modules_to_save).
+  [[nodiscard]] const target_list& modules_to_save() const noexcept { return modules_to_save_; }
+  // Whether the dotted parameter `name` is in a module that modules_to_save selects.
+  [[nodiscard]] bool saves(std::string_view parameter) const;
+  // Sets the parameters of modules_to_save's modules trainable. Throws std::invalid_argument for a
+  // name that selects no module, saying, for one that names a tied parameter (`tied`), what to save.
+  void train_modules_to_save(torch::nn::Module& root, std::string_view model_name,
+                             std::span<const tied_parameter> tied) const;
   // Whether merge() folded the adapters into the base weights (and unmerge() has not taken them out).
   [[nodiscard]] bool merged() const noexcept { return merged_; }
 
@@ -86,6 +101,7 @@ class lora_layers {
 
   lora_scaling_rules rules_;
   double dropout_ = 0;
+  target_list modules_to_save_;
   std::vector<std::string> adapted_;
   std::vector<std::shared_ptr<nn::LinearImpl>> fast_;
   std::vector<fallback_layer> fallback_;

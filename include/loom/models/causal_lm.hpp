@@ -11,6 +11,7 @@
 //                          loom::fsdp(), rt);
 //   const at::Tensor logits = job.forward(ids);  // int64 [batch, seq] -> [batch, seq, vocab]
 
+#include <loom/lora/lora.hpp>
 #include <loom/models/causal_lm_config.hpp>
 #include <loom/nn/embedding.hpp>
 #include <loom/nn/linear.hpp>
@@ -24,6 +25,7 @@
 
 #include <cstdint>
 #include <string_view>
+#include <vector>
 
 namespace loom::models {
 
@@ -118,6 +120,8 @@ class CausalLMImpl : public torch::nn::Module {
   static constexpr std::string_view output_embeddings = "lm_head";
 
   explicit CausalLMImpl(const causal_lm_config& config);
+  // With tie_word_embeddings, the head's weight that it reads from the embedding rather than holds.
+  [[nodiscard]] std::vector<tied_parameter> tied_parameters() const;
   // Logits [batch, seq, vocab] of token ids [batch, seq] (int64).
   at::Tensor forward(const at::Tensor& ids);
 

@@ -116,6 +116,8 @@ TEST_CASE("every sentence names its rule and reads 'loom R<n>: what: fix'", "[ds
       {v::r5_empty_exclude, 5},
       {v::r5_duplicate_exclude, 5},
       {v::r5_all_linear_not_alone, 5},
+      {v::r5_empty_module_to_save, 5},
+      {v::r5_duplicate_module_to_save, 5},
       {v::r5_empty_pattern_key, 5},
       {v::r5_duplicate_pattern_key, 5},
       {v::r5_rank_pattern_value, 5},

@@ -71,6 +71,12 @@ TEST_CASE("PEFT's options: all-linear alone, pattern keys and values", "[dsl][va
   STATIC_REQUIRE(lora_violation(8, attention, {.alpha_pattern = {{"q_proj", -1}}}) ==
                  violation::r5_alpha_pattern_value);
   STATIC_REQUIRE(lora_violation(8, attention, {.alpha_pattern = {{"", 1}}}) == violation::r5_empty_pattern_key);
+  STATIC_REQUIRE(lora_violation(8, attention, {.modules_to_save = {"lm_head"}}) == violation::none);
+  STATIC_REQUIRE(lora_violation(8, attention, {.modules_to_save = {""}}) == violation::r5_empty_module_to_save);
+  STATIC_REQUIRE(lora_violation(8, attention, {.modules_to_save = {"lm_head", "lm_head"}}) ==
+                 violation::r5_duplicate_module_to_save);
+  STATIC_REQUIRE(lora_violation(8, attention, {.modules_to_save = {loom::all_linear}}) ==
+                 violation::r5_all_linear_not_alone);
   STATIC_REQUIRE(lora_violation(8, attention, {.rank_pattern = {{"q_proj", 2}, {"q_proj", 4}}}) ==
                  violation::r5_duplicate_pattern_key);
   const double nan = std::numeric_limits<double>::quiet_NaN();
@@ -86,6 +92,8 @@ TEST_CASE("PEFT's options: all-linear alone, pattern keys and values", "[dsl][va
       rs.describe() ==
       "lora(rank=16, alpha=8, dropout=0, targets=[all-linear], exclude=[], use_rslora=true, rank_pattern={o_proj: 4}, "
       "alpha_pattern={up_proj: 2})");
+  CHECK(loom::lora(4, {"q_proj"}, {.modules_to_save = {"lm_head"}}).describe() ==
+        "lora(rank=4, alpha=4, dropout=0, targets=[q_proj], exclude=[], modules_to_save=[lm_head])");
   CHECK(loom::lora(4).describe() ==
         "lora(rank=4, alpha=4, dropout=0, targets=[q_proj, k_proj, v_proj, o_proj, to_q, "
         "to_k, to_v, to_out, to_qkv, to_gate_compress], exclude=[])");
