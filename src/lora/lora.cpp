@@ -43,6 +43,24 @@ target_list resolved(const target_list& targets, std::span<const target_alias> a
   return result;
 }
 
+// Sets the parameters of every module under `root` that `selector` selects trainable; whether any did.
+bool train_modules(torch::nn::Module& root, const target& selector) {
+  bool selected = false;
+  for (const auto& module : root.named_modules("", /*include_self=*/false)) {
+    if (!matches(selector, module.key())) continue;
+    for (auto& parameter : module.value()->parameters()) parameter.set_requires_grad(true);
+    selected = true;
+  }
+  return selected;
+}
+
+// "a, b, c, ... (N more)": the modules under `root`, for a message about one that was not found.
+std::string module_names(torch::nn::Module& root) {
+  std::vector<std::string> names;
+  for (const auto& module : root.named_modules("", /*include_self=*/false)) names.push_back(module.key());
+  return some_of(names);
+}
+
 }  // namespace
 
 bool matches(const target& target, std::string_view name) {
@@ -145,13 +163,7 @@ bool lora_layers::saves(std::string_view parameter) const {
 void lora_layers::train_modules_to_save(torch::nn::Module& root, std::string_view model_name,
                                         std::span<const tied_parameter> tied) const {
   for (const target& name : modules_to_save_) {
-    bool selected = false;
-    for (const auto& module : root.named_modules("", /*include_self=*/false)) {
-      if (!matches(name, module.key())) continue;
-      for (auto& parameter : module.value()->parameters()) parameter.set_requires_grad(true);
-      selected = true;
-    }
-    if (selected) continue;
+    if (train_modules(root, name)) continue;
     const auto tie = std::find_if(tied.begin(), tied.end(), [&](const tied_parameter& p) {
       return matches(name, p.name.substr(0, p.name.rfind('.')));
     });
@@ -161,10 +173,8 @@ void lora_layers::train_modules_to_save(torch::nn::Module& root, std::string_vie
           "which then trains for both, and the saved adapter keeps the tie (PEFT's ensure_weight_tying)",
           name.text, model_name, tie->name, tie->reads, tie->reads.substr(0, tie->reads.rfind('.')));
     }
-    std::vector<std::string> names;
-    for (const auto& module : root.named_modules("", false)) names.push_back(module.key());
     throw_error<std::invalid_argument>("lora modules_to_save '{}' selects no module of {}; its modules are: {}",
-                                       name.text, model_name, some_of(names));
+                                       name.text, model_name, module_names(root));
   }
 }
 
@@ -175,23 +185,16 @@ void set_trainable(torch::nn::Module& root, std::string_view model_name, bool ha
     }
   }
   for (const target& pattern : patterns) {
-    bool selected = false;
-    for (const auto& module : root.named_modules("", /*include_self=*/false)) {
-      if (!matches(pattern, module.key())) continue;
-      for (auto& parameter : module.value()->parameters()) parameter.set_requires_grad(true);
-      selected = true;
-    }
+    bool selected = train_modules(root, pattern);
     for (const auto& parameter : root.named_parameters()) {
       if (!matches(pattern, parameter.key())) continue;
       parameter.value().set_requires_grad(true);
       selected = true;
     }
     if (!selected) {
-      std::vector<std::string> names;
-      for (const auto& module : root.named_modules("", false)) names.push_back(module.key());
       throw_error<std::invalid_argument>(
           "trainable pattern '{}' selects no module or parameter of {}; its modules are: {}", pattern.text, model_name,
-          some_of(names));
+          module_names(root));
     }
   }
 }
