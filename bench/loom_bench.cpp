@@ -6,7 +6,7 @@
 // and on CUDA `device_peak_mb`, rank 0's peak of allocated device memory.
 //
 //   build/loom-run --nproc-per-node 2 -- build/bench/loom-bench --workload gpt-lora-ddp --steps 30
-//   build/loom-run --nproc-per-node 2 -- build/bench/loom-bench --workload wan-lora-fsdp --steps 10
+//   build/loom-run --nproc-per-node 2 -- build/bench/loom-bench --workload llama-lora-bf16-fsdp --steps 10
 
 #include "statistics.hpp"
 
@@ -77,6 +77,11 @@ constexpr std::array workloads{"mlp-ddp",
                                "gpt-long-recompute-fsdp",
                                "gpt-lora-long-recompute-fsdp",
                                "gpt-hsdp",
+                               "llama-fsdp",
+                               "llama-lora-ddp",
+                               "llama-lora-fsdp",
+                               "llama-lora-bf16-fsdp",
+                               "llama-lora-recompute-bf16-fsdp",
                                "wan-fsdp",
                                "wan-lora-fsdp",
                                "wan-lora-bf16-fsdp",
@@ -249,24 +254,14 @@ struct wan_workload {
 // 8 frames of 64 × 64 latents, 8192 tokens, a Wan of 2 blocks built here.
 using long_wan_workload = wan_workload<false, torch::kFloat, 8, 64>;
 
-// The long-llama-* workloads: a Llama of 2 layers (4 heads of 32, 2 key-value heads) on one sequence
-// of 8192 random tokens, the causal-LM loss (over the sequence group under sequence_parallel), AdamW.
-struct long_llama_workload {
-  static constexpr std::int64_t default_batch = 1;
-  static constexpr std::int64_t tokens_per_sample = 8192;
-  static constexpr std::int64_t vocab = 256;
-  static loom::models::causal_lm_config config() {
-    loom::models::causal_lm_config c;
-    c.vocab_size = vocab;
-    c.hidden_size = 128;
-    c.intermediate_size = 256;
-    c.num_hidden_layers = 2;
-    c.num_attention_heads = 4;
-    c.num_key_value_heads = 2;
-    c.head_dim = 32;
-    c.max_position_embeddings = tokens_per_sample;
-    return c;
-  }
+// A causal language model's step on `Batch` sequences of `Tokens` random ids below `Vocab` (labels = ids:
+// transformers' causal-LM loss, shifted, a mean over the tokens from fp32 logits; over the sequence
+// group under sequence_parallel), AdamW at hf_anchor.py's rates (1e-3 for adapters, 1e-4 otherwise).
+template <std::int64_t Batch, std::int64_t Tokens, std::int64_t Vocab, bool Adapted>
+struct causal_lm_workload {
+  static constexpr std::int64_t default_batch = Batch;
+  static constexpr std::int64_t tokens_per_sample = Tokens;
+  static constexpr std::int64_t vocab = Vocab;
   struct batch {
     at::Tensor ids;
   };
@@ -280,9 +275,30 @@ struct long_llama_workload {
   static std::string_view implementation(std::string_view requested) { return requested; }
   static std::unique_ptr<torch::optim::Optimizer> optimizer(const std::vector<at::Tensor>& params,
                                                             std::string_view implementation) {
-    const auto options = torch::optim::AdamWOptions(1e-4);
+    const auto options = torch::optim::AdamWOptions(Adapted ? 1e-3 : 1e-4);
     if (implementation == "torch") return std::make_unique<torch::optim::AdamW>(params, options);
     return std::make_unique<loom::optim::AdamW>(params, options);
+  }
+};
+
+// The llama-* workloads: hf_anchor.py's Llama 3 shape from its checkpoint, ids = randint(0, 4096, (4, 256)).
+template <bool Adapted>
+using llama_workload = causal_lm_workload<4, 256, 4096, Adapted>;
+
+// The long-llama-* workloads: a Llama of 2 layers (4 heads of 32, 2 key-value heads) on one sequence
+// of 8192 random tokens.
+struct long_llama_workload : causal_lm_workload<1, 8192, 256, false> {
+  static loom::models::causal_lm_config config() {
+    loom::models::causal_lm_config c;
+    c.vocab_size = vocab;
+    c.hidden_size = 128;
+    c.intermediate_size = 256;
+    c.num_hidden_layers = 2;
+    c.num_attention_heads = 4;
+    c.num_key_value_heads = 2;
+    c.head_dim = 32;
+    c.max_position_embeddings = tokens_per_sample;
+    return c;
   }
 };
 
@@ -544,6 +560,29 @@ void run_wan_workload(const bench_options& options) {
   throw std::logic_error(fmt::format("workload '{}' has no plan", name));
 }
 
+// The Llama from the anchor's checkpoint, each decoder layer a shard unit; LoRA r 16, alpha 32 on every
+// projection of attention and MLP; bf16: the base held in bf16 (the anchor's from_pretrained(torch_dtype=
+// bfloat16)), gathered in bf16 and reduced in fp32; recompute: every decoder layer recomputed in backward.
+void run_llama_workload(const bench_options& options) {
+  const std::filesystem::path checkpoint = anchor_checkpoint(options, "llama");
+  const auto llama = loom::model<loom::models::CausalLM>(loom::models::causal_lm_config::from_pretrained(checkpoint)) |
+                     loom::seeded(1234);
+  const auto weights = loom::pretrained(checkpoint.string());
+  constexpr auto adapters =
+      loom::lora(16, {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}, {.alpha = 32});
+  constexpr auto bf16 = loom::mixed_precision({.param = loom::bf16, .reduce = loom::fp32});
+  const std::string_view name = options.workload;
+  if (name == "llama-fsdp") return run<llama_workload<false>>(llama | weights | loom::fsdp(), options);
+  if (name == "llama-lora-ddp") return run<llama_workload<true>>(llama | weights | adapters | loom::ddp(), options);
+  if (name == "llama-lora-fsdp") return run<llama_workload<true>>(llama | weights | adapters | loom::fsdp(), options);
+  const auto bf16_base = llama | loom::default_dtype(loom::bf16) | weights | adapters | bf16;
+  if (name == "llama-lora-bf16-fsdp") return run<llama_workload<true>>(bf16_base | loom::fsdp(), options);
+  if (name == "llama-lora-recompute-bf16-fsdp") {
+    return run<llama_workload<true>>(bf16_base | loom::recompute() | loom::fsdp(), options);
+  }
+  throw std::logic_error(fmt::format("workload '{}' has no plan", name));
+}
+
 // The long-* workloads, built here with seeded(1234), fsdp() over every rank, with and without
 // sequence_parallel(k): at 4 ranks, sp2 is 2 sequence × 2 data-parallel ranks, sp4 one group of 4.
 void run_long_workload(const bench_options& options) {
@@ -600,6 +639,7 @@ void run_workload(const bench_options& options) {
   }
   // 4 ranks: sharded within pairs (0, 1) and (2, 3), replicated across them (the anchor's 2 × 2 mesh).
   if (name == "gpt-hsdp") return run<gpt_workload>(gpt | loom::fsdp({.shard_group_size = 2}), options);
+  if (name.starts_with("llama-")) return run_llama_workload(options);
   if (name.starts_with("wan-")) return run_wan_workload(options);
   if (name.starts_with("long-")) return run_long_workload(options);
   throw std::logic_error(fmt::format("workload '{}' has no plan", name));  // --workload's check lists them

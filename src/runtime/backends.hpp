@@ -20,12 +20,14 @@ class Store;
 namespace loom {
 
 class collectives;
+class job_failures;
 class runtime;
 
 // A Gloo backend of `size` ranks, this one `rank`, meeting through `store` (a prefix of its own
-// for each group), with the launcher's timeout and the network interface the world's uses.
+// for each group), with the launcher's timeout and the network interface the world's uses; enlisted
+// in `failures`, whose break_connections closes its connections (c10d's Gloo has no abort of its own).
 c10::intrusive_ptr<c10d::Backend> make_gloo(const c10::intrusive_ptr<c10d::Store>& store, const launch_env& env,
-                                            int rank, int size);
+                                            int rank, int size, job_failures& failures);
 #ifdef LOOM_HAVE_NCCL
 // A NCCL backend named `name` (its flight recorder's and watchdog's entries say which group), bound
 // to `device`, its communicator made now, at build, rather than lazily by the first collective

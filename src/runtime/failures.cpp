@@ -5,6 +5,9 @@
 #include <loom/runtime/heartbeat.hpp>
 #include <loom/runtime/runtime.hpp>
 
+#include "store_hold.hpp"
+
+#include <torch/csrc/distributed/c10d/Backend.hpp>
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
 #include <ATen/ATen.h>
@@ -259,14 +262,78 @@ void job_failures::stop_hung_job(c10d::Store& store, const std::string& error, s
   std::_Exit(1);
 }
 
+void job_failures::enlist(const c10::intrusive_ptr<c10d::Backend>& backend) {
+  const std::lock_guard lock(backends_mutex_);
+  backends_.emplace_back(backend);
+}
+
+void job_failures::break_connections() noexcept {
+  const std::lock_guard lock(backends_mutex_);
+  for (const auto& enlisted : backends_) {
+    try {
+      if (auto backend = enlisted.lock()) backend->abort();
+    } catch (const std::exception&) {
+      // A connection that cannot be closed now closes with the process.
+    }
+  }
+}
+
+namespace {
+
+std::string released_key(int rank) { return fmt::format("loom/released/{}", rank); }
+
+// However the diagnosis of a failure ends, this rank has read in the store what it needed.
+class release_when_done {
+ public:
+  explicit release_when_done(const runtime& rt) : rt_(rt) {}
+  ~release_when_done() {
+    if (rt_.store() && !rt_.env().hosts_store()) release_store(*rt_.store(), rt_.rank());
+  }
+  release_when_done(const release_when_done&) = delete;
+  release_when_done& operator=(const release_when_done&) = delete;
+
+ private:
+  const runtime& rt_;
+};
+
+}  // namespace
+
+void release_store(c10d::Store& store, int rank) noexcept {
+  try {
+    store.set(released_key(rank), std::vector<std::uint8_t>{1});
+  } catch (const std::exception&) {
+    // The store is gone already: there is nothing left to hold.
+  }
+}
+
+void hold_store_for_peers(c10d::Store& store, int rank, int world_size) noexcept {
+  const auto deadline = std::chrono::steady_clock::now() + store_hold_bound;
+  std::vector<std::string> waiting;
+  for (int peer = 0; peer < world_size; ++peer) {
+    if (peer != rank) waiting.push_back(released_key(peer));
+  }
+  try {
+    while (!waiting.empty() && std::chrono::steady_clock::now() < deadline) {
+      std::erase_if(waiting, [&](const std::string& key) { return store.check({key}); });
+      if (!waiting.empty()) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+  } catch (const std::exception&) {
+    // This process serves the store; a failed check means it cannot be asked: stop waiting.
+  }
+}
+
 void rethrow_as_job_failure(const runtime& rt, std::exception_ptr error, std::string_view during) {
   job_failures& failures = rt.failures();
   failures.mark_failed();
+  const release_when_done release(rt);
   try {
     std::rethrow_exception(error);
   } catch (const job_failure&) {
     throw;
   } catch (const std::exception& failure) {
+    // The rank that hosts the store breaks its connections as it ends (store_hold.hpp): until then
+    // its peers read why in the store, and their hang check ends any wait on it.
+    if (is_transport_failure(failure) && !rt.env().hosts_store()) failures.break_connections();
     if (!rt.store()) throw;
     // One look at the store: when it is gone, every further call would wait and log in vain.
     bool store_reachable = true;

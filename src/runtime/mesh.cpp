@@ -39,8 +39,8 @@ std::unique_ptr<collectives> make_group(const runtime& rt, std::int64_t generati
                                          &rt.progress(), std::move(group));
   }
 #endif
-  return std::make_unique<collectives>(make_gloo(store, rt.env(), rank, size), rank, size, staged, &rt.progress(),
-                                       std::move(group));
+  return std::make_unique<collectives>(make_gloo(store, rt.env(), rank, size, rt.failures()), rank, size, staged,
+                                       &rt.progress(), std::move(group));
 }
 
 rank_mesh::rank_mesh(const runtime& rt, int shard_size)

@@ -1,4 +1,5 @@
 #include "backends.hpp"
+#include "store_hold.hpp"
 
 #include <loom/base/text.hpp>
 #include <loom/runtime/failures.hpp>
@@ -18,6 +19,7 @@
 #include <c10/util/Backtrace.h>
 #include <c10/util/Logging.h>
 #include <fmt/format.h>
+#include <gloo/context.h>
 
 #include <arpa/inet.h>
 #include <netdb.h>
@@ -119,7 +121,7 @@ void check_rendezvous_address(const launch_env& env) {
                               env.master_addr, ::gai_strerror(error));
   }
   ::freeaddrinfo(found);
-  if (env.agent_store || env.rank != 0) return;
+  if (!env.hosts_store()) return;
   const int probe = ::socket(AF_INET, SOCK_STREAM, 0);
   if (probe < 0) return;  // nothing to learn here; TCPStore reports its own failure
   const int reuse = 1;    // as TCPStore binds: a port in TIME_WAIT is free
@@ -212,7 +214,7 @@ c10::intrusive_ptr<c10d::Store> rendezvous(const launch_env& env) {
   check_rendezvous_address(env);
   c10d::TCPStoreOptions options;
   options.port = env.master_port;
-  options.isServer = !env.agent_store && env.rank == 0;
+  options.isServer = env.hosts_store();
   options.numWorkers = env.agent_store ? std::nullopt : std::optional<std::size_t>(env.world_size);
   options.waitWorkers = false;  // loom waits itself, saying for whom (wait_for_every_rank)
   options.timeout = env.timeout;
@@ -285,14 +287,26 @@ std::shared_ptr<::gloo::transport::Device> gloo_device(const launch_env& env) {
   return c10d::ProcessGroupGloo::createDefaultDevice();
 }
 
+// c10d's Gloo backend with the abort that c10d gives NCCL's alone: every connection of its
+// contexts closed, so that each peer's wait on this rank breaks at once.
+class abortable_gloo final : public c10d::ProcessGroupGloo {
+ public:
+  using ProcessGroupGloo::ProcessGroupGloo;
+  void abort() override {
+    for (const auto& context : contexts_) context->closeConnections();
+  }
+};
+
 }  // namespace
 
 c10::intrusive_ptr<c10d::Backend> make_gloo(const c10::intrusive_ptr<c10d::Store>& store, const launch_env& env,
-                                            int rank, int size) {
+                                            int rank, int size, job_failures& failures) {
   auto options = c10d::ProcessGroupGloo::Options::create(env.timeout);
   options->devices.push_back(gloo_device(env));
-  return c10::make_intrusive<c10d::ProcessGroupGloo>(c10::make_intrusive<c10d::PrefixStore>("gloo", store), rank, size,
-                                                     options);
+  c10::intrusive_ptr<c10d::Backend> backend =
+      c10::make_intrusive<abortable_gloo>(c10::make_intrusive<c10d::PrefixStore>("gloo", store), rank, size, options);
+  failures.enlist(backend);
+  return backend;
 }
 
 #ifdef LOOM_HAVE_NCCL
@@ -323,6 +337,20 @@ struct runtime::state {
   std::unique_ptr<collectives> comm;
   std::unique_ptr<collectives> host_comm;  // set when comm's backend is not Gloo
   std::unique_ptr<heartbeat> pulse;        // after the store: stops beating before the store goes
+
+  state() = default;
+  state(const state&) = delete;
+  state& operator=(const state&) = delete;
+  // A failed job's store stays while the other ranks read why (store_hold.hpp).
+  ~state() {
+    if (!store || !failures->failed()) return;
+    if (!env.hosts_store()) {
+      release_store(*store, env.rank);
+      return;
+    }
+    failures->break_connections();
+    hold_store_for_peers(*store, env.rank, env.world_size);
+  }
 };
 
 runtime runtime::from_env() { return runtime(parse_launch_env()); }
@@ -370,7 +398,7 @@ runtime::runtime(const launch_env& env) : state_(std::make_shared<state>()) {
   c10::intrusive_ptr<c10d::Backend> device_backend;
   c10::intrusive_ptr<c10d::Backend> gloo;
   try {
-    gloo = make_gloo(s.store, env, env.rank, env.world_size);
+    gloo = make_gloo(s.store, env, env.rank, env.world_size, *s.failures);
     s.group->setBackend(c10::kCPU, c10d::ProcessGroup::BackendType::GLOO, gloo);
     // Gloo over CUDA tensors (several ranks sharing a GPU): the Reducer's buckets go to Gloo too.
     if (s.device.is_cuda()) s.group->setBackend(c10::kCUDA, c10d::ProcessGroup::BackendType::GLOO, gloo);

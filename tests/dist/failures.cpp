@@ -6,16 +6,19 @@
 #include "world.hpp"
 
 #include <loom/loom.hpp>
+#include <loom/runtime/mesh.hpp>
 #include <models/mlp.hpp>
 
 #include <chrono>
 #include <csignal>
+#include <cstdlib>
 #include <functional>
 #include <iostream>
 #include <map>
 #include <memory>
 #include <regex>
 #include <string>
+#include <thread>
 
 using loom::testing::branchy;
 using loom::testing::odd_units;
@@ -37,6 +40,26 @@ void killed_in_backward(int victim) {
   }
   auto x = torch::randn({4, 512});
   for (int step = 0; step < 3; ++step) job.backward(job.forward(x).square().mean());
+}
+
+// Rank 1 dies while the others wait in collectives of their hybrid-sharding groups (4 ranks: shard
+// groups {0, 1} and {2, 3}, replicate groups {0, 2} and {1, 3}). Rank 3's replicate collective breaks
+// with it, and rank 3 lives on (peer_death.py keeps each survivor alive a while after its error, as a
+// program that caught it would), while rank 2 waits on rank 3 in their shard group's collective, which
+// rank 3 never joins: rank 3's broken connections must end that wait, not its exit or the timeout.
+void waiting_on_a_failed_rank() {
+  const loom::runtime& rt = world();
+  const loom::rank_mesh mesh(rt, 2);
+  at::Tensor values = at::ones({1024});
+  try {
+    if (rt.rank() == 1) {
+      std::this_thread::sleep_for(std::chrono::seconds(1));  // the others' mesh is made and their waits begun
+      std::raise(SIGKILL);
+    }
+    (rt.rank() == 3 ? mesh.replicate() : mesh.shard()).all_reduce(values).wait();
+  } catch (...) {
+    loom::rethrow_as_job_failure(rt, std::current_exception(), "all-reduce");
+  }
 }
 
 // A strategy whose one collective's group is the rank's choice: hybrid sharding's shard group on
@@ -200,6 +223,10 @@ const std::map<std::string, scenario>& scenarios() {
       {"rank0-killed-in-backward",
        {[] { killed_in_backward(0); },
         "rank \\d's backward pass failed, and the rendezvous store is unreachable: rank 0, which hosts it, is gone"}},
+      {"waiting-on-a-failed-rank",
+       {waiting_on_a_failed_rank,
+        "rank \\d's all-reduce failed: rank 1 fell silent|rank 1 fell silent.*; then rank "
+        "\\d's all-reduce failed"}},
       {"fsdp-unit-skipped",
        {[] { misuse_units(/*bypass=*/false); },
         "fsdp\\(\\): unit 'blocks.2' ran its forward where the schedule has unit 'blocks.1' next, entry #2 "
@@ -245,6 +272,10 @@ int main(int argc, char** argv) {
     const bool matches = std::regex_search(message, std::regex(expected));
     std::cout << (matches ? "expected" : "UNEXPECTED") << " failure after " << seconds << " s: " << message << '\n';
     if (!matches) std::cout << "expected a message matching: " << expected << '\n';
+    std::cout.flush();
+    // peer_death.py's survivors live on after their error, as a program that caught it would.
+    if (const char* linger = std::getenv("LOOM_TEST_LINGER_S"))
+      std::this_thread::sleep_for(std::chrono::seconds(std::atoi(linger)));
     return matches && seconds < 10 ? 0 : 1;
   }
   std::cout << "UNEXPECTED: " << argv[1] << " did not fail\n";

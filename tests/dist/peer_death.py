@@ -2,13 +2,15 @@
 """A rank killed in the middle of a collective: every survivor must end with loom's error, naming
 the rank that is gone, within a bound, and never through std::terminate (SIGABRT).
 
-    peer_death.py PROGRAM RANKS last-rank|rank0
+    peer_death.py PROGRAM RANKS last-rank|rank0|waiting-on-a-failed-rank
 
-Starts RANKS processes of `PROGRAM VICTIM-killed-in-backward` (tests/dist/failures.cpp) with the
-variables torchrun sets, but without a launcher, which would stop the survivors itself as soon as
-one rank died. The victim (the last rank, or rank 0, which hosts the rendezvous store) kills itself
-with SIGKILL mid-backward; each survivor checks its own message and time (exit code 0), and this
-driver checks how every process ended.
+Starts RANKS processes of a scenario of PROGRAM (tests/dist/failures.cpp) with the variables torchrun
+sets, but without a launcher, which would stop the survivors itself as soon as one rank died. In
+`VICTIM-killed-in-backward` the victim (the last rank, or rank 0, which hosts the rendezvous store)
+kills itself with SIGKILL mid-backward; in `waiting-on-a-failed-rank` rank 1 dies and the survivors
+live on after their error, so that a wait on a survivor must end by its broken connections, not by
+its exit. Each survivor checks its own message and time (exit code 0), and this driver checks how
+every process ended.
 """
 import os
 import signal
@@ -27,25 +29,29 @@ def free_port() -> int:
 
 
 def main() -> None:
-    program, ranks, victim_name = sys.argv[1], int(sys.argv[2]), sys.argv[3]
-    victim = 0 if victim_name == "rank0" else ranks - 1
+    program, ranks, mode = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+    if mode == "waiting-on-a-failed-rank":
+        scenario, victim, linger_s = mode, 1, 12  # longer than a survivor's own 10 s bound
+    else:
+        scenario, victim, linger_s = f"{mode}-killed-in-backward", 0 if mode == "rank0" else ranks - 1, 0
+    bound_s = BOUND_S + linger_s
     port = free_port()
     processes = []
     for rank in range(ranks):
         env = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(ranks),
                    LOCAL_WORLD_SIZE=str(ranks), GROUP_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
-                   LOOM_TIMEOUT_S="20")
-        processes.append(subprocess.Popen([program, f"{victim_name}-killed-in-backward"], env=env, stdout=subprocess.PIPE,
+                   LOOM_TIMEOUT_S="20", LOOM_TEST_LINGER_S=str(linger_s))
+        processes.append(subprocess.Popen([program, scenario], env=env, stdout=subprocess.PIPE,
                                           stderr=subprocess.STDOUT, text=True))
     start = time.monotonic()
     failures = []
     for rank, process in enumerate(processes):
         try:
-            output, _ = process.communicate(timeout=max(1, BOUND_S - (time.monotonic() - start)))
+            output, _ = process.communicate(timeout=max(1, bound_s - (time.monotonic() - start)))
         except subprocess.TimeoutExpired:
             for p in processes:
                 p.kill()
-            sys.exit(f"FAILED: rank {rank} still running after {BOUND_S} s: a hang")
+            sys.exit(f"FAILED: rank {rank} still running after {bound_s} s: a hang")
         code = process.returncode
         print(f"--- rank {rank}: exit {code} after {time.monotonic() - start:.1f} s\n{output.rstrip()}")
         if rank == victim:

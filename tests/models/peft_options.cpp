@@ -1,7 +1,9 @@
 // PEFT's LoRA options in loom, for tests/models/peft_options_vs_peft.py:
 //   peft-options RUN_FILE load ADAPTER IDS OUT   job.load_adapter(ADAPTER), the logits of IDS into OUT
 //   peft-options RUN_FILE train OUT              three AdamW steps, each rank on ids of its own; then
-//                                                OUT/adapter (save_adapter) and OUT/logits.safetensors
+//                                                OUT/adapter (save_adapter), OUT/logits.safetensors, and
+//                                                OUT/merged (merge(), save_pretrained) with the merged
+//                                                model's logits, OUT/merged-logits.safetensors
 // The plan is the run file's (its pretrained folder's config.json gives the model, of any family).
 #include <loom/config/run_file.hpp>
 #include <loom/io/safetensors.hpp>
@@ -50,6 +52,11 @@ void train(auto& job, const fs::path& out) {
   const at::Tensor logits = logits_of(job, ids);
   job.save_adapter(out / "adapter");
   if (job.rt().rank() == 0) loom::save_safetensors(out / "logits.safetensors", {{"ids", ids}, {"logits", logits}});
+  // Each layer's own scale folded in, and the saved modules (a tied embedding with its head) as trained.
+  job.merge();
+  const at::Tensor merged = logits_of(job, ids);
+  job.save_pretrained(out / "merged");
+  if (job.rt().rank() == 0) loom::save_safetensors(out / "merged-logits.safetensors", {{"logits", merged}});
 }
 
 }  // namespace

@@ -9,7 +9,9 @@ embed_tokens, the tie kept: PEFT's ensure_weight_tying).
   under loom's key), job.load_adapter() the folder, and gives PEFT's logits within 1e-5 of the largest.
 - loom writes it: loom fine-tunes with the option for a few steps and saves the adapter; its
   adapter_config.json carries the option, and PeftModel.from_pretrained (warnings as errors) gives
-  loom's logits within 1e-5, its layers of the ranks the option says.
+  loom's logits within 1e-5, its layers of the ranks the option says. loom then merges and saves the
+  model (save_pretrained): AutoModelForCausalLM.from_pretrained gives the merged model's logits, and
+  they are the unmerged ones, within 1e-5.
 
 At 1 rank under local(), and at 2 under fsdp().
 
@@ -175,6 +177,16 @@ def main() -> int:
                       f"{'within' if difference <= allowed else 'BEYOND'} {allowed:.2e}", flush=True)
                 if difference > allowed:
                     failures.append(f"{what}: PEFT gives other logits from loom's adapter")
+                merged_logits = load_file(str(trained / "merged-logits.safetensors"))["logits"]
+                with torch.no_grad():
+                    from_merged = AutoModelForCausalLM.from_pretrained(trained / "merged").eval()(expected["ids"]).logits
+                for label, a, b in (("transformers on loom's merged model", from_merged, merged_logits),
+                                    ("loom's merged model against its unmerged one", merged_logits, expected["logits"])):
+                    difference = largest_difference(a, b)
+                    print(f"{what}: {label}, largest difference {difference:.2e}: "
+                          f"{'within' if difference <= allowed else 'BEYOND'} {allowed:.2e}", flush=True)
+                    if difference > allowed:
+                        failures.append(f"{what}: {label}")
                 if "modules_to_save" in block:
                     saved = load_file(str(trained / "adapter" / "adapter_model.safetensors"))
                     key = f"base_model.model.{'model.embed_tokens' if module == 'embed_tokens' else module}.weight"

@@ -16,10 +16,12 @@
 #include <stdexcept>
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace c10d {
+class Backend;
 class Store;
-}
+}  // namespace c10d
 
 namespace loom {
 
@@ -87,6 +89,16 @@ class job_failures {
   // peers read it before this process ends.
   void say_and_publish(const std::string& message) const noexcept;
 
+  // The job's Gloo backends (the world's and each mesh group's), whose connections a broken
+  // transport closes: see break_connections.
+  void enlist(const c10::intrusive_ptr<c10d::Backend>& backend);
+  // Closes this rank's connections in every enlisted backend, hard (a reset, not a drain). A rank
+  // whose collective broke can take no further part in the job, yet its process may live on for
+  // the transport's timeout (its Gloo threads, and the runtime's destruction, wait on collectives
+  // that cannot finish now) or longer (a program that caught the error); a peer waiting on it in
+  // another collective, or another group, breaks now rather than then.
+  void break_connections() noexcept;
+
  private:
   class terminate_report;
 
@@ -97,14 +109,17 @@ class job_failures {
   mutable std::mutex remembered_mutex_;
   std::optional<std::string> remembered_;
   std::unique_ptr<terminate_report> terminate_report_;
+  std::mutex backends_mutex_;
+  std::vector<c10::weak_intrusive_ptr<c10d::Backend>> backends_;
 };
 
 // Rethrows `error`, which ended this rank's `during` (e.g. "backward pass"), as the job's
 // error on this rank:
 // - a job_failure, already published, as it is;
 // - when a peer published a failure, a job_failure that names it;
-// - a broken transport (Gloo's, or c10d's Dist errors) with nothing published: a job_failure that
-//   names the ranks that did not answer the roll call, or rank 0 when the store it hosts is gone;
+// - a broken transport (Gloo's, or c10d's Dist errors), which breaks this rank's connections
+//   (unless it hosts the store), with nothing published: a job_failure that names the ranks that did not answer the
+//   roll call, or rank 0 when the store it hosts is gone;
 // - anything else is this rank's own failure: published for the others, then rethrown unchanged.
 [[noreturn]] void rethrow_as_job_failure(const runtime& rt, std::exception_ptr error, std::string_view during);
 

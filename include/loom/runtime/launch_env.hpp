@@ -60,6 +60,8 @@ struct launch_env {
 
   [[nodiscard]] bool is_distributed() const noexcept { return world_size > 1; }
   [[nodiscard]] bool is_launched() const noexcept { return !master_addr.empty(); }
+  // Whether this rank's process hosts the rendezvous store (rank 0's, unless the launcher's agent does).
+  [[nodiscard]] bool hosts_store() const noexcept { return !agent_store && rank == 0; }
   // A process group for more than one rank, or for one launched rank that names its backend
   // (LOOM_BACKEND), so that a single GPU exercises a real NCCL group.
   [[nodiscard]] bool needs_process_group() const noexcept {
