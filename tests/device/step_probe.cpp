@@ -54,10 +54,15 @@ class sync_debug {
   sync_debug& operator=(const sync_debug&) = delete;
 };
 
+// Step `step`'s tokens on the rank's device. Drawn before a probe watches: a copy from pageable host
+// memory to the device waits for it, and it is the probe's own, not the step's.
+at::Tensor tiny_gpt_batch(const loom::runtime& rt, std::int64_t step) {
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(static_cast<std::uint64_t>(100 * step + rt.rank()));
+  return torch::randint(0, small.vocab, {8, small.ctx}, gen).to(rt.device());
+}
+
 template <class Job>
-at::Tensor tiny_gpt_loss(Job& job, std::int64_t step) {
-  auto gen = at::make_generator<at::CPUGeneratorImpl>(static_cast<std::uint64_t>(100 * step + job.rt().rank()));
-  const at::Tensor x = torch::randint(0, small.vocab, {8, small.ctx}, gen).to(job.rt().device());
+at::Tensor tiny_gpt_loss(Job& job, const at::Tensor& x) {
   return job.forward(x, x.roll(-1, 1));
 }
 
@@ -66,11 +71,12 @@ void count_syncs(const Plan& plan) {
   auto job = loom::build(plan, loom::runtime::from_env());
   torch::optim::SGD optimizer(job.trainable_parameters(), 0.01);
   for (std::int64_t step = 0; step < 4; ++step) {
+    const at::Tensor x = tiny_gpt_batch(job.rt(), step);
     if (step > 0) std::fprintf(stderr, "step-probe: forward and backward of step %ld begin\n", static_cast<long>(step));
     {
       std::optional<sync_debug> watching;
       if (step > 0) watching.emplace();
-      job.backward(tiny_gpt_loss(job, step));
+      job.backward(tiny_gpt_loss(job, x));
       (void)job.clip_grad_norm(1.0);
     }
     if (step > 0) std::fprintf(stderr, "step-probe: forward and backward of step %ld end\n", static_cast<long>(step));
@@ -152,7 +158,7 @@ void staged_saves(const std::string& folder) {
   const auto aggregate = static_cast<std::size_t>(c10::CachingAllocator::StatType::AGGREGATE);
   std::vector<const void*> first_buffers;
   for (std::int64_t step = 1; step <= 2; ++step) {
-    job.backward(tiny_gpt_loss(job, step));
+    job.backward(tiny_gpt_loss(job, tiny_gpt_batch(job.rt(), step)));
     optimizer.step();
     job.zero_grad();
     c10::cuda::device_synchronize();
@@ -188,7 +194,7 @@ void trace(const std::string& out) {
       loom::build(loom::model<models::TinyGpt>(small) | loom::seeded(3) | loom::fsdp(), loom::runtime::from_env());
   torch::optim::SGD optimizer(job.trainable_parameters(), 0.01);
   const auto step = [&](std::int64_t number) {
-    job.backward(tiny_gpt_loss(job, number));
+    job.backward(tiny_gpt_loss(job, tiny_gpt_batch(job.rt(), number)));
     optimizer.step();
     job.zero_grad();
   };

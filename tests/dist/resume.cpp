@@ -27,11 +27,14 @@ using loom::testing::world;
 constexpr models::tiny_gpt_config small{.vocab = 32, .d = 16, .layers = 3, .heads = 2, .ctx = 8};
 constexpr std::int64_t every = 4;
 
-// The batch of (step, rank): a resumed run sees the batches a straight one would.
+// The batch of (step, rank), drawn on the CPU and moved to the rank's device: a resumed run sees the
+// batches a straight one would.
 std::pair<at::Tensor, at::Tensor> batch(std::int64_t step) {
   auto gen = at::make_generator<at::CPUGeneratorImpl>(1000 * static_cast<std::uint64_t>(step) +
                                                       static_cast<std::uint64_t>(world().rank()));
-  return {torch::randint(0, small.vocab, {2, small.ctx}, gen), torch::randint(0, small.vocab, {2, small.ctx}, gen)};
+  at::Tensor x = torch::randint(0, small.vocab, {2, small.ctx}, gen);
+  at::Tensor y = torch::randint(0, small.vocab, {2, small.ctx}, gen);
+  return {x.to(world().device()), y.to(world().device())};
 }
 
 struct run_options {

@@ -22,10 +22,14 @@ namespace {
 
 // The tolerance: every element within 1e-6 of the reference's largest magnitude.
 constexpr double relative_tolerance = 1e-6;
+// The second moments' on CUDA, where PyTorch's fused kernel forms 1 - beta2 in float: float(0.999) is
+// 0.99900001287, so 1 - beta2 is 1.29e-5 off, and every second moment carries that from the first step
+// (torch::optim::AdamW forms it in double). The parameters, through sqrt and the rate, stay within 1e-6.
+constexpr double cuda_second_moment_tolerance = 2e-5;
 
-bool close(const at::Tensor& fused, const at::Tensor& reference) {
+bool close(const at::Tensor& fused, const at::Tensor& reference, double tolerance = relative_tolerance) {
   const double scale = reference.abs().max().item<double>();
-  return (fused - reference).abs().max().item<double>() <= relative_tolerance * std::max(scale, 1e-30);
+  return (fused - reference).abs().max().item<double>() <= tolerance * std::max(scale, 1e-30);
 }
 
 // Parameters of the shapes and layouts a model has, on `device`: a weight, a bias, a transposed
@@ -96,8 +100,10 @@ void check_same(const torch::optim::Optimizer& fused, const std::vector<at::Tens
         *reference.state().at(reference_params[i].unsafeGetTensorImpl()));
     CHECK(a.step() == b.step());
     CHECK(close(a.exp_avg(), b.exp_avg()));
-    CHECK(close(a.exp_avg_sq(), b.exp_avg_sq()));
-    if (b.max_exp_avg_sq().defined()) CHECK(close(a.max_exp_avg_sq(), b.max_exp_avg_sq()));
+    const double second_moment_tolerance =
+        fused_params[i].is_cuda() ? cuda_second_moment_tolerance : relative_tolerance;
+    CHECK(close(a.exp_avg_sq(), b.exp_avg_sq(), second_moment_tolerance));
+    if (b.max_exp_avg_sq().defined()) CHECK(close(a.max_exp_avg_sq(), b.max_exp_avg_sq(), second_moment_tolerance));
   }
 }
 
