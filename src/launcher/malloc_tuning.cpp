@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <array>
+#include <system_error>
 
 namespace loom::launcher {
 namespace {
@@ -36,6 +37,47 @@ std::string with_malloc_tuning(std::string_view inherited) {
     tunables.append(name).append("=").append(value);
   }
   return tunables;
+}
+
+std::vector<std::filesystem::path> allocator_folders(std::string_view ld_library_path) {
+  std::vector<std::filesystem::path> folders;
+  while (!ld_library_path.empty()) {
+    const std::string_view folder = ld_library_path.substr(0, ld_library_path.find(':'));
+    if (!folder.empty()) folders.emplace_back(folder);
+    ld_library_path.remove_prefix(std::min(ld_library_path.size(), folder.size() + 1));
+  }
+  for (const std::string_view system :
+       {"/usr/local/lib", "/usr/lib/x86_64-linux-gnu", "/usr/lib/aarch64-linux-gnu", "/usr/lib64", "/usr/lib"})
+    folders.emplace_back(system);
+  return folders;
+}
+
+std::filesystem::path find_allocator(heap_allocator allocator, std::span<const std::filesystem::path> folders) {
+  struct library {
+    std::string_view flag;
+    std::array<std::string_view, 4> names;  // the first is the one named in errors
+    std::string_view packages;
+  };
+  const library wanted =
+      allocator == heap_allocator::jemalloc
+          ? library{"--enable-jemalloc",
+                    {"libjemalloc.so.2", "libjemalloc.so", "", ""},
+                    "Debian and Ubuntu: apt install libjemalloc2; conda: conda install -c conda-forge jemalloc"}
+          : library{"--enable-tcmalloc",
+                    {"libtcmalloc_minimal.so.4", "libtcmalloc.so.4", "libtcmalloc_minimal.so", "libtcmalloc.so"},
+                    "Debian and Ubuntu: apt install libtcmalloc-minimal4; conda: conda install -c conda-forge "
+                    "gperftools"};
+  std::string looked;
+  for (const std::filesystem::path& folder : folders) {
+    for (const std::string_view name : wanted.names) {
+      std::error_code error;
+      if (!name.empty() && std::filesystem::is_regular_file(folder / name, error)) return folder / name;
+    }
+    looked += (looked.empty() ? "" : ", ") + folder.string();
+  }
+  throw usage_error{"loom-run: " + std::string{wanted.flag} + " found no " + std::string{wanted.names[0]} +
+                    " in LD_LIBRARY_PATH or the system's library folders (" + looked + "): install it (" +
+                    std::string{wanted.packages} + "), or add its folder to LD_LIBRARY_PATH"};
 }
 
 }  // namespace loom::launcher

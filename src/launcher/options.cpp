@@ -135,6 +135,23 @@ void check_consistency(const launch_options& options, bool standalone) {
                       " expects --master-addr HOST (node 0's address, reachable from every node)"};
 }
 
+// The allocator the flags choose; each chooses one, so two of them are refused, as run_cpu refuses
+// tcmalloc and jemalloc together.
+heap_allocator chosen_allocator(bool default_allocator, bool tcmalloc, bool jemalloc) {
+  const std::array<std::pair<bool, std::string_view>, 3> chosen{{{default_allocator, "--use-default-allocator"},
+                                                                 {tcmalloc, "--enable-tcmalloc"},
+                                                                 {jemalloc, "--enable-jemalloc"}}};
+  std::vector<std::string_view> given;
+  for (const auto& [set, name] : chosen)
+    if (set) given.push_back(name);
+  if (given.size() > 1)
+    throw usage_error{"loom-run: " + text(given[0]) + " and " + text(given[1]) +
+                      " each choose the ranks' allocator: give one of them"};
+  if (tcmalloc) return heap_allocator::tcmalloc;
+  if (jemalloc) return heap_allocator::jemalloc;
+  return default_allocator ? heap_allocator::glibc : heap_allocator::tuned_glibc;
+}
+
 }  // namespace
 
 // CLI11 splits the words (both spellings, `--flag=VALUE`, `--`, the program and its arguments as a
@@ -146,6 +163,8 @@ std::variant<launch_options, help_requested, version_requested> parse_command_li
   bool help = false;
   bool no_prefix = false;
   bool default_allocator = false;
+  bool tcmalloc = false;
+  bool jemalloc = false;
   bool version = false;
 
   CLI::App app{"", "loom-run"};
@@ -159,6 +178,8 @@ std::variant<launch_options, help_requested, version_requested> parse_command_li
   app.add_flag("--all-output,--all_output", options.all_output)->disable_flag_override();
   app.add_flag("--standalone", standalone)->disable_flag_override();
   app.add_flag("--use-default-allocator,--use_default_allocator", default_allocator)->disable_flag_override();
+  app.add_flag("--enable-tcmalloc,--enable_tcmalloc", tcmalloc)->disable_flag_override();
+  app.add_flag("--enable-jemalloc,--enable_jemalloc", jemalloc)->disable_flag_override();
   for (const value_flag& flag : value_flags) {
     app.add_option_function<std::string>(std::string{flag.names},
                                          [&options, &flag](const std::string& value) {
@@ -197,10 +218,11 @@ std::variant<launch_options, help_requested, version_requested> parse_command_li
         "loom-run: unknown flag '" + written.substr(0, written.find('=')) +
         "'; accepted: --nproc-per-node N, --nnodes M, --node-rank R, --master-addr A, "
         "--master-port P, --rdzv-endpoint A:P, --rdzv-backend c10d, --rdzv-id ID, --max-restarts N, --grace-s S, "
-        "--no-prefix, --all-output, --use-default-allocator, --standalone, --no-python, --help, --version"};
+        "--no-prefix, --all-output, --use-default-allocator, --enable-tcmalloc, --enable-jemalloc, --standalone, "
+        "--no-python, --help, --version"};
   }
   options.prefix_output = !no_prefix;
-  options.tune_malloc = !default_allocator;
+  options.allocator = chosen_allocator(default_allocator, tcmalloc, jemalloc);
   options.program = std::move(program);
   check_consistency(options, standalone);
   if (options.nnodes > 1 && !options.master_port) options.master_port = torchrun_default_port;
@@ -236,6 +258,9 @@ flags (torchrun's; '_' and '-' are interchangeable, '--flag=VALUE' works too):
                        leave glibc's malloc as it is; by default each rank's GLIBC_TUNABLES gains
                        glibc.malloc.mmap_threshold=33554432 and glibc.malloc.trim_threshold=1073741824
                        (where not set already), so that a step reuses the last step's heap
+  --enable-tcmalloc    preload tcmalloc (libtcmalloc_minimal.so.4, from LD_LIBRARY_PATH or the system's
+                       library folders) into each rank, as torch.backends.xeon.run_cpu does
+  --enable-jemalloc    preload jemalloc (libjemalloc.so.2) likewise, with run_cpu's MALLOC_CONF
   -h, --help           this text
   --version            loom-run's version
 

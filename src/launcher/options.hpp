@@ -10,6 +10,11 @@
 
 namespace loom::launcher {
 
+// The ranks' heap allocator (malloc_tuning.hpp): glibc's malloc with loom's tuning by default, glibc's
+// as it is (--use-default-allocator), or tcmalloc or jemalloc preloaded, as PyTorch's CPU launcher
+// (torch.backends.xeon.run_cpu) offers them (--enable-tcmalloc, --enable-jemalloc).
+enum class heap_allocator { tuned_glibc, glibc, tcmalloc, jemalloc };
+
 // What the command line asks for; the defaults are torchrun's.
 struct launch_options {
   int nproc_per_node = 1;
@@ -18,8 +23,8 @@ struct launch_options {
   std::optional<std::string> master_addr;  // single node: 127.0.0.1
   std::optional<int> master_port;          // single node: a free port; several nodes: 29500
   bool prefix_output = true;
-  bool all_output = false;           // keep c10d's warnings from ranks being stopped (c10d_warnings.hpp)
-  bool tune_malloc = true;           // malloc_tuning.hpp; off: glibc's defaults
+  bool all_output = false;  // keep c10d's warnings from ranks being stopped (c10d_warnings.hpp)
+  heap_allocator allocator = heap_allocator::tuned_glibc;
   double grace_seconds = 10.0;       // from SIGTERM to SIGKILL when stopping the ranks
   int max_restarts = 0;              // torchrun's: how often every rank is started again after a failure
   std::vector<std::string> program;  // the program, then its arguments

@@ -40,6 +40,12 @@ auto entry_for(std::string_view name) {
   };
 }
 
+// NAME's value in `environment`, empty when it is not set.
+std::string_view value_of(const std::vector<std::string>& environment, std::string_view name) {
+  const auto existing = std::ranges::find_if(environment, entry_for(name));
+  return existing == environment.end() ? std::string_view{} : std::string_view{*existing}.substr(name.size() + 1);
+}
+
 void set_variable(std::vector<std::string>& environment, std::string_view name, std::string_view value) {
   std::string entry = std::string{name} + "=" + std::string{value};
   const auto existing = std::ranges::find_if(environment, entry_for(name));
@@ -97,11 +103,22 @@ std::vector<std::string> rank_environment(std::vector<std::string> inherited, co
   set_variable(inherited, "LOOM_ERROR_FILE", error_file);
   if (std::ranges::none_of(inherited, entry_for("OMP_NUM_THREADS")))
     set_variable(inherited, "OMP_NUM_THREADS", std::max(1, cores / options.nproc_per_node));
-  if (options.tune_malloc) {
-    const auto existing = std::ranges::find_if(inherited, entry_for("GLIBC_TUNABLES"));
-    const std::string_view value =
-        existing == inherited.end() ? std::string_view{} : std::string_view{*existing}.substr(sizeof "GLIBC_TUNABLES");
-    set_variable(inherited, "GLIBC_TUNABLES", with_malloc_tuning(value));
+  switch (options.allocator) {
+    case heap_allocator::tuned_glibc:
+      set_variable(inherited, "GLIBC_TUNABLES", with_malloc_tuning(value_of(inherited, "GLIBC_TUNABLES")));
+      break;
+    case heap_allocator::glibc: break;
+    case heap_allocator::tcmalloc:
+    case heap_allocator::jemalloc: {
+      // First, so that it is the malloc every other library binds to; a user's own preloads follow.
+      const std::string_view preloaded = value_of(inherited, "LD_PRELOAD");
+      const std::string library =
+          find_allocator(options.allocator, allocator_folders(value_of(inherited, "LD_LIBRARY_PATH"))).string();
+      set_variable(inherited, "LD_PRELOAD", preloaded.empty() ? library : library + ":" + std::string{preloaded});
+      if (options.allocator == heap_allocator::jemalloc && value_of(inherited, "MALLOC_CONF").empty())
+        set_variable(inherited, "MALLOC_CONF", jemalloc_conf);
+      break;
+    }
   }
   return inherited;
 }

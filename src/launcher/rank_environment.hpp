@@ -26,8 +26,9 @@ struct rendezvous_point {
 
 // `inherited` with torchrun's per-rank variables set for `local_rank` in the start numbered
 // `restart_count` (0 for the first); OMP_NUM_THREADS becomes
-// max(1, cores / local ranks) unless `inherited` already has it; GLIBC_TUNABLES gains loom's malloc
-// tuning (malloc_tuning.hpp) unless the options turn it off; LOOM_ERROR_FILE is `error_file`.
+// max(1, cores / local ranks) unless `inherited` already has it; the options' allocator set up
+// (malloc_tuning.hpp): GLIBC_TUNABLES gains loom's malloc tuning, or LD_PRELOAD starts with tcmalloc or
+// jemalloc (usage_error when it is not found); LOOM_ERROR_FILE is `error_file`.
 [[nodiscard]] std::vector<std::string> rank_environment(std::vector<std::string> inherited,
                                                         const launch_options& options, const rendezvous_point& master,
                                                         int restart_count, int local_rank, int cores,

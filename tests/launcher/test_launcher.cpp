@@ -373,22 +373,27 @@ TEST_CASE("output lines carry a [rank k] prefix unless --no-prefix", "[launcher]
   }
 }
 
+namespace {
+
+// The NAME=VALUE lines rank `rank` printed (--print-env).
+std::map<std::string, std::string> variables_of_rank(const finished_run& run, int rank) {
+  std::map<std::string, std::string> variables;
+  const std::string prefix = "[rank " + std::to_string(rank) + "] ";
+  for (const std::string& line : lines_of(run.out))
+    if (line.starts_with(prefix)) {
+      const std::string entry = line.substr(prefix.size());
+      variables[entry.substr(0, entry.find('='))] = entry.substr(entry.find('=') + 1);
+    }
+  return variables;
+}
+
+}  // namespace
+
 TEST_CASE("every rank gets torchrun's variables", "[launcher]") {
   const std::vector<std::string> printed{
       "--print-env",
       "RANK,LOCAL_RANK,WORLD_SIZE,LOCAL_WORLD_SIZE,GROUP_RANK,GROUP_WORLD_SIZE,ROLE_RANK,MASTER_ADDR,"
       "MASTER_PORT,OMP_NUM_THREADS,TORCHELASTIC_USE_AGENT_STORE"};
-  const auto variables_of_rank = [](const finished_run& run, int rank) {
-    std::map<std::string, std::string> variables;
-    const std::string prefix = "[rank " + std::to_string(rank) + "] ";
-    for (const std::string& line : lines_of(run.out))
-      if (line.starts_with(prefix)) {
-        const std::string entry = line.substr(prefix.size());
-        variables[entry.substr(0, entry.find('='))] = entry.substr(entry.find('=') + 1);
-      }
-    return variables;
-  };
-
   SECTION("one node: 127.0.0.1, one free port for all, OMP_NUM_THREADS from the cores") {
     const auto run = run_launcher(with_helper({"--nproc-per-node", "2"}, printed),
                                   {{"OMP_NUM_THREADS", std::nullopt}, {"TORCHELASTIC_USE_AGENT_STORE", "True"}});
@@ -461,6 +466,51 @@ TEST_CASE("every rank gets torchrun's variables", "[launcher]") {
   }
 }
 
+TEST_CASE("--enable-tcmalloc and --enable-jemalloc preload the allocator found, ahead of a user's own preloads",
+          "[launcher]") {
+  const std::string folder = required_env("STAND_IN_ALLOCATORS");
+  const std::vector<std::string> printed{"--print-env", "LD_PRELOAD,MALLOC_CONF,GLIBC_TUNABLES"};
+  SECTION("tcmalloc, found through LD_LIBRARY_PATH, for every rank; glibc's tunables left alone") {
+    const auto run = run_launcher(with_helper({"--nproc-per-node", "2", "--enable-tcmalloc"}, printed),
+                                  {{"LD_LIBRARY_PATH", "/nonexistent:" + folder},
+                                   {"LD_PRELOAD", std::nullopt},
+                                   {"GLIBC_TUNABLES", std::nullopt}});
+    REQUIRE(run.exit_code == 0);
+    for (const int rank : {0, 1}) {
+      const auto variables = variables_of_rank(run, rank);
+      CHECK(variables.at("LD_PRELOAD") == folder + "/libtcmalloc_minimal.so.4");
+      CHECK(variables.at("GLIBC_TUNABLES") == "<unset>");
+      CHECK(variables.at("MALLOC_CONF") == "<unset>");
+    }
+  }
+  SECTION("jemalloc first, a user's preload after it, run_cpu's MALLOC_CONF unless the user set one") {
+    const std::string users = folder + "/libtcmalloc_minimal.so.4";
+    const auto run = run_launcher(with_helper({"--enable_jemalloc"}, printed),
+                                  {{"LD_LIBRARY_PATH", folder}, {"LD_PRELOAD", users}, {"MALLOC_CONF", std::nullopt}});
+    REQUIRE(run.exit_code == 0);
+    CHECK(variables_of_rank(run, 0).at("LD_PRELOAD") == folder + "/libjemalloc.so.2:" + users);
+    CHECK(variables_of_rank(run, 0).at("MALLOC_CONF") ==
+          "oversize_threshold:1,background_thread:true,metadata_thp:auto");
+    const auto own = run_launcher(with_helper({"--enable-jemalloc"}, printed),
+                                  {{"LD_LIBRARY_PATH", folder}, {"MALLOC_CONF", "narenas:2"}});
+    REQUIRE(own.exit_code == 0);
+    CHECK(variables_of_rank(own, 0).at("MALLOC_CONF") == "narenas:2");
+  }
+  SECTION("an allocator that is nowhere is refused before any rank starts, naming it and its package") {
+    bool on_the_system = false;
+    for (const char* system :
+         {"/usr/local/lib", "/usr/lib/x86_64-linux-gnu", "/usr/lib/aarch64-linux-gnu", "/usr/lib64", "/usr/lib"})
+      on_the_system = on_the_system || fs::exists(fs::path{system} / "libjemalloc.so.2");
+    if (on_the_system) SKIP("this machine has jemalloc in a system folder");
+    const auto run = run_launcher(with_helper({"--enable-jemalloc"}, printed), {{"LD_LIBRARY_PATH", std::nullopt}});
+    CHECK(run.exit_code == 2);
+    CHECK(run.err.find("loom-run: --enable-jemalloc found no libjemalloc.so.2 in LD_LIBRARY_PATH or the system's "
+                       "library folders (/usr/local/lib") != std::string::npos);
+    CHECK(run.err.find("apt install libjemalloc2") != std::string::npos);
+    CHECK(run.err.find("[rank") == std::string::npos);
+  }
+}
+
 TEST_CASE("bad flags are rejected naming the flag and its accepted form", "[launcher]") {
   const std::vector<std::pair<std::vector<std::string>, std::string>> cases{
       {{"--nproc-per-node", "abc", "true"}, "--nproc-per-node expects a positive integer"},
@@ -493,6 +543,10 @@ TEST_CASE("bad flags are rejected naming the flag and its accepted form", "[laun
       {{"--tee", "3", "true"}, "--tee is torchrun's, not loom-run's: every rank's output comes"},
       {{"--local-ranks-filter", "0", "true"}, "--local-ranks-filter is torchrun's, not loom-run's"},
       {{"train.py"}, "'train.py' is a Python script; loom-run starts an executable"},
+      {{"--enable-tcmalloc", "--enable-jemalloc", "true"},
+       "--enable-tcmalloc and --enable-jemalloc each choose the ranks' allocator: give one of them"},
+      {{"--use-default-allocator", "--enable-tcmalloc", "true"},
+       "--use-default-allocator and --enable-tcmalloc each choose the ranks' allocator"},
       {{"--nproc-per-node", "2", "--", "train.py", "--lr", "1"}, "'train.py' is a Python script"},
   };
   for (const auto& [args, message] : cases) {
