@@ -1,0 +1,162 @@
+"""loom::data::tokenizer against the tokenizers library, on tokenizers trained here with it (no hub):
+byte-level BPE as GPT-2 writes it and as Llama 3 writes it (a Split by its pattern, ignore_merges),
+and SentencePiece-style BPE with byte fallback as Llama 2 (Prepend and Replace normalizers), Mistral
+(the Metaspace pre-tokenizer) and Gemma (Replace alone) write it. Over hostile text (a sample of every
+Unicode general category, emoji sequences, combining marks, very long words and digit runs,
+whitespace runs, control characters, special tokens inside text, many scripts) every text's ids must
+equal the library's token for token, and decode(ids) its decode, with special tokens and without.
+
+    tokenizer_vs_hf.py --probe build/tests/data/tokenizer-probe [--keep DIR]
+"""
+import argparse
+import json
+import random
+import subprocess
+import sys
+import tempfile
+import unicodedata
+from pathlib import Path
+
+from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+from tokenizers import AddedToken
+
+ROOT = Path(__file__).resolve().parents[2]
+LLAMA3_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+                  r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+SCRIPTS = ["Привет, мир! Как дела?", "你好，世界。今天天气很好。", "こんにちは世界、カタカナとひらがな。", "안녕하세요 세계",
+           "مرحبا بالعالم، كيف حالك؟", "שלום עולם", "नमस्ते दुनिया हिन्दी", "สวัสดีชาวโลก ภาษาไทย",
+           "Γειά σου Κόσμε ελληνικά", "Ça va? Ünïcödé façade naïve coöperate", "Ẓ̵̡̢̛͎̘͖̯ąłgó žluťoučký kůň"]
+
+
+def corpus() -> list[str]:
+    """What the tokenizers learn from: the repository's documents and some lines of other scripts."""
+    lines = []
+    for path in sorted((ROOT / "docs").glob("*.md")) + [ROOT / "README.md"]:
+        lines += path.read_text(encoding="utf-8").splitlines()
+    return lines + SCRIPTS * 20
+
+
+def hostile_texts() -> list[str]:
+    rng = random.Random(1234)
+    by_category: dict[str, list[str]] = {}
+    for code in range(0x110000):
+        if 0xD800 <= code <= 0xDFFF:
+            continue  # surrogates are no Unicode scalar values: a UTF-8 string cannot hold them
+        by_category.setdefault(unicodedata.category(chr(code)), []).append(chr(code))
+    texts = []
+    for category, chars in sorted(by_category.items()):
+        sample = rng.sample(chars, min(60, len(chars)))
+        texts += ["".join(sample), " ".join(sample), "a" + "b ".join(sample[:10]) + "z"]
+    texts += [
+        "", " ", "  ", "a", "\n", "\u2581", "\u2581\u2581x", "Ġ", "hello world", " hello  world ",
+        "👍🏽 👨‍👩‍👧‍👦 🏳️‍🌈 🇫🇷🇩🇪 😀😃😄 1️⃣ #️⃣", "e\u0301 a\u0308\u0323 " + "x" + "\u0301" * 40,
+        "a" * 5000, "ab" * 3000, "".join(rng.choice("abcdefghij") for _ in range(3000)),
+        "1234567890" * 200, "3.14159 1,000,000 12345678901234567890 ١٢٣ ४५६ 七八九",
+        " " * 100 + "x", "\t" * 50, "\n" * 30, "\r\n" * 20, "x \u00a0\u3000\u2003 y\u2028z\u2029", " \n \n\n  \t\n",
+        "I'm you're they'LL He'S don't it's WE'VE", "''''", "'s's's", "\x00\x01\x1f\x7f", "\u200b\u200c\u200d\ufeff",
+        "\ue000\uf8ff\U000f0000\ufffe\uffff\U0010ffff",
+        "def f(x):\n    return x**2  # comment\n\tpass\n", '{"key": [1, 2.5e-3, null], "k\\u00e9y": "v"}',
+        "hello<|endoftext|>world", "<|endoftext|><|endoftext|>", "a <|endoftext|> b", "<|endoftext", "<<|endoftext|>>",
+        "<s>x</s>", " <s> ", "<unk>", "x<s>", "<|begin_of_text|>Hi<|end_of_text|>", "  <|eot|>  after", "a<|eot|>",
+    ]
+    texts += SCRIPTS + [" ".join(SCRIPTS), "\n".join(SCRIPTS)]
+    return texts
+
+
+def byte_level(pattern_split: bool) -> Tokenizer:
+    """GPT-2's layout (ByteLevel splitting by its own pattern), or Llama 3's (a Split, then ByteLevel)."""
+    tok = Tokenizer(models.BPE(ignore_merges=pattern_split))
+    if pattern_split:
+        tok.pre_tokenizer = pre_tokenizers.Sequence([
+            pre_tokenizers.Split(Regex(LLAMA3_PATTERN), behavior="isolated", invert=False),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+        specials = ["<|begin_of_text|>", "<|end_of_text|>"]
+    else:
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+        specials = ["<|endoftext|>"]
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=3000, special_tokens=specials,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(corpus(), trainer)
+    tok.add_special_tokens([AddedToken("<|eot|>", lstrip=True, rstrip=True, special=True)])
+    tok.add_tokens([AddedToken("worldwide", special=False)])
+    return tok
+
+
+def sentencepiece(layout: str) -> Tokenizer:
+    """SentencePiece-style BPE with byte fallback: Llama 2's layout (Prepend + Replace normalizers),
+    Mistral's (a Metaspace pre-tokenizer) or Gemma's (Replace alone), its <0xNN> tokens after the specials."""
+    tok = Tokenizer(models.BPE(unk_token="<unk>", fuse_unk=True, byte_fallback=True))
+    if layout == "llama2":
+        tok.normalizer = normalizers.Sequence([normalizers.Prepend("\u2581"), normalizers.Replace(" ", "\u2581")])
+    elif layout == "mistral":
+        tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="\u2581", prepend_scheme="first", split=False)
+    else:
+        tok.normalizer = normalizers.Replace(" ", "\u2581")
+    steps = [decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse()]
+    tok.decoder = decoders.Sequence(steps + ([decoders.Strip(" ", 1, 0)] if layout != "gemma" else []))
+    specials = ["<unk>", "<s>", "</s>"]
+    # A small alphabet, so that rare characters take the byte fallback.
+    trainer = trainers.BpeTrainer(vocab_size=2500, special_tokens=specials, limit_alphabet=150)
+    tok.train_from_iterator(corpus(), trainer)
+    # The <0xNN> tokens right after the specials, as Llama 2's vocabulary has them.
+    saved = json.loads(tok.to_str())
+    vocab = saved["model"]["vocab"]
+    ordered = specials + [f"<0x{b:02X}>" for b in range(256)] + [t for t in sorted(vocab, key=vocab.get) if t not in specials]
+    saved["model"]["vocab"] = {t: i for i, t in enumerate(ordered)}
+    for added in saved["added_tokens"]:
+        added["id"] = saved["model"]["vocab"][added["content"]]
+    return Tokenizer.from_str(json.dumps(saved))
+
+
+def compare(name: str, tok: Tokenizer, probe: str, folder: Path, texts: list[str]) -> int:
+    folder.mkdir(parents=True, exist_ok=True)
+    tok.save(str(folder / "tokenizer.json"))
+    texts_file, out_file = folder / "texts.json", folder / "loom.json"
+    texts_file.write_text(json.dumps(texts))
+    done = subprocess.run([probe, str(folder), str(texts_file), str(out_file)], capture_output=True, text=True)
+    if done.returncode != 0:
+        print(f"{name}: tokenizer-probe failed: {done.stderr.strip()}")
+        return 1
+    loom = json.loads(out_file.read_text())
+    failures = 0
+    for i, text in enumerate(texts):
+        theirs = tok.encode(text, add_special_tokens=False).ids
+        ours = loom["ids"][i]
+        expected = (theirs, tok.decode(theirs, skip_special_tokens=False), tok.decode(theirs, skip_special_tokens=True))
+        got = (ours, loom["decoded"][i], loom["decoded_skipping_special"][i])
+        if got != expected:
+            failures += 1
+            if failures <= 5:
+                at = next((k for k, (a, b) in enumerate(zip(ours, theirs)) if a != b), min(len(ours), len(theirs)))
+                print(f"{name}: text {i} {text[:80]!r}{'...' if len(text) > 80 else ''}")
+                if isinstance(ours, str):
+                    print(f"  loom refused it: {ours}")
+                elif ours != theirs:
+                    print(f"  ids differ at token {at}: loom {ours[at:at + 8]} ({[tok.id_to_token(t) for t in ours[at:at + 8]]})"
+                          f" against {theirs[at:at + 8]} ({[tok.id_to_token(t) for t in theirs[at:at + 8]]})")
+                else:
+                    print(f"  decoded {got[1][:80]!r} / {got[2][:80]!r} against {expected[1][:80]!r} / {expected[2][:80]!r}")
+    tokens = sum(len(tok.encode(t, add_special_tokens=False).ids) for t in texts)
+    print(f"{name}: {len(texts) - failures} of {len(texts)} texts ({tokens} tokens) equal to the tokenizers library's,"
+          f" ids and decoded text")
+    return failures
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--probe", required=True)
+    ap.add_argument("--keep", type=Path, help="keep the tokenizers and outputs in this folder")
+    args = ap.parse_args()
+    texts = hostile_texts()
+    kinds = {"gpt2": lambda: byte_level(False), "llama3": lambda: byte_level(True),
+             "llama2": lambda: sentencepiece("llama2"), "mistral": lambda: sentencepiece("mistral"),
+             "gemma": lambda: sentencepiece("gemma")}
+    with tempfile.TemporaryDirectory() as tmp:
+        base = args.keep or Path(tmp)
+        failures = sum(compare(name, make(), args.probe, base / name, texts) for name, make in kinds.items())
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
