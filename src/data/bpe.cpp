@@ -13,7 +13,8 @@
 namespace loom::data::detail {
 namespace {
 
-constexpr std::size_t cache_limit = 1 << 16;  // words remembered; then the cache starts afresh
+constexpr std::size_t cache_limit = 1 << 16;    // words remembered; then the cache starts afresh
+constexpr std::size_t cached_word_bytes = 256;  // longer words are not remembered, as the tokenizers library's
 
 std::uint64_t pair_key(std::int32_t left, std::int32_t right) {
   return (static_cast<std::uint64_t>(static_cast<std::uint32_t>(left)) << 32U) | static_cast<std::uint32_t>(right);
@@ -117,7 +118,7 @@ std::vector<std::int32_t> bpe::merged_word(std::string_view word) const {
 }
 
 void bpe::encode_word(std::string_view word, std::vector<std::int32_t>& ids) const {
-  {
+  if (word.size() < cached_word_bytes) {
     const std::lock_guard lock(cache_mutex_);
     if (const auto found = cache_.find(std::string(word)); found != cache_.end()) {
       ids.insert(ids.end(), found->second.begin(), found->second.end());
@@ -126,6 +127,7 @@ void bpe::encode_word(std::string_view word, std::vector<std::int32_t>& ids) con
   }
   std::vector<std::int32_t> merged = merged_word(word);
   ids.insert(ids.end(), merged.begin(), merged.end());
+  if (word.size() >= cached_word_bytes) return;
   const std::lock_guard lock(cache_mutex_);
   if (cache_.size() >= cache_limit) cache_.clear();
   cache_.emplace(word, std::move(merged));

@@ -23,6 +23,8 @@ using detail::regex;
 using nlohmann::json;
 
 constexpr std::string_view metaspace_default = "\u2581";
+// Ids above this are refused: the largest vocabularies (Gemma's) have about 262 000 tokens.
+constexpr std::int64_t largest_token_id = (1 << 24) - 1;
 // The pattern GPT-2's byte-level pre-tokenizer splits by (use_regex), as the tokenizers library has it.
 constexpr std::string_view gpt2_pattern =
     R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
@@ -439,8 +441,25 @@ class reader {
     return node["type"].get_ref<const std::string&>();
   }
 
+  // A whole number in 0..largest, else refused naming the key: a float or a huge number never reaches
+  // an integer conversion (nor a table of that many tokens).
+  [[nodiscard]] std::int64_t whole_number(const json& value, std::string_view key, std::int64_t largest) const {
+    if (!value.is_number_integer() || value.get<std::int64_t>() < 0 || value.get<std::int64_t>() > largest)
+      refuse(file_, key, fmt::format("is {}, not a whole number in 0..{}", value.dump(), largest));
+    return value.get<std::int64_t>();
+  }
+  [[nodiscard]] std::int32_t token_id(const json& value, std::string_view key) const {
+    return static_cast<std::int32_t>(whole_number(value, key, largest_token_id));
+  }
+
   [[noreturn]] void unsupported(std::string_view key, std::string_view value, std::string_view supported) const {
     refuse(file_, key, fmt::format("is \"{}\", which loom's tokenizer does not read (it reads {})", value, supported));
+  }
+
+  [[nodiscard]] const json& list_of(const json& node, const char* member, const std::string& key) const {
+    if (!node.contains(member) || !node[member].is_array())
+      refuse(file_, key, fmt::format("has no \"{}\" list", member));
+    return node[member];
   }
 
   [[nodiscard]] regex pattern_of(const json& node, std::string_view key) const {
@@ -453,8 +472,9 @@ class reader {
     if (node.is_null()) return;
     const std::string_view type = type_of(node, key);
     if (type == "Sequence") {
-      for (std::size_t i = 0; i < node["normalizers"].size(); ++i)
-        normalizers(node["normalizers"][i], fmt::format("{}.normalizers[{}]", key, i), out);
+      const json& list = list_of(node, "normalizers", key);
+      for (std::size_t i = 0; i < list.size(); ++i)
+        normalizers(list[i], fmt::format("{}.normalizers[{}]", key, i), out);
     } else if (type == "Prepend") {
       out.emplace_back(prepend_normalizer{node.at("prepend").get<std::string>()});
     } else if (type == "Replace") {
@@ -469,8 +489,9 @@ class reader {
     if (node.is_null()) return;
     const std::string_view type = type_of(node, key);
     if (type == "Sequence") {
-      for (std::size_t i = 0; i < node["pretokenizers"].size(); ++i)
-        pre_tokenizers(node["pretokenizers"][i], fmt::format("{}.pretokenizers[{}]", key, i), out);
+      const json& list = list_of(node, "pretokenizers", key);
+      for (std::size_t i = 0; i < list.size(); ++i)
+        pre_tokenizers(list[i], fmt::format("{}.pretokenizers[{}]", key, i), out);
     } else if (type == "Split") {
       static const std::unordered_map<std::string_view, split_behavior> behaviors{
           {"Removed", split_behavior::removed},
@@ -517,8 +538,8 @@ class reader {
     if (node.is_null()) return;
     const std::string_view type = type_of(node, key);
     if (type == "Sequence") {
-      for (std::size_t i = 0; i < node["decoders"].size(); ++i)
-        decoders(node["decoders"][i], fmt::format("{}.decoders[{}]", key, i), out);
+      const json& list = list_of(node, "decoders", key);
+      for (std::size_t i = 0; i < list.size(); ++i) decoders(list[i], fmt::format("{}.decoders[{}]", key, i), out);
     } else if (type == "Replace") {
       const json& pattern = node.at("pattern");
       if (!pattern.contains("String")) unsupported(key + ".pattern", pattern.dump(), "{\"String\": ...}");
@@ -528,8 +549,10 @@ class reader {
     } else if (type == "Fuse") {
       out.emplace_back(fuse_decoder{});
     } else if (type == "Strip") {
-      out.emplace_back(strip_decoder{node.at("content").get<std::string>(), node.value("start", std::size_t{0}),
-                                     node.value("stop", std::size_t{0})});
+      const auto count = [&](const char* end) {
+        return node.contains(end) ? static_cast<std::size_t>(whole_number(node[end], key + "." + end, 1 << 16)) : 0;
+      };
+      out.emplace_back(strip_decoder{node.at("content").get<std::string>(), count("start"), count("stop")});
     } else if (type == "ByteLevel") {
       out.emplace_back(byte_level_decoder{});
     } else if (type == "Metaspace") {
@@ -552,7 +575,12 @@ class reader {
     if (node.contains("dropout") && !node["dropout"].is_null() && node["dropout"].get<double>() > 0.0)
       refuse(file_, "model.dropout", "is set: BPE dropout is for training a tokenizer's users, not for loom to read");
     std::unordered_map<std::string, std::int32_t> vocab;
-    for (const auto& [token, id] : node.at("vocab").items()) vocab.emplace(token, id.get<std::int32_t>());
+    if (!node.at("vocab").is_object())
+      refuse(
+          file_, "model.vocab",
+          fmt::format("is {}, not an object of tokens and their ids", node["vocab"].dump(-1, ' ', true).substr(0, 40)));
+    for (const auto& [token, id] : node.at("vocab").items())
+      vocab.emplace(token, token_id(id, fmt::format("model.vocab[\"{}\"]", token)));
     std::vector<std::pair<std::string, std::string>> merges;
     for (const json& merge : node.at("merges")) {
       if (merge.is_array()) {
@@ -584,8 +612,8 @@ class reader {
       const json& t = node[i];
       if (t.value("single_word", false))
         refuse(file_, fmt::format("added_tokens[{}].single_word", i), "is true, which loom's tokenizer does not read");
-      tokens.push_back({t.at("content").get<std::string>(), t.at("id").get<std::int32_t>(), t.value("special", false),
-                        t.value("lstrip", false), t.value("rstrip", false)});
+      tokens.push_back({t.at("content").get<std::string>(), token_id(t.at("id"), fmt::format("added_tokens[{}].id", i)),
+                        t.value("special", false), t.value("lstrip", false), t.value("rstrip", false)});
       if (tokens.back().content.empty()) refuse(file_, fmt::format("added_tokens[{}].content", i), "is empty");
     }
     return tokens;
@@ -603,7 +631,7 @@ json read_json(const std::filesystem::path& path) {
   }
   try {
     return json::parse(in);
-  } catch (const json::parse_error& error) {
+  } catch (const json::exception& error) {  // a parse error, or a number out of range
     throw_error<std::invalid_argument>("{} is not JSON: {}", path.string(), error.what());
   }
 }
@@ -697,7 +725,15 @@ tokenizer::~tokenizer() = default;
 
 tokenizer tokenizer::from_file(const std::filesystem::path& tokenizer_json) {
   const json file = read_json(tokenizer_json);
-  auto core = std::make_unique<impl>(file, tokenizer_json.string());
+  const std::string name = tokenizer_json.string();
+  if (!file.is_object() || !file.contains("model"))
+    throw_error<std::invalid_argument>("{} has no \"model\": it is not a tokenizer the tokenizers library wrote", name);
+  std::unique_ptr<impl> core;
+  try {
+    core = std::make_unique<impl>(file, name);
+  } catch (const json::exception& error) {  // a key of the wrong type, or missing
+    throw_error<std::invalid_argument>("{} is not a tokenizer.json loom's tokenizer can read: {}", name, error.what());
+  }
   // Without a tokenizer_config.json: the special tokens that plainly are a BOS or an EOS.
   for (const added_token& t : core->added) {
     if (!t.special) continue;
