@@ -1,0 +1,324 @@
+#include <loom/base/text.hpp>
+#include <loom/data/text_dataset.hpp>
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <fstream>
+#include <limits>
+#include <optional>
+#include <random>
+#include <stdexcept>
+#include <utility>
+
+namespace loom::data {
+namespace {
+
+using nlohmann::json;
+namespace fs = std::filesystem;
+
+struct source_file {
+  fs::path path;
+  std::uintmax_t size = 0;
+  bool json_lines = true;
+};
+
+// Where a document is: its file, the byte offset of its line and the line's number (from 1).
+struct document {
+  std::uint32_t file;
+  std::uint64_t offset;
+  std::uint64_t line;
+};
+
+bool readable_extension(const fs::path& path) {
+  const std::string extension = path.extension().string();
+  return extension == ".jsonl" || extension == ".json" || extension == ".txt";
+}
+
+std::vector<source_file> source_files(const std::vector<fs::path>& paths) {
+  if (paths.empty()) throw_error<std::invalid_argument>("text_dataset: no paths given: name files or folders of data");
+  std::vector<source_file> files;
+  for (const fs::path& path : paths) {
+    std::error_code error;
+    if (fs::is_directory(path, error)) {
+      std::vector<fs::path> found;
+      for (const auto& entry : fs::directory_iterator(path))
+        if (entry.is_regular_file() && readable_extension(entry.path())) found.push_back(entry.path());
+      std::ranges::sort(found);
+      if (found.empty())
+        throw_error<std::invalid_argument>("text_dataset: the folder {} has no .jsonl, .json or .txt files",
+                                           path.string());
+      for (const fs::path& file : found) files.push_back({file, fs::file_size(file), file.extension() != ".txt"});
+    } else if (fs::is_regular_file(path, error)) {
+      files.push_back({path, fs::file_size(path), path.extension() != ".txt"});
+    } else {
+      throw_error<std::invalid_argument>("text_dataset: {} is neither a file nor a folder: there is no such path",
+                                         path.string());
+    }
+  }
+  return files;
+}
+
+// Every non-empty line of every file, in order.
+std::vector<document> index_documents(const std::vector<source_file>& files) {
+  std::vector<document> documents;
+  std::vector<char> buffer(1 << 20);
+  for (std::uint32_t f = 0; f < files.size(); ++f) {
+    std::ifstream in(files[f].path, std::ios::binary);
+    if (!in) throw_error<std::invalid_argument>("text_dataset: cannot read {}", files[f].path.string());
+    std::uint64_t offset = 0, line = 1, line_start = 0;
+    bool line_has_text = false;
+    while (in) {
+      in.read(buffer.data(), static_cast<std::streamsize>(buffer.size()));
+      const auto got = static_cast<std::size_t>(in.gcount());
+      for (std::size_t i = 0; i < got; ++i, ++offset) {
+        const char c = buffer[i];
+        if (c == '\n') {
+          if (line_has_text) documents.push_back({f, line_start, line});
+          ++line;
+          line_start = offset + 1;
+          line_has_text = false;
+        } else if (c != '\r' && c != ' ' && c != '\t') {
+          line_has_text = true;
+        }
+      }
+    }
+    if (line_has_text) documents.push_back({f, line_start, line});
+  }
+  return documents;
+}
+
+// A permutation of 0..n-1 from (seed, epoch): Fisher-Yates over mt19937_64's outputs, whose sequence the
+// C++ standard fixes (std::shuffle and the distributions it would use are the library's own choice).
+std::vector<std::uint64_t> shuffled_order(std::uint64_t n, std::uint64_t seed, std::int64_t epoch) {
+  std::vector<std::uint64_t> order(n);
+  for (std::uint64_t i = 0; i < n; ++i) order[i] = i;
+  std::mt19937_64 generator(seed * 0x9E3779B97F4A7C15ULL + static_cast<std::uint64_t>(epoch) + 1);
+  for (std::uint64_t i = n; i > 1; --i) {
+    // An unbiased draw in [0, i): rejection above the largest multiple of i.
+    const std::uint64_t limit =
+        std::numeric_limits<std::uint64_t>::max() - std::numeric_limits<std::uint64_t>::max() % i;
+    std::uint64_t draw = generator();
+    while (draw >= limit) draw = generator();
+    std::swap(order[i - 1], order[draw % i]);
+  }
+  return order;
+}
+
+}  // namespace
+
+struct text_dataset::impl {
+  const tokenizer* tok;
+  text_dataset_options options;
+  std::vector<source_file> files;
+  std::vector<document> all;
+  std::int32_t eos = 0;
+  std::optional<std::int32_t> bos;
+
+  // The position.
+  std::int64_t epoch = 0;
+  std::uint64_t read_in_epoch = 0;  // this rank's documents read in this epoch
+  std::vector<std::int32_t> waiting;
+  std::int64_t skipped = 0;
+  std::int64_t sequences_in_epoch = 0;
+
+  std::vector<std::uint64_t> order;  // this epoch's order of all documents
+  std::int64_t order_epoch = -1;
+  std::vector<std::ifstream> open_files;
+
+  [[nodiscard]] std::uint64_t rank_documents() const {
+    const auto n = static_cast<std::uint64_t>(all.size());
+    const auto r = static_cast<std::uint64_t>(options.rank), w = static_cast<std::uint64_t>(options.world_size);
+    return n / w + (r < n % w ? 1 : 0);
+  }
+
+  const document& document_at(std::uint64_t k) {
+    if (order_epoch != epoch) {
+      order = options.shuffle ? shuffled_order(all.size(), options.seed, epoch) : std::vector<std::uint64_t>{};
+      order_epoch = epoch;
+    }
+    const std::uint64_t position =
+        k * static_cast<std::uint64_t>(options.world_size) + static_cast<std::uint64_t>(options.rank);
+    return all[options.shuffle ? order[position] : position];
+  }
+
+  // The line of `doc`, read again from its file.
+  std::string line_of(const document& doc) {
+    const source_file& file = files[doc.file];
+    std::ifstream& in = open_files[doc.file];
+    if (!in.is_open()) {
+      in.open(file.path, std::ios::binary);
+      if (!in) {
+        throw_error<std::runtime_error>(
+            "text_dataset: {} cannot be read any more ({}), though it was there when the dataset was indexed: "
+            "restore it, or start the run again on the data as it is now",
+            file.path.string(), fs::exists(file.path) ? "it cannot be opened" : "it is gone");
+      }
+    }
+    std::error_code error;
+    const std::uintmax_t size_now = fs::file_size(file.path, error);
+    if (error || size_now < file.size) {
+      throw_error<std::runtime_error>(
+          "text_dataset: {} was truncated while the run read it: it has {} bytes, and {} when it was indexed (line {} "
+          "starts at byte {}): restore it, or start the run again on the data as it is now",
+          file.path.string(), error ? 0 : size_now, file.size, doc.line, doc.offset);
+    }
+    in.clear();
+    in.seekg(static_cast<std::streamoff>(doc.offset));
+    std::string line;
+    std::getline(in, line);
+    if (!line.empty() && line.back() == '\r') line.pop_back();
+    return line;
+  }
+
+  // The document's text, or nothing for a malformed line that skip_malformed skips.
+  std::optional<std::string> text_of(const document& doc) {
+    std::string line = line_of(doc);
+    const source_file& file = files[doc.file];
+    if (!file.json_lines) return line;
+    const auto malformed = [&](const std::string& what) -> std::optional<std::string> {
+      if (!options.skip_malformed) {
+        throw_error<std::invalid_argument>("text_dataset: {}:{}: {} (skip_malformed skips such lines, counting them)",
+                                           file.path.string(), doc.line, what);
+      }
+      ++skipped;
+      return std::nullopt;
+    };
+    json parsed = json::parse(line, nullptr, /*allow_exceptions=*/false);
+    if (parsed.is_discarded()) return malformed("the line is not JSON");
+    if (!parsed.is_object() || !parsed.contains(options.text_field))
+      return malformed(
+          fmt::format("the line has no \"{}\" field (text_field names the field to read)", options.text_field));
+    if (!parsed[options.text_field].is_string())
+      return malformed(fmt::format("the line's \"{}\" is not a string", options.text_field));
+    return parsed[options.text_field].get<std::string>();
+  }
+
+  void read_next_document() {
+    if (read_in_epoch == rank_documents()) {
+      if (sequences_in_epoch == 0) {
+        throw_error<std::invalid_argument>(
+            "text_dataset: rank {}'s share of the data ({} of {} documents) does not fill one sequence of {} tokens: "
+            "give a shorter seq_len or more data",
+            options.rank, rank_documents(), all.size(), options.seq_len);
+      }
+      ++epoch;
+      read_in_epoch = 0;
+      sequences_in_epoch = 0;
+    }
+    const document& doc = document_at(read_in_epoch);
+    ++read_in_epoch;
+    const std::optional<std::string> text = text_of(doc);
+    if (!text) return;
+    std::vector<std::int32_t> ids;
+    try {
+      ids = tok->encode(*text);
+    } catch (const std::invalid_argument& error) {
+      throw_error<std::invalid_argument>("text_dataset: {}:{}: {}", files[doc.file].path.string(), doc.line,
+                                         std::string_view(error.what()).substr(message_prefix.size()));
+    }
+    if (bos) waiting.push_back(*bos);
+    waiting.insert(waiting.end(), ids.begin(), ids.end());
+    waiting.push_back(eos);
+  }
+
+  [[nodiscard]] json fingerprint() const {
+    json listed = json::array();
+    for (const source_file& f : files) listed.push_back({{"path", f.path.string()}, {"size", f.size}});
+    return {{"files", listed},           {"text_field", options.text_field}, {"seq_len", options.seq_len},
+            {"seed", options.seed},      {"shuffle", options.shuffle},       {"add_bos", options.add_bos},
+            {"rank", options.rank},      {"world_size", options.world_size}, {"documents", all.size()},
+            {"vocab", tok->vocab_size()}};
+  }
+};
+
+text_dataset::text_dataset(const tokenizer& tokenizer, text_dataset_options options) : core_(std::make_unique<impl>()) {
+  impl& c = *core_;
+  if (options.seq_len < 1)
+    throw_error<std::invalid_argument>("text_dataset: seq_len is {}; give at least 1", options.seq_len);
+  if (options.world_size < 1 || options.rank < 0 || options.rank >= options.world_size) {
+    throw_error<std::invalid_argument>("text_dataset: rank {} of {} data-parallel ranks: give 0 <= rank < world_size",
+                                       options.rank, options.world_size);
+  }
+  if (!tokenizer.eos_token_id()) {
+    throw_error<std::invalid_argument>(
+        "text_dataset: the tokenizer has no EOS token to join documents with (its tokenizer_config.json names none)");
+  }
+  if (options.add_bos && !tokenizer.bos_token_id())
+    throw_error<std::invalid_argument>("text_dataset: add_bos is set, and the tokenizer has no BOS token");
+  c.tok = &tokenizer;
+  c.eos = *tokenizer.eos_token_id();
+  if (options.add_bos) c.bos = tokenizer.bos_token_id();
+  c.files = source_files(options.paths);
+  c.all = index_documents(c.files);
+  if (c.all.empty()) {
+    std::vector<std::string> names;
+    for (const source_file& f : c.files) names.push_back(f.path.string());
+    throw_error<std::invalid_argument>("text_dataset: no documents in {}: every line is empty", some_of(names));
+  }
+  if (c.all.size() < static_cast<std::size_t>(options.world_size)) {
+    throw_error<std::invalid_argument>("text_dataset: {} for {} data-parallel ranks: each rank needs one at least",
+                                       counted(static_cast<std::int64_t>(c.all.size()), "document"),
+                                       options.world_size);
+  }
+  c.open_files.resize(c.files.size());
+  c.options = std::move(options);
+}
+
+text_dataset::text_dataset(text_dataset&&) noexcept = default;
+text_dataset& text_dataset::operator=(text_dataset&&) noexcept = default;
+text_dataset::~text_dataset() = default;
+
+std::vector<std::int32_t> text_dataset::next() {
+  impl& c = *core_;
+  const auto length = static_cast<std::size_t>(c.options.seq_len);
+  while (c.waiting.size() < length) c.read_next_document();
+  std::vector<std::int32_t> sequence(c.waiting.begin(), c.waiting.begin() + static_cast<std::ptrdiff_t>(length));
+  c.waiting.erase(c.waiting.begin(), c.waiting.begin() + static_cast<std::ptrdiff_t>(length));
+  ++c.sequences_in_epoch;
+  return sequence;
+}
+
+std::string text_dataset::state() const {
+  const impl& c = *core_;
+  return json{{"dataset", c.fingerprint()},
+              {"epoch", c.epoch},
+              {"documents_read", c.read_in_epoch},
+              {"sequences_in_epoch", c.sequences_in_epoch},
+              {"waiting", c.waiting},
+              {"skipped_lines", c.skipped}}
+      .dump();
+}
+
+void text_dataset::restore(std::string_view state) {
+  impl& c = *core_;
+  const json saved = json::parse(state, nullptr, /*allow_exceptions=*/false);
+  if (saved.is_discarded() || !saved.is_object() || !saved.contains("dataset"))
+    throw_error<std::invalid_argument>("text_dataset: the state to restore is not one text_dataset::state() wrote");
+  const json mine = c.fingerprint();
+  for (const auto& [key, value] : mine.items()) {
+    if (!saved["dataset"].contains(key) || saved["dataset"][key] != value) {
+      throw_error<std::invalid_argument>(
+          "text_dataset: the state is of another dataset: its \"{}\" is {}, this dataset's is {}: restore it with the "
+          "files, options and ranks it was saved with",
+          key, saved["dataset"].contains(key) ? saved["dataset"][key].dump() : "missing", value.dump());
+    }
+  }
+  try {
+    c.epoch = saved.at("epoch").get<std::int64_t>();
+    c.read_in_epoch = saved.at("documents_read").get<std::uint64_t>();
+    c.sequences_in_epoch = saved.at("sequences_in_epoch").get<std::int64_t>();
+    c.waiting = saved.at("waiting").get<std::vector<std::int32_t>>();
+    c.skipped = saved.at("skipped_lines").get<std::int64_t>();
+  } catch (const json::exception& error) {
+    throw_error<std::invalid_argument>("text_dataset: the state to restore is damaged: {}", error.what());
+  }
+  if (c.read_in_epoch > c.rank_documents() || c.epoch < 0)
+    throw_error<std::invalid_argument>("text_dataset: the state to restore is damaged: its position is past the data");
+}
+
+std::int64_t text_dataset::epoch() const noexcept { return core_->epoch; }
+std::int64_t text_dataset::documents() const noexcept { return static_cast<std::int64_t>(core_->all.size()); }
+std::int64_t text_dataset::skipped_lines() const noexcept { return core_->skipped; }
+
+}  // namespace loom::data

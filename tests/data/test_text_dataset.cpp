@@ -1,0 +1,285 @@
+// loom::data::text_dataset with a tokenizer whose tokens are bytes (id = byte + 2, EOS 1), so that
+// every sequence can be read back into the documents it packed: each epoch, ranks 0..W-1 together
+// read every document once and no two read the same one, at 1, 2 and 3 ranks; the order changes with
+// the epoch and the seed; a dataset restored from any step's state gives the uninterrupted run's
+// sequences after it; and each kind of bad input gets its sentence.
+#include <loom/data/text_dataset.hpp>
+#include <loom/data/tokenizer.hpp>
+
+#include <nlohmann/json.hpp>
+
+#include <catch2/catch_test_macros.hpp>
+#include <catch2/generators/catch_generators.hpp>
+#include <catch2/matchers/catch_matchers_exception.hpp>
+#include <catch2/matchers/catch_matchers_string.hpp>
+
+#include <unistd.h>
+#include <algorithm>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <set>
+#include <string>
+#include <vector>
+
+namespace fs = std::filesystem;
+using Catch::Matchers::ContainsSubstring;
+using Catch::Matchers::MessageMatches;
+using loom::data::text_dataset;
+using loom::data::text_dataset_options;
+using nlohmann::json;
+
+namespace {
+
+class folder {
+ public:
+  folder() {
+    std::string pattern = (fs::temp_directory_path() / "loom-dataset-XXXXXX").string();
+    if (::mkdtemp(pattern.data()) == nullptr) throw std::runtime_error("mkdtemp failed");
+    path_ = pattern;
+  }
+  ~folder() {
+    std::error_code ignored;
+    fs::remove_all(path_, ignored);
+  }
+  folder(const folder&) = delete;
+  folder& operator=(const folder&) = delete;
+  [[nodiscard]] const fs::path& path() const { return path_; }
+
+ private:
+  fs::path path_;
+};
+
+// Every byte its own token (byte fallback, no merges): <unk> 0, </s> 1, <0xNN> NN + 2.
+loom::data::tokenizer byte_tokenizer(const fs::path& dir) {
+  json vocab = {{"<unk>", 0}, {"</s>", 1}};
+  for (int b = 0; b < 256; ++b) {
+    char name[8];
+    std::snprintf(name, sizeof name, "<0x%02X>", b);
+    vocab[name] = b + 2;
+  }
+  const json file = {
+      {"added_tokens", {{{"id", 1}, {"content", "</s>"}, {"special", true}}}},
+      {"model", {{"type", "BPE"}, {"vocab", vocab}, {"merges", json::array()}, {"byte_fallback", true}}}};
+  fs::create_directories(dir);
+  std::ofstream(dir / "tokenizer.json") << file.dump();
+  return loom::data::tokenizer::from_pretrained(dir);
+}
+
+// 40 documents of 3 to 60 characters in two JSON Lines files (blank lines between some) and 9 in a
+// text file; document k's text starts "doc k:".
+std::set<std::string> write_documents(const fs::path& dir) {
+  std::set<std::string> all;
+  std::ofstream a(dir / "a.jsonl"), b(dir / "b.jsonl"), c(dir / "c.txt");
+  for (int k = 0; k < 49; ++k) {
+    std::string text = "doc " + std::to_string(k) + ":" + std::string(static_cast<std::size_t>(3 + (k * 7) % 57), 'x');
+    all.insert(text);
+    if (k < 20) {
+      a << json{{"text", text}, {"id", k}}.dump() << "\n" << (k % 5 == 0 ? "\n" : "");
+    } else if (k < 40) {
+      b << json{{"meta", {{"k", k}}}, {"text", text}}.dump() << "\r\n";
+    } else {
+      c << text << "\n";
+    }
+  }
+  return all;
+}
+
+// The documents `sequences` packed, and the tokens left over.
+std::vector<std::string> documents_in(const std::vector<std::vector<std::int32_t>>& sequences,
+                                      const std::vector<std::int32_t>& waiting) {
+  std::vector<std::string> docs;
+  std::string current;
+  const auto take = [&](std::int32_t id) {
+    if (id == 1) {
+      docs.push_back(current);
+      current.clear();
+    } else {
+      current += static_cast<char>(id - 2);
+    }
+  };
+  for (const auto& sequence : sequences)
+    for (const std::int32_t id : sequence) take(id);
+  for (const std::int32_t id : waiting) take(id);
+  CHECK(current.empty());  // the state's waiting tokens end with a whole document
+  return docs;
+}
+
+[[nodiscard]] std::vector<std::int32_t> waiting_of(const text_dataset& dataset) {
+  return json::parse(dataset.state())["waiting"].get<std::vector<std::int32_t>>();
+}
+
+}  // namespace
+
+TEST_CASE("each epoch the ranks read every document once between them, none twice, in a new order") {
+  const folder dir;
+  const std::set<std::string> all = write_documents(dir.path());
+  const auto tokenizer = byte_tokenizer(dir.path() / "tokenizer");
+  const int world = GENERATE(1, 2, 3);
+  CAPTURE(world);
+  // A sequence length of 1 token empties the waiting tokens after every document: each rank's stream of
+  // documents is whole, and an epoch ends exactly where its documents do.
+  std::multiset<std::string> epoch0, epoch1;
+  std::vector<std::string> order0_rank0, order1_rank0;
+  for (int rank = 0; rank < world; ++rank) {
+    text_dataset dataset(tokenizer,
+                         {.paths = {dir.path()}, .seq_len = 1, .seed = 3, .rank = rank, .world_size = world});
+    for (int epoch = 0; epoch < 2; ++epoch) {
+      std::vector<std::vector<std::int32_t>> sequences;
+      while (true) {
+        sequences.push_back(dataset.next());
+        if (sequences.back()[0] == 1 && waiting_of(dataset).empty()) {
+          // a document ended; the epoch ends when the next read would turn it
+          const json state = json::parse(dataset.state());
+          const auto read = state["documents_read"].get<std::uint64_t>();
+          const std::uint64_t share = 49 / world + (static_cast<std::uint64_t>(rank) < 49 % world ? 1 : 0);
+          if (read == share) break;
+        }
+      }
+      for (const std::string& d : documents_in(sequences, {})) (epoch == 0 ? epoch0 : epoch1).insert(d);
+      if (rank == 0) (epoch == 0 ? order0_rank0 : order1_rank0) = documents_in(sequences, {});
+    }
+  }
+  CHECK(epoch0 == std::multiset<std::string>(all.begin(), all.end()));
+  CHECK(epoch1 == std::multiset<std::string>(all.begin(), all.end()));
+  CHECK(order0_rank0 != order1_rank0);  // reshuffled by the epoch
+}
+
+TEST_CASE("the order follows the seed, and shuffle = false reads the files in order") {
+  const folder dir;
+  write_documents(dir.path());
+  const auto tokenizer = byte_tokenizer(dir.path() / "tokenizer");
+  const auto first = [&](std::uint64_t seed, bool shuffle) {
+    text_dataset dataset(tokenizer, {.paths = {dir.path()}, .seq_len = 64, .seed = seed, .shuffle = shuffle});
+    return dataset.next();
+  };
+  CHECK(first(1, true) == first(1, true));
+  CHECK(first(1, true) != first(2, true));
+  const std::vector<std::int32_t> plain = first(1, false);
+  const std::string start = "doc 0:";
+  CHECK(std::equal(start.begin(), start.end(), plain.begin(), [](char c, std::int32_t id) { return c + 2 == id; }));
+}
+
+TEST_CASE("a dataset restored from the state after any sequence gives the uninterrupted run's sequences") {
+  const folder dir;
+  write_documents(dir.path());
+  const auto tokenizer = byte_tokenizer(dir.path() / "tokenizer");
+  const int world = GENERATE(2, 3);
+  const int rank = world - 1;
+  const text_dataset_options options{.paths = {dir.path() / "b.jsonl", dir.path() / "a.jsonl", dir.path() / "c.txt"},
+                                     .seq_len = 23,
+                                     .seed = 11,
+                                     .rank = rank,
+                                     .world_size = world};
+  text_dataset straight(tokenizer, options);
+  std::vector<std::vector<std::int32_t>> expected;
+  std::vector<std::string> states;
+  for (int step = 0; step < 120; ++step) {  // over several epochs
+    states.push_back(straight.state());
+    expected.push_back(straight.next());
+  }
+  CHECK(straight.epoch() >= 2);
+  for (const int from : {0, 1, 17, 40, 41, 77, 119}) {
+    CAPTURE(world, from);
+    text_dataset resumed(tokenizer, options);
+    resumed.restore(states[static_cast<std::size_t>(from)]);
+    for (int step = from; step < 120; ++step) REQUIRE(resumed.next() == expected[static_cast<std::size_t>(step)]);
+  }
+}
+
+TEST_CASE("bad input: one sentence naming the file and line, or skipped and counted") {
+  const folder dir;
+  const auto tokenizer = byte_tokenizer(dir.path() / "tokenizer");
+  const fs::path data = dir.path() / "data.jsonl";
+  {
+    std::ofstream out(data);
+    out << R"({"text": "fine"})"
+        << "\n"
+        << R"({"text": "also fine"})"
+        << "\n"
+        << R"({"text": broken)"
+        << "\n"
+        << R"({"body": "no text"})"
+        << "\n"
+        << R"({"text": 5})"
+        << "\n";
+  }
+  const auto read_all = [&](bool skip) {
+    text_dataset dataset(tokenizer, {.paths = {data}, .seq_len = 4, .shuffle = false, .skip_malformed = skip});
+    for (int i = 0; i < 12; ++i) (void)dataset.next();
+    return dataset.skipped_lines();
+  };
+  CHECK_THROWS_MATCHES(read_all(false), std::invalid_argument,
+                       MessageMatches(ContainsSubstring("data.jsonl:3: the line is not JSON (skip_malformed skips")));
+  CHECK(read_all(true) >= 3);  // lines 3, 4 and 5, each epoch
+  {
+    std::ofstream out(data);
+    out << R"({"body": "x"})"
+        << "\n";
+  }
+  CHECK_THROWS_MATCHES(read_all(false), std::invalid_argument,
+                       MessageMatches(ContainsSubstring("data.jsonl:1: the line has no \"text\" field (text_field")));
+
+  const fs::path empty = dir.path() / "empty.jsonl";
+  std::ofstream(empty) << "\n  \n";
+  CHECK_THROWS_MATCHES(
+      text_dataset(tokenizer, {.paths = {empty}}), std::invalid_argument,
+      MessageMatches(ContainsSubstring("no documents in") && ContainsSubstring("every line is empty")));
+  CHECK_THROWS_MATCHES(text_dataset(tokenizer, {.paths = {dir.path() / "absent.jsonl"}}), std::invalid_argument,
+                       MessageMatches(ContainsSubstring("absent.jsonl is neither a file nor a folder")));
+
+  const fs::path small = dir.path() / "small.jsonl";
+  std::ofstream(small) << R"({"text": "tiny"})"
+                       << "\n";
+  CHECK_THROWS_MATCHES(
+      [&] {
+        text_dataset dataset(tokenizer, {.paths = {small}, .seq_len = 100});
+        (void)dataset.next();
+      }(),
+      std::invalid_argument,
+      MessageMatches(ContainsSubstring("rank 0's share of the data (1 of 1 documents) does not fill one sequence of "
+                                       "100 tokens")));
+
+  const fs::path bad_utf8 = dir.path() / "bytes.txt";
+  std::ofstream(bad_utf8) << "ok line\nbad \xFF line\n";
+  CHECK_THROWS_MATCHES(
+      [&] {
+        text_dataset dataset(tokenizer, {.paths = {bad_utf8}, .seq_len = 4, .shuffle = false});
+        for (int i = 0; i < 10; ++i) (void)dataset.next();
+      }(),
+      std::invalid_argument,
+      MessageMatches(ContainsSubstring("bytes.txt:2: the text is not valid UTF-8 at byte offset 4 (byte 0xFF)")));
+}
+
+TEST_CASE("a file that vanishes or shrinks while read is named, and so is a state of other data") {
+  const folder dir;
+  const auto tokenizer = byte_tokenizer(dir.path() / "tokenizer");
+  const fs::path data = dir.path() / "data.jsonl";
+  {
+    std::ofstream out(data);
+    for (int k = 0; k < 10; ++k) out << json{{"text", "document " + std::to_string(k)}}.dump() << "\n";
+  }
+  text_dataset dataset(tokenizer, {.paths = {data}, .seq_len = 8, .shuffle = false});
+  (void)dataset.next();
+  const std::string state = dataset.state();
+  fs::resize_file(data, 30);
+  CHECK_THROWS_MATCHES(
+      [&] {
+        for (int i = 0; i < 20; ++i) (void)dataset.next();
+      }(),
+      std::runtime_error,
+      MessageMatches(ContainsSubstring("data.jsonl was truncated while the run read it: it has 30 bytes")));
+  text_dataset other(tokenizer, {.paths = {data}, .seq_len = 8, .shuffle = false});
+  CHECK_THROWS_MATCHES(
+      other.restore(state), std::invalid_argument,
+      MessageMatches(ContainsSubstring("the state is of another dataset: its \"documents\" is 10, this "
+                                       "dataset's is 2")));
+  text_dataset longer(tokenizer, {.paths = {data}, .seq_len = 9, .shuffle = false});
+  fs::remove(data);
+  CHECK_THROWS_MATCHES(
+      [&] {
+        for (int i = 0; i < 20; ++i) (void)longer.next();
+      }(),
+      std::runtime_error, MessageMatches(ContainsSubstring("cannot be read any more (it is gone)")));
+}
