@@ -3,8 +3,11 @@
 // read every document once and no two read the same one, at 1, 2 and 3 ranks; the order changes with
 // the epoch and the seed; a dataset restored from any step's state gives the uninterrupted run's
 // sequences after it; and each kind of bad input gets its sentence.
+#include <loom/data/read_ahead.hpp>
 #include <loom/data/text_dataset.hpp>
 #include <loom/data/tokenizer.hpp>
+
+#include "scratch_folder.hpp"
 
 #include <nlohmann/json.hpp>
 
@@ -13,7 +16,6 @@
 #include <catch2/matchers/catch_matchers_exception.hpp>
 #include <catch2/matchers/catch_matchers_string.hpp>
 
-#include <unistd.h>
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
@@ -32,24 +34,7 @@ using nlohmann::json;
 
 namespace {
 
-class folder {
- public:
-  folder() {
-    std::string pattern = (fs::temp_directory_path() / "loom-dataset-XXXXXX").string();
-    if (::mkdtemp(pattern.data()) == nullptr) throw std::runtime_error("mkdtemp failed");
-    path_ = pattern;
-  }
-  ~folder() {
-    std::error_code ignored;
-    fs::remove_all(path_, ignored);
-  }
-  folder(const folder&) = delete;
-  folder& operator=(const folder&) = delete;
-  [[nodiscard]] const fs::path& path() const { return path_; }
-
- private:
-  fs::path path_;
-};
+using folder = loom::testing::scratch_folder;
 
 // Every byte its own token (byte fallback, no merges): <unk> 0, </s> 1, <0xNN> NN + 2.
 loom::data::tokenizer byte_tokenizer(const fs::path& dir) {
@@ -282,4 +267,44 @@ TEST_CASE("a file that vanishes or shrinks while read is named, and so is a stat
         for (int i = 0; i < 20; ++i) (void)longer.next();
       }(),
       std::runtime_error, MessageMatches(ContainsSubstring("cannot be read any more (it is gone)")));
+}
+
+TEST_CASE("read_ahead gives the dataset's sequences and states in order, and its errors where they happen") {
+  const folder dir;
+  write_documents(dir.path());
+  const auto tokenizer = byte_tokenizer(dir.path() / "tokenizer");
+  const text_dataset_options options{.paths = {dir.path()}, .seq_len = 13, .seed = 5, .rank = 1, .world_size = 2};
+  text_dataset direct(tokenizer, options);
+  loom::data::read_ahead ahead(text_dataset(tokenizer, options), /*depth=*/3);
+  std::vector<std::string> states;
+  for (int step = 0; step < 60; ++step) {
+    CAPTURE(step);
+    states.push_back(direct.state());
+    REQUIRE(ahead.state() == direct.state());  // the position next() left, not the reader's
+    REQUIRE(ahead.next() == direct.next());
+  }
+  ahead.restore(states[20]);
+  text_dataset again(tokenizer, options);
+  again.restore(states[20]);
+  for (int step = 20; step < 40; ++step) REQUIRE(ahead.next() == again.next());
+  CHECK_THROWS_MATCHES(ahead.restore("{}"), std::invalid_argument,
+                       MessageMatches(ContainsSubstring("not one text_dataset::state() wrote")));
+  CHECK(ahead.next() == again.next());  // a refused state leaves the reading where it was
+
+  const fs::path bad = dir.path() / "bad" / "data.jsonl";
+  fs::create_directories(bad.parent_path());
+  {
+    std::ofstream out(bad);
+    for (int k = 0; k < 6; ++k) out << json{{"text", "fine document " + std::to_string(k)}}.dump() << "\n";
+    out << "{not json\n";
+  }
+  loom::data::read_ahead failing(text_dataset(tokenizer, {.paths = {bad}, .seq_len = 8, .shuffle = false}));
+  int delivered = 0;
+  CHECK_THROWS_MATCHES(
+      [&] {
+        for (;; ++delivered) (void)failing.next();
+      }(),
+      std::invalid_argument, MessageMatches(ContainsSubstring("data.jsonl:7: the line is not JSON")));
+  CHECK(delivered == 12);  // the 6 documents' 96 tokens (15 bytes and EOS each) fill 12 before line 7 is read
+  CHECK_THROWS_AS(failing.next(), std::invalid_argument);
 }

@@ -2,13 +2,14 @@
 // sentence (the ids of real layouts are checked against the tokenizers library by tokenizer_vs_hf.py).
 #include <loom/data/tokenizer.hpp>
 
+#include "scratch_folder.hpp"
+
 #include <nlohmann/json.hpp>
 
 #include <catch2/catch_test_macros.hpp>
 #include <catch2/matchers/catch_matchers_exception.hpp>
 #include <catch2/matchers/catch_matchers_string.hpp>
 
-#include <unistd.h>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -21,24 +22,10 @@ using nlohmann::json;
 
 namespace {
 
-class folder {
+// A scratch folder that writes JSON files.
+class folder : public loom::testing::scratch_folder {
  public:
-  folder() {
-    std::string pattern = (fs::temp_directory_path() / "loom-tokenizer-XXXXXX").string();
-    if (::mkdtemp(pattern.data()) == nullptr) throw std::runtime_error("mkdtemp failed");
-    path_ = pattern;
-  }
-  ~folder() {
-    std::error_code ignored;
-    fs::remove_all(path_, ignored);
-  }
-  folder(const folder&) = delete;
-  folder& operator=(const folder&) = delete;
-  [[nodiscard]] const fs::path& path() const { return path_; }
-  void write(const std::string& name, const json& content) const { std::ofstream(path_ / name) << content.dump(); }
-
- private:
-  fs::path path_;
+  void write(const std::string& name, const json& content) const { std::ofstream(path() / name) << content.dump(); }
 };
 
 // A byte-level BPE of GPT-2's layout that knows "a", "b", "ab", "Ġ", "Ġa" and "Ġab", merging "Ġa" first.

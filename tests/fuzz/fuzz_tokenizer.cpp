@@ -1,4 +1,4 @@
-// libFuzzer target: the tokenizer.json reader (src/data/tokenizer.cpp, bpe.cpp, regex.cpp). The input is
+// libFuzzer target: the tokenizer.json reader (src/data/tokenizer.cpp, and stages, bpe, regex, utf8). The input is
 // the file; each must be read or refused with std::invalid_argument, nothing else, and a file that is
 // read must encode and decode a fixed text of many scripts, special-token look-alikes and whitespace.
 #include <loom/data/tokenizer.hpp>

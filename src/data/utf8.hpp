@@ -1,0 +1,25 @@
+#pragma once
+// UTF-8 as the tokenizer needs it: where a text stops being well-formed (RFC 3629), its code points,
+// Unicode's White_Space, and decoded bytes made text as Rust's String::from_utf8_lossy makes them.
+// Private to the data wing.
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+
+namespace loom::data::detail {
+
+// The offset of the first byte that does not start a well-formed UTF-8 sequence, if any.
+[[nodiscard]] std::optional<std::size_t> invalid_utf8_at(std::string_view text);
+// The code point at `at` and its length (valid UTF-8).
+[[nodiscard]] std::pair<std::uint32_t, std::size_t> code_point_at(std::string_view text, std::size_t at);
+void append_utf8(std::string& out, std::uint32_t code_point);
+// Rust's char::is_whitespace (Unicode's White_Space), which added tokens' lstrip and rstrip use.
+[[nodiscard]] bool is_whitespace(std::uint32_t c);
+// Invalid UTF-8 as Rust's String::from_utf8_lossy writes it: each maximal bad prefix one U+FFFD.
+[[nodiscard]] std::string lossy_utf8(std::string_view bytes);
+
+}  // namespace loom::data::detail
