@@ -42,7 +42,8 @@ struct text_dataset_options {
 class text_dataset {
  public:
   // Indexes the files (each document's place, not its text). Throws std::invalid_argument for options
-  // or data that cannot work: no files, no documents, no EOS token, a sequence length below 1.
+  // or data that cannot work: no files, no documents, no EOS token, a sequence length below 1. The
+  // dataset reads with `tokenizer`, which must outlive it (and any read_ahead it is moved into).
   text_dataset(const tokenizer& tokenizer, text_dataset_options options);
   text_dataset(text_dataset&&) noexcept;
   text_dataset& operator=(text_dataset&&) noexcept;
