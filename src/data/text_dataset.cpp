@@ -4,6 +4,8 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <array>
+#include <cstring>
 #include <fstream>
 #include <limits>
 #include <optional>
@@ -17,13 +19,23 @@ namespace {
 using nlohmann::json;
 namespace fs = std::filesystem;
 
+enum class file_kind { json_lines, text, tokens };
+
 struct source_file {
   fs::path path;
   std::uintmax_t size = 0;
-  bool json_lines = true;
+  file_kind kind = file_kind::json_lines;
+  std::size_t token_width = 0;  // tokens: 2 (uint16) or 4 (uint32) bytes each
 };
 
-// Where a document is: its file, the byte offset of its line and the line's number (from 1).
+// llm.c's token files (dev/data/data_common.py's write_datafile, dsl_examples/data/make_tokens.py):
+// 256 little-endian int32 (a magic number, a version, the token count, zeros), then the tokens.
+constexpr std::int32_t uint16_tokens_magic = 20240520;
+constexpr std::int32_t uint32_tokens_magic = 20240801;
+constexpr std::size_t token_header_bytes = 256 * sizeof(std::int32_t);
+
+// Where a document is: its file, the byte offset of its line (of its first token) and the line's
+// number from 1 (the token's index).
 struct document {
   std::uint32_t file;
   std::uint64_t offset;
@@ -32,7 +44,13 @@ struct document {
 
 bool readable_extension(const fs::path& path) {
   const std::string extension = path.extension().string();
-  return extension == ".jsonl" || extension == ".json" || extension == ".txt";
+  return extension == ".jsonl" || extension == ".json" || extension == ".txt" || extension == ".bin";
+}
+
+file_kind kind_of(const fs::path& path) {
+  if (path.extension() == ".txt") return file_kind::text;
+  if (path.extension() == ".bin") return file_kind::tokens;
+  return file_kind::json_lines;
 }
 
 std::vector<source_file> source_files(const std::vector<fs::path>& paths) {
@@ -46,11 +64,11 @@ std::vector<source_file> source_files(const std::vector<fs::path>& paths) {
         if (entry.is_regular_file() && readable_extension(entry.path())) found.push_back(entry.path());
       std::ranges::sort(found);
       if (found.empty())
-        throw_error<std::invalid_argument>("text_dataset: the folder {} has no .jsonl, .json or .txt files",
+        throw_error<std::invalid_argument>("text_dataset: the folder {} has no .jsonl, .json, .txt or .bin files",
                                            path.string());
-      for (const fs::path& file : found) files.push_back({file, fs::file_size(file), file.extension() != ".txt"});
+      for (const fs::path& file : found) files.push_back({file, fs::file_size(file), kind_of(file)});
     } else if (fs::is_regular_file(path, error)) {
-      files.push_back({path, fs::file_size(path), path.extension() != ".txt"});
+      files.push_back({path, fs::file_size(path), kind_of(path)});
     } else {
       throw_error<std::invalid_argument>("text_dataset: {} is neither a file nor a folder: there is no such path",
                                          path.string());
@@ -59,11 +77,49 @@ std::vector<source_file> source_files(const std::vector<fs::path>& paths) {
   return files;
 }
 
-// Every non-empty line of every file, in order.
-std::vector<document> index_documents(const std::vector<source_file>& files) {
+// A token file's documents: the runs of tokens between the EOS tokens that delimit them (llm.c puts
+// one before each document). Checks the header and the size; sets the file's token width.
+void index_token_file(source_file& file, std::uint32_t index, std::int32_t eos, std::vector<document>& documents) {
+  std::ifstream in(file.path, std::ios::binary);
+  std::array<std::int32_t, 256> header{};
+  in.read(reinterpret_cast<char*>(header.data()), token_header_bytes);
+  if (in.gcount() != static_cast<std::streamsize>(token_header_bytes) ||
+      (header[0] != uint16_tokens_magic && header[0] != uint32_tokens_magic)) {
+    throw_error<std::invalid_argument>(
+        "text_dataset: {} has no llm.c header (a first int32 of {} for uint16 tokens or {} for uint32 ones): write "
+        "it with dsl_examples/data/make_tokens.py or llm.c's write_datafile",
+        file.path.string(), uint16_tokens_magic, uint32_tokens_magic);
+  }
+  file.token_width = header[0] == uint16_tokens_magic ? 2 : 4;
+  const std::uintmax_t expected =
+      token_header_bytes + static_cast<std::uintmax_t>(std::max(header[2], 0)) * file.token_width;
+  if (header[2] <= 0 || file.size != expected) {
+    throw_error<std::invalid_argument>(
+        "text_dataset: {}'s header counts {} tokens of {} bytes, {} bytes in all, but the file has {}{}",
+        file.path.string(), header[2], file.token_width, expected, file.size,
+        file.size < expected ? ": it is truncated" : "");
+  }
+  std::vector<char> bytes(static_cast<std::size_t>(header[2]) * file.token_width);
+  in.read(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+  bool inside = false;
+  for (std::uint64_t i = 0; i < static_cast<std::uint64_t>(header[2]); ++i) {
+    std::uint32_t id = 0;
+    std::memcpy(&id, bytes.data() + i * file.token_width, file.token_width);
+    const bool delimiter = id == static_cast<std::uint32_t>(eos);
+    if (!delimiter && !inside) documents.push_back({index, token_header_bytes + i * file.token_width, i});
+    inside = !delimiter;
+  }
+}
+
+// Every non-empty line of every text file, every document of every token file, in order.
+std::vector<document> index_documents(std::vector<source_file>& files, std::int32_t eos) {
   std::vector<document> documents;
   std::vector<char> buffer(1 << 20);
   for (std::uint32_t f = 0; f < files.size(); ++f) {
+    if (files[f].kind == file_kind::tokens) {
+      index_token_file(files[f], f, eos, documents);
+      continue;
+    }
     std::ifstream in(files[f].path, std::ios::binary);
     if (!in) throw_error<std::invalid_argument>("text_dataset: cannot read {}", files[f].path.string());
     std::uint64_t offset = 0, line = 1, line_start = 0;
@@ -142,8 +198,8 @@ struct text_dataset::impl {
     return all[options.shuffle ? order[position] : position];
   }
 
-  // The line of `doc`, read again from its file.
-  std::string line_of(const document& doc) {
+  // `doc`'s file, open, and as large as when it was indexed.
+  std::ifstream& checked_file(const document& doc) {
     const source_file& file = files[doc.file];
     std::ifstream& in = open_files[doc.file];
     if (!in.is_open()) {
@@ -163,6 +219,12 @@ struct text_dataset::impl {
           "starts at byte {}): restore it, or start the run again on the data as it is now",
           file.path.string(), error ? 0 : size_now, file.size, doc.line, doc.offset);
     }
+    return in;
+  }
+
+  // The line of `doc`, read again from its file.
+  std::string line_of(const document& doc) {
+    std::ifstream& in = checked_file(doc);
     in.clear();
     in.seekg(static_cast<std::streamoff>(doc.offset));
     std::string line;
@@ -171,11 +233,34 @@ struct text_dataset::impl {
     return line;
   }
 
+  // A token file's document: its tokens up to the next EOS or the file's end, each checked against
+  // the tokenizer's vocabulary.
+  std::vector<std::int32_t> tokens_of(const document& doc) {
+    std::ifstream& in = checked_file(doc);
+    const source_file& file = files[doc.file];
+    in.clear();
+    in.seekg(static_cast<std::streamoff>(doc.offset));
+    std::vector<std::int32_t> ids;
+    for (std::uint64_t index = doc.line;; ++index) {
+      std::uint32_t id = 0;
+      if (!in.read(reinterpret_cast<char*>(&id), static_cast<std::streamsize>(file.token_width))) break;
+      if (id == static_cast<std::uint32_t>(eos)) break;
+      if (id >= static_cast<std::uint32_t>(tok->vocab_size())) {
+        throw_error<std::invalid_argument>(
+            "text_dataset: {}: token {} is id {}, not below the tokenizer's vocabulary of {}: the file was made "
+            "with another tokenizer",
+            file.path.string(), index, id, tok->vocab_size());
+      }
+      ids.push_back(static_cast<std::int32_t>(id));
+    }
+    return ids;
+  }
+
   // The document's text, or nothing for a malformed line that skip_malformed skips.
   std::optional<std::string> text_of(const document& doc) {
     std::string line = line_of(doc);
     const source_file& file = files[doc.file];
-    if (!file.json_lines) return line;
+    if (file.kind == file_kind::text) return line;
     const auto malformed = [&](const std::string& what) -> std::optional<std::string> {
       if (!options.skip_malformed) {
         throw_error<std::invalid_argument>("text_dataset: {}:{}: {} (skip_malformed skips such lines, counting them)",
@@ -208,14 +293,18 @@ struct text_dataset::impl {
     }
     const document& doc = document_at(read_in_epoch);
     ++read_in_epoch;
-    const std::optional<std::string> text = text_of(doc);
-    if (!text) return;
     std::vector<std::int32_t> ids;
-    try {
-      ids = tok->encode(*text);
-    } catch (const std::invalid_argument& error) {
-      throw_error<std::invalid_argument>("text_dataset: {}:{}: {}", files[doc.file].path.string(), doc.line,
-                                         std::string_view(error.what()).substr(message_prefix.size()));
+    if (files[doc.file].kind == file_kind::tokens) {
+      ids = tokens_of(doc);
+    } else {
+      const std::optional<std::string> text = text_of(doc);
+      if (!text) return;
+      try {
+        ids = tok->encode(*text);
+      } catch (const std::invalid_argument& error) {
+        throw_error<std::invalid_argument>("text_dataset: {}:{}: {}", files[doc.file].path.string(), doc.line,
+                                           std::string_view(error.what()).substr(message_prefix.size()));
+      }
     }
     if (bos) waiting.push_back(*bos);
     waiting.insert(waiting.end(), ids.begin(), ids.end());
@@ -250,7 +339,7 @@ text_dataset::text_dataset(const tokenizer& tokenizer, text_dataset_options opti
   c.eos = *tokenizer.eos_token_id();
   if (options.add_bos) c.bos = tokenizer.bos_token_id();
   c.files = source_files(options.paths);
-  c.all = index_documents(c.files);
+  c.all = index_documents(c.files, c.eos);
   if (c.all.empty()) {
     std::vector<std::string> names;
     for (const source_file& f : c.files) names.push_back(f.path.string());

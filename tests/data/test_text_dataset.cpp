@@ -308,3 +308,69 @@ TEST_CASE("read_ahead gives the dataset's sequences and states in order, and its
   CHECK(delivered == 12);  // the 6 documents' 96 tokens (15 bytes and EOS each) fill 12 before line 7 is read
   CHECK_THROWS_AS(failing.next(), std::invalid_argument);
 }
+
+namespace {
+
+// An llm.c token file (uint16): each document's tokens after an EOS, as llm.c's data scripts write them.
+void write_token_file(const fs::path& path, const std::vector<std::string>& documents, std::int32_t extra_id = -1) {
+  std::vector<std::uint16_t> tokens;
+  for (const std::string& d : documents) {
+    tokens.push_back(1);
+    for (const char c : d) tokens.push_back(static_cast<std::uint16_t>(static_cast<unsigned char>(c) + 2));
+  }
+  if (extra_id >= 0) tokens.push_back(static_cast<std::uint16_t>(extra_id));
+  std::vector<std::int32_t> header(256, 0);
+  header[0] = 20240520;
+  header[1] = 1;
+  header[2] = static_cast<std::int32_t>(tokens.size());
+  std::ofstream out(path, std::ios::binary);
+  out.write(reinterpret_cast<const char*>(header.data()), static_cast<std::streamsize>(header.size() * 4));
+  out.write(reinterpret_cast<const char*>(tokens.data()), static_cast<std::streamsize>(tokens.size() * 2));
+}
+
+}  // namespace
+
+TEST_CASE("llm.c token files are documents too: split at EOS, shared out by rank, checked against the vocabulary") {
+  const folder dir;
+  const std::set<std::string> texts = write_documents(dir.path());
+  const auto tokenizer = byte_tokenizer(dir.path() / "tokenizer");
+  const std::vector<std::string> tokenized{"tokens one", "tokens two, longer", "t3"};
+  write_token_file(dir.path() / "d.bin", tokenized);
+  std::multiset<std::string> expected(texts.begin(), texts.end());
+  expected.insert(tokenized.begin(), tokenized.end());
+  const int world = GENERATE(1, 2, 3);
+  CAPTURE(world);
+  std::multiset<std::string> seen;
+  for (int rank = 0; rank < world; ++rank) {
+    text_dataset dataset(tokenizer,
+                         {.paths = {dir.path()}, .seq_len = 1, .seed = 9, .rank = rank, .world_size = world});
+    CHECK(dataset.documents() == 52);
+    const std::uint64_t share = 52 / world + (static_cast<std::uint64_t>(rank) < 52 % world ? 1 : 0);
+    std::vector<std::vector<std::int32_t>> sequences;
+    while (true) {
+      sequences.push_back(dataset.next());
+      if (sequences.back()[0] == 1 && waiting_of(dataset).empty() &&
+          json::parse(dataset.state())["documents_read"].get<std::uint64_t>() == share)
+        break;
+    }
+    for (const std::string& d : documents_in(sequences, {})) seen.insert(d);
+  }
+  CHECK(seen == expected);
+
+  write_token_file(dir.path() / "d.bin", tokenized, /*extra_id=*/400);
+  CHECK_THROWS_MATCHES(
+      [&] {
+        text_dataset dataset(tokenizer, {.paths = {dir.path() / "d.bin"}, .seq_len = 4, .shuffle = false});
+        for (int i = 0; i < 20; ++i) (void)dataset.next();
+      }(),
+      std::invalid_argument,
+      MessageMatches(ContainsSubstring("d.bin: token 33 is id 400, not below the tokenizer's vocabulary of 258")));
+  fs::resize_file(dir.path() / "d.bin", 1024 + 10);
+  CHECK_THROWS_MATCHES(
+      text_dataset(tokenizer, {.paths = {dir.path() / "d.bin"}}), std::invalid_argument,
+      MessageMatches(ContainsSubstring("d.bin's header counts 34 tokens of 2 bytes, 1092 bytes in all, "
+                                       "but the file has 1034: it is truncated")));
+  std::ofstream(dir.path() / "d.bin") << "not a token file";
+  CHECK_THROWS_MATCHES(text_dataset(tokenizer, {.paths = {dir.path() / "d.bin"}}), std::invalid_argument,
+                       MessageMatches(ContainsSubstring("d.bin has no llm.c header (a first int32 of 20240520")));
+}

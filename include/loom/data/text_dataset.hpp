@@ -1,7 +1,7 @@
 #pragma once
-// loom::data::text_dataset: documents from JSON Lines files (a text field per line) or plain text files
-// (a document per non-empty line), tokenized as they are read, joined with the tokenizer's EOS and
-// packed into sequences of the run's length, as torchtitan packs them. Each epoch the documents are
+// loom::data::text_dataset: documents from JSON Lines files (a text field per line), plain text files
+// (a document per non-empty line) or llm.c token files (already tokenized), tokenized as they are read, joined with the
+// tokenizer's EOS and packed into sequences of the run's length, as torchtitan packs them. Each epoch the documents are
 // shuffled by the seed and the epoch, and data-parallel rank r of W takes the documents at positions
 // r, r + W, r + 2W, ... of that order: no two ranks read the same document, so no two see the same
 // sequence, and together they read all of it (the ranks of one sequence-parallel group pass the same
@@ -26,8 +26,9 @@
 namespace loom::data {
 
 struct text_dataset_options {
-  // Files, or folders whose *.jsonl, *.json and *.txt files are read (in name order). A .txt file has
-  // a document per non-empty line; the others a JSON object per non-empty line.
+  // Files, or folders whose *.jsonl, *.json, *.txt and *.bin files are read (in name order). A .txt file
+  // has a document per non-empty line; a .bin file is an llm.c token file whose documents are the runs
+  // of tokens between EOS tokens; the others have a JSON object per non-empty line.
   std::vector<std::filesystem::path> paths;
   std::string text_field = "text";
   std::int64_t seq_len = 2048;
