@@ -1,12 +1,12 @@
 #pragma once
 // loom::data::text_dataset: documents from JSON Lines files (a text field per line), plain text files
-// (a document per non-empty line) or llm.c token files (already tokenized), tokenized as they are read, joined with the
-// tokenizer's EOS and packed into sequences of the run's length, as torchtitan packs them. Each epoch the documents are
-// shuffled by the seed and the epoch, and data-parallel rank r of W takes the documents at positions
-// r, r + W, r + 2W, ... of that order: no two ranks read the same document, so no two see the same
-// sequence, and together they read all of it (the ranks of one sequence-parallel group pass the same
-// rank and read the same sequences). A sequence's labels are its tokens (loom's causal-LM loss
-// shifts them).
+// (a document per non-empty line) or llm.c token files (already tokenized), tokenized as they are
+// read, joined with the tokenizer's EOS and packed into sequences of the run's length, as torchtitan
+// packs them. Each epoch the documents are shuffled by the seed and the epoch, and data-parallel
+// rank r of W takes the documents at positions r, r + W, r + 2W, ... of that order: no two ranks read
+// the same document, so no two see the same sequence, and together they read all of it (the ranks of one
+// sequence-parallel group pass the same rank and read the same sequences). A sequence's labels are its tokens (loom's
+// causal-LM loss shifts them).
 //
 // Its position (the epoch, the documents this rank has read in it, the tokens waiting to be packed and
 // the lines skipped) is state(), a JSON text that restore() takes back: a dataset restored from the
