@@ -311,7 +311,11 @@ struct text_dataset::impl {
     waiting.push_back(eos);
   }
 
-  [[nodiscard]] json fingerprint() const {
+  // What a saved state must match: the files and their sizes, the options, the ranks. Made once, as
+  // the dataset is built; state() runs once per sequence under read_ahead.
+  json fingerprint;
+
+  [[nodiscard]] json make_fingerprint() const {
     json listed = json::array();
     for (const source_file& f : files) listed.push_back({{"path", f.path.string()}, {"size", f.size}});
     return {{"files", listed},           {"text_field", options.text_field}, {"seq_len", options.seq_len},
@@ -352,6 +356,7 @@ text_dataset::text_dataset(const tokenizer& tokenizer, text_dataset_options opti
   }
   c.open_files.resize(c.files.size());
   c.options = std::move(options);
+  c.fingerprint = c.make_fingerprint();
 }
 
 text_dataset::text_dataset(text_dataset&&) noexcept = default;
@@ -370,7 +375,7 @@ std::vector<std::int32_t> text_dataset::next() {
 
 std::string text_dataset::state() const {
   const impl& c = *core_;
-  return json{{"dataset", c.fingerprint()},
+  return json{{"dataset", c.fingerprint},
               {"epoch", c.epoch},
               {"documents_read", c.read_in_epoch},
               {"sequences_in_epoch", c.sequences_in_epoch},
@@ -384,7 +389,7 @@ void text_dataset::restore(std::string_view state) {
   const json saved = json::parse(state, nullptr, /*allow_exceptions=*/false);
   if (saved.is_discarded() || !saved.is_object() || !saved.contains("dataset"))
     throw_error<std::invalid_argument>("text_dataset: the state to restore is not one text_dataset::state() wrote");
-  const json mine = c.fingerprint();
+  const json& mine = c.fingerprint;
   for (const auto& [key, value] : mine.items()) {
     if (!saved["dataset"].contains(key) || saved["dataset"][key] != value) {
       throw_error<std::invalid_argument>(
