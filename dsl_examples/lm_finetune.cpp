@@ -1,16 +1,19 @@
 // lm-finetune: LoRA fine-tuning of a Hugging Face causal language model (Llama, Mistral, Qwen2, Qwen3,
-// Gemma 3: whichever its config.json names) on a token file, under
+// Gemma 3: whichever its config.json names) on text (JSON Lines or plain, tokenized as it is read with
+// the tokenizer.json of --tokenizer or the checkpoint, no Python) or on a token file, under
 // loom::train, from a run file (TOML, JSON, or YAML in FastVideo's layout). The checkpoint is the
-// plan's pretrained stage; its config.json gives the model. Checkpoints, resume, preemption and
-// metrics are loom::train's; the adapter (PEFT's format) and, with --merged, the merged weights
-// (transformers' format, config.json beside them) are written at the end. README.md has a run.
+// plan's pretrained stage; its config.json gives the model. Checkpoints (with each rank's position in
+// the text), resume, preemption and metrics are loom::train's; the adapter (PEFT's format) and, with
+// --merged, the merged weights (transformers' format, config.json beside them) are written at the
+// end. README.md has a run.
 //
 //   build/loom-run --nproc-per-node 2 -- build/dsl_examples/lm-finetune
-//       --config dsl_examples/configs/lm_finetune.toml --tokens tokens.bin
-//       [--batch-size 4] [--seq-len 128] [--merged] [--pretrained=DIR] [--lora.rank=16] [--train.steps=100] ...
+//       --config dsl_examples/configs/lm_finetune.toml {--data FILE.jsonl [--eval-data FILE] [--tokenizer DIR] |
+//       --tokens tokens.bin} [--batch-size 4] [--seq-len 128] [--merged] [--pretrained=DIR] [--lora.rank=16] ...
 #include "common/adapter.hpp"
 #include "common/checkpoint_folder.hpp"
 #include "common/command_line.hpp"
+#include "common/text_batches.hpp"
 #include "models/text_data.hpp"
 #include "models/token_file.hpp"
 
@@ -22,9 +25,13 @@
 #include <fmt/core.h>
 #include <torch/optim/adamw.h>
 
+#include <cstdio>
 #include <filesystem>
+#include <memory>
+#include <optional>
 #include <string>
 #include <variant>
+#include <vector>
 
 namespace fs = std::filesystem;
 
@@ -33,6 +40,9 @@ namespace {
 struct options {
   recipes::run_file_arguments run_file;
   std::string tokens;
+  std::vector<std::filesystem::path> data, eval_data;
+  std::string tokenizer;  // empty: the checkpoint's
+  std::string text_field = "text";
   std::int64_t batch_per_rank = 4;
   std::int64_t seq_len = 128;
   bool merged = false;
@@ -41,21 +51,96 @@ struct options {
 std::variant<options, int> parse(int argc, char** argv) {
   options parsed;
   CLI::App app{
-      "LoRA fine-tuning of a Hugging Face causal language model (Llama, Mistral, Qwen2, Qwen3, Gemma 3) on a "
-      "token file, from a run file.",
+      "LoRA fine-tuning of a Hugging Face causal language model (Llama, Mistral, Qwen2, Qwen3, Gemma 3) on text "
+      "or a token file, from a run file.",
       "lm-finetune"};
   parsed.run_file.add_to(app, /*required=*/true);
-  app.add_option("--tokens", parsed.tokens,
-                 "an llm.c token file (dsl_examples/data/make_tokens.py); its last tenth is held out")
-      ->required()
-      ->check(CLI::ExistingFile);
+  CLI::Option* tokens = app.add_option("--tokens", parsed.tokens,
+                                       "an llm.c token file (dsl_examples/data/make_tokens.py); its last tenth is "
+                                       "held out")
+                            ->check(CLI::ExistingFile);
+  CLI::Option* data = app.add_option("--data", parsed.data,
+                                     "JSON Lines or text files, or folders of them, tokenized as they are read "
+                                     "(docs/data.md)")
+                          ->check(CLI::ExistingPath)
+                          ->excludes(tokens);
+  app.add_option("--eval-data", parsed.eval_data, "held-out files to evaluate on (none: no evaluation)")
+      ->check(CLI::ExistingPath)
+      ->needs(data);
+  app.add_option("--tokenizer", parsed.tokenizer, "a folder with tokenizer.json (default: the checkpoint's)")
+      ->check(CLI::ExistingDirectory)
+      ->needs(data);
+  app.add_option("--text-field", parsed.text_field, "the field of a JSON line that holds its text")
+      ->capture_default_str()
+      ->needs(data);
   app.add_option("--batch-size", parsed.batch_per_rank, "sequences per rank and micro-batch")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
   app.add_option("--seq-len", parsed.seq_len, "tokens per sequence")->capture_default_str()->check(CLI::PositiveNumber);
   app.add_flag("--merged", parsed.merged, "also write the weights with the adapters merged in, for transformers");
   if (const auto exit_code = recipes::parse_command_line(app, argc, argv)) return *exit_code;
+  if (parsed.tokens.empty() && parsed.data.empty()) {
+    fmt::print(stderr,
+               "lm-finetune: give the text to train on: --data FILE.jsonl (with the checkpoint's tokenizer or "
+               "--tokenizer DIR) or --tokens FILE.bin\nRun with --help for more information.\n");
+    return recipes::usage_exit_code;
+  }
   return parsed;
+}
+
+// What a run reads: a token file's batches, each a function of its index, or text read as it goes,
+// whose position loom::train keeps; and the held-out batch, if any.
+struct run_data {
+  std::optional<text_data::batch_sampler> token_batches;
+  std::unique_ptr<loom::data::tokenizer> tokenizer;  // on the heap: `text` reads with it, wherever run_data moves
+  std::unique_ptr<recipes::text_batches> text;
+  at::Tensor held_out;  // undefined: no evaluation
+
+  [[nodiscard]] at::Tensor batch(std::int64_t index) {
+    return text ? text->next() : token_batches->at_step(index).first;
+  }
+};
+
+run_data read_data(const options& opts, const fs::path& checkpoint, std::int64_t vocab_size, std::uint64_t seed,
+                   const loom::data_parallel_place& place) {
+  run_data data;
+  if (!opts.tokens.empty()) {
+    const at::Tensor tokens = token_file::load(opts.tokens, vocab_size);
+    const std::int64_t split = tokens.numel() * 9 / 10;
+    const std::string knobs = "give a longer token file, a shorter --seq-len or a smaller --batch-size";
+    data.token_batches.emplace(tokens.narrow(0, 0, split), seed, place.rank, place.world_size, opts.batch_per_rank,
+                               opts.seq_len, fmt::format("the first nine tenths of --tokens '{}'", opts.tokens), knobs);
+    data.held_out =
+        text_data::batch_sampler(tokens.narrow(0, split, tokens.numel() - split), seed + 1, place.rank,
+                                 place.world_size, opts.batch_per_rank, opts.seq_len,
+                                 fmt::format("the held-out last tenth of --tokens '{}'", opts.tokens), knobs)
+            .at_step(0)
+            .first;
+    return data;
+  }
+  const fs::path tokenizer_folder = opts.tokenizer.empty() ? checkpoint : fs::path(opts.tokenizer);
+  data.tokenizer = std::make_unique<loom::data::tokenizer>(loom::data::tokenizer::from_pretrained(tokenizer_folder));
+  const loom::data::tokenizer& tokenizer = *data.tokenizer;
+  if (tokenizer.vocab_size() > vocab_size) {
+    throw std::invalid_argument(fmt::format(
+        "the tokenizer in '{}' has {} ids and the checkpoint's vocab_size is {}: give the checkpoint's own tokenizer "
+        "(--tokenizer DIR)",
+        tokenizer_folder.string(), tokenizer.vocab_size(), vocab_size));
+  }
+  const auto text_of = [&](const std::vector<fs::path>& paths, bool shuffle) {
+    return std::make_unique<recipes::text_batches>(tokenizer,
+                                                   loom::data::text_dataset_options{.paths = paths,
+                                                                                    .text_field = opts.text_field,
+                                                                                    .seq_len = opts.seq_len,
+                                                                                    .seed = seed,
+                                                                                    .shuffle = shuffle,
+                                                                                    .rank = place.rank,
+                                                                                    .world_size = place.world_size},
+                                                   opts.batch_per_rank);
+  };
+  data.text = text_of(opts.data, /*shuffle=*/true);
+  if (!opts.eval_data.empty()) data.held_out = text_of(opts.eval_data, /*shuffle=*/false)->next();
+  return data;
 }
 
 int run(const options& opts) {
@@ -68,8 +153,6 @@ int run(const options& opts) {
     throw std::invalid_argument(fmt::format("--seq-len {} is longer than the checkpoint's max_position_embeddings {}",
                                             opts.seq_len, model_config.max_position_embeddings));
   }
-  const at::Tensor tokens = token_file::load(opts.tokens, model_config.vocab_size);
-  const std::int64_t split = tokens.numel() * 9 / 10;
   const auto plan = loom::plan_from_file(loom::model<loom::models::CausalLM>(model_config), file);
   const auto seeded = plan.find<loom::seeded_stage>();
   const std::uint64_t seed = seeded ? seeded->seed() : 0;
@@ -77,15 +160,9 @@ int run(const options& opts) {
   const loom::launch_env env = loom::parse_launch_env();
   loom::check_world_size(file, env.world_size);
   // Under sequence_parallel(k) the k ranks of a group read the same batches.
-  const loom::data_parallel_place data =
+  const loom::data_parallel_place place =
       loom::data_parallel(plan.find<loom::sequence_parallel_stage>(), env.rank, env.world_size);
-  const std::string knobs = "give a longer token file, a shorter --seq-len or a smaller --batch-size";
-  const text_data::batch_sampler batches(tokens.narrow(0, 0, split), seed, data.rank, data.world_size,
-                                         opts.batch_per_rank, opts.seq_len,
-                                         fmt::format("the first nine tenths of --tokens '{}'", opts.tokens), knobs);
-  const text_data::batch_sampler held_out(tokens.narrow(0, split, tokens.numel() - split), seed + 1, data.rank,
-                                          data.world_size, opts.batch_per_rank, opts.seq_len,
-                                          fmt::format("the held-out last tenth of --tokens '{}'", opts.tokens), knobs);
+  run_data data = read_data(opts, checkpoint, model_config.vocab_size, seed, place);
 
   auto built = loom::build(plan, loom::runtime::from_env());
   return std::visit(
@@ -99,19 +176,24 @@ int run(const options& opts) {
         const double peak = train_options.lr ? train_options.lr->peak : 1e-3;
         loom::optim::AdamW optimizer(job.trainable_parameters(), torch::optim::AdamWOptions(peak).weight_decay(0.0));
         // Each rank's share of a micro-batch's tokens: under sequence_parallel(k), 1/k of its sequences.
-        train_options.tokens_per_micro_batch = opts.batch_per_rank * opts.seq_len * data.world_size / rt.world_size();
+        train_options.tokens_per_micro_batch = opts.batch_per_rank * opts.seq_len * place.world_size / rt.world_size();
         train_options.name = "lm-finetune";
         const auto loss_of = [&](const at::Tensor& ids) {
           return loom::models::causal_lm_loss(job.forward(ids), ids, job.module()->model->sequence);
         };
-        const loom::train_result result =
-            loom::train(job, optimizer,
-                        {.loss =
-                             [&](std::int64_t step, int micro) {
-                               return loss_of(batches.at_step((step - 1) * train_options.accumulate + micro).first);
-                             },
-                         .eval_loss = [&] { return loss_of(held_out.at_step(0).first); }},
-                        train_options);
+        loom::train_functions functions{.loss = [&](std::int64_t step, int micro) {
+          return loss_of(data.batch((step - 1) * train_options.accumulate + micro));
+        }};
+        if (data.held_out.defined()) {
+          functions.eval_loss = [&] { return loss_of(data.held_out); };
+        } else if (rt.rank() == 0 && train_options.eval_every > 0) {
+          fmt::print("no --eval-data: no evaluation\n");
+        }
+        if (data.text) {
+          functions.data_state = [&] { return data.text->state(); };
+          functions.restore_data = [&](const std::string& state) { data.text->restore(state); };
+        }
+        const loom::train_result result = loom::train(job, optimizer, functions, train_options);
         if (result.outcome == loom::train_outcome::preempted) return loom::resumable_exit_code;
         recipes::save_adapter_if_adapted(job, plan, train_options.out / "adapter");
         if (opts.merged) {

@@ -3,9 +3,10 @@
 lm-finetune to fine-tune: config.json and model.safetensors, as <Family>ForCausalLM.save_pretrained
 writes them, of any family loom::models::CausalLM reads.
 
-    make_lm.py OUT [--family llama|mistral|qwen2|qwen3|gemma3] [--layers 4] [--hidden 128] [--seed 0]
+    make_lm.py OUT [--family llama|mistral|qwen2|qwen3|gemma3] [--layers 4] [--hidden 128] [--vocab 256] [--seed 0]
 
-Its vocabulary is 256 ids, so byte-level token files (make_tokens.py) fit it. Each family's model has
+Its vocabulary is 256 ids unless --vocab says otherwise, so byte-level token files (make_tokens.py)
+fit it; make_text_data.py's tokenizer wants its --vocab. Each family's model has
 what sets it apart in its config: Mistral's and Qwen2's sliding window (on Qwen2's upper layers),
 Qwen3's q and k norms with a head_dim of its own, Gemma 3's local and global layers.
 """
@@ -32,6 +33,7 @@ def main() -> None:
     ap.add_argument("--family", choices=sorted(FAMILIES), default="llama")
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--hidden", type=int, default=128)
+    ap.add_argument("--vocab", type=int, default=256)
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
 
@@ -42,11 +44,12 @@ def main() -> None:
     torch.manual_seed(args.seed)
     config_class, extra = FAMILIES[args.family]
     config = getattr(transformers, config_class)(
-        vocab_size=256, hidden_size=args.hidden, intermediate_size=args.hidden * 8 // 3, num_hidden_layers=args.layers,
+        vocab_size=args.vocab, hidden_size=args.hidden, intermediate_size=args.hidden * 8 // 3,
+        num_hidden_layers=args.layers,
         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512, rms_norm_eps=1e-5, **extra)
     model = AutoModelForCausalLM.from_config(config)
     model.save_pretrained(args.out)
-    print(f"{args.out}: a random {type(model).__name__}, {args.layers} layers of width {args.hidden}, vocab 256")
+    print(f"{args.out}: a random {type(model).__name__}, {args.layers} layers of width {args.hidden}, vocab {args.vocab}")
 
 
 if __name__ == "__main__":

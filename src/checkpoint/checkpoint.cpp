@@ -24,6 +24,7 @@
 #include <chrono>
 #include <functional>
 #include <future>
+#include <map>
 #include <mutex>
 #include <set>
 #include <variant>
@@ -43,6 +44,7 @@ using checkpoint_detail::model_prefix;
 using checkpoint_detail::optimizer_bytes;
 using checkpoint_detail::optimizer_key;
 using checkpoint_detail::rank_file;
+using checkpoint_detail::rank_state_key;
 using checkpoint_detail::rng_prefix;
 using checkpoint_detail::step_folders;
 using checkpoint_detail::step_of;
@@ -207,7 +209,7 @@ std::optional<fs::path> checkpointer::latest() const {
 }
 
 void checkpointer::save(const checkpoint_target& target, torch::optim::Optimizer& optimizer, std::int64_t step,
-                        const std::string& user_state) {
+                        const std::string& user_state, const std::string& rank_state) {
   require_json(user_state);
   wait();
   const fs::path final_path = options_.folder / fmt::format("step-{:08}", step);
@@ -234,9 +236,11 @@ void checkpointer::save(const checkpoint_target& target, torch::optim::Optimizer
                                .files = {},
                                .checksummed = true};
   const fs::path file = partial / rank_file(rt_.rank());
-  const auto write = [file, step](rank_file_contents& written) {
+  std::map<std::string, std::string> metadata{{"step", std::to_string(step)}};
+  if (!rank_state.empty()) metadata.emplace(rank_state_key, rank_state);
+  const auto write = [file, metadata = std::move(metadata)](rank_file_contents& written) {
     failpoint("checkpoint.before-shard");
-    const file_digest digest = save_safetensors(file, written.tensors(), {{"step", std::to_string(step)}});
+    const file_digest digest = save_safetensors(file, written.tensors(), metadata);
     failpoint("checkpoint.after-shard");
     return digest;
   };

@@ -20,10 +20,11 @@ namespace loom::checkpoint_detail {
 
 inline constexpr const char* manifest_file = "manifest.json";
 // What a rank's file holds, by name: the model's tensors under model/, the optimizer's archive, and
-// each generator's state under rng/.
+// each generator's state under rng/; in its metadata, the caller's state of the rank, if any.
 inline constexpr std::string_view model_prefix = "model/";
 inline constexpr const char* optimizer_key = "optimizer";
 inline constexpr std::string_view rng_prefix = "rng/";
+inline constexpr const char* rank_state_key = "rank_state";
 
 // The default generators this rank draws from: the CPU's, and its device's when that is a GPU.
 [[nodiscard]] std::vector<std::pair<std::string, at::Generator>> generators(const runtime& rt);

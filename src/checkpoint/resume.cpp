@@ -38,6 +38,7 @@ using checkpoint_detail::load_optimizer;
 using checkpoint_detail::model_prefix;
 using checkpoint_detail::optimizer_key;
 using checkpoint_detail::rank_file;
+using checkpoint_detail::rank_state_key;
 using checkpoint_detail::rng_prefix;
 
 // The first line where two describe() texts differ, for the message.
@@ -74,6 +75,7 @@ struct checkpointer::read_files {
   std::vector<tensor_state> models;    // one a file read: this rank's, or one whole copy's
   std::vector<at::Tensor> optimizers;  // the optimizer's archive of each
   std::vector<named_tensor> generators;
+  std::string rank_state;  // this rank's, from its own file, when the world size is the saved one
 };
 
 std::optional<resume_point> checkpointer::resume(const checkpoint_target& target, torch::optim::Optimizer& optimizer) {
@@ -189,16 +191,19 @@ checkpointer::read_files checkpointer::read(const fs::path& path, const checkpoi
                                 "it was damaged or replaced after the save",
                                 file, hex(recorded.xxh3), hex(content.digest.xxh3)));
     }
-    return std::move(content.tensors);
+    return content;
   };
   const int own_source = rt_.rank() % saved_world;
-  const auto take_generators = [&](std::vector<named_tensor>& tensors) {
-    for (named_tensor& t : tensors) {
+  const auto take_own = [&](safetensors_content& content) {
+    for (named_tensor& t : content.tensors) {
       if (t.name.starts_with(rng_prefix)) files.generators.push_back(std::move(t));
     }
+    const auto rank_state = content.metadata.find(rank_state_key);
+    if (saved_world == rt_.world_size() && rank_state != content.metadata.end()) files.rank_state = rank_state->second;
   };
   for (int rank : sources) {
-    std::vector<named_tensor> tensors = checked(rank);
+    safetensors_content content = checked(rank);
+    std::vector<named_tensor>& tensors = content.tensors;
     tensor_state& model = files.models.emplace_back();
     for (named_tensor& t : tensors) {
       if (t.name.starts_with(model_prefix)) model.push_back({t.name.substr(model_prefix.size()), std::move(t.tensor)});
@@ -207,11 +212,11 @@ checkpointer::read_files checkpointer::read(const fs::path& path, const checkpoi
     if (files.optimizers.size() != files.models.size()) {
       unusable(path, fmt::format("its file '{}' holds no optimizer state", rank_file(rank).string()));
     }
-    if (rank == own_source) take_generators(tensors);
+    if (rank == own_source) take_own(content);
   }
   if (std::find(sources.begin(), sources.end(), own_source) == sources.end()) {
-    std::vector<named_tensor> tensors = checked(own_source);
-    take_generators(tensors);
+    safetensors_content content = checked(own_source);
+    take_own(content);
   }
   files.described = files.resharding ? fmt::format("the files of its {} ranks", saved_group)
                                      : fmt::format("its file '{}'", rank_file(sources.front()).string());
@@ -248,7 +253,11 @@ resume_point checkpointer::load(const read_files& files, const checkpoint_target
     const std::lock_guard<std::mutex> lock(generator.mutex());
     generator.set_state(saved->tensor);
   }
-  return {files.manifest.step, files.manifest.user_state, files.path};
+  return {.step = files.manifest.step,
+          .user_state = files.manifest.user_state,
+          .path = files.path,
+          .rank_state = files.rank_state,
+          .world_size = files.manifest.world_size};
 }
 
 tensor_state checkpointer::with_current(const checkpoint_target& target, const tensor_state& saved) {

@@ -579,6 +579,11 @@ class reader final : public config_detail::fastvideo_reader {
       const std::string shape = value.is_string() ? value.get<std::string>() : "";
       if (shape != "linear" && shape != "cosine") fail(where, "give \"linear\" or \"cosine\"");
       target = shape == "linear" ? decay_shape::linear : decay_shape::cosine;
+    } else if constexpr (std::is_same_v<T, nonfinite_policy>) {
+      const std::optional<nonfinite_policy> policy =
+          value.is_string() ? nonfinite_policy_named(value.get<std::string>()) : std::nullopt;
+      if (!policy) fail(where, "give \"stop\" or \"skip\"");
+      target = *policy;
     } else if constexpr (std::is_same_v<T, timestep_density>) {
       const std::optional<timestep_density> density =
           value.is_string() ? timestep_density_named(value.get<std::string>()) : std::nullopt;

@@ -161,6 +161,8 @@ std::string normalize(const std::vector<normalizer>& normalizers, std::string te
   for (const normalizer& n : normalizers) {
     if (const auto* prepend = std::get_if<prepend_normalizer>(&n)) {
       if (!text.empty()) text.insert(0, prepend->prefix);
+    } else if (const auto* unicode = std::get_if<unicode_normalizer>(&n)) {
+      text = normalized(unicode->form, text);
     } else {
       const auto& replace = std::get<replace_normalizer>(n);
       std::string out;

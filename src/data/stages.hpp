@@ -4,6 +4,7 @@
 // library runs it. Private to the data wing; tokenizer.cpp reads them from the file.
 
 #include "regex.hpp"
+#include "unicode_forms.hpp"
 
 #include <cstddef>
 #include <optional>
@@ -50,7 +51,10 @@ struct replace_normalizer {
   regex pattern;
   std::string content;
 };
-using normalizer = std::variant<prepend_normalizer, replace_normalizer>;
+struct unicode_normalizer {
+  unicode_form form;
+};
+using normalizer = std::variant<prepend_normalizer, replace_normalizer, unicode_normalizer>;
 
 struct replace_decoder {
   std::string pattern, content;  // a string pattern (the decoders' Replace takes no regex here)

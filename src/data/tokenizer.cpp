@@ -88,8 +88,10 @@ class reader {
     } else if (type == "Replace") {
       out.emplace_back(
           replace_normalizer{pattern_of(node.at("pattern"), key + ".pattern"), node.at("content").get<std::string>()});
+    } else if (const auto form = unicode_form_named(type)) {
+      out.emplace_back(unicode_normalizer{*form});
     } else {
-      unsupported(key + ".type", type, "Sequence, Prepend and Replace");
+      unsupported(key + ".type", type, "Sequence, Prepend, Replace, NFC, NFD, NFKC and NFKD");
     }
   }
 

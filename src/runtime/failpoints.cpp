@@ -5,6 +5,7 @@
 #include <chrono>
 #include <csignal>
 #include <cstdlib>
+#include <optional>
 #include <string>
 #include <thread>
 
@@ -16,7 +17,8 @@ struct armed_failpoint {
   long hit = 1;
   int error = 0;  // LOOM_FAILPOINT_ERRNO; 0: die
   int signal = SIGKILL;
-  double sleep_s = 0;  // LOOM_FAILPOINT_SLEEP_S: sleep instead of a signal
+  double sleep_s = 0;             // LOOM_FAILPOINT_SLEEP_S: sleep instead of a signal
+  std::optional<double> value{};  // LOOM_FAILPOINT_VALUE: a factor instead of a signal
   std::atomic<long> passes{0};
 };
 
@@ -53,6 +55,7 @@ armed_failpoint* armed() {
     point->error = error_number(std::getenv("LOOM_FAILPOINT_ERRNO"));
     point->signal = signal_number(std::getenv("LOOM_FAILPOINT_SIGNAL"));
     if (const char* sleep = std::getenv("LOOM_FAILPOINT_SLEEP_S")) point->sleep_s = std::strtod(sleep, nullptr);
+    if (const char* value = std::getenv("LOOM_FAILPOINT_VALUE")) point->value = std::strtod(value, nullptr);
     return point;
   }();
   return point;
@@ -62,7 +65,7 @@ armed_failpoint* armed() {
 
 void failpoint(std::string_view name) {
   armed_failpoint* point = armed();
-  if (point == nullptr || point->error != 0 || point->name != name) return;
+  if (point == nullptr || point->error != 0 || point->value || point->name != name) return;
   if (++point->passes != point->hit) return;
   if (point->sleep_s > 0) {
     std::this_thread::sleep_for(std::chrono::duration<double>(point->sleep_s));
@@ -75,6 +78,12 @@ int injected_error(std::string_view name) {
   armed_failpoint* point = armed();
   if (point == nullptr || point->error == 0 || point->name != name) return 0;
   return ++point->passes == point->hit ? point->error : 0;
+}
+
+std::optional<double> injected_value(std::string_view name) {
+  armed_failpoint* point = armed();
+  if (point == nullptr || !point->value || point->name != name) return std::nullopt;
+  return ++point->passes == point->hit ? point->value : std::nullopt;
 }
 
 }  // namespace loom

@@ -44,7 +44,46 @@ double seconds_between(steady::time_point from, steady::time_point to) {
 
 double megabytes(std::int64_t bytes) { return static_cast<double>(bytes) / (1024.0 * 1024.0); }
 
+// What was not finite in a step: its loss, and on which rank (the lowest), or its gradient norm.
+std::string nonfinite_finding(std::int64_t step, double loss, double grad_norm, double bad_rank) {
+  if (bad_rank >= 0) {
+    return fmt::format("the loss of step {} is {} (averaged over the ranks), not finite on rank {}", step, loss,
+                       static_cast<int>(bad_rank));
+  }
+  if (!std::isfinite(loss)) return fmt::format("the loss of step {} is {} (averaged over the ranks)", step, loss);
+  return fmt::format("the gradient norm of step {} is {}, with every rank's loss finite", step, grad_norm);
+}
+
 }  // namespace
+
+std::string_view to_string(nonfinite_policy policy) noexcept {
+  switch (policy) {
+    case nonfinite_policy::stop: return "stop";
+    case nonfinite_policy::skip: return "skip";
+  }
+  return "stop";
+}
+
+std::optional<nonfinite_policy> nonfinite_policy_named(std::string_view name) noexcept {
+  for (const nonfinite_policy policy : {nonfinite_policy::stop, nonfinite_policy::skip}) {
+    if (to_string(policy) == name) return policy;
+  }
+  return std::nullopt;
+}
+
+void check_train_functions(const train_functions& functions) {
+  if (!functions.loss) {
+    throw_error<std::invalid_argument>(
+        "train: train_functions.loss is empty; give the function that returns a micro-batch's mean loss");
+  }
+  if (static_cast<bool>(functions.data_state) != static_cast<bool>(functions.restore_data)) {
+    const bool saves = static_cast<bool>(functions.data_state);
+    throw_error<std::invalid_argument>(
+        "train: train_functions.{} is set and {} is not; give both (the data's position is saved with each "
+        "checkpoint and put back on resume) or neither",
+        saves ? "data_state" : "restore_data", saves ? "restore_data" : "data_state");
+  }
+}
 
 // The handlers the session installs, and the ones it replaced.
 struct train_session::signal_handlers {
@@ -93,6 +132,9 @@ std::optional<option_problem> train_options_problem(const train_options& options
   if (!(options.log_seconds >= 0)) {
     return option_problem{"log_seconds", fmt::format("is {}; give 0 or more seconds", options.log_seconds)};
   }
+  if (options.max_skipped_steps < 0) {
+    return option_problem{"max_skipped_steps", fmt::format("is {}; give 0 or more", options.max_skipped_steps)};
+  }
   if (options.lr) {
     if (auto found = options.lr->problem()) return option_problem{"lr." + found->option, found->problem};
     if (options.lr->total_steps != options.steps) {
@@ -135,7 +177,7 @@ void train_session::prepare_run_folder() {
                                                                         .async_save = options_.async_checkpoints});
 }
 
-void train_session::announce(const resume_point& resumed) const {
+void train_session::resume_from(const resume_point& resumed, const train_functions& functions) {
   // Every rank resumed the same checkpoint, so every rank refuses alike.
   if (resumed.step > options_.steps) {
     throw_error<std::invalid_argument>(
@@ -143,6 +185,36 @@ void train_session::announce(const resume_point& resumed) const {
         "steps than {} to go on from it, or another out folder (or remove '{}') to train {} steps afresh",
         resumed.path.string(), resumed.step, options_.steps, resumed.step, resumed.path.parent_path().string(),
         options_.steps);
+  }
+  // The JSON this session saved (checkpoint_state), or a checkpointer's user's own.
+  const json saved = json::parse(resumed.user_state, nullptr, /*allow_exceptions=*/false);
+  if (saved.is_object() && saved.contains("skipped_steps") && saved["skipped_steps"].is_number_integer()) {
+    skipped_steps_ = saved["skipped_steps"].get<std::int64_t>();
+  }
+  if (functions.restore_data) {
+    run_on_every_rank(rt_, "restoring the data's position", [&] {
+      if (resumed.world_size != rt_.world_size()) {
+        throw_error<std::invalid_argument>(
+            "train: the checkpoint '{}' holds the data's position of each of its {} ranks and this run has {}: a "
+            "rank's position cannot be split or joined, so resume with {} ranks, or start afresh in another out "
+            "folder",
+            resumed.path.string(), resumed.world_size, rt_.world_size(), resumed.world_size);
+      }
+      if (resumed.rank_state.empty()) {
+        throw_error<std::invalid_argument>(
+            "train: the checkpoint '{}' holds no data position for rank {} (the run that saved it gave loom::train "
+            "no data_state), so this run cannot read on from where that one stopped: resume it without data_state, "
+            "or start afresh in another out folder",
+            resumed.path.string(), rt_.rank());
+      }
+      try {
+        functions.restore_data(resumed.rank_state);
+      } catch (const std::exception& error) {
+        throw_error<std::invalid_argument>(
+            "train: the data's position that '{}' saved for rank {} does not fit this run's data: {}",
+            resumed.path.string(), rt_.rank(), error_text(error));
+      }
+    });
   }
   if (rt_.rank() != 0) return;
   fmt::print("{}{}resumed from {} (step {})\n", options_.name, options_.name.empty() ? "" : ": ", resumed.path.string(),
@@ -158,67 +230,130 @@ bool train_session::eval_due(std::int64_t step) const noexcept {
   return options_.eval_every > 0 && (step % options_.eval_every == 0 || step == options_.steps);
 }
 
+std::string train_session::checkpoint_state(std::int64_t step) const {
+  return json{{"step", step}, {"skipped_steps", skipped_steps_}}.dump();
+}
+
 void train_session::begin_step(std::int64_t step, torch::optim::Optimizer& optimizer) {
   step_started_ = steady::now();
   if (steps_this_run_ == 0) first_logged_step_ = step;
   if (options_.lr) {
-    lr_ = options_.lr->at(step);
+    // A skipped step took no step of the schedule either.
+    lr_ = options_.lr->at(step - skipped_steps_);
     apply_learning_rate(optimizer, lr_);
   } else {
     lr_ = optimizer.param_groups().front().options().get_lr();
   }
 }
 
-// The slots of tracked_.
-enum tracked_slot : std::int64_t { loss_since_log, step_mean, rank_mean, first_bad_step, first_bad_loss, norm, slots };
+// The slots of tracked_: the step's record (step_mean to step_bad_rank) and the first bad step's
+// (first_bad_step to first_bad_rank) each in the same order, so that each is written by one copy.
+enum tracked_slot : std::int64_t {
+  loss_since_log,
+  rank_mean,
+  step_mean,
+  norm,
+  step_bad,
+  step_bad_rank,
+  first_bad_step,
+  first_bad_loss,
+  first_bad_norm,
+  first_bad_rank,
+  slots
+};
+constexpr std::int64_t record_size = 4;
 
 // Issued before the last backward so that they are under way while the backward computes, not a
 // round trip of their own after it; a signal that arrives after this point stops the next step.
 void train_session::share_loss(const at::Tensor& loss_sum) {
-  shared_loss_ = (loss_sum.to(at::kDouble) / options_.accumulate).reshape({1});
-  if (!tracked_.defined()) tracked_ = at::zeros({slots}, shared_loss_.options());
-  tracked_[rank_mean].copy_(shared_loss_[0]);
+  const at::Tensor mean = (loss_sum.to(at::kDouble) / options_.accumulate).reshape({});
+  if (!tracked_.defined()) tracked_ = at::zeros({slots}, mean.options());
+  tracked_[rank_mean].copy_(mean);
+  // Which ranks' losses are not finite travels with the loss: the sum of a NaN is NaN, and of flags, flags.
+  shared_loss_ = at::zeros({1 + rt_.world_size()}, mean.options());
+  shared_loss_[0].copy_(mean);
+  shared_loss_[1 + rt_.rank()].copy_(mean.isfinite().logical_not());
   loss_reduction_ = rt_.comm().all_reduce(shared_loss_, reduce_op::sum);
   stop_ = at::full({1}, stop_signal.load() != 0 ? 1 : 0, at::kInt);
   stop_reduction_ = rt_.host_comm().all_reduce(stop_, reduce_op::sum);
 }
 
-void train_session::end_step(std::int64_t step, const at::Tensor& grad_norm, bool report) {
+bool train_session::end_step(std::int64_t step, const at::Tensor& grad_norm, bool report) {
   stop_reduction_.wait();
   preempted_ = stop_.item<int>() > 0;
   loss_reduction_.wait();
-  // The step's record, kept on the device.
+  // The step's record, kept on the device; every rank's is the same.
   const at::Tensor mean = shared_loss_[0] / rt_.world_size();
-  const at::Tensor first_bad = at::logical_and(mean.isfinite().logical_not(), tracked_[first_bad_step] == 0);
-  tracked_[loss_since_log].add_(mean);
-  tracked_[step_mean].copy_(mean);
-  tracked_[first_bad_loss].copy_(at::where(first_bad, mean, tracked_[first_bad_loss]));
-  tracked_[first_bad_step].masked_fill_(first_bad, static_cast<double>(step));
-  if (grad_norm.defined()) tracked_[norm].copy_(grad_norm);
+  const at::Tensor bad_ranks = shared_loss_.narrow(0, 1, rt_.world_size()) > 0;
+  const at::Tensor any_bad_rank = bad_ranks.any();
+  const at::Tensor step_norm = grad_norm.defined() ? grad_norm.to(at::kDouble).reshape({}) : at::zeros_like(mean);
+  const at::Tensor bad =
+      mean.isfinite().logical_not().logical_or(any_bad_rank).logical_or(step_norm.isfinite().logical_not());
+  const at::Tensor bad_rank = at::where(any_bad_rank, bad_ranks.to(at::kDouble).argmax().to(at::kDouble), -1.0);
+  tracked_.narrow(0, step_mean, record_size).copy_(at::stack({mean, step_norm, bad.to(at::kDouble), bad_rank}));
+  tracked_[loss_since_log].add_(at::where(bad, 0.0, mean));
+  const at::Tensor first = tracked_.narrow(0, first_bad_step, record_size);
+  const at::Tensor this_step = at::full({}, static_cast<double>(step), mean.options());
+  first.copy_(at::where(bad.logical_and(first[0] == 0), at::stack({this_step, mean, step_norm, bad_rank}), first));
   ++steps_since_log_;
   ++steps_this_run_;
   step_ms_ = seconds_between(step_started_, steady::now()) * 1e3;
   const bool by_steps = step % options_.log_every == 0 || step == options_.steps || step == first_logged_step_;
   const bool by_time = seconds_between(last_progress_, steady::now()) >= options_.log_seconds;
   const bool logged = by_steps || by_time || preempted_;
-  if (logged || report || checkpoint_due(step)) read_losses(step, grad_norm.defined());
-  if (logged) log(step);
+  const bool skipping = options_.on_nonfinite == nonfinite_policy::skip;
+  bool skipped = false;
+  if (logged || report || skipping || checkpoint_due(step)) skipped = read_losses(step, grad_norm.defined());
+  if (logged && !skipped) log(step);  // a skipped step has its own line
+  return !skipped;
 }
 
-void train_session::read_losses(std::int64_t step, bool with_norm) {
+bool train_session::read_losses(std::int64_t step, bool with_norm) {
   const at::Tensor host = read_on_host(rt_.progress(), tracked_);
   const auto* values = host.const_data_ptr<double>();
-  if (values[first_bad_step] != 0) {
-    throw_error<std::runtime_error>(
-        "train: the loss of step {} is {} (averaged over the ranks); the run stops before the update of step {}, "
-        "and the newest checkpoint in '{}' is the last good state",
-        static_cast<std::int64_t>(values[first_bad_step]), values[first_bad_loss], step,
-        (options_.out / "checkpoints").string());
+  bool skipped = false;
+  if (options_.on_nonfinite == nonfinite_policy::skip && values[step_bad] != 0) {
+    if (skipped_steps_ == options_.max_skipped_steps) {
+      stop_nonfinite(step, values[step_mean], values[norm], values[step_bad_rank], step);
+    }
+    ++skipped_steps_;
+    --steps_since_log_;  // its loss is not in the mean that is logged
+    skipped = true;
+    const double rank = values[step_bad_rank];
+    if (rt_.rank() == 0) {
+      json line{{"step", step}, {"skipped", true}, {"skipped_steps", skipped_steps_}};
+      if (std::isfinite(values[step_mean])) line["loss"] = values[step_mean];
+      if (rank >= 0) line["rank"] = static_cast<int>(rank);
+      if (with_norm) line["grad_norm"] = std::isfinite(values[norm]) ? json(values[norm]) : json(nullptr);
+      write_metrics(line.dump());
+      fmt::print(stderr, "{}: {}; every rank skips the step ({} of at most {} in the run)\n", error_message("train"),
+                 nonfinite_finding(step, values[step_mean], values[norm], rank), skipped_steps_,
+                 options_.max_skipped_steps);
+      std::fflush(stderr);
+    }
+  } else if (options_.on_nonfinite == nonfinite_policy::stop && values[first_bad_step] != 0) {
+    stop_nonfinite(static_cast<std::int64_t>(values[first_bad_step]), values[first_bad_loss], values[first_bad_norm],
+                   values[first_bad_rank], step);
   }
   loss_since_log_ = values[loss_since_log];
   step_loss_ = values[step_mean];
   rank_loss_ = values[rank_mean];
   grad_norm_ = with_norm ? std::optional(values[norm]) : std::nullopt;
+  return skipped;
+}
+
+void train_session::stop_nonfinite(std::int64_t bad_step, double loss, double grad_norm, double bad_rank,
+                                   std::int64_t at_step) const {
+  const std::string kept = options_.out.empty() ? std::string("no checkpoint is kept (train_options.out is empty)")
+                                                : fmt::format("the newest checkpoint in '{}' is the last good state",
+                                                              (options_.out / "checkpoints").string());
+  const std::string why =
+      options_.on_nonfinite == nonfinite_policy::skip
+          ? fmt::format("it would be skip {} of a run that allows {} (train_options.max_skipped_steps)",
+                        skipped_steps_ + 1, options_.max_skipped_steps)
+          : std::string("train_options.on_nonfinite is \"stop\" (\"skip\" skips such steps)");
+  throw_error<std::runtime_error>("train: {}; {}, so the run stops before the update of step {}, and {}",
+                                  nonfinite_finding(bad_step, loss, grad_norm, bad_rank), why, at_step, kept);
 }
 
 void train_session::record_eval(std::int64_t step, const at::Tensor& loss) {

@@ -117,8 +117,8 @@ TEST_CASE("what the reader does not read is refused naming the key") {
   file["model"]["type"] = "WordPiece";
   refused(file, "tokenizer.json: model.type is \"WordPiece\", which loom's tokenizer does not read (it reads BPE)");
   file = byte_level_file();
-  file["normalizer"] = {{"type", "Sequence"}, {"normalizers", {{{"type", "NFKC"}}}}};
-  refused(file, "normalizer.normalizers[0].type is \"NFKC\", which loom's tokenizer does not read");
+  file["normalizer"] = {{"type", "Sequence"}, {"normalizers", {{{"type", "NFC"}}, {{"type", "Lowercase"}}}}};
+  refused(file, "normalizer.normalizers[1].type is \"Lowercase\", which loom's tokenizer does not read");
   file = byte_level_file();
   file["pre_tokenizer"] = {{"type", "Whitespace"}};
   refused(file, "pre_tokenizer.type is \"Whitespace\"");

@@ -1,6 +1,7 @@
 // loom::train across processes: a signal that reaches one rank stops every rank after the same
-// step, a loss that is not finite on one rank stops them all, accumulation under ddp() and fsdp()
-// equals one batch, and the device is read on the host only for a logged step.
+// step, a loss that is not finite on one rank stops them all (or, under a failpoint, is skipped by
+// them all), accumulation under ddp() and fsdp() equals one batch, and the device is read on the
+// host only for a logged step.
 #include "world.hpp"
 
 #include <loom/loom.hpp>
@@ -9,13 +10,16 @@
 
 #include <torch/optim/adamw.h>
 #include <torch/optim/sgd.h>
+#include <nlohmann/json.hpp>
 
 #include <catch2/catch_test_macros.hpp>
 #include <catch2/generators/catch_generators.hpp>
 #include <catch2/matchers/catch_matchers_string.hpp>
 
 #include <csignal>
+#include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <limits>
 #include <string>
 #include <vector>
@@ -68,7 +72,100 @@ void check_accumulation(const Plan& plan, const std::string& name) {
   }
 }
 
+// Under a failpoint that multiplies rank 1's loss by NaN at the 3rd micro-batch (step 3), set by
+// meson (tests/dist/meson.build: nonfinite-*): the run stops at the next read (step 4's checkpoint),
+// naming the step and the rank, and the checkpoint of step 2 stays the newest.
+template <class Plan>
+void check_nonfinite_stop(const Plan& plan, const std::string& name) {
+  REQUIRE(std::getenv("LOOM_FAILPOINT_VALUE") != nullptr);
+  auto job = loom::build(plan, world());
+  torch::optim::AdamW optimizer(job.trainable_parameters(), torch::optim::AdamWOptions(1e-2));
+  const fs::path out = shared_scratch("train", name);
+  CHECK_THROWS_WITH(
+      loom::train(
+          job, optimizer,
+          {.loss =
+               [&](std::int64_t step, int) {
+                 auto [x, y] = rows(step, 0, 4);
+                 return job.forward(x, y);
+               }},
+          {.steps = 6, .clip_norm = 1.0, .out = out, .checkpoint_every = 2, .log_every = 100, .log_seconds = 1e9}),
+      ContainsSubstring("the loss of step 3 is nan (averaged over the ranks), not finite on rank 1") &&
+          ContainsSubstring("the run stops before the update of step 4"));
+  CHECK(fs::exists(out / "checkpoints" / "step-00000002" / "manifest.json"));
+  CHECK_FALSE(fs::exists(out / "checkpoints" / "step-00000004"));
+}
+
+// The same failpoint under nonfinite_policy::skip: step 3 is skipped on every rank (no optimizer
+// step, no learning-rate step) and logged, and the run ends bit for bit where a run of the other
+// steps' batches, at the schedule's rates 1 to 5, ends. A second non-finite step would be one more
+// than max_skipped_steps allows.
+template <class Plan>
+void check_nonfinite_skip(const Plan& plan, const std::string& name) {
+  REQUIRE(std::getenv("LOOM_FAILPOINT_VALUE") != nullptr);
+  const auto trained = [&](std::int64_t steps, const fs::path& out, auto batch_of) {
+    auto job = loom::build(plan, world());
+    torch::optim::AdamW optimizer(job.trainable_parameters(), torch::optim::AdamWOptions(1e-2));
+    const loom::train_result result =
+        loom::train(job, optimizer,
+                    {.loss =
+                         [&](std::int64_t step, int) {
+                           auto [x, y] = rows(batch_of(step), 0, 4);
+                           return job.forward(x, y);
+                         }},
+                    {.steps = steps,
+                     .clip_norm = 1.0,
+                     .lr = loom::lr_schedule{.peak = 2e-2, .warmup_steps = 3, .total_steps = steps},
+                     .out = out,
+                     .checkpoint_every = 2,
+                     .log_every = 100,
+                     .log_seconds = 1e9,
+                     .on_nonfinite = loom::nonfinite_policy::skip,
+                     .max_skipped_steps = 1});
+    CHECK(result.outcome == loom::train_outcome::finished);
+    return job.state_dict();
+  };
+  // First: the failpoint's 3rd pass is in this run.
+  const fs::path out = shared_scratch("train", name);
+  const auto skipped = trained(6, out, [](std::int64_t step) { return step; });
+  const auto straight = trained(5, shared_scratch("train", name + "-straight"),
+                                [](std::int64_t step) { return step < 3 ? step : step + 1; });
+  REQUIRE(skipped.size() == straight.size());
+  for (std::size_t i = 0; i < skipped.size(); ++i) {
+    CAPTURE(skipped[i].name);
+    CHECK(torch::equal(skipped[i].tensor, straight[i].tensor));
+  }
+  if (world().rank() == 0) {
+    std::ifstream metrics(out / "metrics.jsonl");
+    std::vector<nlohmann::json> skips;
+    for (std::string line; std::getline(metrics, line);) {
+      const auto parsed = nlohmann::json::parse(line);
+      if (parsed.contains("skipped")) skips.push_back(parsed);
+    }
+    REQUIRE(skips.size() == 1);
+    CHECK(skips[0]["step"] == 3);
+    CHECK(skips[0]["rank"] == 1);
+    CHECK(skips[0]["skipped_steps"] == 1);
+  }
+}
+
 }  // namespace
+
+TEST_CASE("failpoint: a NaN loss on rank 1 at step 3 stops every rank under ddp()", "[.nonfinite-stop-ddp]") {
+  check_nonfinite_stop(model | loom::ddp(), "nonfinite-stop-ddp");
+}
+
+TEST_CASE("failpoint: a NaN loss on rank 1 at step 3 stops every rank under fsdp()", "[.nonfinite-stop-fsdp]") {
+  check_nonfinite_stop(model | loom::fsdp(), "nonfinite-stop-fsdp");
+}
+
+TEST_CASE("failpoint: a NaN loss on rank 1 at step 3 is skipped on every rank under ddp()", "[.nonfinite-skip-ddp]") {
+  check_nonfinite_skip(model | loom::ddp(), "nonfinite-skip-ddp");
+}
+
+TEST_CASE("failpoint: a NaN loss on rank 1 at step 3 is skipped on every rank under fsdp()", "[.nonfinite-skip-fsdp]") {
+  check_nonfinite_skip(model | loom::fsdp(), "nonfinite-skip-fsdp");
+}
 
 TEST_CASE("accumulated micro-batches equal one batch, under ddp() and fsdp()", "[train]") {
   check_accumulation(model | loom::ddp(), "ddp");

@@ -13,12 +13,14 @@
 #include <catch2/catch_test_macros.hpp>
 #include <catch2/matchers/catch_matchers_string.hpp>
 
+#include <cmath>
 #include <csignal>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <limits>
 #include <set>
+#include <string>
 #include <vector>
 
 using Catch::Matchers::ContainsSubstring;
@@ -135,6 +137,91 @@ TEST_CASE("a loss that is not finite stops the run before its update; the last g
                     ContainsSubstring("the loss of step 3 is nan") && ContainsSubstring("last good state"));
   CHECK(fs::exists(out / "checkpoints" / "step-00000002"));
   CHECK_FALSE(fs::exists(out / "checkpoints" / "step-00000003"));
+}
+
+TEST_CASE("on_nonfinite skip: a step whose loss is not finite takes no update and no rate step; past the limit, stops",
+          "[train]") {
+  const auto trained = [&](std::int64_t steps, const fs::path& out, const std::set<std::int64_t>& poisoned,
+                           auto batch_of) {
+    auto job = loom::build(plan, one());
+    torch::optim::SGD optimizer(job.trainable_parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+    loom::train(job, optimizer,
+                {.loss =
+                     [&](std::int64_t step, int) {
+                       auto [x, y] = rows(batch_of(step), 0, 4);
+                       const at::Tensor loss = job.forward(x, y);
+                       return poisoned.contains(step) ? loss * std::numeric_limits<double>::infinity() : loss;
+                     }},
+                {.steps = steps,
+                 .clip_norm = 1.0,
+                 .lr = loom::lr_schedule{.peak = 0.1, .warmup_steps = 4, .total_steps = steps},
+                 .out = out,
+                 .log_every = 1,
+                 .on_nonfinite = loom::nonfinite_policy::skip,
+                 .max_skipped_steps = 2});
+    return job.state_dict();
+  };
+  const fs::path out = scratch("skip");
+  const auto skipped = trained(7, out, {2, 5}, [](std::int64_t step) { return step; });
+  const auto straight =
+      trained(5, scratch("skip-straight"), {}, [](std::int64_t step) { return step + (step >= 2) + (step >= 4); });
+  for (std::size_t i = 0; i < skipped.size(); ++i) {
+    CAPTURE(skipped[i].name);
+    CHECK(torch::equal(skipped[i].tensor, straight[i].tensor));
+  }
+  std::vector<std::int64_t> skips;
+  for (const auto& line : metrics(out)) {
+    if (line.contains("skipped")) {
+      skips.push_back(line["step"].get<std::int64_t>());
+      CHECK(line["rank"] == 0);
+      CHECK(line["skipped_steps"] == skips.size());
+    } else {
+      CHECK(std::isfinite(line["loss"].get<double>()));
+    }
+  }
+  CHECK(skips == std::vector<std::int64_t>{2, 5});
+  CHECK_THROWS_WITH(trained(7, scratch("skip-too-many"), {2, 3, 5}, [](std::int64_t step) { return step; }),
+                    ContainsSubstring("the loss of step 5 is inf (averaged over the ranks), not finite on rank 0") &&
+                        ContainsSubstring("it would be skip 3 of a run that allows 2") &&
+                        ContainsSubstring("before the update of step 5"));
+}
+
+TEST_CASE("the data's position is saved with each checkpoint and put back on resume; one function alone is refused",
+          "[train]") {
+  const fs::path out = scratch("data-position");
+  std::int64_t drawn = 0;  // a data source whose position is the number of batches drawn
+  std::vector<std::int64_t> batches;
+  const auto run = [&](std::int64_t steps, bool preempt) {
+    auto job = loom::build(plan, one());
+    torch::optim::SGD optimizer(job.trainable_parameters(), 0.1);
+    return loom::train(job, optimizer,
+                       {.loss =
+                            [&](std::int64_t step, int) {
+                              if (preempt && step == 3) std::raise(SIGUSR1);
+                              batches.push_back(drawn);
+                              auto [x, y] = rows(drawn++, 0, 4);
+                              return job.forward(x, y);
+                            },
+                        .data_state = [&] { return "drawn " + std::to_string(drawn); },
+                        .restore_data =
+                            [&](const std::string& state) {
+                              REQUIRE(state.starts_with("drawn "));
+                              drawn = std::stoll(state.substr(6));
+                            }},
+                       {.steps = steps, .accumulate = 2, .out = out});
+  };
+  CHECK(run(6, true).outcome == loom::train_outcome::preempted);
+  drawn = 100;  // a new process starts its data at the beginning, or anywhere: the checkpoint says where
+  CHECK(run(6, false).first_step == 4);
+  CHECK(batches == std::vector<std::int64_t>{0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11});
+
+  auto job = loom::build(plan, one());
+  torch::optim::SGD optimizer(job.trainable_parameters(), 0.1);
+  CHECK_THROWS_WITH(
+      loom::train(job, optimizer,
+                  {.loss = [&](std::int64_t, int) { return at::Tensor(); }, .data_state = [] { return std::string(); }},
+                  {.steps = 1}),
+      ContainsSubstring("train_functions.data_state is set and restore_data is not"));
 }
 
 TEST_CASE("SIGUSR1 ends the run after the step under way, with a checkpoint; the next run resumes", "[train]") {

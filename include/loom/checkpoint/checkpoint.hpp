@@ -68,6 +68,10 @@ struct resume_point {
   std::int64_t step = 0;
   std::string user_state;  // the JSON given to save()
   std::filesystem::path path;
+  // This rank's own state given to save() (a data position); empty when the save gave none, or when
+  // the checkpoint was saved by another number of ranks (world_size), whose states are not this rank's.
+  std::string rank_state;
+  int world_size = 0;  // of the run that saved it
 };
 
 // What the checkpoint layer needs of a job; checkpointer's templates make it from one.
@@ -100,10 +104,12 @@ class checkpointer {
   checkpointer& operator=(const checkpointer&) = delete;
 
   // Every rank calls it, after the optimizer's step `step`. Asynchronous: returns once the state is
-  // copied, after completing the save still in flight, if any.
+  // copied, after completing the save still in flight, if any. `user_state` (JSON, rank 0's) goes into
+  // the manifest; `rank_state` (any text, each rank's own: its data position) into this rank's file.
   template <class Job>
-  void save(Job& job, torch::optim::Optimizer& optimizer, std::int64_t step, const std::string& user_state = "{}") {
-    save(target_of(job), optimizer, step, user_state);
+  void save(Job& job, torch::optim::Optimizer& optimizer, std::int64_t step, const std::string& user_state = "{}",
+            const std::string& rank_state = {}) {
+    save(target_of(job), optimizer, step, user_state, rank_state);
   }
 
   // Loads the newest complete checkpoint into `job` and `optimizer`, or returns nothing when there
@@ -156,7 +162,7 @@ class checkpointer {
   }
 
   void save(const checkpoint_target& target, torch::optim::Optimizer& optimizer, std::int64_t step,
-            const std::string& user_state);
+            const std::string& user_state, const std::string& rank_state);
   std::optional<resume_point> resume(const checkpoint_target& target, torch::optim::Optimizer& optimizer);
   struct read_files;
   // Checks the checkpoint at `path` against the job and reads the files this rank needs, each

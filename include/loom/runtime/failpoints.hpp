@@ -13,17 +13,24 @@
 //                                               rank that is alive but silent, as a hung one is)
 //   LOOM_FAILPOINT_SLEEP_S=8                    sleep this long there instead, and go on (a rank
 //                                               that is merely slow)
+//   LOOM_FAILPOINT_VALUE=nan                    multiply the value computed there by this one (nan,
+//                                               inf or -inf: a loss that goes non-finite) instead
 
+#include <optional>
 #include <string_view>
 
 namespace loom {
 
 // Dies by SIGKILL (or raises LOOM_FAILPOINT_SIGNAL, or sleeps) when the environment selects `name`
-// on this rank and this is the chosen pass (and names no LOOM_FAILPOINT_ERRNO).
+// on this rank and this is the chosen pass (and names no LOOM_FAILPOINT_ERRNO or _VALUE).
 void failpoint(std::string_view name);
 
 // The errno that the call at `name` must fail with when the environment selects `name` with
 // LOOM_FAILPOINT_ERRNO on this rank and this is the chosen pass; otherwise 0.
 [[nodiscard]] int injected_error(std::string_view name);
+
+// The factor that the value computed at `name` must be multiplied by when the environment selects
+// `name` with LOOM_FAILPOINT_VALUE on this rank and this is the chosen pass; otherwise nothing.
+[[nodiscard]] std::optional<double> injected_value(std::string_view name);
 
 }  // namespace loom

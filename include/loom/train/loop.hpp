@@ -14,9 +14,11 @@
 // loss divided by their number, so the step equals one big batch), clips the global norm, sets the
 // learning rate of the step, and steps. The run resumes from the newest checkpoint in out/, writes
 // one, every checkpoint_every steps, at the end, and when SIGTERM, SIGUSR1 or SIGINT arrives (after the step
-// under way, on every rank), stops on a loss that is not finite, and logs to out/metrics.jsonl.
+// under way, on every rank), stops on (or skips) a step whose loss or gradient norm is not finite,
+// and logs to out/metrics.jsonl. With data_state and restore_data the data's position is each rank's
+// part of the checkpoint, so that a resumed run reads the batches an uninterrupted one reads.
 // The losses and the norm stay on the device, and the host reads them once on the steps it logs or
-// checkpoints (and every step for on_step), so that on a GPU it runs ahead into the next steps.
+// checkpoints (and every step for on_step, or to skip), so that on a GPU it runs ahead into the next steps.
 
 #include <loom/checkpoint/checkpoint.hpp>
 #include <loom/runtime/failpoints.hpp>
@@ -36,11 +38,27 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 
 namespace loom {
 
 // The exit code of a run stopped to be resumed (EX_TEMPFAIL: try again).
 inline constexpr int resumable_exit_code = 75;
+
+// What loom::train does with a step whose loss (on any rank) or gradient norm is not finite.
+enum class nonfinite_policy {
+  // The run stops, naming the step and the rank, before any checkpoint after it: the newest
+  // checkpoint is the last good state. Found where the host reads the losses (a logged or checkpointed
+  // step), so it costs no read of its own; the steps in between are not saved.
+  stop,
+  // Every rank skips the step: no optimizer step, no learning-rate step; logged in metrics.jsonl.
+  // More than max_skipped_steps in a run stops it as `stop` does. The host reads the step's agreed
+  // verdict every step (on a GPU, a wait for the step's backward, as a gradient scaler's skip has).
+  skip,
+};
+
+[[nodiscard]] std::string_view to_string(nonfinite_policy policy) noexcept;
+[[nodiscard]] std::optional<nonfinite_policy> nonfinite_policy_named(std::string_view name) noexcept;
 
 struct train_options {
   std::int64_t steps = 0;             // optimizer steps in all
@@ -59,6 +77,8 @@ struct train_options {
   std::int64_t tokens_per_micro_batch = 0;  // this rank's, for tokens/s (0: left out)
   std::string name{};                       // starts the progress lines ("pretrain step 80/800 ...")
   bool set_to_none = true;                  // zero_grad drops the gradients (PyTorch's default) or zeroes them
+  nonfinite_policy on_nonfinite = nonfinite_policy::stop;
+  std::int64_t max_skipped_steps = 10;  // in a run, resumes included, under nonfinite_policy::skip
 
   // What a run file's "train" object sets, by the names it gives them (loom/config/run_file.hpp); the
   // rest is the program's to say.
@@ -74,7 +94,9 @@ struct train_options {
                       option_field{"strict_checkpoints", &train_options::strict_checkpoints},
                       option_field{"eval_every", &train_options::eval_every},
                       option_field{"log_every", &train_options::log_every},
-                      option_field{"log_seconds", &train_options::log_seconds}};
+                      option_field{"log_seconds", &train_options::log_seconds},
+                      option_field{"on_nonfinite", &train_options::on_nonfinite},
+                      option_field{"max_skipped_steps", &train_options::max_skipped_steps}};
   }
 };
 
@@ -98,7 +120,17 @@ struct train_functions {
   // Called on every rank after each optimizer step (zero_grad included), with the step's mean loss
   // over the ranks and this rank's wall time of the whole step; optional.
   std::function<void(const step_report&)> on_step{};
+  // The data's position on this rank after the batches loss() has drawn so far (a text:
+  // loom::data::text_dataset's or read_ahead's state()), saved in this rank's file of each checkpoint,
+  // and the function that puts it back on resume; both or neither. A run resumed from a checkpoint
+  // saved by another number of ranks is refused: a rank's position cannot be split or joined.
+  std::function<std::string()> data_state{};
+  std::function<void(const std::string&)> restore_data{};
 };
+
+// Throws std::invalid_argument for functions loom::train cannot run with: no loss, or one of
+// data_state and restore_data without the other.
+void check_train_functions(const train_functions& functions);
 
 enum class train_outcome { finished, preempted };
 
@@ -124,9 +156,12 @@ class train_session {
   [[nodiscard]] checkpointer& checkpoints() noexcept { return *checkpoints_; }
   [[nodiscard]] const train_options& options() const noexcept { return options_; }
 
-  // Rank 0 says where the run continues from; a checkpoint past options().steps is refused, naming
-  // what to do (std::invalid_argument, on every rank).
-  void announce(const resume_point& resumed) const;
+  // Continues from `resumed`: a checkpoint past options().steps is refused, naming what to do
+  // (std::invalid_argument, on every rank); the steps skipped before it count, the data's position is
+  // restored (through functions.restore_data, on every rank or none), and rank 0 says where it continues.
+  void resume_from(const resume_point& resumed, const train_functions& functions);
+  // What loom::train saves in the manifest with step `step`'s checkpoint (JSON).
+  [[nodiscard]] std::string checkpoint_state(std::int64_t step) const;
   void begin_step(std::int64_t step, torch::optim::Optimizer& optimizer);
   // After the last micro-batch's forward, before its backward: `loss_sum` is this rank's summed
   // micro-batch losses, on the device. Starts the step's two small all-reduces, so that they travel
@@ -135,10 +170,12 @@ class train_session {
   void share_loss(const at::Tensor& loss_sum);
   // After the step's backward (and clipping, whose norm `grad_norm` is, on the device): waits for the
   // stop; keeps the step's loss and norm on the device, and reads them on a step that is logged,
-  // checkpointed or the last, where the run stops, and every step with `report` (then they are in
-  // step_loss() and rank_loss()). Throws on a read that finds a loss that was not finite, naming the
-  // first such step: before the update of the step that read it, and before any checkpoint after it.
-  void end_step(std::int64_t step, const at::Tensor& grad_norm, bool report);
+  // checkpointed or the last, where the run stops, every step with `report` (then they are in
+  // step_loss() and rank_loss()), and every step under nonfinite_policy::skip. Returns whether to
+  // update: false for a step skipped. Throws on a read that finds a loss or norm that was not finite
+  // (beyond the skips allowed), naming the first such step and rank: before the update of the step
+  // that read it, and before any checkpoint after it.
+  [[nodiscard]] bool end_step(std::int64_t step, const at::Tensor& grad_norm, bool report);
   // The step's loss averaged over the ranks, and this rank's own: read at end_step(..., report = true).
   [[nodiscard]] double step_loss() const noexcept { return step_loss_; }
   [[nodiscard]] double rank_loss() const noexcept { return rank_loss_; }
@@ -160,8 +197,11 @@ class train_session {
  private:
   void prepare_run_folder();
   // Reads what the device holds of the steps so far (one copy), at `step`, with its gradient norm or
-  // without; throws when a loss was not finite.
-  void read_losses(std::int64_t step, bool with_norm);
+  // without; throws when a loss or norm was not finite and is not to be skipped. Returns whether step
+  // `step` is skipped.
+  bool read_losses(std::int64_t step, bool with_norm);
+  [[noreturn]] void stop_nonfinite(std::int64_t bad_step, double loss, double bad_rank, double norm,
+                                   std::int64_t at_step) const;
   void log(std::int64_t step);
   void write_metrics(const std::string& line) const;  // one JSON line, rank 0, when out/ is set
 
@@ -172,15 +212,19 @@ class train_session {
   std::chrono::steady_clock::time_point started_, step_started_, last_progress_;
   double step_ms_ = 0, lr_ = 0, parameters_mb_ = 0, optimizer_mb_ = 0;
   std::optional<double> grad_norm_, eval_loss_;
-  at::Tensor shared_loss_;  // this rank's mean loss of the step, then summed over the ranks (device)
-  at::Tensor stop_;         // whether this rank was asked to stop, then summed over the ranks (host)
+  // This rank's mean loss of the step and, at 1 + r, whether rank r's is not finite; then summed over
+  // the ranks (device).
+  at::Tensor shared_loss_;
+  at::Tensor stop_;  // whether this rank was asked to stop, then summed over the ranks (host)
   pending_collective loss_reduction_, stop_reduction_;
-  // On the device, updated each step without a read: the losses summed since the last log, the step's
-  // mean loss and this rank's, the first step whose loss was not finite (0: none) and that loss, the
-  // step's gradient norm (tracked_slot).
+  // On the device, updated each step without a read: the finite losses summed since the last log, the
+  // step's mean loss and this rank's, the step's gradient norm, whether the step is not finite and the
+  // lowest rank whose loss is not (-1: none), and the first such step of the run (0: none) with its
+  // loss, rank and norm (tracked_slot).
   at::Tensor tracked_;
   double step_loss_ = 0, rank_loss_ = 0, loss_since_log_ = 0;
   std::int64_t steps_since_log_ = 0, steps_this_run_ = 0;
+  std::int64_t skipped_steps_ = 0;  // in the run, resumes included
   bool preempted_ = false;
   struct signal_handlers;
   std::unique_ptr<signal_handlers> handlers_;
@@ -189,12 +233,13 @@ class train_session {
 template <class Job>
 train_result train(Job& job, torch::optim::Optimizer& optimizer, const train_functions& functions,
                    const train_options& options) {
+  check_train_functions(functions);
   train_session session(job.rt(), options);
   train_result result;
   if (const auto resumed = session.checkpoints_enabled() ? session.checkpoints().resume(job, optimizer)
                                                          : std::optional<resume_point>{}) {
     result.first_step = resumed->step + 1;
-    session.announce(*resumed);
+    session.resume_from(*resumed, functions);
   }
   result.last_step = result.first_step - 1;
   session.measure_memory(optimizer);
@@ -205,7 +250,8 @@ train_result train(Job& job, torch::optim::Optimizer& optimizer, const train_fun
       at::Tensor loss_sum;
       for (int micro = 0; micro < options.accumulate; ++micro) {
         const auto run_micro_batch = [&] {
-          const at::Tensor loss = functions.loss(step, micro);
+          at::Tensor loss = functions.loss(step, micro);
+          if (const auto factor = injected_value("train.loss")) loss = loss * *factor;
           loss_sum = loss_sum.defined() ? loss_sum + loss.detach() : loss.detach();
           if (micro + 1 == options.accumulate) session.share_loss(loss_sum);
           job.backward(loss / options.accumulate);
@@ -220,9 +266,11 @@ train_result train(Job& job, torch::optim::Optimizer& optimizer, const train_fun
       failpoint("step.clip");  // after the backward: the peers go on into the clipping's all-reduce
       at::Tensor norm;
       if (options.clip_norm) norm = job.clip_grad_norm(*options.clip_norm);
-      session.end_step(step, norm, /*report=*/static_cast<bool>(functions.on_step));  // before the update
-      failpoint("step.optimizer");
-      optimizer.step();
+      // Before the update, which a step that is not finite may skip.
+      if (session.end_step(step, norm, /*report=*/static_cast<bool>(functions.on_step))) {
+        failpoint("step.optimizer");
+        optimizer.step();
+      }
       job.zero_grad(options.set_to_none);
       if (functions.on_step) {
         // The step's time includes its device work: wait for the kernels it queued.
@@ -241,7 +289,8 @@ train_result train(Job& job, torch::optim::Optimizer& optimizer, const train_fun
         checkpointer& checkpoints = session.checkpoints();
         checkpoints.poll();
         if (session.checkpoint_due(step) || session.preempted()) {
-          checkpoints.save(job, optimizer, step, "{\"step\": " + std::to_string(step) + "}");
+          checkpoints.save(job, optimizer, step, session.checkpoint_state(step),
+                           functions.data_state ? functions.data_state() : std::string());
         }
       }
       if (session.preempted()) {
