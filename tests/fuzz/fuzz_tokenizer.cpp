@@ -18,8 +18,9 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       .write(reinterpret_cast<const char*>(data), static_cast<std::streamsize>(size));
   try {
     const auto tokenizer = loom::data::tokenizer::from_file(file);
-    const auto ids =
-        tokenizer.encode("Hello, world! <s> <|endoftext|> \xE2\x96\x81x  \t\n caf\xC3\xA9 cafe\xCC\x81 \xE1\x84\x80\xE1\x85\xA1 \xE4\xBD\xA0\xE5\xA5\xBD");
+    const auto ids = tokenizer.encode(
+        "Hello, world! <s> <|endoftext|> \xE2\x96\x81x  \t\n caf\xC3\xA9 cafe\xCC\x81 \xE1\x84\x80\xE1\x85\xA1 "
+        "\xE4\xBD\xA0\xE5\xA5\xBD");
     (void)tokenizer.decode(ids);
     (void)tokenizer.decode(ids, /*skip_special_tokens=*/true);
   } catch (const std::invalid_argument&) {
