@@ -7,6 +7,7 @@
 // as they are drawn, by every attempt; at the end each rank writes OUT_DIR/final-rank-R.safetensors
 // (the model, whole, and its optimizer's state). Exits 75 when preempted. data_resume_check.py
 // compares the batches and the final state of interrupted runs with an uninterrupted one's.
+#include "final_state.hpp"
 #include "world.hpp"
 
 #include <loom/data/read_ahead.hpp>
@@ -81,17 +82,7 @@ int run(const Plan& plan, const fs::path& data, const fs::path& out, std::int64_
                   {.steps = steps, .accumulate = 2, .out = out / "run", .checkpoint_every = 3, .log_every = 3});
   if (result.outcome == loom::train_outcome::preempted) return loom::resumable_exit_code;
 
-  loom::tensor_state final_state = job.state_dict();
-  std::size_t index = 0;
-  for (const at::Tensor& p : job.trainable_parameters()) {
-    const auto& adamw =
-        static_cast<const torch::optim::AdamWParamState&>(*optimizer.state().at(p.unsafeGetTensorImpl()));
-    final_state.push_back({fmt::format("optimizer/{}/exp_avg", index), adamw.exp_avg()});
-    final_state.push_back({fmt::format("optimizer/{}/exp_avg_sq", index), adamw.exp_avg_sq()});
-    final_state.push_back({fmt::format("optimizer/{}/step", index), at::full({1}, adamw.step(), at::kDouble)});
-    ++index;
-  }
-  loom::save_safetensors(out / fmt::format("final-rank-{}.safetensors", rank), final_state);
+  loom::testing::save_final_state(job, optimizer, out / fmt::format("final-rank-{}.safetensors", rank));
   return 0;
 }
 

@@ -6,6 +6,7 @@
 // --async saves on a background thread (polled every step); --strict refuses to fall back from a
 // damaged checkpoint. resume_check.py compares a straight run with an interrupted and resumed one;
 // checkpoint_crash.py and checkpoint_damage.py kill it in a save and damage its checkpoints.
+#include "final_state.hpp"
 #include "world.hpp"
 
 #include <loom/loom.hpp>
@@ -71,17 +72,7 @@ int run(const Plan& plan, const run_options& options) {
   }
   checkpoints.wait();
   if (first <= stop_after && stop_after <= steps) return 0;
-  loom::tensor_state final_state = job.state_dict();
-  std::size_t index = 0;
-  for (const at::Tensor& p : job.trainable_parameters()) {
-    const auto& adamw =
-        static_cast<const torch::optim::AdamWParamState&>(*optimizer.state().at(p.unsafeGetTensorImpl()));
-    final_state.push_back({fmt::format("optimizer/{}/exp_avg", index), adamw.exp_avg()});
-    final_state.push_back({fmt::format("optimizer/{}/exp_avg_sq", index), adamw.exp_avg_sq()});
-    final_state.push_back({fmt::format("optimizer/{}/step", index), at::full({1}, adamw.step(), at::kDouble)});
-    ++index;
-  }
-  loom::save_safetensors(dir / fmt::format("final-rank-{}.safetensors", world().rank()), final_state);
+  loom::testing::save_final_state(job, optimizer, dir / fmt::format("final-rank-{}.safetensors", world().rank()));
   return 0;
 }
 

@@ -37,12 +37,12 @@ constexpr auto model = loom::model<models::TinyGpt>(small) | loom::seeded(1);
 
 bool last_rank() { return world().rank() == world().world_size() - 1; }
 
-// Rows [first, first + count) of this rank's 4 rows of step `step`.
+// Rows [first, first + count) of this rank's 4 rows of step `step`, drawn on the CPU, on the rank's device.
 std::pair<at::Tensor, at::Tensor> rows(std::int64_t step, std::int64_t first, std::int64_t count) {
   auto gen = at::make_generator<at::CPUGeneratorImpl>(100 * static_cast<std::uint64_t>(step) +
                                                       static_cast<std::uint64_t>(world().rank()));
   const at::Tensor x = torch::randint(0, small.vocab, {4, small.ctx}, gen);
-  return {x.narrow(0, first, count), x.roll(-1, 1).narrow(0, first, count)};
+  return {x.narrow(0, first, count).to(world().device()), x.roll(-1, 1).narrow(0, first, count).to(world().device())};
 }
 
 template <class Plan>
