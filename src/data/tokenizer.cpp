@@ -34,7 +34,7 @@ constexpr std::int64_t largest_token_id = (1 << 24) - 1;
 struct added_token {
   std::string content;
   std::int32_t id = 0;
-  bool special = false, lstrip = false, rstrip = false;
+  bool special = false, lstrip = false, rstrip = false, single_word = false;
 };
 
 // --- reading tokenizer.json
@@ -220,10 +220,9 @@ class reader {
     if (node.is_null()) return tokens;
     for (std::size_t i = 0; i < node.size(); ++i) {
       const json& t = node[i];
-      if (t.value("single_word", false))
-        refuse(file_, fmt::format("added_tokens[{}].single_word", i), "is true, which loom's tokenizer does not read");
       tokens.push_back({t.at("content").get<std::string>(), token_id(t.at("id"), fmt::format("added_tokens[{}].id", i)),
-                        t.value("special", false), t.value("lstrip", false), t.value("rstrip", false)});
+                        t.value("special", false), t.value("lstrip", false), t.value("rstrip", false),
+                        t.value("single_word", false)});
       if (tokens.back().content.empty()) refuse(file_, fmt::format("added_tokens[{}].content", i), "is empty");
     }
     return tokens;
@@ -290,8 +289,20 @@ struct tokenizer::impl {
       std::ranges::sort(bucket, std::greater<>{}, [&](std::size_t i) { return added[i].content.size(); });
   }
 
+  // Whether the text has no word character right before `begin` and right after `end`: where a
+  // single_word added token may stand.
+  [[nodiscard]] static bool stands_alone(std::string_view text, std::size_t begin, std::size_t end) {
+    if (begin > 0) {
+      std::size_t lead = begin - 1;
+      while (lead > 0 && (static_cast<unsigned char>(text[lead]) & 0xC0U) == 0x80U) --lead;
+      if (is_word_character(code_point_at(text, lead).first)) return false;
+    }
+    return end == text.size() || !is_word_character(code_point_at(text, end).first);
+  }
+
   // The leftmost, then longest, added token at or after `from`: its index and span (lstrip and rstrip
-  // widen it over whitespace).
+  // widen it over whitespace). A single_word token inside a word is passed over whole, as the
+  // library's matcher passes over it: no added token starts within it.
   struct found_token {
     std::size_t index, begin, end;
   };
@@ -300,6 +311,10 @@ struct tokenizer::impl {
       for (const std::size_t i : added_by_first_byte[static_cast<unsigned char>(text[at])]) {
         if (text.compare(at, added[i].content.size(), added[i].content) != 0) continue;
         std::size_t begin = at, end = at + added[i].content.size();
+        if (added[i].single_word && !stands_alone(text, begin, end)) {
+          at = end - 1;
+          break;
+        }
         if (added[i].lstrip) {
           while (begin > from) {
             std::size_t lead = begin - 1;

@@ -1,5 +1,7 @@
 #include "utf8.hpp"
 
+#include <utf8proc.h>
+
 namespace loom::data::detail {
 
 std::optional<std::size_t> invalid_utf8_at(std::string_view text) {
@@ -63,6 +65,27 @@ void append_utf8(std::string& out, std::uint32_t code_point) {
 bool is_whitespace(std::uint32_t c) {
   return (c >= 0x09U && c <= 0x0DU) || c == 0x20U || c == 0x85U || c == 0xA0U || c == 0x1680U ||
          (c >= 0x2000U && c <= 0x200AU) || c == 0x2028U || c == 0x2029U || c == 0x202FU || c == 0x205FU || c == 0x3000U;
+}
+
+bool is_word_character(std::uint32_t c) {
+  switch (utf8proc_category(static_cast<utf8proc_int32_t>(c))) {
+    case UTF8PROC_CATEGORY_LU:
+    case UTF8PROC_CATEGORY_LL:
+    case UTF8PROC_CATEGORY_LT:
+    case UTF8PROC_CATEGORY_LM:
+    case UTF8PROC_CATEGORY_LO:
+    case UTF8PROC_CATEGORY_MN:
+    case UTF8PROC_CATEGORY_MC:
+    case UTF8PROC_CATEGORY_ME:
+    case UTF8PROC_CATEGORY_ND:
+    case UTF8PROC_CATEGORY_NL:
+    case UTF8PROC_CATEGORY_PC: return true;
+    default: break;
+  }
+  // The joiners (Join_Control), and the symbols that are Alphabetic all the same (Other_Alphabetic):
+  // circled, parenthesised and squared Latin letters.
+  return c == 0x200CU || c == 0x200DU || (c >= 0x24B6U && c <= 0x24E9U) || (c >= 0x1F130U && c <= 0x1F149U) ||
+         (c >= 0x1F150U && c <= 0x1F169U) || (c >= 0x1F170U && c <= 0x1F189U);
 }
 
 std::string lossy_utf8(std::string_view bytes) {

@@ -1,6 +1,7 @@
 #pragma once
 // UTF-8 as the tokenizer needs it: where a text stops being well-formed (RFC 3629), its code points,
-// Unicode's White_Space, and decoded bytes made text as Rust's String::from_utf8_lossy makes them.
+// Unicode's White_Space and word characters, and decoded bytes made text as Rust's
+// String::from_utf8_lossy makes them.
 // Private to the data wing.
 
 #include <cstddef>
@@ -19,6 +20,9 @@ namespace loom::data::detail {
 void append_utf8(std::string& out, std::uint32_t code_point);
 // Rust's char::is_whitespace (Unicode's White_Space), which added tokens' lstrip and rstrip use.
 [[nodiscard]] bool is_whitespace(std::uint32_t c);
+// Rust's regex \w (Unicode's Alphabetic, marks, decimal digits, connector punctuation, the joiners),
+// which single_word added tokens look for on either side; by utf8proc's Unicode data.
+[[nodiscard]] bool is_word_character(std::uint32_t c);
 // Invalid UTF-8 as Rust's String::from_utf8_lossy writes it: each maximal bad prefix one U+FFFD.
 [[nodiscard]] std::string lossy_utf8(std::string_view bytes);
 

@@ -131,9 +131,6 @@ TEST_CASE("what the reader does not read is refused naming the key") {
   file = byte_level_file();
   file["model"]["dropout"] = 0.1;
   refused(file, "model.dropout is set");
-  file = byte_level_file();
-  file["added_tokens"][0]["single_word"] = true;
-  refused(file, "added_tokens[0].single_word is true");
   refused(json::array(), "tokenizer.json has no \"model\": it is not a tokenizer the tokenizers library wrote");
   file = byte_level_file();
   file["model"]["vocab"] = "a";

@@ -58,6 +58,8 @@ def hostile_texts() -> list[str]:
         "def f(x):\n    return x**2  # comment\n\tpass\n", '{"key": [1, 2.5e-3, null], "k\\u00e9y": "v"}',
         "hello<|endoftext|>world", "<|endoftext|><|endoftext|>", "a <|endoftext|> b", "<|endoftext", "<<|endoftext|>>",
         "<s>x</s>", " <s> ", "<unk>", "x<s>", "<|begin_of_text|>Hi<|end_of_text|>", "  <|eot|>  after", "a<|eot|>",
+        "<|sw|> a<|sw|> <|sw|>b (<|sw|>) _<|sw|> 1<|sw|> é<|sw|> e\u0301<|sw|> \u24d0<|sw|> a\u200d<|sw|> ²<|sw|>",
+        "<|sw|><|sw|> x<|sw|><|eot|> <|sw|>\t<|sw|>\n-<|sw|>- <|sw|>\u00a0 \u4e2d<|sw|> \u0661<|sw|>",
     ]
     texts += SCRIPTS + [" ".join(SCRIPTS), "\n".join(SCRIPTS)]
     return texts
@@ -78,7 +80,8 @@ def byte_level(pattern_split: bool) -> Tokenizer:
     trainer = trainers.BpeTrainer(vocab_size=3000, special_tokens=specials,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
     tok.train_from_iterator(corpus(), trainer)
-    tok.add_special_tokens([AddedToken("<|eot|>", lstrip=True, rstrip=True, special=True)])
+    tok.add_special_tokens([AddedToken("<|eot|>", lstrip=True, rstrip=True, special=True),
+                            AddedToken("<|sw|>", single_word=True, special=True)])
     tok.add_tokens([AddedToken("worldwide", special=False)])
     return tok
 
