@@ -270,7 +270,9 @@ void train_session::share_loss(const at::Tensor& loss_sum) {
   if (!tracked_.defined()) tracked_ = at::zeros({slots}, mean.options());
   tracked_[rank_mean].copy_(mean);
   // Which ranks' losses are not finite travels with the loss: the sum of a NaN is NaN, and of flags, flags.
-  shared_loss_ = at::zeros({1 + rt_.world_size()}, mean.options());
+  // One tensor for the run: the last step's reduction has been waited for and read by now.
+  if (!shared_loss_.defined()) shared_loss_ = at::empty({1 + rt_.world_size()}, mean.options());
+  shared_loss_.zero_();
   shared_loss_[0].copy_(mean);
   shared_loss_[1 + rt_.rank()].copy_(mean.isfinite().logical_not());
   loss_reduction_ = rt_.comm().all_reduce(shared_loss_, reduce_op::sum);

@@ -7,6 +7,7 @@
 #include <loom/data/text_dataset.hpp>
 #include <loom/data/tokenizer.hpp>
 
+#include "byte_tokenizer.hpp"
 #include "scratch_folder.hpp"
 
 #include <nlohmann/json.hpp>
@@ -17,7 +18,6 @@
 #include <catch2/matchers/catch_matchers_string.hpp>
 
 #include <algorithm>
-#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -35,22 +35,7 @@ using nlohmann::json;
 namespace {
 
 using folder = loom::testing::scratch_folder;
-
-// Every byte its own token (byte fallback, no merges): <unk> 0, </s> 1, <0xNN> NN + 2.
-loom::data::tokenizer byte_tokenizer(const fs::path& dir) {
-  json vocab = {{"<unk>", 0}, {"</s>", 1}};
-  for (int b = 0; b < 256; ++b) {
-    char name[8];
-    std::snprintf(name, sizeof name, "<0x%02X>", b);
-    vocab[name] = b + 2;
-  }
-  const json file = {
-      {"added_tokens", {{{"id", 1}, {"content", "</s>"}, {"special", true}}}},
-      {"model", {{"type", "BPE"}, {"vocab", vocab}, {"merges", json::array()}, {"byte_fallback", true}}}};
-  fs::create_directories(dir);
-  std::ofstream(dir / "tokenizer.json") << file.dump();
-  return loom::data::tokenizer::from_pretrained(dir);
-}
+using loom::testing::byte_tokenizer;
 
 // 40 documents of 3 to 60 characters in two JSON Lines files (blank lines between some) and 9 in a
 // text file; document k's text starts "doc k:".

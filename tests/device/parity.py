@@ -1,34 +1,61 @@
-"""Two models written by device-parity agree: every tensor, by name, within a tolerance relative to
-the model's largest magnitude. Float32 kernels differ between CPU and CUDA in the last bits, and
-AdamW turns that noise into whole steps where a gradient is zero in exact arithmetic (an attention's
-key bias: softmax ignores a constant per row), so such a tensor drifts by about 1e-4 of the model's
-scale in 8 steps; a wrong collective or a missed gradient moves the weights by lr x steps, 100 times
-more. The report names the tensor that differs most.
+"""Two runs of device-parity from one start trained the same model: every tensor moved the same way in
+both, within a tolerance of how far it moved.
 
-    parity.py A.safetensors B.safetensors [TOLERANCE]
+    parity.py START.safetensors A.safetensors B.safetensors [TOLERANCE]
+
+For each tensor, the root mean square of B - A over the larger of the root mean square of A - START
+(how far that tensor moved) and the model's own (how far all its trained tensors moved, over every
+element), so that a tensor the runs moved only by rounding (an attention's key bias, whose gradient
+is zero in exact arithmetic) is judged against the model's progress, not against its own noise.
+Measured over a tensor, not its worst element: a wrong collective, a missed or doubled gradient or
+a misplaced shard moves a whole tensor or a whole slice of one by as much as training did, which is
+a ratio near 1 and far above the tolerance, while the kernels' last bits, under SGD's step (linear
+in the gradient), stay a ratio of 1e-6 in fp32 and about 1e-2 in bf16. The report names the tensor
+with the largest ratio.
 """
+import math
 import sys
 
+import torch
 from safetensors.torch import load_file
 
 
-def main() -> int:
-    # widened to fp32, bf16 ones too (a base held in bf16)
-    a, b = ({name: t.float() for name, t in load_file(path).items()} for path in sys.argv[1:3])
-    tolerance = float(sys.argv[3]) if len(sys.argv) > 3 else 1e-4
-    if a.keys() != b.keys():
-        print(f"parity: the files name different tensors: {sorted(a.keys() ^ b.keys())}")
-        return 1
-    scale = max(max(float(abs(t).max()) for t in a.values()), 1e-6)
+def rms(t: torch.Tensor) -> float:
+    return float(t.double().pow(2).mean().sqrt()) if t.numel() else 0.0
+
+
+def compare(start: dict, a: dict, b: dict, tolerance: float) -> tuple[bool, str]:
+    if not (start.keys() == a.keys() == b.keys()):
+        names = sorted((start.keys() | a.keys() | b.keys()) - (start.keys() & a.keys() & b.keys()))
+        return False, f"parity: the files name different tensors: {names}"
+    shapes = [name for name in sorted(a) if not (start[name].shape == a[name].shape == b[name].shape)]
+    if shapes:
+        return False, f"parity: the files hold tensors of different shapes: {shapes}"
+    moved = {name: a[name].double() - start[name].double() for name in a}
+    total = sum(m.numel() for m in moved.values() if m.any())  # the trained tensors' elements, frozen ones left out
+    progress = math.sqrt(sum(float(m.pow(2).sum()) for m in moved.values()) / total) if total else 0.0
+    if progress == 0.0:
+        return False, "parity: run A did not move the model from its start, so the runs cannot be compared; train for more steps"
     worst_name, worst = "", 0.0
     for name in sorted(a):
-        difference = float(abs(a[name] - b[name]).max()) / scale
-        if difference > worst:
-            worst_name, worst = name, difference
+        ratio = rms(b[name].double() - a[name].double()) / max(rms(moved[name]), progress)
+        if ratio > worst:
+            worst_name, worst = name, ratio
     verdict = "ok" if worst <= tolerance else "FAIL"
-    print(f"parity {verdict}: {len(a)} tensors, largest difference {worst:.3g} of the model's scale {scale:.3g} "
-          f"({worst_name or '-'}), tolerance {tolerance:g}")
-    return 0 if worst <= tolerance else 1
+    return worst <= tolerance, (
+        f"parity {verdict}: {len(a)} tensors, the runs differ by at most {worst:.3g} of how far a tensor moved "
+        f"({worst_name or '-'}; the model moved {progress:.3g} on average), tolerance {tolerance:g}")
+
+
+def main() -> int:
+    if len(sys.argv) not in (4, 5):
+        print("usage: parity.py START.safetensors A.safetensors B.safetensors [TOLERANCE]", file=sys.stderr)
+        return 2
+    start, a, b = (load_file(path) for path in sys.argv[1:4])
+    tolerance = float(sys.argv[4]) if len(sys.argv) > 4 else 1e-4
+    ok, report = compare(start, a, b, tolerance)
+    print(report)
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":

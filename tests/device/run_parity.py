@@ -3,7 +3,8 @@
     run_parity.py LOOM_RUN DEVICE_PARITY STRATEGY RANKS STEPS TOLERANCE 'A=1 B=2' 'C=3' [OUT_DIR]
 
 The two environments are space-separated NAME=VALUE lists added to this one (an empty string adds
-nothing). Both runs use RANKS ranks; their models must agree within TOLERANCE (parity.py).
+nothing). Both runs use RANKS ranks and start from the same model, which the first also writes; each
+trained tensor must have moved the same way in both within TOLERANCE of how far it moved (parity.py).
 """
 import os
 import subprocess
@@ -16,19 +17,22 @@ def main() -> int:
     loom_run, program, strategy, ranks, steps, tolerance, env_a, env_b = sys.argv[1:9]
     out_dir = Path(sys.argv[9]) if len(sys.argv) > 9 else Path(tempfile.mkdtemp(prefix="loom-parity-"))
     out_dir.mkdir(parents=True, exist_ok=True)
+    start = out_dir / f"{strategy}-{ranks}-start.safetensors"
     files = []
     for label, extra in (("a", env_a), ("b", env_b)):
         env = dict(os.environ)
         env.update(pair.split("=", 1) for pair in extra.split())
         out = out_dir / f"{strategy}-{ranks}-{label}.safetensors"
-        done = subprocess.run([loom_run, "--nproc-per-node", ranks, "--", program, strategy, str(out), steps],
+        command = [loom_run, "--nproc-per-node", ranks, "--", program, strategy, str(out), steps]
+        done = subprocess.run(command + ([str(start)] if label == "a" else []),
                               env=env, capture_output=True, text=True, timeout=600)
         print(f"[{extra or 'default'}] {strategy} x{ranks}:", done.stdout.strip().splitlines()[-1:] or done.stderr[-500:])
         if done.returncode != 0:
             print(done.stdout[-2000:], done.stderr[-2000:])
             return 1
         files.append(str(out))
-    return subprocess.run([sys.executable, str(Path(__file__).with_name("parity.py")), *files, tolerance]).returncode
+    return subprocess.run([sys.executable, str(Path(__file__).with_name("parity.py")), str(start), *files,
+                           tolerance]).returncode
 
 
 if __name__ == "__main__":

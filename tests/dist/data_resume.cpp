@@ -7,6 +7,7 @@
 // as they are drawn, by every attempt; at the end each rank writes OUT_DIR/final-rank-R.safetensors
 // (the model, whole, and its optimizer's state). Exits 75 when preempted. data_resume_check.py
 // compares the batches and the final state of interrupted runs with an uninterrupted one's.
+#include "../data/byte_tokenizer.hpp"
 #include "final_state.hpp"
 #include "world.hpp"
 
@@ -18,9 +19,7 @@
 
 #include <fmt/format.h>
 #include <torch/optim/adamw.h>
-#include <nlohmann/json.hpp>
 
-#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -30,22 +29,12 @@
 namespace {
 
 namespace fs = std::filesystem;
+using loom::testing::byte_tokenizer;
 using loom::testing::world;
 
-// Ids 0 <unk>, 1 </s> (EOS), byte b is b + 2 (byte fallback, no merges).
+// The vocabulary of byte_tokenizer: <unk>, </s> and the 256 bytes.
 constexpr models::tiny_gpt_config small{.vocab = 258, .d = 16, .layers = 2, .heads = 2, .ctx = 12};
 constexpr std::int64_t sequences_per_micro_batch = 2;
-
-loom::data::tokenizer byte_tokenizer(const fs::path& dir) {
-  nlohmann::json vocab = {{"<unk>", 0}, {"</s>", 1}};
-  for (int b = 0; b < 256; ++b) vocab[fmt::format("<0x{:02X}>", b)] = b + 2;
-  const nlohmann::json file = {
-      {"added_tokens", {{{"id", 1}, {"content", "</s>"}, {"special", true}}}},
-      {"model", {{"type", "BPE"}, {"vocab", vocab}, {"merges", nlohmann::json::array()}, {"byte_fallback", true}}}};
-  fs::create_directories(dir);
-  std::ofstream(dir / "tokenizer.json") << file.dump();
-  return loom::data::tokenizer::from_pretrained(dir);
-}
 
 template <class Plan>
 int run(const Plan& plan, const fs::path& data, const fs::path& out, std::int64_t steps) {

@@ -100,9 +100,9 @@ def last_line(text: str) -> str:
 
 
 def parity(loom_run: str, program: str, nodes: Nodes, root: Path, strategy: str, crossed: dict[str, int]) -> list[str]:
-    one = root / f"{strategy}-one-node.safetensors"
+    one, start = root / f"{strategy}-one-node.safetensors", root / f"{strategy}-start.safetensors"
     done = subprocess.run([loom_run, "--nproc-per-node", str(2 * RANKS_PER_NODE), "--", program, strategy, str(one),
-                           STEPS], capture_output=True, text=True, timeout=120)
+                           STEPS, str(start)], capture_output=True, text=True, timeout=120)
     if done.returncode != 0:
         return [f"{strategy}: 4 ranks on one node failed (exit {done.returncode}): {done.stderr[-1500:]}"]
     two = root / f"{strategy}-two-nodes.safetensors"
@@ -117,8 +117,8 @@ def parity(loom_run: str, program: str, nodes: Nodes, root: Path, strategy: str,
                 for node, (launcher, (_, err)) in enumerate(zip(launchers, outputs)) if launcher.returncode != 0]
     if failures:
         return failures
-    compared = subprocess.run([sys.executable, str(Path(__file__).parent.parent / "device" / "parity.py"), str(one),
-                               str(two), "0"], capture_output=True, text=True)
+    compared = subprocess.run([sys.executable, str(Path(__file__).parent.parent / "device" / "parity.py"), str(start),
+                               str(one), str(two), "0"], capture_output=True, text=True)
     same = one.read_bytes() == two.read_bytes()
     print(f"{strategy}: 4 ranks on 2 nodes in {took:.1f} s against 4 on one node: "
           f"{'the same bytes' if same else 'DIFFERENT bytes'}; {compared.stdout.strip()}; "
