@@ -4,6 +4,7 @@
 
 #include <loom/base/text.hpp>
 #include <loom/nn/deferred_init.hpp>
+#include <loom/precision/attention.hpp>
 #include <loom/precision/precision.hpp>
 
 #include <ATen/ATen.h>
@@ -242,7 +243,7 @@ at::Tensor WanAttentionImpl::forward(const at::Tensor& x, const at::Tensor& cont
   const at::Tensor attended =
       attention
           ? attention(q, k, v)
-          : at::scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)).transpose(1, 2);
+          : loom::scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)).transpose(1, 2);
   return out_proj(attended.flatten(2, 3).to(q.scalar_type()));
 }
 

@@ -1,6 +1,7 @@
 #include <loom/nn/sequence_parallel.hpp>
 
 #include <loom/base/text.hpp>
+#include <loom/precision/attention.hpp>
 #include <loom/runtime/sequence_group.hpp>
 
 #include <ATen/ATen.h>
@@ -148,8 +149,8 @@ at::Tensor attend(const at::Tensor& q, at::Tensor k, at::Tensor v, const attenti
     const at::Tensor behind = positions.unsqueeze(1) - positions.unsqueeze(0);
     window = behind.ge(0).logical_and(behind.lt(options.sliding_window));
   }
-  return at::scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), window,
-                                          /*dropout_p=*/0.0, options.causal && !window.has_value(), options.scale)
+  return loom::scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), window,
+                                            options.causal && !window.has_value(), options.scale)
       .transpose(1, 2);
 }
 

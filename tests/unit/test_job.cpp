@@ -1,6 +1,7 @@
 // build() and the job on a single process: seeded construction, LoRA on both linear paths, freezing,
 // merge, describe, and the errors a user meets first.
 #include <loom/loom.hpp>
+#include <loom/precision/attention.hpp>
 #include <loom/precision/linear.hpp>
 #include <loom/strategies/fsdp/param_group.hpp>
 #include <models/mlp.hpp>
@@ -161,6 +162,93 @@ TEST_CASE("loom::linear leaves fp32 and a frozen bf16 weight as ATen has them", 
   CHECK_FALSE(frozen.grad().defined());
   REQUIRE(narrow_input.grad().defined());
   CHECK(narrow_input.grad().scalar_type() == torch::kBFloat16);
+}
+
+namespace {
+
+struct attention_case {
+  const char* name;
+  std::optional<at::Tensor> mask;
+  bool causal = false;
+  std::optional<double> scale;
+};
+
+// [2 batches, 3 heads, 40 queries, 16 channels] in bf16 against 24 keys (cross-attention) or 40 (self).
+std::vector<at::Tensor> attention_and_grads(const attention_case& each, std::int64_t keys, bool with_loom) {
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(31);
+  std::vector<at::Tensor> operands;
+  for (const std::int64_t tokens : {std::int64_t{40}, keys, keys}) {
+    operands.push_back(torch::randn({2, 3, tokens, 16}, gen).to(torch::kBFloat16).requires_grad_());
+  }
+  const auto& q = operands[0];
+  const auto& k = operands[1];
+  const auto& v = operands[2];
+  const at::Tensor output = with_loom
+                                ? loom::scaled_dot_product_attention(q, k, v, each.mask, each.causal, each.scale)
+                                : at::scaled_dot_product_attention(q, k, v, each.mask, 0.0, each.causal, each.scale);
+  (output.to(torch::kFloat) * torch::randn(output.sizes(), gen)).sum().backward();
+  return {output.detach(), q.grad(), k.grad(), v.grad()};
+}
+
+}  // namespace
+
+TEST_CASE("loom::scaled_dot_product_attention in bf16 equals ATen's, and the fp32 kernel's where it widens",
+          "[nn][precision]") {
+  const at::Tensor positions = torch::arange(40);
+  const at::Tensor behind = positions.unsqueeze(1) - positions.unsqueeze(0);
+  const std::vector<attention_case> cases = {
+      {.name = "self-attention, causal", .causal = true},
+      {.name = "cross-attention", .scale = 0.3},
+      {.name = "a sliding window of 5 (a boolean mask)", .mask = behind.ge(0).logical_and(behind.lt(5))},
+      {.name = "an additive mask", .mask = torch::randn({40, 40}).to(torch::kBFloat16)},
+  };
+  for (const attention_case& each : cases) {
+    const std::int64_t keys = each.scale ? 24 : 40;
+    const auto ours = attention_and_grads(each, keys, true);
+    const auto aten = attention_and_grads(each, keys, false);
+    for (std::size_t i = 0; i < ours.size(); ++i) {
+      INFO(each.name << ": the output, then the gradients of query, key and value: " << i);
+      CHECK(ours[i].scalar_type() == torch::kBFloat16);
+      CHECK(ours[i].sizes() == aten[i].sizes());
+      // ATen's bf16 kernel rounds the probabilities to bf16 before the values multiply them.
+      CHECK(torch::allclose(ours[i].to(torch::kFloat), aten[i].to(torch::kFloat), /*rtol=*/2.0 / 128, /*atol=*/2e-2));
+    }
+    if (!loom::uses_aten_bf16_products()) {
+      auto gen = at::make_generator<at::CPUGeneratorImpl>(31);
+      std::vector<at::Tensor> wide;
+      for (const std::int64_t tokens : {std::int64_t{40}, keys, keys}) {
+        wide.push_back(torch::randn({2, 3, tokens, 16}, gen).to(torch::kBFloat16).to(torch::kFloat));
+      }
+      const std::optional<at::Tensor> mask = each.mask && each.mask->scalar_type() != torch::kBool
+                                                 ? std::optional(each.mask->to(torch::kFloat))
+                                                 : each.mask;
+      const at::Tensor expected =
+          at::scaled_dot_product_attention(wide[0], wide[1], wide[2], mask, 0.0, each.causal, each.scale);
+      INFO(each.name);
+      CHECK(torch::equal(ours[0], expected.to(torch::kBFloat16)));
+    }
+  }
+}
+
+TEST_CASE("loom::scaled_dot_product_attention leaves fp32 to ATen, and rounds to bf16 under autocast",
+          "[nn][precision]") {
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(9);
+  const at::Tensor q = torch::randn({1, 2, 8, 4}, gen);
+  const at::Tensor k = torch::randn({1, 2, 8, 4}, gen).requires_grad_();
+  const at::Tensor v = torch::randn({1, 2, 8, 4}, gen);
+  CHECK(torch::equal(loom::scaled_dot_product_attention(q, k, v, std::nullopt, true),
+                     at::scaled_dot_product_attention(q, k, v, std::nullopt, 0.0, true)));
+  at::Tensor ours, aten;
+  {
+    const loom::autocast_scope autocast(c10::DeviceType::CPU, torch::kBFloat16);
+    ours = loom::scaled_dot_product_attention(q, k, v);
+    aten = at::scaled_dot_product_attention(q, k, v);
+  }
+  CHECK(ours.scalar_type() == torch::kBFloat16);
+  CHECK(torch::allclose(ours.to(torch::kFloat), aten.to(torch::kFloat), 4.0 / 128, 2e-2));
+  ours.to(torch::kFloat).sum().backward();
+  REQUIRE(k.grad().defined());
+  CHECK(k.grad().scalar_type() == torch::kFloat);  // the fp32 leaf trains in fp32
 }
 
 TEST_CASE("right after build, a LoRA model computes exactly what its base does", "[lora]") {
