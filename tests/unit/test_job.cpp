@@ -167,10 +167,10 @@ TEST_CASE("loom::linear leaves fp32 and a frozen bf16 weight as ATen has them", 
 namespace {
 
 struct attention_case {
-  const char* name;
-  std::optional<at::Tensor> mask;
+  const char* name = "";
+  std::optional<at::Tensor> mask = std::nullopt;
   bool causal = false;
-  std::optional<double> scale;
+  std::optional<double> scale = std::nullopt;
 };
 
 // [2 batches, 3 heads, 40 queries, 16 channels] in bf16 against 24 keys (cross-attention) or 40 (self).
