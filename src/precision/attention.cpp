@@ -2,6 +2,8 @@
 
 #include <loom/precision/linear.hpp>
 
+#include "cpu_autocast.hpp"
+
 #include <ATen/ATen.h>
 #include <ATen/autocast_mode.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
@@ -67,9 +69,7 @@ at::Tensor scaled_dot_product_attention(const at::Tensor& query, const at::Tenso
     return at::scaled_dot_product_attention(query, key, value, mask, /*dropout_p=*/0.0, causal, scale);
   };
   if (!query.is_cpu() || uses_aten_bf16_products()) return aten();
-  const bool autocast_to_bf16 = at::autocast::is_autocast_enabled(at::kCPU) &&
-                                at::autocast::get_autocast_dtype(at::kCPU) == at::kBFloat16 &&
-                                query.is_floating_point();
+  const bool autocast_to_bf16 = detail::cpu_autocasts_to_bf16() && query.is_floating_point();
   if (!autocast_to_bf16 && !all_bf16(query, key, value)) return aten();
   const auto narrow = [](const at::Tensor& t) { return t.to(at::kBFloat16); };
   return widened_attention::apply(narrow(query), narrow(key), narrow(value), additive(mask), causal, scale);

@@ -2,6 +2,8 @@
 
 #include <loom/base/text.hpp>
 
+#include "cpu_autocast.hpp"
+
 #include <ATen/ATen.h>
 #include <ATen/autocast_mode.h>
 #include <ATen/cpu/Utils.h>
@@ -91,9 +93,8 @@ bool uses_aten_bf16_products() {
 
 at::Tensor linear(const at::Tensor& input, const at::Tensor& weight, const at::Tensor& bias) {
   if (!input.is_cpu() || uses_aten_bf16_products()) return at::linear(input, weight, bias);
-  const bool autocast_to_bf16 = at::autocast::is_autocast_enabled(at::kCPU) &&
-                                at::autocast::get_autocast_dtype(at::kCPU) == at::kBFloat16 &&
-                                input.is_floating_point() && weight.is_floating_point();
+  const bool autocast_to_bf16 =
+      detail::cpu_autocasts_to_bf16() && input.is_floating_point() && weight.is_floating_point();
   if (autocast_to_bf16) return widened(to_bf16(input), to_bf16(weight), to_bf16(bias));
   if (all_bf16(input, weight, bias)) return widened(input, weight, bias);
   return at::linear(input, weight, bias);
