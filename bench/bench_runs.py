@@ -1,15 +1,26 @@
-"""What bench/compare and bench/ab share: how many ranks a workload runs on, and one benchmark run's
-JSON line (loom-bench's, or an anchor's)."""
+"""What bench/compare, bench/ab and bench/perf_account share: how many ranks a workload runs on, which
+anchor runs it, and one benchmark run's JSON line (loom-bench's, or an anchor's)."""
 from __future__ import annotations
 
 import json
 import subprocess
+from pathlib import Path
+
+# The model families of ../shared/BENCHMARKS.md's "Real models", which hf_anchor.py runs; the toy
+# workloads (mlp-*, gpt-*) are torch_anchor.py's.
+REAL_FAMILIES = ("llama", "wan")
 
 
 def ranks_for(workload: str) -> int:
     if workload.endswith("-hsdp"):
         return 4
     return 2 if workload.endswith(("-ddp", "-fsdp")) else 1
+
+
+def anchor_script(root: Path, workload: str) -> Path:
+    """The anchor of `workload`, beside the repository `root` in ../shared/bench/."""
+    real = workload.split("-", 1)[0] in REAL_FAMILIES
+    return root.parent / "shared" / "bench" / ("hf_anchor.py" if real else "torch_anchor.py")
 
 
 def run_once(command: list[str], timeout_s: float, env: dict[str, str] | None = None) -> dict:

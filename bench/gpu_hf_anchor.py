@@ -3,7 +3,11 @@ adapters and FSDP2 wrapping (its `build`, imported from ANCHOR, not copied) with
 device (an NCCL group of one on CUDA), its batches drawn from its generator on the CPU and moved to
 the device, and each step timed to the end of its kernels (torch.cuda.synchronize), as loom-bench
 times its steps. One untimed forward and backward under torch.utils.flop_counter gives the step's
-model FLOPs (`model_flops_per_step`), from which gpu_summary.py works out both sides' MFU.
+model FLOPs (`model_flops_per_step`), from which gpu_summary.py works out both sides' MFU. Attention
+is counted with its key and value broadcast to the query's heads, as grouped-query attention computes
+it: torch before 2.12 counts attention only where they have as many heads as the query (pytorch/pytorch
+#177169) and stops with an AssertionError on Llama's 2 key-value heads for 4, and it counts no
+attention on the CPU.
 
     gpu_hf_anchor.py ANCHOR --workload llama-lora-bf16-fsdp [--steps 20] [--warmup 5] [--device cuda]
 """
@@ -19,7 +23,37 @@ import time
 import torch
 import torch.distributed as dist
 import torch.distributed.device_mesh as device_mesh
-from torch.utils.flop_counter import FlopCounterMode
+from torch.utils import flop_counter
+
+
+def with_query_heads(shape, query_shape) -> tuple:
+    """A key's or value's shape with the query's heads: what grouped-query attention broadcasts it to."""
+    return (shape[0], query_shape[1], *shape[2:])
+
+
+def attention_flops(query_shape, key_shape, value_shape, *args, out_shape=None, **kwargs) -> int:
+    return flop_counter.sdpa_flop_count(query_shape, with_query_heads(key_shape, query_shape),
+                                        with_query_heads(value_shape, query_shape))
+
+
+def attention_backward_flops(grad_out_shape, query_shape, key_shape, value_shape, *args, out_shape=None,
+                             **kwargs) -> int:
+    return flop_counter.sdpa_backward_flop_count(grad_out_shape, query_shape,
+                                                 with_query_heads(key_shape, query_shape),
+                                                 with_query_heads(value_shape, query_shape))
+
+
+def attention_formulas() -> dict:
+    """FlopCounterMode's custom_mapping: each fused attention kernel of this torch, forward and backward."""
+    aten = torch.ops.aten
+    kernels = ("_scaled_dot_product_flash_attention", "_scaled_dot_product_efficient_attention",
+               "_scaled_dot_product_cudnn_attention", "_scaled_dot_product_flash_attention_for_cpu")
+    formulas = {}
+    for name in kernels:
+        for op, formula in ((name, attention_flops), (f"{name}_backward", attention_backward_flops)):
+            if hasattr(aten, op):
+                formulas[getattr(aten, op)] = formula
+    return formulas
 
 
 def load_anchor(path: str):
@@ -106,7 +140,7 @@ def main() -> int:
 
     # The model FLOPs of one step's forward and backward, on a batch of the same shapes from another
     # generator, so that the timed steps read the anchor's batches; its gradients are zeroed after.
-    with FlopCounterMode(display=False) as counter:
+    with flop_counter.FlopCounterMode(display=False, custom_mapping=attention_formulas()) as counter:
         loss_of(model, family, Batches(anchor, family, dtype, device, seed=7).next()).backward()
     opt.zero_grad(set_to_none=False)
 
