@@ -271,19 +271,33 @@ void train_session::share_loss(const at::Tensor& loss_sum) {
   tracked_[rank_mean].copy_(mean);
   // Which ranks' losses are not finite travels with the loss: the sum of a NaN is NaN, and of flags, flags.
   // One tensor for the run: the last step's reduction has been waited for and read by now.
-  if (!shared_loss_.defined()) shared_loss_ = at::empty({1 + rt_.world_size()}, mean.options());
+  const std::int64_t world = rt_.world_size();
+  if (!shared_loss_.defined()) shared_loss_ = at::empty({1 + world + (stop_with_loss() ? 1 : 0)}, mean.options());
   shared_loss_.zero_();
   shared_loss_[0].copy_(mean);
   shared_loss_[1 + rt_.rank()].copy_(mean.isfinite().logical_not());
+  const int stop = stop_signal.load() != 0 ? 1 : 0;
+  if (stop_with_loss()) shared_loss_[1 + world].fill_(stop);
   loss_reduction_ = rt_.comm().all_reduce(shared_loss_, reduce_op::sum);
-  stop_ = at::full({1}, stop_signal.load() != 0 ? 1 : 0, at::kInt);
-  stop_reduction_ = rt_.host_comm().all_reduce(stop_, reduce_op::sum);
+  if (!stop_with_loss()) {
+    stop_ = at::full({1}, stop, at::kInt);
+    stop_reduction_ = rt_.host_comm().all_reduce(stop_, reduce_op::sum);
+  }
 }
 
+// On the CPU the loss is on the host already, and its collective is the host's: the stop travels in
+// it, one all-reduce a step instead of two.
+bool train_session::stop_with_loss() const { return rt_.device().is_cpu(); }
+
 bool train_session::end_step(std::int64_t step, const at::Tensor& grad_norm, bool report) {
-  stop_reduction_.wait();
-  preempted_ = stop_.item<int>() > 0;
-  loss_reduction_.wait();
+  if (stop_with_loss()) {
+    loss_reduction_.wait();
+    preempted_ = shared_loss_.const_data_ptr<double>()[1 + rt_.world_size()] > 0;
+  } else {
+    stop_reduction_.wait();
+    preempted_ = stop_.item<int>() > 0;
+    loss_reduction_.wait();
+  }
   // The step's record, kept on the device; every rank's is the same.
   const at::Tensor mean = shared_loss_[0] / rt_.world_size();
   const at::Tensor bad_ranks = shared_loss_.narrow(0, 1, rt_.world_size()) > 0;
