@@ -17,9 +17,14 @@ def ranks_for(workload: str) -> int:
     return 2 if workload.endswith(("-ddp", "-fsdp")) else 1
 
 
+def family(workload: str) -> str:
+    """The model a workload trains: the part of its name before the first '-' (llama, wan, gpt, mlp)."""
+    return workload.split("-", 1)[0]
+
+
 def anchor_script(root: Path, workload: str) -> Path:
     """The anchor of `workload`, beside the repository `root` in ../shared/bench/."""
-    real = workload.split("-", 1)[0] in REAL_FAMILIES
+    real = family(workload) in REAL_FAMILIES
     return root.parent / "shared" / "bench" / ("hf_anchor.py" if real else "torch_anchor.py")
 
 
