@@ -290,6 +290,18 @@ void ddp_engine::after_backward(strategy_context& context) {
   } else if (!settings_.find_unused_parameters) {
     check_every_gradient_produced(context);
   }
+  if (settings_.gradient_as_bucket_view) hand_out_bucket_bytes(context);
+}
+
+// The Reducer sets each gradient to a view of its bucket, which LibTorch's Optimizer::zero_grad
+// cannot detach in place (Python's detaches only a gradient with a grad_fn). The same bytes through
+// a tensor that is not a view are what the Reducer accepts next step (it checks that the gradient
+// shares the bucket's storage) and what a user's optimizer can zero, as under PyTorch's DDP.
+void ddp_engine::hand_out_bucket_bytes(strategy_context& context) const {
+  for (const named_tensor& p : context.trainable()) {
+    at::Tensor& grad = p.tensor.mutable_grad();
+    if (grad.defined() && grad.is_view()) grad = grad.detach();
+  }
 }
 
 void ddp_engine::check_static_graph(strategy_context& context) {

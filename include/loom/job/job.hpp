@@ -391,9 +391,8 @@ class job {
   // hold every row (the world size but under hybrid sharding, fsdp's shard_group_size).
   [[nodiscard]] int shard_group_size() const { return hooks::shard_group_size(engine_, core_.context()); }
 
-  // Clears the trainable gradients. Use it rather than torch::optim::Optimizer::zero_grad under
-  // ddp({.gradient_as_bucket_view = true}): LibTorch's detaches each gradient in place, which a
-  // view of a bucket refuses.
+  // Clears the trainable gradients, as torch::optim::Optimizer::zero_grad does (either works under
+  // every strategy: no gradient loom hands out is an autograd view).
   void zero_grad(bool set_to_none = true) { detail::job_core::zero_grad(trainable_parameters(), set_to_none); }
 
   // Clips the gradients to a global p-norm of at most max_norm and returns the norm before clipping,

@@ -46,6 +46,8 @@ class ddp_engine {
   // After a synchronised backward: the gradients this rank produced against what the options allow.
   void check_static_graph(strategy_context& context);
   void check_every_gradient_produced(strategy_context& context) const;
+  // gradient_as_bucket_view: each gradient the bucket's bytes, not an autograd view of them.
+  void hand_out_bucket_bytes(strategy_context& context) const;
 
   struct state;
   ddp_options settings_;

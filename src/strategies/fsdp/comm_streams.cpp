@@ -39,4 +39,10 @@ comm_streams::scope comm_streams::enter_after(comm_role role, comm_role before) 
   return scope(stream(role));
 }
 
+void comm_streams::wait_for(comm_role role) const {
+  if (streams_.empty()) return;
+  const c10::Stream& own = stream(role);
+  order_after(c10::impl::VirtualGuardImpl(own.device_type()).getStream(own.device()), own);
+}
+
 }  // namespace loom::sharding

@@ -4,6 +4,7 @@
 
 #include <ATen/ATen.h>
 #include <c10/core/GradMode.h>
+#include <c10/util/Exception.h>
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -109,6 +110,8 @@ void fsdp_state::declare_collectives(collective_schedule& schedule) {
         schedule, group.reduce_scatter_entries(shard_group),
         [this, &group] {
           if (last_reduced_ != nullptr) retire_reduce_scatter(*last_reduced_);
+          TORCH_INTERNAL_ASSERT(!any_group_holds_reduce_scatter_inputs(),
+                                "fsdp(): a second reduce-scatter's input would be in flight");
           group.start_reduce_scatter(comm(), streams_);
           last_reduced_ = &group;
         },
@@ -139,14 +142,23 @@ void fsdp_state::declare_collectives(collective_schedule& schedule) {
 // One reduce-scatter in flight at a time, as FSDP2 has it: as the next is issued, the one before is
 // waited on (under NCCL the device waits and the host goes on), its input goes and its result joins
 // the shards' gradients (under hybrid sharding's micro-batches, the partial sums), so that a backward
-// holds one unit's packed gradients and no second copy of the shards'.
+// holds one unit's packed gradients and no second copy of the shards'. When its all-reduce across the
+// replicas is under way (declared before this reduce-scatter, and waited for at the backward's end),
+// only its input goes, once the compute stream has waited for the reduce-scatter.
 void fsdp_state::retire_reduce_scatter(param_group& group) {
   if (!hybrid()) {
     group.finish_reduce_scatter();
   } else if (pass_sync() == gradient_sync::shards) {
     group.keep_partial();
+  } else {
+    group.release_reduce_scatter_inputs(streams_);
   }
-  // Otherwise its all-reduce across the replicas, declared before this reduce-scatter, waited on it.
+}
+
+bool fsdp_state::any_group_holds_reduce_scatter_inputs() const {
+  bool held = false;
+  for_each_group([&held](const param_group& group) { held = held || group.holds_reduce_scatter_inputs(); });
+  return held;
 }
 
 void fsdp_state::begin_step() {

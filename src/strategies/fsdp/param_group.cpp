@@ -66,7 +66,7 @@ void param_group::start_gather(collectives& comm, const comm_streams& streams) {
     at::Tensor all = at::empty({comm.world_size(), packed.numel()}, packed.options());
     const comm_streams::scope gather = streams.enter(comm_role::gather);
     pending_collective work = comm.all_gather(packed, all);
-    gathers_.push_back({std::move(indices), std::move(all), std::move(work), {}});
+    gathers_.push_back({std::move(indices), std::move(all), std::move(work), {}, {}});
   }
 }
 
@@ -165,7 +165,7 @@ void param_group::start_reduce_scatter(collectives& comm, const comm_streams& st
     pending_collective work = comm.reduce_scatter(input.view(-1), reduced, reduce_op::mean);
     failpoint("step.backward");  // mid backward, with a reduce-scatter under way
     reduced_.insert(reduced_.end(), indices.begin(), indices.end());
-    reductions_.push_back({std::move(indices), std::move(reduced), std::move(work), {}});
+    reductions_.push_back({std::move(indices), std::move(reduced), std::move(work), std::move(input), {}});
   }
 }
 
@@ -190,6 +190,17 @@ void param_group::start_replicate_all_reduce(collectives& replicate, const comm_
     }
     reduction.work = replicate.all_reduce(reduction.buffer, reduce_op::mean);
   }
+}
+
+void param_group::release_reduce_scatter_inputs(const comm_streams& streams) {
+  if (!holds_reduce_scatter_inputs()) return;
+  streams.wait_for(comm_role::reduce_scatter);
+  for (in_flight& reduction : reductions_) reduction.input.reset();
+}
+
+bool param_group::holds_reduce_scatter_inputs() const noexcept {
+  return std::any_of(reductions_.begin(), reductions_.end(),
+                     [](const in_flight& reduction) { return reduction.input.defined(); });
 }
 
 void param_group::keep_partial() {

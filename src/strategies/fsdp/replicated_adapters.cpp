@@ -61,7 +61,8 @@ void replicated_adapters::finish_all_reduces() {
     for (std::size_t i : buckets_[r.bucket].members) {
       const at::Tensor& tensor = adapters_[i].tensor;
       const at::Tensor mean = r.packed.narrow(0, offset, tensor.numel()).view(tensor.sizes());
-      tensor.mutable_grad() = mean.scalar_type() == tensor.scalar_type() ? mean : mean.to(tensor.scalar_type());
+      tensor.mutable_grad() =
+          mean.scalar_type() == tensor.scalar_type() ? mean.detach() : mean.to(tensor.scalar_type());
       offset += tensor.numel();
     }
   }

@@ -101,8 +101,10 @@ void sharded_param::accumulate_grad(const at::Tensor& reduced) const {
   at::Tensor& grad = shard_.mutable_grad();
   if (grad.defined()) {
     grad.add_(reduced);
+  } else if (reduced.scalar_type() == shard_.scalar_type()) {
+    grad = reduced.detach();
   } else {
-    grad = reduced.scalar_type() == shard_.scalar_type() ? reduced : reduced.to(shard_.scalar_type());
+    grad = reduced.to(shard_.scalar_type());
   }
 }
 

@@ -42,6 +42,9 @@ class comm_streams {
   // `role`'s stream made current, once it has waited for what `before`'s stream has issued so far,
   // and nothing that the current stream issued since.
   [[nodiscard]] scope enter_after(comm_role role, comm_role before) const;
+  // The current stream goes on, on the device, once `role`'s stream has done what it holds now: what
+  // the current stream allocated and `role`'s stream read may then be handed out again.
+  void wait_for(comm_role role) const;
 
  private:
   [[nodiscard]] const c10::Stream& stream(comm_role role) const { return streams_[static_cast<std::size_t>(role)]; }

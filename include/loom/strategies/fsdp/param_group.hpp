@@ -95,13 +95,21 @@ class param_group {
   // group, issued without waiting. Over S ranks a shard and R replicas, the mean of means is the mean
   // over every rank.
   void start_replicate_all_reduce(collectives& replicate, const comm_streams& streams);
+  // Hybrid sharding, as the next reduce-scatter is issued (FSDP2's reduce_scatter_state): the current
+  // stream waits for the reduce-scatter stream, and only then are the inputs of this group's
+  // reduce-scatters let go. Their all-reduce's wait orders the replicate stream, not the one that
+  // allocated them, whose allocator would otherwise hand their bytes to the next unit's packing
+  // while NCCL still reads them. So a backward holds one group's inputs at a time.
+  void release_reduce_scatter_inputs(const comm_streams& streams);
+  // Whether a reduce-scatter's input is held (issued, and neither waited for nor released).
+  [[nodiscard]] bool holds_reduce_scatter_inputs() const noexcept;
   // Hybrid sharding, in a micro-batch that does not reach across replicas: waits for the reductions
   // issued and keeps their reduced rows aside, added up, for the all-reduce of the last micro-batch
   // (FSDP2's partial reduce output).
   void keep_partial();
   // Waits for the reductions issued (under NCCL the current stream waits, not the host), lets their
-  // inputs go, and adds each parameter's reduced rows to its shard's gradient (its first, a view of
-  // the reduced rows when the dtypes agree: no copy).
+  // inputs go, and adds each parameter's reduced rows to its shard's gradient (its first, the reduced
+  // rows' bytes when the dtypes agree: no copy, and not a view, sharded_param::accumulate_grad).
   void finish_reduce_scatter();
   // After a backward that accumulates unsharded (fsdp_options::accumulate_unsharded): the gradients
   // computed narrower than the reduce dtype are kept in it until the reduce-scatter
@@ -135,6 +143,9 @@ class param_group {
     std::vector<std::size_t> indices;
     at::Tensor buffer;        // a gather's N × packed shards; a reduction's reduced rows, in indices' order
     pending_collective work;  // a gather's; a reduce-scatter's, then its replicas' all-reduce
+    // A reduce-scatter's packed input, allocated on the compute stream and read on the reduce-scatter
+    // stream: kept until the compute stream has waited for that read.
+    at::Tensor input;
     // What another stream reads until `work` is waited for (the partial sums added into `buffer` on
     // the replicate stream): kept, so that the compute stream's allocator does not hand out its bytes.
     at::Tensor read_elsewhere;

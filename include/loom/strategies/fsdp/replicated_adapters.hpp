@@ -29,8 +29,10 @@ class replicated_adapters {
 
   // Packs the bucket's gradients and issues their mean, without waiting.
   void start_all_reduce(std::size_t bucket, collectives& comm);
-  // Waits for what was issued and sets each adapter's gradient to its mean (a view of the bucket
-  // when the dtypes agree: no copy).
+  // Waits for what was issued and sets each adapter's gradient to its mean: the bucket's bytes when
+  // the dtypes agree (no copy), through a tensor that is not an autograd view of them, so that
+  // LibTorch's Optimizer::zero_grad can detach it in place. Every all-reduce packs a new bucket, so
+  // no collective writes a gradient handed out.
   void finish_all_reduces();
 
  private:

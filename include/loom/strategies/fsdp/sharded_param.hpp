@@ -66,7 +66,9 @@ class sharded_param {
   // `reduce` rather than in the compute dtype.
   void stash_grad(at::ScalarType reduce);
   // Adds this rank's reduced gradient (shard_numel() elements) to the shard's, in the shard's dtype;
-  // a shard without a gradient takes `reduced` itself as its gradient when the dtypes agree.
+  // a shard without a gradient takes `reduced`'s bytes as its gradient when the dtypes agree, through
+  // a tensor that is not an autograd view of them (LibTorch's Optimizer::zero_grad detaches each
+  // gradient in place, which a view refuses). No collective writes those bytes again.
   void accumulate_grad(const at::Tensor& reduced) const;
   // Around a change made to the whole parameters (merge, loading weights): the full parameter holds
   // `whole`, the master weights of the shard's dtype; then this rank's rows of it go back into the
