@@ -1,9 +1,15 @@
 // What one step does on a GPU, for scripts/gpu-check (a CUDA build only). Usage, under loom-run:
-//   step-probe syncs {fsdp|lora-fsdp|hsdp}  4 steps of a small TinyGpt with CUDA's sync debug mode on
-//                                           from each forward to the end of its backward: every call
-//                                           there that makes the host wait for the device prints
-//                                           "called a synchronizing CUDA operation" (gpu-check counts
-//                                           them). The first step, whose setup reads, is left out.
+//   step-probe syncs WORKLOAD               5 steps of loom::train (2 micro-batches, clipping, loom's
+//                                           AdamW, each batch moved to the device by loom::to_device as
+//                                           the recipes move theirs) with CUDA's sync debug mode on over
+//                                           steps 2 and 3, whole and not logged: every call there that
+//                                           makes the host wait for the device prints "called a
+//                                           synchronizing CUDA operation" (gpu-check counts them; none
+//                                           may). The logged steps, the first and the last, read the
+//                                           loss on purpose. WORKLOAD: fsdp (the small TinyGpt),
+//                                           llama-lora-bf16-fsdp or wan-lora-bf16-fsdp (flow matching):
+//                                           loom-bench's plans over hf_anchor.py's shapes, seeded, not
+//                                           loaded (a sync is in the code a step runs, not in its weights).
 //   step-probe memory                       one step of 16 units of 8192 × 8192 (1.07 billion
 //                                           parameters) under fsdp(): the caching allocator's peak
 //                                           within each unit, forward and backward, one line each.
@@ -16,8 +22,13 @@
 //                                           the rest, and overlapped, in a few lines; the trace to OUT.
 #include <loom/checkpoint/checkpoint.hpp>
 #include <loom/loom.hpp>
+#include <loom/models/causal_lm.hpp>
+#include <loom/models/wan.hpp>
 #include <loom/nn/linear.hpp>
 #include <loom/nn/unit.hpp>
+#include <loom/optim/adamw.hpp>
+#include <loom/runtime/host_reads.hpp>
+#include <loom/train/flow_matching.hpp>
 #include <models/tiny_gpt.hpp>
 
 #include <ATen/CPUGeneratorImpl.h>
@@ -32,6 +43,8 @@
 #include <cstdint>
 #include <cstdio>
 #include <exception>
+#include <functional>
+#include <limits>
 #include <memory>
 #include <optional>
 #include <set>
@@ -66,23 +79,100 @@ at::Tensor tiny_gpt_loss(Job& job, const at::Tensor& x) {
   return job.forward(x, x.roll(-1, 1));
 }
 
-template <class Plan>
-void count_syncs(const Plan& plan) {
-  auto job = loom::build(plan, loom::runtime::from_env());
-  torch::optim::SGD optimizer(job.trainable_parameters(), 0.01);
-  for (std::int64_t step = 0; step < 4; ++step) {
-    const at::Tensor x = tiny_gpt_batch(job.rt(), step);
-    if (step > 0) std::fprintf(stderr, "step-probe: forward and backward of step %ld begin\n", static_cast<long>(step));
-    {
-      std::optional<sync_debug> watching;
-      if (step > 0) watching.emplace();
-      job.backward(tiny_gpt_loss(job, x));
-      (void)job.clip_grad_norm(1.0);
-    }
-    if (step > 0) std::fprintf(stderr, "step-probe: forward and backward of step %ld end\n", static_cast<long>(step));
-    optimizer.step();
-    job.zero_grad();
-  }
+// loom::train as a recipe runs it, its loss from loss_of(step, micro), with CUDA's sync debug mode on
+// over steps 2 and 3 of 5, whole: from the first micro-batch's loss of step 2 to that of step 4,
+// between markers that gpu-check reads.
+template <class Job>
+void count_step_syncs(Job& job, const std::function<at::Tensor(std::int64_t step, int micro)>& loss_of) {
+  loom::optim::AdamW optimizer(job.trainable_parameters(), torch::optim::AdamWOptions(1e-3));
+  std::optional<sync_debug> watching;
+  loom::train(job, optimizer,
+              {.loss =
+                   [&](std::int64_t step, int micro) {
+                     if (micro == 0 && step == 2) {
+                       std::fprintf(stderr, "step-probe: steps 2 and 3 of loom::train begin\n");
+                       watching.emplace();
+                     } else if (micro == 0 && step == 4) {
+                       watching.reset();
+                       std::fprintf(stderr, "step-probe: steps 2 and 3 of loom::train end\n");
+                     }
+                     return loss_of(step, micro);
+                   }},
+              {.steps = 5,
+               .accumulate = 2,
+               .clip_norm = 1.0,
+               .log_every = 100,
+               .log_seconds = std::numeric_limits<double>::infinity()});
+}
+
+// A micro-batch's draws on the host, the same on every run.
+at::Generator host_draws(std::int64_t step, int micro) {
+  return at::make_generator<at::CPUGeneratorImpl>(static_cast<std::uint64_t>(10 * step + micro));
+}
+
+void tiny_gpt_step_syncs() {
+  auto job =
+      loom::build(loom::model<models::TinyGpt>(small) | loom::seeded(5) | loom::fsdp(), loom::runtime::from_env());
+  const c10::Device device = job.rt().device();
+  count_step_syncs(job, [&](std::int64_t step, int micro) {
+    const at::Tensor x = torch::randint(0, small.vocab, {8, small.ctx}, host_draws(step, micro));
+    return tiny_gpt_loss(job, loom::to_device(x, device, at::kLong));
+  });
+}
+
+// hf_anchor.py's LLAMA, the llama-* workloads' Llama 3 shape; its batch, 4 sequences of 256 ids.
+void llama_step_syncs() {
+  auto config = loom::models::causal_lm_config::for_family(loom::models::causal_lm_family::llama);
+  config.vocab_size = 4096;
+  config.hidden_size = 256;
+  config.intermediate_size = 688;
+  config.num_hidden_layers = 4;
+  config.num_attention_heads = 4;
+  config.num_key_value_heads = 2;
+  config.head_dim = 64;
+  config.max_position_embeddings = 512;
+  config.rope.theta = 500000;
+  config.rms_norm_eps = 1e-5;
+  constexpr auto adapters =
+      loom::lora(16, {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}, {.alpha = 32});
+  constexpr auto bf16 = loom::mixed_precision({.param = loom::bf16, .reduce = loom::fp32});
+  auto job = loom::build(loom::model<loom::models::CausalLM>(config) | loom::seeded(1234) |
+                             loom::default_dtype(loom::bf16) | adapters | bf16 | loom::fsdp(),
+                         loom::runtime::from_env());
+  const c10::Device device = job.rt().device();
+  count_step_syncs(job, [&](std::int64_t step, int micro) {
+    const at::Tensor ids = loom::to_device(torch::randint(4096, {4, 256}, host_draws(step, micro)), device, at::kLong);
+    return loom::models::causal_lm_loss(job.forward(ids), ids);
+  });
+}
+
+// hf_anchor.py's WAN, the wan-* workloads' Wan 2.1 shape, trained by flow matching as the Wan recipe
+// trains it: its latents (1, 16, 5, 32, 32) and text (1, 64, 128) moved to the device in bf16, the
+// noise and levels drawn there.
+void wan_step_syncs() {
+  loom::models::wan_config config;
+  config.num_attention_heads = 4;
+  config.attention_head_dim = 64;
+  config.text_dim = 128;
+  config.freq_dim = 64;
+  config.ffn_dim = 1024;
+  config.num_layers = 4;
+  constexpr auto adapters = loom::lora(16, {"to_q", "to_k", "to_v", "to_out.0"}, {.alpha = 16});
+  constexpr auto bf16 = loom::mixed_precision({.param = loom::bf16, .reduce = loom::fp32});
+  auto job = loom::build(loom::model<loom::models::Wan>(config) | loom::seeded(1234) | loom::default_dtype(loom::bf16) |
+                             adapters | bf16 | loom::fsdp(),
+                         loom::runtime::from_env());
+  const c10::Device device = job.rt().device();
+  const loom::flow_matching method({.weighting_scheme = loom::timestep_density::logit_normal}, device);
+  count_step_syncs(job, [&](std::int64_t step, int micro) {
+    at::Generator host = host_draws(step, micro);
+    const at::Tensor latents = torch::randn({1, 16, 5, 32, 32}, host);
+    const at::Tensor text = torch::randn({1, 64, 128}, host);
+    at::Generator draws = loom::step_generator(7, step, job.rt().rank(), micro, device);
+    const loom::flow_matching_inputs inputs = method.noise(loom::to_device(latents, device, at::kBFloat16), draws);
+    return loom::flow_matching::loss(
+        job.forward(inputs.noisy, inputs.timesteps, loom::to_device(text, device, at::kBFloat16)), inputs);
+  });
 }
 
 // The caching allocator's high-water mark since the last look, then reset: the peak within a span.
@@ -233,13 +323,12 @@ void trace(const std::string& out) {
 int main(int argc, char** argv) {
   const std::vector<std::string_view> args(argv + 1, argv + argc);
   try {
-    const auto base = loom::model<models::TinyGpt>(small) | loom::seeded(5);
     if (args.size() == 2 && args[0] == "syncs" && args[1] == "fsdp") {
-      count_syncs(base | loom::fsdp());
-    } else if (args.size() == 2 && args[0] == "syncs" && args[1] == "lora-fsdp") {
-      count_syncs(base | loom::lora(4, {"q_proj", "v_proj"}) | loom::fsdp());
-    } else if (args.size() == 2 && args[0] == "syncs" && args[1] == "hsdp") {
-      count_syncs(base | loom::fsdp({.shard_group_size = 1}));
+      tiny_gpt_step_syncs();
+    } else if (args.size() == 2 && args[0] == "syncs" && args[1] == "llama-lora-bf16-fsdp") {
+      llama_step_syncs();
+    } else if (args.size() == 2 && args[0] == "syncs" && args[1] == "wan-lora-bf16-fsdp") {
+      wan_step_syncs();
     } else if (args.size() == 1 && args[0] == "memory") {
       unit_peaks();
     } else if (args.size() == 2 && args[0] == "save") {
@@ -248,7 +337,8 @@ int main(int argc, char** argv) {
       trace(std::string(args[1]));
     } else {
       fmt::print(stderr,
-                 "usage: step-probe {{syncs {{fsdp|lora-fsdp|hsdp}} | memory | save FOLDER | trace OUT.json}}\n");
+                 "usage: step-probe {{syncs {{fsdp|llama-lora-bf16-fsdp|wan-lora-bf16-fsdp}} | memory | save FOLDER | "
+                 "trace OUT.json}}\n");
       return 2;
     }
   } catch (const std::exception& error) {
