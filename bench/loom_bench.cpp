@@ -16,6 +16,7 @@
 #include <loom/models/causal_lm.hpp>
 #include <loom/models/wan.hpp>
 #include <loom/optim/adamw.hpp>
+#include <loom/runtime/host_reads.hpp>
 #include <models/mlp.hpp>
 #include <models/tiny_gpt.hpp>
 
@@ -162,6 +163,11 @@ double peak_rss_mb() {
 // anchor draws it; loss(job, batch); tokens_per_sample (0 where a sample is no sequence); the
 // optimizer the anchor steps with, and the name of the implementation that ran.
 
+// A batch drawn on the host, on the rank's device without a pageable copy (which would stop the host).
+at::Tensor on_device(const at::Tensor& host, const at::Device& device) {
+  return loom::to_device(host, device, host.scalar_type());
+}
+
 // Mlp, MSE to a random target, SGD.
 struct mlp_workload {
   static constexpr std::int64_t default_batch = 32;
@@ -172,7 +178,7 @@ struct mlp_workload {
   static batch draw(const at::Generator& gen, std::int64_t size, const at::Device& device) {
     at::Tensor x = torch::randn({size, width}, gen);
     at::Tensor y = torch::randn({size, width}, gen);
-    return {x.to(device), y.to(device)};
+    return {on_device(x, device), on_device(y, device)};
   }
   template <class Job>
   static at::Tensor loss(Job& job, const batch& b) {
@@ -196,7 +202,7 @@ struct tiny_gpt_workload {
   static batch draw(const at::Generator& gen, std::int64_t size, const at::Device& device) {
     at::Tensor x = torch::randint(0, config.vocab, {size, config.ctx}, gen, torch::kLong);
     at::Tensor y = torch::randint(0, config.vocab, {size, config.ctx}, gen, torch::kLong);
-    return {x.to(device), y.to(device)};
+    return {on_device(x, device), on_device(y, device)};
   }
   template <class Job>
   static at::Tensor loss(Job& job, const batch& b) {
@@ -235,7 +241,8 @@ struct wan_workload {
     const at::Tensor text = torch::randn({size, text_shape[0], text_shape[1]}, gen);
     const at::Tensor s = (t.to(torch::kFloat) / 1000.0).view({-1, 1, 1, 1, 1});
     const at::Tensor noisy = ((1 - s) * x0 + s * noise).to(InputDtype);
-    return {noisy.to(device), t.to(device), text.to(InputDtype).to(device), (noise - x0).to(device)};
+    return {on_device(noisy, device), on_device(t, device), on_device(text.to(InputDtype), device),
+            on_device(noise - x0, device)};
   }
   template <class Job>
   static at::Tensor loss(Job& job, const batch& b) {
@@ -266,7 +273,7 @@ struct causal_lm_workload {
     at::Tensor ids;
   };
   static batch draw(const at::Generator& gen, std::int64_t size, const at::Device& device) {
-    return {torch::randint(vocab, {size, tokens_per_sample}, gen, torch::kLong).to(device)};
+    return {on_device(torch::randint(vocab, {size, tokens_per_sample}, gen, torch::kLong), device)};
   }
   template <class Job>
   static at::Tensor loss(Job& job, const batch& b) {

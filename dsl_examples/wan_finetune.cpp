@@ -18,6 +18,7 @@
 #include <loom/models/wan.hpp>
 #include <loom/optim/adamw.hpp>
 #include <loom/precision/precision.hpp>
+#include <loom/runtime/host_reads.hpp>
 #include <loom/train/flow_matching.hpp>
 
 #include <fmt/core.h>
@@ -79,7 +80,8 @@ int run(const options& opts) {
   const loom::run_file file = loom::read_run_file(config, overrides);
   const fs::path checkpoint = recipes::checkpoint_folder(file, config);
   const loom::models::wan_config model_config = loom::models::wan_config::from_pretrained(checkpoint);
-  const loom::flow_matching method(file.flow_matching.value_or(loom::flow_matching_options{}));
+  const loom::flow_matching_options matching = file.flow_matching.value_or(loom::flow_matching_options{});
+  (void)loom::flow_matching(matching);  // its options checked before a model exists
   const std::vector<fs::path> clips = latent_clips::clip_files(opts.data);
   const latent_clips::batch first_clip = latent_clips::load_clip(clips.front(), opts.text_len);
   check_clip_fits(first_clip, clips.front(), model_config, checkpoint);
@@ -110,7 +112,7 @@ int run(const options& opts) {
         if (rt.rank() == 0) {
           for (const std::string& note : file.notes) fmt::print("{}\n", note);
           fmt::print("{}\n", job.describe());
-          fmt::print("flow matching: {}\n", method.options().describe());
+          fmt::print("flow matching: {}\n", matching.describe());
           fmt::print("data: {} clips to train on, {} held out, from {}\n\n", clips.size() - held, held, opts.data);
         }
         loom::train_options train_options = file.train;
@@ -124,9 +126,13 @@ int run(const options& opts) {
                                                (latents.size(2) / patch_height) * (latents.size(3) / patch_width) *
                                                data.world_size / rt.world_size();
         train_options.name = "wan-finetune";
+        // Its schedule on the device the levels are drawn on, and the clips copied there from pinned
+        // memory: a step reads nothing on the host.
+        const loom::flow_matching method(matching, rt.device());
         const auto loss_of = [&](const latent_clips::batch& clips_of, at::Generator& draws) {
-          const loom::flow_matching_inputs inputs = method.noise(clips_of.latents.to(rt.device(), input_dtype), draws);
-          const at::Tensor text = clips_of.text.to(rt.device(), input_dtype);
+          const loom::flow_matching_inputs inputs =
+              method.noise(loom::to_device(clips_of.latents, rt.device(), input_dtype), draws);
+          const at::Tensor text = loom::to_device(clips_of.text, rt.device(), input_dtype);
           return loom::flow_matching::loss(job.forward(inputs.noisy, inputs.timesteps, text), inputs);
         };
         const loom::train_result result = loom::train(

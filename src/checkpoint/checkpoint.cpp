@@ -12,6 +12,7 @@
 #include <loom/io/safetensors.hpp>
 #include <loom/runtime/failpoints.hpp>
 #include <loom/runtime/failures.hpp>
+#include <loom/runtime/host_reads.hpp>
 
 #include <ATen/ATen.h>
 #include <ATen/core/Generator.h>
@@ -118,8 +119,8 @@ void with_every_digest(const runtime& rt, checkpoint_manifest& manifest, const f
   digests[rt.rank()][1] = static_cast<std::int64_t>(mine.xxh3);
   rt.host_comm().all_reduce(digests).wait();
   for (int rank = 0; rank < rt.world_size(); ++rank) {
-    manifest.files[rank_file(rank).string()] = {static_cast<std::uint64_t>(digests[rank][0].item<std::int64_t>()),
-                                                static_cast<std::uint64_t>(digests[rank][1].item<std::int64_t>())};
+    manifest.files[rank_file(rank).string()] = {static_cast<std::uint64_t>(host_value<std::int64_t>(digests[rank][0])),
+                                                static_cast<std::uint64_t>(host_value<std::int64_t>(digests[rank][1]))};
   }
 }
 
@@ -141,12 +142,12 @@ bool every_rank_done(const runtime& rt, std::string_view what, const std::option
   // On the host: a save in flight costs each step one small exchange, never a read of the device.
   at::Tensor state = at::tensor({mine ? 0 : 1, failed ? 1 : 0}, at::TensorOptions().dtype(at::kInt));
   rt.host_comm().all_reduce(state).wait();
-  if (state[1].item<int>() > 0) {
+  if (host_value<int>(state[1]) > 0) {
     run_on_every_rank(rt, what, [&] {
       if (failed) std::rethrow_exception(*mine);
     });
   }
-  return state[0].item<int>() == 0;
+  return host_value<int>(state[0]) == 0;
 }
 
 }  // namespace

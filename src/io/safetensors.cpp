@@ -5,6 +5,7 @@
 #include <loom/base/text.hpp>
 #include <loom/io/files.hpp>
 #include <loom/runtime/failpoints.hpp>
+#include <loom/runtime/host_reads.hpp>
 
 #include <ATen/ATen.h>
 #include <fmt/format.h>
@@ -240,7 +241,7 @@ file_digest save_safetensors(const std::filesystem::path& path, const std::vecto
     if (header.contains(t.name)) {
       throw_error<safetensors_error>("cannot save '{}': the tensor name '{}' is given twice", path.string(), t.name);
     }
-    at::Tensor bytes = t.tensor.detach().to(at::kCPU).contiguous();
+    at::Tensor bytes = read_on_host_uncounted(t.tensor).contiguous();
     const std::uint64_t size = bytes.nbytes();
     header[t.name] = {{"dtype", safetensors_dtype(bytes.scalar_type())},
                       {"shape", bytes.sizes().vec()},

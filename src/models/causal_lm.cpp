@@ -3,6 +3,7 @@
 #include <loom/base/text.hpp>
 #include <loom/nn/deferred_init.hpp>
 #include <loom/precision/linear.hpp>
+#include <loom/runtime/host_reads.hpp>
 
 #include <ATen/ATen.h>
 #include <fmt/format.h>
@@ -41,7 +42,7 @@ at::Tensor inverse_frequencies(const rope_parameters& rope, std::int64_t head_di
 // cos and sin [tokens, head_dim] of `positions`, in fp32 whatever the model computes in, as
 // transformers computes them with autocast off.
 std::pair<at::Tensor, at::Tensor> rotary_angles(const at::Tensor& positions, const at::Tensor& inv_freq) {
-  const at::Tensor freqs = at::outer(positions, inv_freq.to(positions.device()));
+  const at::Tensor freqs = at::outer(positions, inv_freq);
   const at::Tensor angles = at::cat({freqs, freqs}, -1);
   return {angles.cos(), angles.sin()};
 }
@@ -175,6 +176,11 @@ at::Tensor DecoderModelImpl::forward(const at::Tensor& ids) {
   const at::Tensor mine = sequence->split(ids, 1);
   const loom::nn::token_range tokens = sequence->tokens(ids.size(1));
   const at::Tensor positions = at::arange(tokens.begin, tokens.end, ids.options().dtype(at::kFloat));
+  if (inv_freq_.device() != ids.device()) {
+    // Once, on the first forward on a device: every later forward reads them there.
+    inv_freq_ = to_device(inv_freq_, ids.device(), at::kFloat);
+    sliding_inv_freq_ = to_device(sliding_inv_freq_, ids.device(), at::kFloat);
+  }
   const auto [cos, sin] = rotary_angles(positions, inv_freq_);
   const auto [sliding_cos, sliding_sin] = rotary_angles(positions, sliding_inv_freq_);
   at::Tensor h = embed_tokens(mine);

@@ -1,6 +1,7 @@
 #include <loom/nn/deferred_init.hpp>
 
 #include <loom/base/text.hpp>
+#include <loom/runtime/host_reads.hpp>
 
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
@@ -91,7 +92,8 @@ void set_generator_state(const at::Tensor& state) {
 
 // Whether `tensor` holds more than one value: drawn, not filled with a constant as a norm's are.
 bool varies(const at::Tensor& tensor) {
-  return tensor.numel() > 1 && !tensor.detach().eq(tensor.detach().flatten()[0]).all().item<bool>();
+  return tensor.numel() > 1 &&
+         !host_value<bool>(read_on_host_uncounted(tensor.detach().eq(tensor.detach().flatten()[0]).all()));
 }
 
 // "torch::nn::EmbeddingImpl (tok, pos), torch::nn::LinearImpl (blocks.0.attn.q_proj, ...)": the

@@ -246,15 +246,16 @@ std::string sequence_split::describe(std::size_t site_index, exchange what, step
   return fmt::format("{}'s {} {} all-to-all", sites_[site_index].name, exchange_name(what), to_string(phase));
 }
 
-void sequence_split::agree_on_length(std::int64_t batch, std::int64_t length, c10::Device device) {
+// Over the group's host collectives: the shapes are host values, and comparing them reads nothing on
+// the device (a device all-gather would need a read of its result every forward).
+void sequence_split::agree_on_length(std::int64_t batch, std::int64_t length) {
   const int k = group_->size();
-  at::Tensor mine = at::tensor({batch, length}, at::TensorOptions(at::kLong)).to(device);
+  at::Tensor mine = at::tensor({batch, length}, at::TensorOptions(at::kLong));
   at::Tensor all = at::empty({2 * k}, mine.options());
-  group_->comm().all_gather(mine, all).wait();
-  const at::Tensor shapes = all.cpu().view({k, 2});
+  group_->host_comm().all_gather(mine, all).wait();
+  const std::int64_t* shapes = all.const_data_ptr<std::int64_t>();
   for (int r = 0; r < k; ++r) {
-    const std::int64_t their_batch = shapes[r][0].item<std::int64_t>(),
-                       their_length = shapes[r][1].item<std::int64_t>();
+    const std::int64_t their_batch = shapes[2 * r], their_length = shapes[2 * r + 1];
     if (their_batch != batch || their_length != length) {
       throw_error<std::invalid_argument>(
           "sequence_parallel({}): the ranks of {} were given other batches: rank {} of the group {} sequences of {}, "
@@ -378,7 +379,7 @@ token_range SequenceImpl::tokens(std::int64_t length) const {
 at::Tensor SequenceImpl::split(const at::Tensor& whole, std::int64_t dim) {
   if (!split_) return whole;
   const std::int64_t along = dim < 0 ? dim + whole.dim() : dim;
-  split_->agree_on_length(whole.size(0), whole.size(along), whole.device());
+  split_->agree_on_length(whole.size(0), whole.size(along));
   return local(whole, along);
 }
 

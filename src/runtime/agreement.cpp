@@ -1,5 +1,6 @@
 #include <loom/runtime/agreement.hpp>
 
+#include <loom/runtime/host_reads.hpp>
 #include <loom/runtime/runtime.hpp>
 
 #include <torch/csrc/distributed/c10d/Store.hpp>
@@ -29,7 +30,7 @@ std::optional<divergence> first_divergence(const runtime& rt, std::span<const st
   auto length = at::full({1}, static_cast<std::int64_t>(hashes.size()), options);
   auto lengths = at::empty({world}, options);
   rt.host_comm().all_gather(length, lengths).wait();
-  const std::int64_t longest = lengths.max().item<std::int64_t>();
+  const std::int64_t longest = host_value<std::int64_t>(lengths.max());
 
   auto mine = at::zeros({longest}, options);
   std::memcpy(mine.data_ptr<std::int64_t>(), hashes.data(), hashes.size() * sizeof(std::uint64_t));
@@ -98,7 +99,7 @@ std::optional<rank_problem> first_problem(const runtime& rt, std::string_view to
   rt.host_comm().all_gather(found, every).wait();
   const at::Tensor finders = every.nonzero();
   if (finders.numel() == 0) return std::nullopt;
-  const int rank = static_cast<int>(finders[0].item<std::int64_t>());
+  const int rank = static_cast<int>(host_value<std::int64_t>(finders[0]));
 
   // The key is removed by the last rank to read it, before that rank's next all-reduce here: no
   // rank can read a stale text under the same topic later.

@@ -39,9 +39,11 @@ c10::intrusive_ptr<c10d::Backend> make_nccl(const c10::intrusive_ptr<c10d::Store
 // The groups of a mesh (src/runtime/mesh.cpp): a number for a new mesh's groups that no earlier
 // mesh of the job used, and the collectives of the group `name` of `members` (world ranks, this one
 // `rank` in it), whose backend its members make now, meeting through the store's prefix
-// loom/mesh.<generation>/<name>.
+// loom/mesh.<generation>/<name>. A group `on_host` carries host tensors through Gloo whatever the
+// world's backend (what its members agree on without a read of the device).
 [[nodiscard]] std::int64_t next_mesh_generation(const runtime& rt);
 [[nodiscard]] std::unique_ptr<collectives> make_group(const runtime& rt, std::int64_t generation,
-                                                      const std::string& name, std::vector<int> members, int rank);
+                                                      const std::string& name, std::vector<int> members, int rank,
+                                                      bool on_host = false);
 
 }  // namespace loom

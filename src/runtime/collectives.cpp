@@ -1,5 +1,6 @@
 #include <loom/base/text.hpp>
 #include <loom/runtime/collectives.hpp>
+#include <loom/runtime/host_reads.hpp>
 #include <loom/runtime/tensors.hpp>
 
 #include <torch/csrc/distributed/c10d/Backend.hpp>
@@ -82,10 +83,15 @@ std::int64_t collectives::shard_numel(std::int64_t numel) const noexcept {
   return (numel + world_size_ - 1) / world_size_;
 }
 
+// A read of the device on the host, in the step: counted when the job's progress is known.
+at::Tensor collectives::read_staged(const at::Tensor& tensor) const {
+  return progress_ != nullptr ? read_on_host(*progress_, tensor) : read_on_host_uncounted(tensor);
+}
+
 pending_collective collectives::all_reduce(at::Tensor& tensor, reduce_op op) {
   if (!backend_) return {};
   if (staged(tensor)) {
-    at::Tensor host = tensor.cpu();
+    at::Tensor host = read_staged(tensor);
     return all_reduce(host, op).and_then([tensor, host]() mutable { tensor.copy_(host); });
   }
   std::vector<at::Tensor> tensors{tensor};
@@ -106,7 +112,7 @@ c10d::ReduceOp collectives::backend_op(reduce_op op) const {
 pending_collective collectives::broadcast(at::Tensor& tensor, int root) {
   if (!backend_) return {};
   if (staged(tensor)) {
-    at::Tensor host = tensor.cpu();
+    at::Tensor host = read_staged(tensor);
     return broadcast(host, root).and_then([tensor, host]() mutable { tensor.copy_(host); });
   }
   std::vector<at::Tensor> tensors{tensor};
@@ -133,7 +139,7 @@ pending_collective collectives::all_gather(const at::Tensor& shard, at::Tensor& 
   }
   if (staged(flat)) {
     at::Tensor host = at::empty(flat.sizes(), flat.options().device(c10::kCPU));
-    return all_gather(shard.cpu(), host).and_then([flat, host]() mutable { flat.copy_(host); });
+    return all_gather(read_staged(shard), host).and_then([flat, host]() mutable { flat.copy_(host); });
   }
   at::Tensor input = flat_contiguous(shard);
   const bool direct = flat.is_contiguous() && shard_size * world_size_ == numel;
@@ -160,7 +166,7 @@ pending_collective collectives::reduce_scatter(const at::Tensor& flat, at::Tenso
   }
   if (staged(input)) {
     at::Tensor host = at::empty(shard.sizes(), shard.options().device(c10::kCPU));
-    return reduce_scatter(input.cpu(), host, op).and_then([shard, host]() mutable { shard.copy_(host); });
+    return reduce_scatter(read_staged(input), host, op).and_then([shard, host]() mutable { shard.copy_(host); });
   }
   if (emulate_reduce_scatter_) {
     pending_collective work = emulated_reduce_scatter(input, shard);
@@ -205,7 +211,7 @@ pending_collective collectives::all_to_all(const at::Tensor& input, at::Tensor& 
   }
   if (staged(input)) {
     at::Tensor host = at::empty(output.sizes(), output.options().device(c10::kCPU));
-    return all_to_all(input.cpu(), host).and_then([output, host]() mutable { output.copy_(host); });
+    return all_to_all(read_staged(input), host).and_then([output, host]() mutable { output.copy_(host); });
   }
   at::Tensor send = input.contiguous();
   const bool direct = output.is_contiguous();

@@ -3,6 +3,7 @@
 #include <loom/runtime/failures.hpp>
 #include <loom/runtime/hang_check.hpp>
 #include <loom/runtime/heartbeat.hpp>
+#include <loom/runtime/host_reads.hpp>
 #include <loom/runtime/runtime.hpp>
 
 #include "store_hold.hpp"
@@ -366,9 +367,9 @@ void run_and_agree(const runtime& rt, std::string_view what, bool mine, const st
   }
   at::Tensor failed = at::full({1}, error ? 1 : 0, at::TensorOptions().dtype(at::kInt));
   rt.host_comm().all_reduce(failed).wait();
-  if (error || failed.item<int>() != 0) failures.mark_failed();
+  if (error || host_value<int>(failed) != 0) failures.mark_failed();
   if (error) std::rethrow_exception(error);
-  if (failed.item<int>() != 0) {
+  if (host_value<int>(failed) != 0) {
     throw_error<job_failure>("{}; so {} failed on rank {} too", failures.published().value_or("another rank failed"),
                              what, rt.rank());
   }

@@ -4,6 +4,7 @@
 
 #include <loom/base/text.hpp>
 #include <loom/runtime/agreement.hpp>
+#include <loom/runtime/host_reads.hpp>
 #include <loom/runtime/runtime.hpp>
 
 #include <ATen/ATen.h>
@@ -23,13 +24,13 @@ std::int64_t next_mesh_generation(const runtime& rt) {
   at::Tensor generation = at::zeros({1}, at::kLong);
   if (rt.rank() == 0) generation.fill_(rt.store()->add("loom/meshes", 1));
   rt.host_comm().broadcast(generation, 0).wait();
-  return generation.item<std::int64_t>();
+  return host_value<std::int64_t>(generation);
 }
 
 std::unique_ptr<collectives> make_group(const runtime& rt, std::int64_t generation, const std::string& name,
-                                        std::vector<int> members, int rank) {
-  const bool nccl = rt.backend() == backend_kind::nccl;
-  const bool staged = !nccl && rt.device().is_cuda();
+                                        std::vector<int> members, int rank, bool on_host) {
+  const bool nccl = !on_host && rt.backend() == backend_kind::nccl;
+  const bool staged = !nccl && !on_host && rt.device().is_cuda();
   const int size = static_cast<int>(members.size());
   auto store = c10::make_intrusive<c10d::PrefixStore>(fmt::format("loom/mesh.{}/{}", generation, name), rt.store());
   collective_group group{name, std::move(members)};

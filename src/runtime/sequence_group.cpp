@@ -33,16 +33,18 @@ sequence_group::sequence_group(const runtime& rt, int size)
         size, counted(world_size_, "rank"),
         size < 1 ? std::string("with size 1 or more") : fmt::format("a multiple of {} ranks", size));
   }
-  if (size_ == world_size_) {
-    comm_ = &rt.comm();
+  // A communicator of its own even over the whole world: under NCCL each communicator is one stream,
+  // and on the world's the all-to-alls, which the forward waits on, would queue behind the gathers
+  // and reduce-scatters that fsdp() prefetches there.
+  if (size_ == 1) {
+    comm_ = std::make_unique<collectives>(nullptr, 0, 1);
     return;
   }
-  if (size_ == 1) {
-    own_ = std::make_unique<collectives>(nullptr, 0, 1);
-  } else {
-    own_ = make_group(rt, next_mesh_generation(rt), name(), ranks(), rank());
+  const std::int64_t generation = next_mesh_generation(rt);
+  comm_ = make_group(rt, generation, name(), ranks(), rank());
+  if (rt.backend() == backend_kind::nccl) {
+    host_ = make_group(rt, generation, name() + ".host", ranks(), rank(), /*on_host=*/true);
   }
-  comm_ = own_.get();
 }
 
 sequence_group::~sequence_group() = default;

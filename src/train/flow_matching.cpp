@@ -1,6 +1,7 @@
 #include <loom/train/flow_matching.hpp>
 
 #include <loom/base/text.hpp>
+#include <loom/runtime/host_reads.hpp>
 
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
@@ -75,7 +76,7 @@ double shifted_sigma(double sigma, double flow_shift) noexcept {
   return flow_shift * sigma / (1 + (flow_shift - 1) * sigma);
 }
 
-flow_matching::flow_matching(const flow_matching_options& options) : options_(options) {
+flow_matching::flow_matching(const flow_matching_options& options, c10::Device device) : options_(options) {
   if (const auto found = options_.problem()) {
     throw_error<std::invalid_argument>("flow_matching: {} {}", found->option, found->problem);
   }
@@ -83,8 +84,9 @@ flow_matching::flow_matching(const flow_matching_options& options) : options_(op
   const auto levels = static_cast<double>(options_.num_train_timesteps);
   const at::Tensor unshifted =
       at::linspace(1, levels, options_.num_train_timesteps, at::TensorOptions().dtype(at::kFloat)).flip(0) / levels;
-  sigmas_ = (unshifted * options_.flow_shift) / (unshifted * (options_.flow_shift - 1) + 1);
-  timesteps_ = sigmas_ * levels;
+  const at::Tensor sigmas = (unshifted * options_.flow_shift) / (unshifted * (options_.flow_shift - 1) + 1);
+  sigmas_ = to_device(sigmas, device, at::kFloat);
+  timesteps_ = to_device(sigmas * levels, device, at::kFloat);
 }
 
 at::Tensor flow_matching::draw_u(std::int64_t batch, at::Generator& generator) const {
@@ -114,10 +116,16 @@ flow_matching_inputs flow_matching::noise(const at::Tensor& x0, at::Generator& g
                                        fmt::join(x0.sizes(), ", "));
   }
   const at::Tensor epsilon = at::randn(x0.sizes(), generator, x0.options());
-  const at::Tensor chosen = levels(draw_u(x0.size(0), generator)).cpu();
+  if (generator.device() != sigmas_.device()) {
+    throw_error<std::invalid_argument>(
+        "flow_matching: the generator draws on {} and the schedule is on {}: make the flow_matching with the device "
+        "its generator draws on (flow_matching(options, device)), so that a step's levels are picked there",
+        generator.device().str(), sigmas_.device().str());
+  }
+  const at::Tensor chosen = levels(draw_u(x0.size(0), generator));
   flow_matching_inputs inputs;
-  inputs.sigmas = sigmas_.index_select(0, chosen).to(x0.device());
-  inputs.timesteps = timesteps_.index_select(0, chosen).to(x0.device());
+  inputs.sigmas = to_device(sigmas_.index_select(0, chosen), x0.device(), at::kFloat);
+  inputs.timesteps = to_device(timesteps_.index_select(0, chosen), x0.device(), at::kFloat);
   std::vector<std::int64_t> per_sample(static_cast<std::size_t>(x0.dim()), 1);
   per_sample.front() = x0.size(0);
   const at::Tensor sigma = inputs.sigmas.to(x0.scalar_type()).view(per_sample);

@@ -259,48 +259,35 @@ enum tracked_slot : std::int64_t {
   first_bad_loss,
   first_bad_norm,
   first_bad_rank,
+  stop_asked,  // how many ranks were asked to stop (a signal)
   slots
 };
 constexpr std::int64_t record_size = 4;
 
-// Issued before the last backward so that they are under way while the backward computes, not a
-// round trip of their own after it; a signal that arrives after this point stops the next step.
+// Issued before the last backward so that it is under way while the backward computes, not a
+// round trip of its own after it; a signal that arrives after this point stops the next step.
 void train_session::share_loss(const at::Tensor& loss_sum) {
   const at::Tensor mean = (loss_sum.to(at::kDouble) / options_.accumulate).reshape({});
   if (!tracked_.defined()) tracked_ = at::zeros({slots}, mean.options());
   tracked_[rank_mean].copy_(mean);
-  // Which ranks' losses are not finite travels with the loss: the sum of a NaN is NaN, and of flags, flags.
-  // One tensor for the run: the last step's reduction has been waited for and read by now.
+  // One all-reduce carries the loss, which ranks' losses are not finite (the sum of a NaN is NaN, and
+  // of flags, flags) and whether any rank was asked to stop: on a GPU, where it runs on the device, no
+  // host collective joins it. One tensor for the run: the last step's reduction has been waited for.
   const std::int64_t world = rt_.world_size();
-  if (!shared_loss_.defined()) shared_loss_ = at::empty({1 + world + (stop_with_loss() ? 1 : 0)}, mean.options());
+  if (!shared_loss_.defined()) shared_loss_ = at::empty({2 + world}, mean.options());
   shared_loss_.zero_();
   shared_loss_[0].copy_(mean);
   shared_loss_[1 + rt_.rank()].copy_(mean.isfinite().logical_not());
-  const int stop = stop_signal.load() != 0 ? 1 : 0;
-  if (stop_with_loss()) shared_loss_[1 + world].fill_(stop);
+  shared_loss_[1 + world].fill_(stop_signal.load() != 0 ? 1 : 0);
   loss_reduction_ = rt_.comm().all_reduce(shared_loss_, reduce_op::sum);
-  if (!stop_with_loss()) {
-    stop_ = at::full({1}, stop, at::kInt);
-    stop_reduction_ = rt_.host_comm().all_reduce(stop_, reduce_op::sum);
-  }
 }
 
-// On the CPU the loss is on the host already, and its collective is the host's: the stop travels in
-// it, one all-reduce a step instead of two.
-bool train_session::stop_with_loss() const { return rt_.device().is_cpu(); }
-
 bool train_session::end_step(std::int64_t step, const at::Tensor& grad_norm, bool report) {
-  if (stop_with_loss()) {
-    loss_reduction_.wait();
-    preempted_ = shared_loss_.const_data_ptr<double>()[1 + rt_.world_size()] > 0;
-  } else {
-    stop_reduction_.wait();
-    preempted_ = stop_.item<int>() > 0;
-    loss_reduction_.wait();
-  }
+  loss_reduction_.wait();  // under NCCL the device waits, not the host
   // The step's record, kept on the device; every rank's is the same.
-  const at::Tensor mean = shared_loss_[0] / rt_.world_size();
-  const at::Tensor bad_ranks = shared_loss_.narrow(0, 1, rt_.world_size()) > 0;
+  const std::int64_t world = rt_.world_size();
+  const at::Tensor mean = shared_loss_[0] / world;
+  const at::Tensor bad_ranks = shared_loss_.narrow(0, 1, world) > 0;
   const at::Tensor any_bad_rank = bad_ranks.any();
   const at::Tensor step_norm = grad_norm.defined() ? grad_norm.to(at::kDouble).reshape({}) : at::zeros_like(mean);
   const at::Tensor bad =
@@ -308,18 +295,28 @@ bool train_session::end_step(std::int64_t step, const at::Tensor& grad_norm, boo
   const at::Tensor bad_rank = at::where(any_bad_rank, bad_ranks.to(at::kDouble).argmax().to(at::kDouble), -1.0);
   tracked_.narrow(0, step_mean, record_size).copy_(at::stack({mean, step_norm, bad.to(at::kDouble), bad_rank}));
   tracked_[loss_since_log].add_(at::where(bad, 0.0, mean));
+  tracked_[stop_asked].copy_(shared_loss_[1 + world]);
   const at::Tensor first = tracked_.narrow(0, first_bad_step, record_size);
   const at::Tensor this_step = at::full({}, static_cast<double>(step), mean.options());
   first.copy_(at::where(bad.logical_and(first[0] == 0), at::stack({this_step, mean, step_norm, bad_rank}), first));
   ++steps_since_log_;
   ++steps_this_run_;
   step_ms_ = seconds_between(step_started_, steady::now()) * 1e3;
+  const bool skipping = options_.on_nonfinite == nonfinite_policy::skip;
   const bool by_steps = step % options_.log_every == 0 || step == options_.steps || step == first_logged_step_;
+  const bool every_rank_reads = by_steps || report || skipping || checkpoint_due(step);
+  bool skipped = false;
+  if (every_rank_reads) skipped = read_losses(step, grad_norm.defined());
+  // Every rank learns of a stop at the same step: on the CPU at every step (the all-reduce's result is
+  // host memory); on a GPU at the steps whose record every rank reads, and no other read is added.
+  if (rt_.device().is_cpu()) {
+    preempted_ = shared_loss_.const_data_ptr<double>()[1 + world] > 0;
+  } else if (every_rank_reads) {
+    preempted_ = stop_asked_ > 0;
+  }
   const bool by_time = seconds_between(last_progress_, steady::now()) >= options_.log_seconds;
   const bool logged = by_steps || by_time || preempted_;
-  const bool skipping = options_.on_nonfinite == nonfinite_policy::skip;
-  bool skipped = false;
-  if (logged || report || skipping || checkpoint_due(step)) skipped = read_losses(step, grad_norm.defined());
+  if (logged && !every_rank_reads) skipped = read_losses(step, grad_norm.defined());
   if (logged && !skipped) log(step);  // a skipped step has its own line
   return !skipped;
 }
@@ -354,6 +351,7 @@ bool train_session::read_losses(std::int64_t step, bool with_norm) {
   loss_since_log_ = values[loss_since_log];
   step_loss_ = values[step_mean];
   rank_loss_ = values[rank_mean];
+  stop_asked_ = values[stop_asked];
   grad_norm_ = with_norm ? std::optional(values[norm]) : std::nullopt;
   return skipped;
 }
@@ -375,7 +373,7 @@ void train_session::stop_nonfinite(std::int64_t bad_step, double loss, double gr
 void train_session::record_eval(std::int64_t step, const at::Tensor& loss) {
   at::Tensor mean = loss.detach().to(at::kDouble).reshape({1}).to(rt_.device());
   rt_.comm().all_reduce(mean, reduce_op::mean).wait();
-  eval_loss_ = read_on_host(rt_.progress(), mean).item<double>();
+  eval_loss_ = host_value<double>(read_on_host(rt_.progress(), mean));
   if (rt_.rank() != 0) return;
   fmt::print("{}{}eval at step {}/{}  loss {:.3f}\n", options_.name, options_.name.empty() ? "" : " ", step,
              options_.steps, *eval_loss_);

@@ -5,6 +5,10 @@
 #include "world.hpp"
 
 #include <loom/loom.hpp>
+#include <loom/models/causal_lm.hpp>
+#include <loom/models/wan.hpp>
+#include <loom/runtime/host_reads.hpp>
+#include <loom/train/flow_matching.hpp>
 #include <loom/train/loop.hpp>
 #include <models/tiny_gpt.hpp>
 
@@ -261,4 +265,100 @@ TEST_CASE("loom::train reads the device on the host only to log: never in forwar
   check_reads(model | loom::lora(2, {"q_proj"}) | loom::fsdp(), "lora | fsdp");
   check_reads(model | loom::fsdp({.shard_group_size = 1}), "hybrid");
   check_reads(model | loom::lora(2, {"q_proj"}) | loom::fsdp({.shard_group_size = 1}), "lora | hybrid");
+}
+
+namespace {
+
+loom::models::causal_lm_config small_llama() {
+  loom::models::causal_lm_config config;
+  config.vocab_size = 64;
+  config.hidden_size = 24;
+  config.intermediate_size = 20;
+  config.num_hidden_layers = 2;
+  config.num_attention_heads = 4;
+  config.num_key_value_heads = 2;
+  config.head_dim = 6;
+  return config;
+}
+
+loom::models::wan_config small_wan() {
+  loom::models::wan_config config;
+  config.num_attention_heads = 2;
+  config.attention_head_dim = 12;
+  config.in_channels = 4;
+  config.out_channels = 4;
+  config.text_dim = 16;
+  config.freq_dim = 16;
+  config.ffn_dim = 24;
+  config.num_layers = 2;
+  config.rope_max_seq_len = 32;
+  return config;
+}
+
+// The host reads of `loss_of`'s job over 4 steps of 2 micro-batches, each step's: the first and the
+// last are logged (one read each), the two between must read nothing, in forward, backward or between.
+template <class Job, class Loss>
+void check_unlogged_steps_read_nothing(Job& job, const Loss& loss_of) {
+  torch::optim::AdamW optimizer(job.trainable_parameters(), torch::optim::AdamWOptions(1e-3));
+  const loom::job_progress& progress = world().progress();
+  std::vector<loom::host_read_counts> at_step_start;
+  loom::train(job, optimizer,
+              {.loss =
+                   [&](std::int64_t step, int micro) {
+                     if (micro == 0) at_step_start.push_back(progress.host_reads());
+                     return loss_of(step, micro);
+                   }},
+              {.steps = 4, .accumulate = 2, .clip_norm = 1.0, .log_every = 100, .log_seconds = 1e9});
+  at_step_start.push_back(progress.host_reads());
+  REQUIRE(at_step_start.size() == 5);
+  for (std::size_t step = 1; step <= 4; ++step) {
+    CAPTURE(step);
+    const bool logged = step == 1 || step == 4;
+    CHECK(at_step_start[step].total() - at_step_start[step - 1].total() == (logged ? 1 : 0));
+  }
+}
+
+template <class Job>
+at::Tensor llama_loss(Job& job, std::int64_t step, int micro, bool split) {
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(50 * static_cast<std::uint64_t>(step) +
+                                                      10 * static_cast<std::uint64_t>(micro) +
+                                                      static_cast<std::uint64_t>(job.data_rank()));
+  const at::Tensor ids = loom::to_device(torch::randint(64, {2, 8}, gen, torch::kLong), world().device(), at::kLong);
+  const at::Tensor logits = job.forward(ids);
+  if (split) return loom::models::causal_lm_loss(logits, ids, job.module()->model->sequence);
+  return loom::models::causal_lm_loss(logits, ids);
+}
+
+template <class Plan>
+void check_llama(const Plan& plan, bool split, const std::string& name) {
+  CAPTURE(name);
+  auto job = loom::build(plan, world());
+  check_unlogged_steps_read_nothing(job,
+                                    [&](std::int64_t step, int micro) { return llama_loss(job, step, micro, split); });
+}
+
+}  // namespace
+
+TEST_CASE("the real models' steps that are not logged read nothing on the host", "[train][host_reads]") {
+  constexpr auto adapters = loom::lora(2, {"q_proj", "v_proj"});
+  const auto llama = loom::model<loom::models::CausalLM>(small_llama()) | loom::seeded(3);
+  const auto bf16 = loom::mixed_precision({.param = loom::bf16});
+  check_llama(llama | adapters | bf16 | loom::fsdp(), false, "llama-lora-bf16-fsdp");
+  check_llama(llama | adapters | loom::fsdp({.shard_group_size = 1}), false, "llama-lora-hybrid");
+  if (world().world_size() % 2 == 0) {
+    check_llama(llama | adapters | loom::sequence_parallel(2) | loom::fsdp(), true, "llama-lora-sequence-parallel-2");
+  }
+
+  // wan-lora-bf16-fsdp with flow matching: the noise and levels drawn on the device, from the step's generator.
+  auto wan = loom::build(loom::model<loom::models::Wan>(small_wan()) | loom::seeded(3) |
+                             loom::lora(2, {"to_q", "to_k", "to_v", "to_out.0"}) | bf16 | loom::fsdp(),
+                         world());
+  const loom::flow_matching method({.weighting_scheme = loom::timestep_density::logit_normal}, world().device());
+  check_unlogged_steps_read_nothing(wan, [&](std::int64_t step, int micro) {
+    at::Generator draws = loom::step_generator(7, step, world().rank(), micro, world().device());
+    const at::Tensor x0 = torch::randn({1, 4, 2, 4, 4}, draws);
+    const at::Tensor text = torch::randn({1, 5, 16}, draws);
+    const loom::flow_matching_inputs inputs = method.noise(x0, draws);
+    return loom::flow_matching::loss(wan.forward(inputs.noisy, inputs.timesteps, text), inputs);
+  });
 }

@@ -104,7 +104,7 @@ class DecoderModelImpl : public torch::nn::Module {
  private:
   // The rotary embeddings' inverse frequencies, fp32 [head_dim / 2], of full-attention layers and of
   // sliding ones: computed, not weights (as transformers' non-persistent inv_freq buffers), so they
-  // are in no state_dict.
+  // are in no state_dict; on the device of the last forward's tokens.
   at::Tensor inv_freq_, sliding_inv_freq_;
   double embedding_scale_;
 };

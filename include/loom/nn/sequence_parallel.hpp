@@ -87,9 +87,9 @@ class sequence_split {
   void begin_backward();
 
   // The batch and sequence length a forward splits, agreed across the group (one all-gather of two
-  // numbers, on `device`): throws on every rank when the ranks of a group were given batches of other
+  // numbers, on the host): throws on every rank when the ranks of a group were given batches of other
   // shapes, and when k does not divide `length`.
-  void agree_on_length(std::int64_t batch, std::int64_t length, c10::Device device);
+  void agree_on_length(std::int64_t batch, std::int64_t length);
 
   // Which exchange of an attention: q, k and v into split heads, or the result back into the split sequence.
   enum class exchange : std::uint8_t { to_heads, to_sequence };

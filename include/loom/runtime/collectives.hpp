@@ -114,6 +114,8 @@ class collectives {
   pending_collective issued(c10::intrusive_ptr<c10d::Work> work, std::string_view op, const at::Tensor& tensor,
                             std::function<void()> then = {});
   [[nodiscard]] bool staged(const at::Tensor& tensor) const noexcept { return stage_through_host_ && tensor.is_cuda(); }
+  // A staged tensor's values on the host (loom/runtime/host_reads.hpp).
+  [[nodiscard]] at::Tensor read_staged(const at::Tensor& tensor) const;
   // shard_numel(numel), or std::invalid_argument when `shard` does not have that many elements.
   std::int64_t checked_shard_size(std::string_view what, std::int64_t numel, const at::Tensor& shard) const;
 

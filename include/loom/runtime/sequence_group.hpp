@@ -5,7 +5,8 @@
 //
 //   world 4, size 2:  sequence.0 = {0, 1}, sequence.1 = {2, 3}; data-parallel rank of 2 and 3: 1 of 2
 //
-// A group of the whole world uses the world's backend; a group of one rank has none.
+// A group has a backend of its own, a group of the whole world too (its all-to-alls never queue behind
+// another group's collectives on one NCCL stream); a group of one rank has none.
 
 #include <loom/runtime/collectives.hpp>
 
@@ -34,6 +35,9 @@ class sequence_group {
   [[nodiscard]] int data_world_size() const noexcept { return world_size_ / size_; }
 
   [[nodiscard]] collectives& comm() const noexcept { return *comm_; }
+  // Collectives over host tensors among the same ranks (Gloo): the group's own under Gloo, one more
+  // group under NCCL.
+  [[nodiscard]] collectives& host_comm() const noexcept { return host_ ? *host_ : *comm_; }
   // "sequence.1": this rank's group.
   [[nodiscard]] std::string name() const;
   // "sequence[2]": how a schedule names the group, the same on every rank.
@@ -45,8 +49,8 @@ class sequence_group {
   int rank_ = 0;
   int world_size_ = 1;
   int size_ = 1;
-  std::unique_ptr<collectives> own_;  // none when the group is the world, or one rank
-  collectives* comm_ = nullptr;
+  std::unique_ptr<collectives> comm_;
+  std::unique_ptr<collectives> host_;  // under NCCL only
 };
 
 }  // namespace loom

@@ -164,14 +164,15 @@ class train_session {
   [[nodiscard]] std::string checkpoint_state(std::int64_t step) const;
   void begin_step(std::int64_t step, torch::optim::Optimizer& optimizer);
   // After the last micro-batch's forward, before its backward: `loss_sum` is this rank's summed
-  // micro-batch losses, on the device. Starts the step's small all-reduces, so that they travel
-  // during the backward: the loss's mean over the ranks, on the device, and on the host whether any
-  // rank was asked to stop (on the CPU, one all-reduce carries both).
+  // micro-batch losses, on the device. Starts the step's one small all-reduce, on the device, so that
+  // it travels during the backward: the loss's mean over the ranks, which ranks' losses are not
+  // finite, and whether any rank was asked to stop.
   void share_loss(const at::Tensor& loss_sum);
-  // After the step's backward (and clipping, whose norm `grad_norm` is, on the device): waits for the
-  // stop; keeps the step's loss and norm on the device, and reads them on a step that is logged,
-  // checkpointed or the last, where the run stops, every step with `report` (then they are in
-  // step_loss() and rank_loss()), and every step under nonfinite_policy::skip. Returns whether to
+  // After the step's backward (and clipping, whose norm `grad_norm` is, on the device): keeps the
+  // step's loss, norm and stop on the device, and reads them on a step that is logged, checkpointed
+  // or the last, where the run stops, every step with `report` (then they are in
+  // step_loss() and rank_loss()), and every step under nonfinite_policy::skip. A stop is learnt of at
+  // every step on the CPU and at the steps every rank reads on a GPU (preempted()). Returns whether to
   // update: false for a step skipped. Throws on a read that finds a loss or norm that was not finite
   // (beyond the skips allowed), naming the first such step and rank: before the update of the step
   // that read it, and before any checkpoint after it.
@@ -196,7 +197,6 @@ class train_session {
 
  private:
   void prepare_run_folder();
-  [[nodiscard]] bool stop_with_loss() const;
   // Reads what the device holds of the steps so far (one copy), at `step`, with its gradient norm or
   // without; throws when a loss or norm was not finite and is not to be skipped. Returns whether step
   // `step` is skipped.
@@ -213,17 +213,16 @@ class train_session {
   std::chrono::steady_clock::time_point started_, step_started_, last_progress_;
   double step_ms_ = 0, lr_ = 0, parameters_mb_ = 0, optimizer_mb_ = 0;
   std::optional<double> grad_norm_, eval_loss_;
-  // This rank's mean loss of the step, at 1 + r whether rank r's is not finite and, on the CPU, last,
-  // whether this rank was asked to stop; then summed over the ranks (device).
+  // This rank's mean loss of the step, at 1 + r whether rank r's is not finite and last whether this
+  // rank was asked to stop; then summed over the ranks (device).
   at::Tensor shared_loss_;
-  at::Tensor stop_;  // whether this rank was asked to stop, then summed over the ranks (host), off the CPU
-  pending_collective loss_reduction_, stop_reduction_;
+  pending_collective loss_reduction_;
   // On the device, updated each step without a read: the finite losses summed since the last log, the
   // step's mean loss and this rank's, the step's gradient norm, whether the step is not finite and the
   // lowest rank whose loss is not (-1: none), and the first such step of the run (0: none) with its
   // loss, rank and norm (tracked_slot).
   at::Tensor tracked_;
-  double step_loss_ = 0, rank_loss_ = 0, loss_since_log_ = 0;
+  double step_loss_ = 0, rank_loss_ = 0, loss_since_log_ = 0, stop_asked_ = 0;
   std::int64_t steps_since_log_ = 0, steps_this_run_ = 0;
   std::int64_t skipped_steps_ = 0;  // in the run, resumes included
   bool preempted_ = false;
