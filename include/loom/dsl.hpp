@@ -13,6 +13,7 @@
 #include <loom/dsl/rule_table.hpp>
 
 #include <loom/dsl/default_dtype.hpp>
+#include <loom/dsl/deprecated_accessors.hpp>
 #include <loom/dsl/describe.hpp>
 #include <loom/dsl/diagnostics.hpp>
 #include <loom/dsl/dtype.hpp>

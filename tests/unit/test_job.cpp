@@ -10,6 +10,7 @@
 #include <catch2/catch_test_macros.hpp>
 
 #include <catch2/matchers/catch_matchers_string.hpp>
+#include <cmath>
 #include <filesystem>
 
 using Catch::Matchers::ContainsSubstring;
@@ -416,6 +417,24 @@ TEST_CASE("the job trains: loss goes down with the optimizer over trainable_para
     (step == 0 ? first : last) = loss.item<double>();
   }
   CHECK(last < first);
+}
+
+// The norm still converts to 0.1.0's double (deprecated; tests/compat/old_names.cpp), which must not
+// make an expression of it with a number ambiguous, nor read it on the host.
+TEST_CASE("clip_grad_norm's norm is a tensor in arithmetic and comparisons with numbers", "[job][clip]") {
+  auto job = loom::build(loom::model<Gpt<loom::nn::Linear>>(small) | loom::seeded(1), one());
+  auto [x, y] = tokens(8);
+  job.backward(job.forward(x, y));
+  const loom::host_read_counts before = job.rt().progress().host_reads();
+  const auto norm = job.clip_grad_norm(1e9);
+  const at::Tensor shifted = 1 + norm - 1, scaled = norm * 2 / 2, above = norm > 0, below = 0.0 >= norm;
+  CHECK(job.rt().progress().host_reads() == before);
+  const double value = norm.item<double>();
+  CHECK(value > 0);
+  CHECK(std::abs(shifted.item<double>() - value) <= 1e-6 * (1 + value));
+  CHECK(scaled.item<double>() == value);
+  CHECK(above.item<bool>());
+  CHECK_FALSE(below.item<bool>());
 }
 
 TEST_CASE("describe() counts in one voice and spells the model's type as the plan does", "[job]") {

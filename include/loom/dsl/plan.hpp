@@ -2,6 +2,7 @@
 // constexpr when its arguments are. What the runtime reads of it is below.
 #pragma once
 
+#include <loom/dsl/deprecated_accessors.hpp>
 #include <loom/dsl/pipe.hpp>
 #include <loom/dsl/rule_table.hpp>
 #include <loom/dsl/stage_kind.hpp>
@@ -40,7 +41,7 @@ struct strategy_at<Index, Tuple, false> {
 }  // namespace detail
 
 template <class Model, class... Stages>
-class plan : public detail::pipeable {
+class plan : public detail::pipeable, public detail::deprecated_stage_accessors<plan<Model, Stages...>> {
   using stage_tuple = std::tuple<Model, Stages...>;
 
   template <stage_kind K>

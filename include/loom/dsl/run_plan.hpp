@@ -5,6 +5,7 @@
 // describe() prints what the equivalent typed plan prints.
 #pragma once
 
+#include <loom/dsl/deprecated_accessors.hpp>
 #include <loom/dsl/plan.hpp>
 #include <loom/dsl/rules.hpp>
 #include <loom/dsl/stage_kind.hpp>
@@ -32,7 +33,7 @@ struct run_stages {
 };
 
 template <class Model>
-class run_plan {
+class run_plan : public detail::deprecated_stage_accessors<run_plan<Model>> {
  public:
   using model_type = typename Model::model_type;
 

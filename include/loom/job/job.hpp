@@ -4,6 +4,7 @@
 
 #include <loom/io/peft.hpp>
 #include <loom/io/weights.hpp>
+#include <loom/job/gradient_norm.hpp>
 #include <loom/lora/lora.hpp>
 #include <loom/precision/precision.hpp>
 #include <loom/runtime/failpoints.hpp>
@@ -397,12 +398,13 @@ class job {
 
   // Clips the gradients to a global p-norm of at most max_norm and returns the norm before clipping,
   // as torch.nn.utils.clip_grad_norm_ does: a 0-d tensor on the job's device, computed there, so the
-  // host does not wait for it (read it with .item() when it is logged).
-  at::Tensor clip_grad_norm(double max_norm, double norm_type = 2.0) {
+  // host does not wait for it (read it with .item() when it is logged). Until loom 0.3.0 it also
+  // converts to a double, deprecated, as 0.1.0 returned it (loom/job/gradient_norm.hpp).
+  gradient_norm clip_grad_norm(double max_norm, double norm_type = 2.0) {
     at::Tensor norm;
     core_.run_outside_pass("gradient clipping",
                            [&] { norm = hooks::clip_grad_norm(engine_, core_.context(), max_norm, norm_type); });
-    return norm;
+    return {std::move(norm), rt()};
   }
 
   // Gradient accumulation: backward inside the guard's lifetime communicates nothing; the next
