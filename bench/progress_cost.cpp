@@ -28,7 +28,8 @@ namespace {
 using clock_type = std::chrono::steady_clock;
 
 // c10d's FakeProcessGroup needs Python's headers; this is its all-gather alone. Its work reports
-// itself incomplete, as a real one does when the wait begins, so the wait is marked.
+// itself incomplete, as a real one does when the wait begins, so the wait is marked, and complete
+// once waited, as Gloo's does, so the rank's progress lets it go at the next issue.
 class no_op_backend final : public c10d::Backend {
  public:
   no_op_backend() : c10d::Backend(/*rank=*/0, /*size=*/2) {}
@@ -39,7 +40,10 @@ class no_op_backend final : public c10d::Backend {
 
  private:
   struct done_work final : c10d::Work {
-    bool wait(std::chrono::milliseconds) override { return true; }
+    bool wait(std::chrono::milliseconds) override {
+      finish();
+      return true;
+    }
   };
 };
 

@@ -31,9 +31,11 @@ c10::intrusive_ptr<c10d::Backend> make_gloo(const c10::intrusive_ptr<c10d::Store
 #ifdef LOOM_HAVE_NCCL
 // A NCCL backend named `name` (its flight recorder's and watchdog's entries say which group), bound
 // to `device`, its communicator made now, at build, rather than lazily by the first collective
-// inside a step, on whichever thread issues it; nccl_environment's settings applied first.
+// inside a step, on whichever thread issues it; nccl_environment's settings applied first. Enlisted
+// in `failures`, whose break_connections aborts its communicators.
 c10::intrusive_ptr<c10d::Backend> make_nccl(const c10::intrusive_ptr<c10d::Store>& store, const launch_env& env,
-                                            int rank, int size, const std::string& name, c10::Device device);
+                                            int rank, int size, const std::string& name, c10::Device device,
+                                            job_failures& failures);
 #endif
 
 // The groups of a mesh (src/runtime/mesh.cpp): a number for a new mesh's groups that no earlier

@@ -1,5 +1,6 @@
 #include <loom/base/text.hpp>
 #include <loom/runtime/collectives.hpp>
+#include <loom/runtime/failpoints.hpp>
 #include <loom/runtime/host_reads.hpp>
 #include <loom/runtime/tensors.hpp>
 
@@ -66,15 +67,19 @@ collectives::collectives(c10::intrusive_ptr<c10d::Backend> backend, int rank, in
 
 collectives::~collectives() = default;
 
-pending_collective collectives::issued(c10::intrusive_ptr<c10d::Work> work, std::string_view op,
-                                       const at::Tensor& tensor, std::function<void()> then) {
+template <class Start>
+pending_collective collectives::issue(std::string_view op, const at::Tensor& tensor, Start start,
+                                      std::function<void()> then) {
+  failpoint("collective.issue");
+  if (injected_skip("collective.issue")) return {};
+  c10::intrusive_ptr<c10d::Work> work = start();
   collective_label label{.progress = progress_, .number = ++issued_, .what = {}, .group = {}};
   if (progress_ != nullptr) {
     label.what = tensor.defined()
                      ? fmt::format("{} {}", op, tensor_spec{{}, tensor.sizes().vec(), tensor.scalar_type()}.layout())
                      : std::string(op);
     label.group = group_;
-    progress_->issued(label.number, label.what, label.group);
+    progress_->issued({label.number, label.what, label.group}, work);
   }
   return pending_collective(std::move(work), std::move(then), std::move(label));
 }
@@ -97,7 +102,8 @@ pending_collective collectives::all_reduce(at::Tensor& tensor, reduce_op op) {
   std::vector<at::Tensor> tensors{tensor};
   c10d::AllreduceOptions options;
   options.reduceOp = backend_op(op);
-  return issued(backend_->allreduce(tensors, options), "all_reduce", tensor, divided_after(tensor, op));
+  const auto start = [&] { return backend_->allreduce(tensors, options); };
+  return issue("all_reduce", tensor, start, divided_after(tensor, op));
 }
 
 std::function<void()> collectives::divided_after(const at::Tensor& sum, reduce_op op) const {
@@ -118,7 +124,7 @@ pending_collective collectives::broadcast(at::Tensor& tensor, int root) {
   std::vector<at::Tensor> tensors{tensor};
   c10d::BroadcastOptions options;
   options.rootRank = root;
-  return issued(backend_->broadcast(tensors, options), "broadcast", tensor);
+  return issue("broadcast", tensor, [&] { return backend_->broadcast(tensors, options); });
 }
 
 std::int64_t collectives::checked_shard_size(std::string_view what, std::int64_t numel, const at::Tensor& shard) const {
@@ -144,10 +150,10 @@ pending_collective collectives::all_gather(const at::Tensor& shard, at::Tensor& 
   at::Tensor input = flat_contiguous(shard);
   const bool direct = flat.is_contiguous() && shard_size * world_size_ == numel;
   at::Tensor output = direct ? flat.view(-1) : at::empty({shard_size * world_size_}, flat.options());
-  auto work = backend_->_allgather_base(output, input);
-  if (direct) return issued(std::move(work), "all_gather", flat);
-  return issued(std::move(work), "all_gather", flat,
-                [flat, output, numel]() mutable { flat.copy_(output.narrow(0, 0, numel).view(flat.sizes())); });
+  const auto start = [&] { return backend_->_allgather_base(output, input); };
+  if (direct) return issue("all_gather", flat, start);
+  return issue("all_gather", flat, start,
+               [flat, output, numel]() mutable { flat.copy_(output.narrow(0, 0, numel).view(flat.sizes())); });
 }
 
 pending_collective collectives::reduce_scatter(const at::Tensor& flat, at::Tensor& shard, reduce_op op) {
@@ -178,9 +184,9 @@ pending_collective collectives::reduce_scatter(const at::Tensor& flat, at::Tenso
   at::Tensor output = direct ? shard.view(-1) : at::empty({shard_size}, shard.options());
   c10d::ReduceScatterOptions options;
   options.reduceOp = backend_op(op);
-  auto work = backend_->_reduce_scatter_base(output, input, options);
-  if (direct) return issued(std::move(work), "reduce_scatter", input, divided_after(shard, op));
-  return issued(std::move(work), "reduce_scatter", input, [shard, output, mean = divided_after(shard, op)]() mutable {
+  const auto start = [&] { return backend_->_reduce_scatter_base(output, input, options); };
+  if (direct) return issue("reduce_scatter", input, start, divided_after(shard, op));
+  return issue("reduce_scatter", input, start, [shard, output, mean = divided_after(shard, op)]() mutable {
     shard.copy_(output.view(shard.sizes()));
     if (mean) mean();
   });
@@ -191,9 +197,9 @@ pending_collective collectives::emulated_reduce_scatter(const at::Tensor& padded
   std::vector<at::Tensor> tensors{reduced};
   c10d::AllreduceOptions options;
   options.reduceOp = backend_op(reduce_op::sum);
-  auto work = backend_->allreduce(tensors, options);
   const std::int64_t shard_size = shard.numel();
-  return issued(std::move(work), "all_reduce", reduced, [shard, reduced, offset = rank_ * shard_size]() mutable {
+  const auto start = [&] { return backend_->allreduce(tensors, options); };
+  return issue("all_reduce", reduced, start, [shard, reduced, offset = rank_ * shard_size]() mutable {
     shard.copy_(reduced.narrow(0, offset, shard.numel()).view(shard.sizes()));
   });
 }
@@ -217,14 +223,14 @@ pending_collective collectives::all_to_all(const at::Tensor& input, at::Tensor& 
   const bool direct = output.is_contiguous();
   at::Tensor received = direct ? output : at::empty(output.sizes(), output.options());
   std::vector<std::int64_t> equal_splits;  // c10d's "equal blocks" when both are empty
-  auto work = backend_->alltoall_base(received, send, equal_splits, equal_splits);
-  if (direct) return issued(std::move(work), "all_to_all", send);
-  return issued(std::move(work), "all_to_all", send, [output, received]() mutable { output.copy_(received); });
+  const auto start = [&] { return backend_->alltoall_base(received, send, equal_splits, equal_splits); };
+  if (direct) return issue("all_to_all", send, start);
+  return issue("all_to_all", send, start, [output, received]() mutable { output.copy_(received); });
 }
 
 pending_collective collectives::barrier() {
   if (!backend_) return {};
-  return issued(backend_->barrier(), "barrier", at::Tensor());
+  return issue("barrier", at::Tensor(), [&] { return backend_->barrier(); });
 }
 
 }  // namespace loom

@@ -19,6 +19,7 @@ struct armed_failpoint {
   int signal = SIGKILL;
   double sleep_s = 0;             // LOOM_FAILPOINT_SLEEP_S: sleep instead of a signal
   std::optional<double> value{};  // LOOM_FAILPOINT_VALUE: a factor instead of a signal
+  bool skip = false;              // LOOM_FAILPOINT_SKIP: skipped instead of a signal
   std::atomic<long> passes{0};
 };
 
@@ -56,6 +57,7 @@ armed_failpoint* armed() {
     point->signal = signal_number(std::getenv("LOOM_FAILPOINT_SIGNAL"));
     if (const char* sleep = std::getenv("LOOM_FAILPOINT_SLEEP_S")) point->sleep_s = std::strtod(sleep, nullptr);
     if (const char* value = std::getenv("LOOM_FAILPOINT_VALUE")) point->value = std::strtod(value, nullptr);
+    if (const char* skip = std::getenv("LOOM_FAILPOINT_SKIP")) point->skip = std::string(skip) == "1";
     return point;
   }();
   return point;
@@ -65,7 +67,7 @@ armed_failpoint* armed() {
 
 void failpoint(std::string_view name) {
   armed_failpoint* point = armed();
-  if (point == nullptr || point->error != 0 || point->value || point->name != name) return;
+  if (point == nullptr || point->error != 0 || point->value || point->skip || point->name != name) return;
   if (++point->passes != point->hit) return;
   if (point->sleep_s > 0) {
     std::this_thread::sleep_for(std::chrono::duration<double>(point->sleep_s));
@@ -84,6 +86,12 @@ std::optional<double> injected_value(std::string_view name) {
   armed_failpoint* point = armed();
   if (point == nullptr || !point->value || point->name != name) return std::nullopt;
   return ++point->passes == point->hit ? point->value : std::nullopt;
+}
+
+bool injected_skip(std::string_view name) {
+  armed_failpoint* point = armed();
+  if (point == nullptr || !point->skip || point->name != name) return false;
+  return ++point->passes == point->hit;
 }
 
 }  // namespace loom

@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+
 namespace loom {
 namespace {
 
@@ -9,7 +11,38 @@ double seconds(std::chrono::milliseconds span) { return static_cast<double>(span
 
 bool same_wait(const progress_snapshot& a, const progress_snapshot& b) {
   return a.at == b.at && a.waiting == b.waiting && a.collective == b.collective && a.what == b.what &&
-         a.group == b.group;
+         a.group == b.group && a.unfinished == b.unfinished;
+}
+
+// How this rank's error begins: its wait on the host or, where the host does not wait (NCCL), the
+// oldest collective it issued that is not complete.
+std::string waited_text(const progress_snapshot& mine) {
+  if (mine.waiting != wait_kind::none || !mine.unfinished) {
+    return fmt::format("it waited {:g} s in {}", seconds(mine.waited), mine.where());
+  }
+  return fmt::format("its {} is not complete {:g} s after it was issued ({})", mine.unfinished->to_string(),
+                     seconds(mine.unfinished_for), mine.at.to_string());
+}
+
+// "rank 3", "ranks 0 and 2", "ranks 0-2", "ranks 0, 1 and 5-7": `ranks` ascending, runs of three or
+// more as ranges.
+std::string ranks_text(const std::vector<int>& ranks) {
+  std::vector<std::string> parts;
+  for (std::size_t first = 0; first < ranks.size();) {
+    std::size_t last = first;
+    while (last + 1 < ranks.size() && ranks[last + 1] == ranks[last] + 1) ++last;
+    if (last - first >= 2) {
+      parts.push_back(fmt::format("{}-{}", ranks[first], ranks[last]));
+    } else {
+      for (std::size_t i = first; i <= last; ++i) parts.push_back(std::to_string(ranks[i]));
+    }
+    first = last + 1;
+  }
+  std::string text = ranks.size() == 1 ? "rank " : "ranks ";
+  for (std::size_t i = 0; i < parts.size(); ++i) {
+    text += (i == 0 ? "" : i + 1 == parts.size() ? " and " : ", ") + parts[i];
+  }
+  return text;
 }
 
 bool waits_on_collective(const progress_snapshot& snapshot) {
@@ -19,11 +52,13 @@ bool waits_on_collective(const progress_snapshot& snapshot) {
 
 }  // namespace
 
-hang_watch::hang_watch(int rank, std::chrono::milliseconds after, std::chrono::milliseconds silence)
-    : rank_(rank), after_(after), silence_(silence) {}
+hang_watch::hang_watch(int rank, std::chrono::milliseconds after, std::chrono::milliseconds silence,
+                       std::chrono::milliseconds overdue)
+    : rank_(rank), after_(after), silence_(silence), overdue_(overdue) {}
 
 bool hang_watch::due(const progress_snapshot& mine) const noexcept {
-  return mine.waiting != wait_kind::none && mine.waited >= after_;
+  return (mine.waiting != wait_kind::none && mine.waited >= after_) ||
+         (mine.unfinished && mine.unfinished_for >= after_);
 }
 
 void hang_watch::reset() noexcept {
@@ -50,8 +85,12 @@ std::optional<std::string> hang_watch::look(const progress_snapshot& mine, std::
     suspected_.reset();
     return std::nullopt;
   }
-  if (suspected_ && same_wait(suspected_->first, mine) && suspected_->second.why == found->why &&
-      suspected_->second.peer == found->peer) {
+  // A peer that has not issued a collective is about the collective: under NCCL this rank's host
+  // goes on meanwhile. Every other finding is about the wait.
+  const bool same_subject = found->why == finding::rule::peer_not_issued
+                                ? suspected_ && suspected_->first.unfinished == mine.unfinished
+                                : suspected_ && same_wait(suspected_->first, mine);
+  if (same_subject && suspected_->second.why == found->why && suspected_->second.peer == found->peer) {
     return std::move(found->error);
   }
   suspected_.emplace(mine, std::move(*found));
@@ -62,7 +101,7 @@ std::optional<hang_watch::finding> hang_watch::reason(const progress_snapshot& m
                                                       const std::optional<std::string>& published,
                                                       clock::time_point now) const {
   using enum finding::rule;
-  const std::string waited = fmt::format("it waited {:g} s in {}", seconds(mine.waited), mine.where());
+  const std::string waited = waited_text(mine);
   if (published) {
     // The failed rank's exit breaks the wait, and the error then names it: give that a silence.
     if (now - *published_since_ < silence_) return std::nullopt;
@@ -109,6 +148,37 @@ std::optional<hang_watch::finding> hang_watch::reason(const progress_snapshot& m
                     "debugger) or died without a word",
                     waited, peer.rank, seconds(still),
                     peer.progress ? "its last beat: " + peer.progress->where() : std::string("it never sent one"))};
+  }
+  // A collective that a live member of its group never issued: under NCCL no wait shows it (the host
+  // goes on), under Gloo the host waits on it, and either way only the transport's timeout would end
+  // it, naming this rank's own operation.
+  if (mine.unfinished && mine.unfinished_for >= overdue_) {
+    const issued_collective& unfinished = *mine.unfinished;
+    std::vector<const peer_record*> not_issued;
+    std::vector<int> issued{rank_};
+    for (const peer_record& peer : peers) {
+      if (peer.rank == rank_ || !peer.progress || !unfinished.group.includes(peer.rank)) continue;
+      if (peer.progress->issued_over(unfinished.group) < unfinished.number) {
+        not_issued.push_back(&peer);
+      } else {
+        issued.push_back(peer.rank);
+      }
+    }
+    if (!not_issued.empty()) {
+      std::sort(not_issued.begin(), not_issued.end(), [](const auto* a, const auto* b) { return a->rank < b->rank; });
+      std::sort(issued.begin(), issued.end());
+      std::vector<int> not_issued_ranks;
+      for (const peer_record* peer : not_issued) not_issued_ranks.push_back(peer->rank);
+      const peer_record& first = *not_issued.front();
+      const bool one = not_issued.size() == 1;
+      return finding{
+          peer_not_issued, first.rank,
+          fmt::format("{} {} not issued {}, which {} {} on (rank {} issued it {:g} s ago; rank {}'s last beat: {}): "
+                      "{} stuck outside loom's collectives, or {}",
+                      ranks_text(not_issued_ranks), one ? "has" : "have", unfinished.to_string(), ranks_text(issued),
+                      issued.size() == 1 ? "waits" : "wait", rank_, seconds(mine.unfinished_for), first.rank,
+                      first.progress->where(), one ? "it is" : "they are", different_collectives)};
+    }
   }
   return std::nullopt;
 }

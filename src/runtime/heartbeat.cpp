@@ -4,8 +4,10 @@
 
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
+#include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <string>
 
 namespace loom {
@@ -23,16 +25,24 @@ std::optional<std::string> value_of(c10d::Store& store, const std::string& key) 
   return text(store.get(key));
 }
 
+// How long a collective may stay unfinished before a peer that has not issued it is named: the
+// heartbeat's lead short of the transport's timeout, or half a timeout too short for that lead.
+std::chrono::milliseconds overdue_after(std::chrono::milliseconds timeout) {
+  return std::max(timeout - heartbeat::timeout_lead, timeout / 2);
+}
+
 }  // namespace
 
-heartbeat::heartbeat(const c10::intrusive_ptr<c10d::Store>& store, int rank, int world_size,
-                     const job_progress& tracker, job_failures& failures, std::chrono::milliseconds hang_check)
+heartbeat::heartbeat(const c10::intrusive_ptr<c10d::Store>& store, const launch_env& env, c10::Device device,
+                     const job_progress& tracker, job_failures& failures)
     : store_(store->clone()),
-      rank_(rank),
-      world_size_(world_size),
+      rank_(env.rank),
+      world_size_(env.world_size),
+      device_(device),
       progress_(tracker),
       failures_(failures),
-      hang_check_(hang_check) {
+      hang_check_(env.hang_check),
+      overdue_(overdue_after(env.timeout)) {
   store_->set(progress_key(rank_), bytes(encode_progress(0, progress_.snapshot())));
   thread_ = std::thread([this] { beat_until_stopped(); });
 }
@@ -53,14 +63,17 @@ heartbeat::~heartbeat() {
 }
 
 void heartbeat::beat_until_stopped() {
-  hang_watch watch(rank_, hang_check_, silence);
+  // Each snapshot asks the device whether collectives are complete (NCCL's events): on the rank's
+  // device, or CUDA would give this thread a context of its own on device 0.
+  if (!device_.is_cpu()) c10::impl::getDeviceGuardImpl(device_.type())->setDevice(device_);
+  hang_watch watch(rank_, hang_check_, silence, overdue_);
   std::int64_t beat = 0;
   std::unique_lock lock(mutex_);
   while (!wake_.wait_for(lock, interval, [this] { return stopping_; })) {
     try {
       const progress_snapshot mine = progress_.snapshot();
       store_->set(progress_key(rank_), bytes(encode_progress(++beat, mine)));
-      if (hang_check_.count() == 0 || mine.waiting == wait_kind::none) {
+      if (hang_check_.count() == 0 || !mine.awaits_peers()) {
         watch.reset();
         continue;
       }

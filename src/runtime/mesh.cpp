@@ -36,8 +36,8 @@ std::unique_ptr<collectives> make_group(const runtime& rt, std::int64_t generati
   collective_group group{name, std::move(members)};
 #ifdef LOOM_HAVE_NCCL
   if (nccl) {
-    return std::make_unique<collectives>(make_nccl(store, rt.env(), rank, size, name, rt.device()), rank, size, staged,
-                                         &rt.progress(), std::move(group));
+    return std::make_unique<collectives>(make_nccl(store, rt.env(), rank, size, name, rt.device(), rt.failures()), rank,
+                                         size, staged, &rt.progress(), std::move(group));
   }
 #endif
   return std::make_unique<collectives>(make_gloo(store, rt.env(), rank, size, rt.failures()), rank, size, staged,

@@ -311,7 +311,8 @@ c10::intrusive_ptr<c10d::Backend> make_gloo(const c10::intrusive_ptr<c10d::Store
 
 #ifdef LOOM_HAVE_NCCL
 c10::intrusive_ptr<c10d::Backend> make_nccl(const c10::intrusive_ptr<c10d::Store>& store, const launch_env& env,
-                                            int rank, int size, const std::string& name, c10::Device device) {
+                                            int rank, int size, const std::string& name, c10::Device device,
+                                            job_failures& failures) {
   for (const environment_setting& setting : nccl_environment(env)) {
     ::setenv(setting.name.c_str(), setting.value.c_str(), /*overwrite=*/0);
   }
@@ -322,6 +323,7 @@ c10::intrusive_ptr<c10d::Backend> make_nccl(const c10::intrusive_ptr<c10d::Store
                                                              rank, size, options);
   backend->setBoundDeviceId(device);
   backend->eagerConnectSingleDevice(device);
+  failures.enlist(backend);
   return backend;
 }
 #endif
@@ -405,7 +407,7 @@ runtime::runtime(const launch_env& env) : state_(std::make_shared<state>()) {
     device_backend = gloo;
 #ifdef LOOM_HAVE_NCCL
     if (s.backend == backend_kind::nccl) {
-      device_backend = make_nccl(s.store, env, env.rank, env.world_size, "world", s.device);
+      device_backend = make_nccl(s.store, env, env.rank, env.world_size, "world", s.device, *s.failures);
       s.group->setBackend(c10::kCUDA, c10d::ProcessGroup::BackendType::NCCL, device_backend);
     }
 #endif
@@ -425,7 +427,7 @@ runtime::runtime(const launch_env& env) : state_(std::make_shared<state>()) {
                                                 &s.progress, collective_group{"host", all_ranks(env.world_size)});
   }
   s.failures->watch(s.store, s.progress);
-  s.pulse = std::make_unique<heartbeat>(s.store, env.rank, env.world_size, s.progress, *s.failures, env.hang_check);
+  s.pulse = std::make_unique<heartbeat>(s.store, env, s.device, s.progress, *s.failures);
 }
 
 int runtime::rank() const noexcept { return state_->env.rank; }

@@ -110,9 +110,12 @@ class collectives {
   [[nodiscard]] std::function<void()> divided_after(const at::Tensor& sum, reduce_op op) const;
   // The backend's reduction for `op`.
   [[nodiscard]] c10d::ReduceOp backend_op(reduce_op op) const;
-  // `work`, issued now as this rank's next collective, an `op` of `tensor`.
-  pending_collective issued(c10::intrusive_ptr<c10d::Work> work, std::string_view op, const at::Tensor& tensor,
-                            std::function<void()> then = {});
+  // The one place a collective starts: `start` (the backend's call, returning its work) issued now as
+  // this rank's next collective, an `op` of `tensor`, told to the rank's progress, unfinished there
+  // until its work is complete. The failpoint collective.issue holds it up (LOOM_FAILPOINT_SLEEP_S: a
+  // rank slow to issue it) or skips it (LOOM_FAILPOINT_SKIP: a rank that never issues it).
+  template <class Start>
+  pending_collective issue(std::string_view op, const at::Tensor& tensor, Start start, std::function<void()> then = {});
   [[nodiscard]] bool staged(const at::Tensor& tensor) const noexcept { return stage_through_host_ && tensor.is_cuda(); }
   // A staged tensor's values on the host (loom/runtime/host_reads.hpp).
   [[nodiscard]] at::Tensor read_staged(const at::Tensor& tensor) const;

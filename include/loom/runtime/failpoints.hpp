@@ -15,6 +15,9 @@
 //                                               that is merely slow)
 //   LOOM_FAILPOINT_VALUE=nan                    multiply the value computed there by this one (nan,
 //                                               inf or -inf: a loss that goes non-finite) instead
+//   LOOM_FAILPOINT_SKIP=1                       skip what is done there instead (collective.issue: a
+//                                               collective this rank never issues, as in a branch
+//                                               that only some ranks take)
 
 #include <optional>
 #include <string_view>
@@ -22,7 +25,7 @@
 namespace loom {
 
 // Dies by SIGKILL (or raises LOOM_FAILPOINT_SIGNAL, or sleeps) when the environment selects `name`
-// on this rank and this is the chosen pass (and names no LOOM_FAILPOINT_ERRNO or _VALUE).
+// on this rank and this is the chosen pass (and names no LOOM_FAILPOINT_ERRNO, _VALUE or _SKIP).
 void failpoint(std::string_view name);
 
 // The errno that the call at `name` must fail with when the environment selects `name` with
@@ -32,5 +35,9 @@ void failpoint(std::string_view name);
 // The factor that the value computed at `name` must be multiplied by when the environment selects
 // `name` with LOOM_FAILPOINT_VALUE on this rank and this is the chosen pass; otherwise nothing.
 [[nodiscard]] std::optional<double> injected_value(std::string_view name);
+
+// Whether what is done at `name` must be skipped: the environment selects `name` with
+// LOOM_FAILPOINT_SKIP on this rank and this is the chosen pass.
+[[nodiscard]] bool injected_skip(std::string_view name);
 
 }  // namespace loom

@@ -89,14 +89,15 @@ class job_failures {
   // peers read it before this process ends.
   void say_and_publish(const std::string& message) const noexcept;
 
-  // The job's Gloo backends (the world's and each mesh group's), whose connections a broken
+  // The job's backends (Gloo's and NCCL's: the world's and each group's), whose connections a broken
   // transport closes: see break_connections.
   void enlist(const c10::intrusive_ptr<c10d::Backend>& backend);
-  // Closes this rank's connections in every enlisted backend, hard (a reset, not a drain). A rank
-  // whose collective broke can take no further part in the job, yet its process may live on for
-  // the transport's timeout (its Gloo threads, and the runtime's destruction, wait on collectives
-  // that cannot finish now) or longer (a program that caught the error); a peer waiting on it in
-  // another collective, or another group, breaks now rather than then.
+  // Closes this rank's connections in every enlisted backend, hard (a reset, not a drain; NCCL's
+  // communicators aborted, as its watchdog would at the timeout). A rank whose collective broke can
+  // take no further part in the job, yet its process may live on for the transport's timeout (its
+  // Gloo threads, and the runtime's destruction, wait on collectives that cannot finish now) or
+  // longer (a program that caught the error); a peer waiting on it in another collective, or
+  // another group, breaks now rather than then.
   void break_connections() noexcept;
 
  private:

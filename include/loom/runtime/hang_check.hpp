@@ -1,14 +1,19 @@
 #pragma once
-// The hang check: a rank that has waited on collectives for LOOM_HANG_CHECK_S looks at its peers'
-// published progress (loom/runtime/progress.hpp) and stops the job when its wait can never end:
+// The hang check: a rank that has waited on collectives for LOOM_HANG_CHECK_S (on the host, or with
+// one unfinished on the device) looks at its peers' published progress (loom/runtime/progress.hpp)
+// and stops the job when its wait can never end:
 // - a peer published a failure and, a silence later, its exit has not broken the wait; or a peer
 //   left the job (its program ended, its runtime was destroyed);
 // - a peer's heartbeat stopped: it is stopped (SIGSTOP, a debugger) or died without a word;
 // - it waits on one of loom's collectives and a peer of the collective's group is past that point
 //   in the job (a later ordinal) without having joined it: had the peer issued it, it would be complete;
-// - it and a peer both wait on their collective number n of the same group, and the two differ.
-// A peer that is merely slow (still computing, at or before this rank's point) never trips it, nor
-// does a rank that computes for a long time: only waits are checked. docs/reliability.md.
+// - it and a peer both wait on their collective number n of the same group, and the two differ;
+// - its oldest unfinished collective, number n of a group, is about to reach the transport's timeout,
+//   and a live peer of the group has issued fewer than n over it: the peer is named, where the
+//   transport (NCCL's watchdog, Gloo's timeout) would name only this rank's own operation.
+// A peer that is merely slow (still computing, at or before this rank's point) never trips it before
+// the transport's timeout would end the job, nor does a rank that computes for a long time: only
+// waits are checked. docs/reliability.md.
 
 #include <loom/runtime/progress.hpp>
 
@@ -40,15 +45,19 @@ class hang_watch {
   using clock = std::chrono::steady_clock;
 
   // `after`: how long a wait lasts before this rank looks; `silence`: how long a peer's heartbeat
-  // may stand still before it counts as stopped.
-  hang_watch(int rank, std::chrono::milliseconds after, std::chrono::milliseconds silence);
+  // may stand still before it counts as stopped; `overdue`: how long a collective may stay
+  // unfinished before a peer that has not issued it is named (just short of the transport's timeout,
+  // which ends the wait anyway: a peer slower than that cannot finish the job).
+  hang_watch(int rank, std::chrono::milliseconds after, std::chrono::milliseconds silence,
+             std::chrono::milliseconds overdue);
 
   // Whether this rank has waited long enough to look at its peers.
   [[nodiscard]] bool due(const progress_snapshot& mine) const noexcept;
 
   // One look, at `now`, with the peers' records and the failure a rank published, if any. Returns
   // the job's error (without "loom: ") once the same reason has held at two looks in a row on the
-  // same wait, so that a collective completing just then is not taken for a hang.
+  // same wait (or, for a peer that has not issued a collective, the same unfinished collective), so
+  // that a collective completing just then is not taken for a hang.
   [[nodiscard]] std::optional<std::string> look(const progress_snapshot& mine, std::span<const peer_record> peers,
                                                 const std::optional<std::string>& published, clock::time_point now);
 
@@ -61,7 +70,7 @@ class hang_watch {
  private:
   // Which rule found the wait hopeless, about which peer, and the error that says so.
   struct finding {
-    enum class rule { peer_failed, peer_left, peer_past, peer_differs, peer_silent } why;
+    enum class rule { peer_failed, peer_left, peer_past, peer_differs, peer_silent, peer_not_issued } why;
     int peer;
     std::string error;
   };
@@ -75,9 +84,10 @@ class hang_watch {
   int rank_;
   std::chrono::milliseconds after_;
   std::chrono::milliseconds silence_;
+  std::chrono::milliseconds overdue_;
   std::vector<std::optional<beat_seen>> beats_;                     // by rank, while this rank waits
   std::optional<clock::time_point> published_since_;                // when a look first found a published failure
-  std::optional<std::pair<progress_snapshot, finding>> suspected_;  // the wait, and what the last look found
+  std::optional<std::pair<progress_snapshot, finding>> suspected_;  // this rank, and what the last look found
 };
 
 }  // namespace loom

@@ -3,13 +3,16 @@
 // segfault, the OOM killer, SIGSTOP) from one that is only blocked in a collective, and to find
 // waits that can never end: a thread publishes this rank's beat count and progress
 // (loom/runtime/progress.hpp) in the rendezvous store every beat, on a store connection of its own,
-// so a rank waiting on a collective still beats. While this rank waits, the same thread runs the
-// hang check (loom/runtime/hang_check.hpp). A rank that ends on purpose says so, and where, so its
-// silence is not taken for a death; one whose job failed does not, so it is not taken for the cause.
+// so a rank waiting on a collective still beats. While this rank waits, or has a collective
+// unfinished on the device, the same thread runs the hang check (loom/runtime/hang_check.hpp). A
+// rank that ends on purpose says so, and where, so its silence is not taken for a death; one whose
+// job failed does not, so it is not taken for the cause.
 
 #include <loom/runtime/failures.hpp>
+#include <loom/runtime/launch_env.hpp>
 #include <loom/runtime/progress.hpp>
 
+#include <c10/core/Device.h>
 #include <c10/util/intrusive_ptr.h>
 
 #include <chrono>
@@ -33,13 +36,18 @@ class heartbeat {
   static constexpr std::chrono::milliseconds interval{500};
   // Five beats: a live rank, however busy, beats in that time.
   static constexpr std::chrono::milliseconds silence = 5 * interval;
+  // How long before the transport's timeout (LOOM_TIMEOUT_S) a peer that has not issued an unfinished
+  // collective is named: a look, a second one a beat later, then the publishing and a beat's linger
+  // (failures.hpp), all before the transport ends the wait in words of its own.
+  static constexpr std::chrono::milliseconds timeout_lead = 5 * interval;
 
-  // Starts beating for `rank` on a clone of `store` (which must already hold the job's key space),
+  // Starts beating for env.rank on a clone of `store` (which must already hold the job's key space),
   // publishing `tracker`'s snapshots and telling `failures` what it reads of the job's failure;
-  // checks for hangs once a wait has lasted `hang_check` (zero: never), and stops the job through
-  // `failures` when a wait can never end.
-  heartbeat(const c10::intrusive_ptr<c10d::Store>& store, int rank, int world_size, const job_progress& tracker,
-            job_failures& failures, std::chrono::milliseconds hang_check);
+  // checks for hangs once a wait has lasted env.hang_check (zero: never), and stops the job through
+  // `failures` when a wait can never end. `device`: the rank's, on which this thread asks whether
+  // collectives are complete.
+  heartbeat(const c10::intrusive_ptr<c10d::Store>& store, const launch_env& env, c10::Device device,
+            const job_progress& tracker, job_failures& failures);
   // Stops beating and, unless this rank's job failed, says that it left on purpose.
   ~heartbeat();
   heartbeat(const heartbeat&) = delete;
@@ -60,9 +68,11 @@ class heartbeat {
   c10::intrusive_ptr<c10d::Store> store_;  // this thread's own connection
   int rank_;
   int world_size_;
+  c10::Device device_;
   const job_progress& progress_;
   job_failures& failures_;
   std::chrono::milliseconds hang_check_;
+  std::chrono::milliseconds overdue_;  // see hang_watch
   std::mutex mutex_;
   std::condition_variable wake_;
   bool stopping_ = false;

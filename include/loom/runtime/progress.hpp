@@ -1,16 +1,24 @@
 #pragma once
 // Where this rank is in its job, for the hang check (loom/runtime/hang_check.hpp): the training
-// thread marks the parts of each pass and each wait on one of loom's collectives (a few stores under
-// an uncontended lock, nothing sent), and the heartbeat thread publishes a snapshot with every beat.
+// thread marks the parts of each pass, each of loom's collectives it issues and each wait on one (a
+// few stores under an uncontended lock, nothing sent), and the heartbeat thread publishes a snapshot
+// with every beat.
+
+#include <c10/util/intrusive_ptr.h>
 
 #include <chrono>
 #include <cstdint>
+#include <deque>
 #include <mutex>
 #include <optional>
 #include <string>
 #include <string_view>
 #include <utility>
 #include <vector>
+
+namespace c10d {
+class Work;
+}
 
 namespace loom {
 
@@ -42,6 +50,26 @@ struct collective_group {
   friend bool operator==(const collective_group&, const collective_group&) = default;
 };
 
+// One of loom's collectives as a rank issued it: its number in its group's order of issue, what it is
+// ("reduce_scatter Float[64]") and the group.
+struct issued_collective {
+  std::int64_t number = 0;
+  std::string what;
+  collective_group group;
+
+  // "collective #812, reduce_scatter Float[64] over shard.1"
+  [[nodiscard]] std::string to_string() const;
+  friend bool operator==(const issued_collective&, const issued_collective&) = default;
+};
+
+// How many collectives a rank has issued over one of its groups.
+struct group_issue_count {
+  collective_group group;
+  std::int64_t issued = 0;
+
+  friend bool operator==(const group_issue_count&, const group_issue_count&) = default;
+};
+
 enum class wait_kind : std::uint8_t {
   none,
   collective,  // in the wait of one of loom's own collectives
@@ -60,13 +88,28 @@ struct progress_snapshot {
   std::string what;             // "all_reduce Float[1]", or the part's collectives
   collective_group group;       // the collective's
 
+  // The oldest collective this rank issued that is not complete yet, and how long ago it was issued.
+  // Under NCCL the host does not wait (a wait() returns at once and the device waits), so a collective
+  // that a peer never joins shows here, and in no wait.
+  std::optional<issued_collective> unfinished{};
+  std::chrono::milliseconds unfinished_for{0};
+  // How many collectives this rank has issued over each of its groups: a peer waiting on collective
+  // number n of a group learns here whether this rank has issued it.
+  std::vector<group_issue_count> issued{};
+
+  // The number of collectives issued over `over` (0 when none was).
+  [[nodiscard]] std::int64_t issued_over(const collective_group& over) const noexcept;
+  // Waiting on the host, or with a collective unfinished on the device: the rank awaits its peers.
+  [[nodiscard]] bool awaits_peers() const noexcept { return waiting != wait_kind::none || unfinished.has_value(); }
+
   // "all_reduce Float[1] after pass 3", "reduce_scatter Float[8] over shard.1 in the backward of pass 2",
   // "a host read after all_reduce Float[2] in the backward of pass 2"
   [[nodiscard]] std::string where() const;
   friend bool operator==(const progress_snapshot&, const progress_snapshot&) = default;
 };
 
-// The heartbeat's record in the store: its beat count and the snapshot, on one line.
+// The heartbeat's record in the store: its beat count and the snapshot, on three lines (the position
+// and the wait; the oldest unfinished collective; the count issued over each group).
 [[nodiscard]] std::string encode_progress(std::int64_t beat, const progress_snapshot& snapshot);
 // Nothing when `text` is not such a record.
 [[nodiscard]] std::optional<std::pair<std::int64_t, progress_snapshot>> decode_progress(std::string_view text);
@@ -86,14 +129,13 @@ struct host_read_counts {
 };
 
 class job_progress {
-  struct waited_collective {
-    std::int64_t number;
-    std::string what;
-    collective_group group;
-  };
-
  public:
   using clock = std::chrono::steady_clock;
+
+  job_progress();
+  ~job_progress();
+  job_progress(const job_progress&) = delete;
+  job_progress& operator=(const job_progress&) = delete;
 
   // job.forward and job.backward: `communicates` when the strategy issues collectives in this part,
   // described by `collectives` ("the backward's all_reduce, schedule entries #0-#2").
@@ -112,13 +154,14 @@ class job_progress {
 
    private:
     job_progress* tracker_;
-    std::optional<waited_collective> outer_;  // a wait this one is nested in
+    std::optional<issued_collective> outer_;  // a wait this one is nested in
     clock::time_point outer_since_;
   };
 
-  // Collective number `number` of `group` was issued, described by `what`: what a host read that
-  // follows waits on, for the hang check.
-  void issued(std::int64_t number, std::string what, collective_group group);
+  // `collective` was issued, as `work`: what a host read that follows waits on, and unfinished until
+  // `work` reports itself complete (asked without blocking, at the next issue and at each snapshot:
+  // under NCCL a wait() returns before the device has run the collective).
+  void issued(issued_collective collective, c10::intrusive_ptr<c10d::Work> work);
 
   // A read of a device tensor on the host, from construction to destruction: counted in its part of
   // the pass, and marked as a wait on the last collective issued.
@@ -137,15 +180,25 @@ class job_progress {
   [[nodiscard]] progress_snapshot snapshot(clock::time_point now = clock::now()) const;
 
  private:
+  struct in_flight {
+    issued_collective collective;
+    clock::time_point issued_at;
+    c10::intrusive_ptr<c10d::Work> work;
+  };
+
   mutable std::mutex mutex_;
   job_position at_;
   bool part_communicates_ = false;
   std::string part_collectives_;
   clock::time_point part_since_;
-  std::optional<waited_collective> collective_;
+  std::optional<issued_collective> collective_;
   clock::time_point collective_since_;
-  std::optional<waited_collective> last_issued_;
   bool reading_ = false;  // collective_ is the last issued one, waited on by a host read
+  // In order of issue, the last one issued always among them: the complete ones before it are
+  // dropped at each issue, so that their works, and the tensors they hold, go as soon as the
+  // training thread looks.
+  std::deque<in_flight> in_flight_;
+  std::vector<group_issue_count> issued_;
   host_read_counts host_reads_;
 };
 
