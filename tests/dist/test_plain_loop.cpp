@@ -10,6 +10,7 @@
 // Adam, AdamW and loom::optim::AdamW, zero_grad(true) and zero_grad(false), for both model forms: 3
 // steps of 2 micro-batches, different on every rank and at every step, end bit for bit where
 // loom::train's 3 steps end.
+#include "small_models.hpp"
 #include "world.hpp"
 
 #include <loom/loom.hpp>
@@ -32,7 +33,7 @@
 #include <string>
 #include <string_view>
 
-using loom::testing::shared_scratch;
+using loom::testing::small_llama;
 using loom::testing::world;
 
 namespace {
@@ -40,18 +41,6 @@ namespace {
 constexpr int steps = 3;
 constexpr int micro_batches = 2;
 constexpr double max_norm = 1.0;
-
-loom::models::causal_lm_config small_llama() {
-  loom::models::causal_lm_config config;
-  config.vocab_size = 64;
-  config.hidden_size = 24;
-  config.intermediate_size = 20;
-  config.num_hidden_layers = 2;
-  config.num_attention_heads = 6;  // 2 and 3 ranks of sequence parallelism divide it
-  config.num_key_value_heads = 2;
-  config.head_dim = 4;
-  return config;
-}
 
 struct SubclassLlama : loom::models::CausalLMImpl {  // the subclass form
   using CausalLMImpl::CausalLMImpl;

@@ -2,6 +2,7 @@
 // step, a loss that is not finite on one rank stops them all (or, under a failpoint, is skipped by
 // them all), accumulation under ddp() and fsdp() equals one batch, and the device is read on the
 // host only for a logged step.
+#include "small_models.hpp"
 #include "world.hpp"
 
 #include <loom/loom.hpp>
@@ -30,6 +31,8 @@
 
 using Catch::Matchers::ContainsSubstring;
 using loom::testing::shared_scratch;
+using loom::testing::small_llama;
+using loom::testing::small_wan;
 using loom::testing::world;
 
 namespace {
@@ -268,32 +271,6 @@ TEST_CASE("loom::train reads the device on the host only to log: never in forwar
 }
 
 namespace {
-
-loom::models::causal_lm_config small_llama() {
-  loom::models::causal_lm_config config;
-  config.vocab_size = 64;
-  config.hidden_size = 24;
-  config.intermediate_size = 20;
-  config.num_hidden_layers = 2;
-  config.num_attention_heads = 4;
-  config.num_key_value_heads = 2;
-  config.head_dim = 6;
-  return config;
-}
-
-loom::models::wan_config small_wan() {
-  loom::models::wan_config config;
-  config.num_attention_heads = 2;
-  config.attention_head_dim = 12;
-  config.in_channels = 4;
-  config.out_channels = 4;
-  config.text_dim = 16;
-  config.freq_dim = 16;
-  config.ffn_dim = 24;
-  config.num_layers = 2;
-  config.rope_max_seq_len = 32;
-  return config;
-}
 
 // The host reads of `loss_of`'s job over 4 steps of 2 micro-batches, each step's: the first and the
 // last are logged (one read each), the two between must read nothing, in forward, backward or between.
