@@ -32,7 +32,12 @@ void wait_for_device(job_progress& progress, c10::Device device) {
 }
 
 at::Tensor to_device(const at::Tensor& host, c10::Device device, at::ScalarType dtype) {
-  if (device.is_cpu() || !host.is_cpu()) return host.to(device, dtype);
+  if (!host.is_cpu()) {
+    TORCH_CHECK(!device.is_cpu(), "loom::to_device: a tensor on ", host.device(),
+                " moved to the host is a read of the device: read it through loom::read_on_host");
+    return host.to(device, dtype);
+  }
+  if (device.is_cpu()) return host.to(dtype);
   // The pinned block stays the host allocator's until the copy that reads it is done.
   const at::Tensor pinned = host.is_pinned() ? host : host.pin_memory();
   // Cast on the device: a copy that casts on the way would cast into pageable host memory first.

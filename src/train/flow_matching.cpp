@@ -115,17 +115,20 @@ flow_matching_inputs flow_matching::noise(const at::Tensor& x0, at::Generator& g
     throw_error<std::invalid_argument>("flow_matching: the latents have shape [{}]; give [B, ...] with B at least 1",
                                        fmt::join(x0.sizes(), ", "));
   }
-  const at::Tensor epsilon = at::randn(x0.sizes(), generator, x0.options());
-  if (generator.device() != sigmas_.device()) {
+  if (generator.device().is_cpu() && !sigmas_.is_cpu()) {
     throw_error<std::invalid_argument>(
-        "flow_matching: the generator draws on {} and the schedule is on {}: make the flow_matching with the device "
-        "its generator draws on (flow_matching(options, device)), so that a step's levels are picked there",
-        generator.device().str(), sigmas_.device().str());
+        "flow_matching: the generator draws on the CPU and the schedule is on {}: give a generator on {} "
+        "(loom::step_generator(..., device)), or make the flow_matching for the CPU",
+        sigmas_.device().str(), sigmas_.device().str());
   }
+  const at::Tensor epsilon = at::randn(x0.sizes(), generator, x0.options());
   const at::Tensor chosen = levels(draw_u(x0.size(0), generator));
+  // The tables where the levels are: already so when the schedule was made for the generator's device,
+  // else copied there from pinned memory (no wait either way).
+  const auto on_levels_device = [&](const at::Tensor& table) { return to_device(table, chosen.device(), at::kFloat); };
   flow_matching_inputs inputs;
-  inputs.sigmas = to_device(sigmas_.index_select(0, chosen), x0.device(), at::kFloat);
-  inputs.timesteps = to_device(timesteps_.index_select(0, chosen), x0.device(), at::kFloat);
+  inputs.sigmas = to_device(on_levels_device(sigmas_).index_select(0, chosen), x0.device(), at::kFloat);
+  inputs.timesteps = to_device(on_levels_device(timesteps_).index_select(0, chosen), x0.device(), at::kFloat);
   std::vector<std::int64_t> per_sample(static_cast<std::size_t>(x0.dim()), 1);
   per_sample.front() = x0.size(0);
   const at::Tensor sigma = inputs.sigmas.to(x0.scalar_type()).view(per_sample);

@@ -33,7 +33,7 @@ void wait_for_device(job_progress& progress, c10::Device device);
 // `host` (in host memory) on `device` as `dtype`, without making the host wait: a copy from pinned
 // memory that the device makes when its stream reaches it, where a copy from pageable memory would
 // stop the host until it is done. On the CPU, `host` itself (cast when asked); a tensor on a device
-// already, moved as Tensor::to moves it.
+// already, moved to another device as Tensor::to moves it, and refused on its way to the host.
 [[nodiscard]] at::Tensor to_device(const at::Tensor& host, c10::Device device, at::ScalarType dtype);
 
 // The one value of a tensor in host memory (an agreement's, a Gloo collective's, the CPU's):

@@ -80,8 +80,8 @@ struct flow_matching_inputs {
 class flow_matching {
  public:
   // Throws std::invalid_argument naming the first option out of range. The schedule's tables are
-  // kept on `device`, where the levels are drawn (the generator's device): picking a step's levels
-  // then reads nothing on the host.
+  // kept on `device`: the generator's, where the levels are drawn, saves a copy of them each draw.
+  // Picking a step's levels reads nothing on the host either way.
   explicit flow_matching(const flow_matching_options& options, c10::Device device = c10::kCPU);
 
   [[nodiscard]] const flow_matching_options& options() const noexcept { return options_; }
@@ -95,8 +95,7 @@ class flow_matching {
   // The level each u picks: k = ⌊u · N⌋ (a u of 1, which a sigmoid can round to in fp32, picks the
   // last level rather than one past it).
   [[nodiscard]] at::Tensor levels(const at::Tensor& u) const;
-  // For clean latents x0 [B, ...]: draws ε like x0, then B levels, from `generator`, in FastVideo's
-  // order. The generator draws on the schedule's device (std::invalid_argument otherwise).
+  // For clean latents x0 [B, ...]: draws ε like x0, then B levels, from `generator`, in FastVideo's order.
   [[nodiscard]] flow_matching_inputs noise(const at::Tensor& x0, at::Generator& generator) const;
   // The mean squared error between the prediction and the velocity, in fp32.
   [[nodiscard]] static at::Tensor loss(const at::Tensor& prediction, const flow_matching_inputs& inputs);
