@@ -34,9 +34,12 @@ pending_collective& pending_collective::operator=(pending_collective&&) noexcept
 void pending_collective::wait() {
   if (work_) {
     auto work = std::exchange(work_, {});
-    const job_progress::wait_scope waiting(work->isCompleted() ? nullptr : label_.progress, label_.number,
-                                           std::move(label_.what), std::move(label_.group));
-    work->wait();
+    {
+      const job_progress::wait_scope waiting(work->isCompleted() ? nullptr : label_.progress, label_.number,
+                                             std::move(label_.what), std::move(label_.group));
+      work->wait();
+    }
+    if (label_.progress != nullptr && label_.host_waits) label_.progress->finished(work.get());
   }
   if (then_) std::exchange(then_, {})();
 }
@@ -73,7 +76,8 @@ pending_collective collectives::issue(std::string_view op, const at::Tensor& ten
   failpoint("collective.issue");
   if (injected_skip("collective.issue")) return {};
   c10::intrusive_ptr<c10d::Work> work = start();
-  collective_label label{.progress = progress_, .number = ++issued_, .what = {}, .group = {}};
+  collective_label label{
+      .progress = progress_, .number = ++issued_, .what = {}, .group = {}, .host_waits = !device_ordered_};
   if (progress_ != nullptr) {
     label.what = tensor.defined()
                      ? fmt::format("{} {}", op, tensor_spec{{}, tensor.sizes().vec(), tensor.scalar_type()}.layout())

@@ -258,7 +258,21 @@ void job_progress::issued(issued_collective collective, c10::intrusive_ptr<c10d:
     count->issued = collective.number;
   }
   in_flight_.push_back({std::move(collective), clock::now(), std::move(work)});
-  while (in_flight_.size() > 1 && in_flight_.front().work->isCompleted()) in_flight_.pop_front();
+  drop_finished();
+}
+
+void job_progress::finished(const c10d::Work* work) {
+  std::lock_guard lock(mutex_);
+  const auto waited = std::find_if(in_flight_.begin(), in_flight_.end(),
+                                   [work](const in_flight& collective) { return collective.work.get() == work; });
+  if (waited != in_flight_.end()) waited->work.reset();
+  drop_finished();
+}
+
+bool job_progress::in_flight::finished() const { return !work || work->isCompleted(); }
+
+void job_progress::drop_finished() {
+  while (in_flight_.size() > 1 && in_flight_.front().finished()) in_flight_.pop_front();
 }
 
 job_progress::host_read_scope::host_read_scope(job_progress& tracker) : tracker_(tracker) {
@@ -314,7 +328,7 @@ progress_snapshot job_progress::snapshot(clock::time_point now) const {
   }
   // Asked without blocking (under NCCL, of the collective's event on its stream).
   const auto unfinished = std::find_if(in_flight_.begin(), in_flight_.end(),
-                                       [](const in_flight& collective) { return !collective.work->isCompleted(); });
+                                       [](const in_flight& collective) { return !collective.finished(); });
   if (unfinished != in_flight_.end()) {
     snapshot.unfinished = unfinished->collective;
     snapshot.unfinished_for = since(unfinished->issued_at);

@@ -33,6 +33,7 @@ struct collective_label {
   std::int64_t number = 0;
   std::string what;
   collective_group group;
+  bool host_waits = false;  // the backend's wait returns once the collective is done (not NCCL's)
 };
 
 // c10d's Work stays behind this class (defined where it is complete), out of every recipe's headers.

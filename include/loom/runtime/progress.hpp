@@ -162,6 +162,10 @@ class job_progress {
   // `work` reports itself complete (asked without blocking, at the next issue and at each snapshot:
   // under NCCL a wait() returns before the device has run the collective).
   void issued(issued_collective collective, c10::intrusive_ptr<c10d::Work> work);
+  // The host's wait on `work` returned where the backend's wait blocks until the collective is done
+  // (Gloo): finished, whatever the work says of itself (Gloo's reduce-scatter never says so), and
+  // its tensors let go.
+  void finished(const c10d::Work* work);
 
   // A read of a device tensor on the host, from construction to destruction: counted in its part of
   // the pass, and marked as a wait on the last collective issued.
@@ -183,8 +187,12 @@ class job_progress {
   struct in_flight {
     issued_collective collective;
     clock::time_point issued_at;
-    c10::intrusive_ptr<c10d::Work> work;
+    c10::intrusive_ptr<c10d::Work> work;  // none once finished() was told
+
+    [[nodiscard]] bool finished() const;
   };
+  // Drops the finished ones before the last issued, under the lock.
+  void drop_finished();
 
   mutable std::mutex mutex_;
   job_position at_;
