@@ -109,9 +109,12 @@ void fsdp_state::declare_collectives(collective_schedule& schedule) {
     const std::size_t index = cursor_.declare(
         schedule, group.reduce_scatter_entries(shard_group),
         [this, &group] {
-          if (last_reduced_ != nullptr) retire_reduce_scatter(*last_reduced_);
-          TORCH_INTERNAL_ASSERT(!any_group_holds_reduce_scatter_inputs(),
-                                "fsdp(): a second reduce-scatter's input would be in flight");
+          if (last_reduced_ != nullptr) {
+            retire_reduce_scatter(*last_reduced_);
+            // Every group before it was retired so as well: one group's inputs in flight.
+            TORCH_INTERNAL_ASSERT(!last_reduced_->holds_reduce_scatter_inputs(),
+                                  "fsdp(): a second reduce-scatter's input would be in flight");
+          }
           group.start_reduce_scatter(comm(), streams_);
           last_reduced_ = &group;
         },
@@ -153,12 +156,6 @@ void fsdp_state::retire_reduce_scatter(param_group& group) {
   } else {
     group.release_reduce_scatter_inputs(streams_);
   }
-}
-
-bool fsdp_state::any_group_holds_reduce_scatter_inputs() const {
-  bool held = false;
-  for_each_group([&held](const param_group& group) { held = held || group.holds_reduce_scatter_inputs(); });
-  return held;
 }
 
 void fsdp_state::begin_step() {

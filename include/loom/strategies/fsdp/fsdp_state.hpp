@@ -91,7 +91,6 @@ class fsdp_state : public nn::unit_hooks {
   void declare_collectives(collective_schedule& schedule);
   void issue_through(std::size_t collective);
   void retire_reduce_scatter(param_group& group);
-  [[nodiscard]] bool any_group_holds_reduce_scatter_inputs() const;
   // The gradient of the unit's output is complete: its successor's backward is done.
   void before_backward(std::size_t unit);
   [[noreturn]] void fail_out_of_order(std::size_t unit) const;
