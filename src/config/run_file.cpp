@@ -709,13 +709,17 @@ class reader final : public config_detail::fastvideo_reader {
     if (options.lr) options.lr->total_steps = options.steps;
     // What train() would refuse after the model is built is refused now, before anything is.
     if (!train.contains("steps")) fail("train.steps", "missing; give the number of optimizer steps, e.g. 300");
-    if (const auto& lr = options.lr; lr && lr->warmup_steps >= 0 && lr->decay_steps >= 0 && options.steps > 0 &&
+    if (const auto& lr = options.lr; lr && !lr->warmup_ratio && !lr->decay_ratio && lr->warmup_steps >= 0 &&
+                                     lr->decay_steps >= 0 && options.steps > 0 &&
                                      lr->warmup_steps + lr->decay_steps > options.steps) {
-      // Most often train.steps lowered by an override: the lengths that keep their proportions.
+      // Most often train.steps lowered by an override: the lengths that keep their proportions, and
+      // the keys that would have scaled by themselves.
       const std::int64_t lengths = lr->warmup_steps + lr->decay_steps;
       fail("train.lr",
            fmt::format("warmup_steps ({}) and decay_steps ({}) add up to more than train.steps ({}); give lengths "
-                       "that fit, e.g. --train.lr.warmup_steps={} --train.lr.decay_steps={} (the same proportions)",
+                       "that fit, e.g. --train.lr.warmup_steps={} --train.lr.decay_steps={} (the same proportions), "
+                       "or write them in the run file as fractions of train.steps, which scale with it "
+                       "(train.lr.warmup_ratio, train.lr.decay_ratio)",
                        lr->warmup_steps, lr->decay_steps, options.steps, lr->warmup_steps * options.steps / lengths,
                        lr->decay_steps * options.steps / lengths));
     }

@@ -672,3 +672,28 @@ TEST_CASE("pretrained is read from run files; an empty path is R19's sentence", 
   CHECK_THROWS_WITH(loom::read_run_stages(written("pretrained-number", R"({"plan": [{"pretrained": 7}]})")),
                     ContainsSubstring("pretrained: give the checkpoint's folder or .safetensors file as a string"));
 }
+
+TEST_CASE("the shipped run files take any number of steps: their schedules are fractions of the run", "[run_file]") {
+  const fs::path configs = source / "dsl_examples" / "configs";
+  for (const char* name : {"lm_finetune.toml", "lm_finetune.yaml", "wan_finetune.yaml", "finetune.toml",
+                           "tiny-gpt-adapt-ddp.toml", "tiny-gpt-adapt-fsdp.toml", "tiny-gpt-adapt-bf16-fsdp.toml"}) {
+    for (const std::int64_t steps : {1, 3, 7, 1000}) {
+      INFO(name << " with --train.steps=" << steps);
+      const loom::run_file file = loom::read_run_file(configs / name, {{"train.steps=" + std::to_string(steps)}});
+      REQUIRE(file.train.lr.has_value());
+      CHECK(file.train.lr->total_steps == steps);
+      CHECK(file.train.lr->warmup_length() + file.train.lr->decay_length() <= steps);
+      CHECK_NOTHROW(file.train.lr->at(steps));
+    }
+  }
+  // Absolute lengths that outgrow a shortened run name the fractions that would have scaled.
+  const fs::path absolute = written(
+      "absolute-lengths", R"({"train": {"steps": 60, "lr": {"peak": 0.003, "warmup_steps": 6, "decay_steps": 54}}})");
+  CHECK_THROWS_WITH(loom::read_train_options(absolute, std::vector<std::string>{"train.steps=5"}),
+                    ContainsSubstring("or write them in the run file as fractions of train.steps, which scale with "
+                                      "it (train.lr.warmup_ratio, train.lr.decay_ratio)"));
+  CHECK(loom::read_train_options(absolute, std::vector<std::string>{"train.lr.warmup_steps=0", "train.lr.decay_steps=0",
+                                                                    "train.lr.warmup_ratio=0.1",
+                                                                    "train.lr.decay_ratio=0.9", "train.steps=5"})
+            .lr->decay_length() == 4);
+}
