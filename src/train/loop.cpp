@@ -6,9 +6,11 @@
 #include <loom/runtime/collectives.hpp>
 #include <loom/runtime/failures.hpp>
 #include <loom/runtime/host_reads.hpp>
+#include <loom/runtime/peak_memory.hpp>
 
 #include <ATen/ATen.h>
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <torch/optim/optimizer.h>
 #include <nlohmann/json.hpp>
 
@@ -151,6 +153,7 @@ train_session::train_session(const runtime& rt, const train_options& options) : 
   }
   if (!options_.out.empty()) prepare_run_folder();
   handlers_ = std::make_unique<signal_handlers>();
+  reset_peak_memory(rt_.device());
   started_ = last_progress_ = steady::now();
 }
 
@@ -374,6 +377,8 @@ void train_session::record_eval(std::int64_t step, const at::Tensor& loss) {
   at::Tensor mean = loss.detach().to(at::kDouble).reshape({1}).to(rt_.device());
   rt_.comm().all_reduce(mean, reduce_op::mean).wait();
   eval_loss_ = host_value<double>(read_on_host(rt_.progress(), mean));
+  last_eval_ = eval_point{step, *eval_loss_};
+  if (!best_eval_ || *eval_loss_ < best_eval_->loss) best_eval_ = last_eval_;
   if (rt_.rank() != 0) return;
   fmt::print("{}{}eval at step {}/{}  loss {:.3f}\n", options_.name, options_.name.empty() ? "" : " ", step,
              options_.steps, *eval_loss_);
@@ -392,6 +397,55 @@ void train_session::measure_memory(const torch::optim::Optimizer& optimizer) {
   }
   parameters_mb_ = megabytes(parameters);
   optimizer_mb_ = megabytes(optimizer_state_bytes(optimizer));
+}
+
+void train_session::summarize(train_result& result) const {
+  result.seconds = seconds_between(started_, steady::now());
+  result.best_eval = best_eval_;
+  result.last_eval = last_eval_;
+  // Each rank's peak in its own slot of a sum: one small all-reduce gathers them all.
+  at::Tensor peaks = at::zeros({rt_.world_size()}, at::kLong);
+  peaks[rt_.rank()] = peak_memory_bytes(rt_.device());
+  peaks = peaks.to(rt_.device());
+  rt_.comm().all_reduce(peaks, reduce_op::sum).wait();
+  const at::Tensor read = read_on_host(rt_.progress(), peaks);
+  result.peak_memory_bytes.assign(read.data_ptr<std::int64_t>(), read.data_ptr<std::int64_t>() + read.numel());
+  if (rt_.rank() != 0) return;
+
+  const bool finished = result.outcome == train_outcome::finished;
+  std::string line =
+      fmt::format("{}{}{} {} in {:.1f} s", options_.name, options_.name.empty() ? "" : ": ",
+                  finished ? "finished" : "stopped to be resumed after",
+                  result.first_step > result.last_step
+                      ? fmt::format("with no step to take (step {} was the last)", result.last_step)
+                      : fmt::format("steps {} … {} of {}", result.first_step, result.last_step, options_.steps),
+                  result.seconds);
+  if (best_eval_) {
+    line += fmt::format("; eval loss best {:.3f} at step {}, last {:.3f} at step {}", best_eval_->loss,
+                        best_eval_->step, last_eval_->loss, last_eval_->step);
+  }
+  std::vector<std::string> peaks_mib;
+  for (const std::int64_t bytes : result.peak_memory_bytes)
+    peaks_mib.push_back(fmt::format("{:.0f}", megabytes(bytes)));
+  line +=
+      fmt::format("; peak memory per rank ({}), MiB: [{}]", peak_memory_kind(rt_.device()), fmt::join(peaks_mib, ", "));
+  if (!options_.out.empty()) {
+    line +=
+        fmt::format("; checkpoints in {}, metrics in {}, this summary in {}", (options_.out / "checkpoints").string(),
+                    (options_.out / "metrics.jsonl").string(), (options_.out / "summary.json").string());
+  }
+  fmt::print("{}\n", line);
+  std::fflush(stdout);
+  json summary{{"finished", finished},
+               {"first_step", result.first_step},
+               {"last_step", result.last_step},
+               {"seconds", result.seconds},
+               {"peak_memory_bytes", result.peak_memory_bytes}};
+  if (best_eval_) {
+    summary["best_eval"] = {{"step", best_eval_->step}, {"loss", best_eval_->loss}};
+    summary["last_eval"] = {{"step", last_eval_->step}, {"loss", last_eval_->loss}};
+  }
+  if (!options_.out.empty()) std::ofstream(options_.out / "summary.json") << summary.dump(2) << '\n';
 }
 
 void train_session::write_metrics(const std::string& line) const {

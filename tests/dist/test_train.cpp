@@ -9,6 +9,7 @@
 #include <loom/models/causal_lm.hpp>
 #include <loom/models/wan.hpp>
 #include <loom/runtime/host_reads.hpp>
+#include <loom/runtime/peak_memory.hpp>
 #include <loom/train/flow_matching.hpp>
 #include <loom/train/loop.hpp>
 #include <models/tiny_gpt.hpp>
@@ -204,6 +205,11 @@ TEST_CASE(
   const auto [stopped, ignored] = trained(out, true);
   CHECK(stopped.outcome == loom::train_outcome::preempted);
   CHECK(stopped.last_step == 2);
+  // Preempted or not, every rank learns every rank's peak, each its own.
+  REQUIRE(stopped.peak_memory_bytes.size() == static_cast<std::size_t>(world().world_size()));
+  for (const std::int64_t bytes : stopped.peak_memory_bytes) CHECK(bytes > 0);
+  CHECK(stopped.peak_memory_bytes[static_cast<std::size_t>(world().rank())] <=
+        loom::peak_memory_bytes(world().device()));
   CHECK(fs::exists(out / "checkpoints" / "step-00000002" / "manifest.json"));
 
   const auto [resumed, resumed_state] = trained(out, false);

@@ -122,6 +122,58 @@ TEST_CASE("each step has the schedule's learning rate, and metrics.jsonl says so
   CHECK(optimizer.param_groups().front().options().get_lr() == Catch::Approx(lr.at(6)));
 }
 
+TEST_CASE("the result and out/summary.json give the run's time, best and last evaluation, and peak memory", "[train]") {
+  auto job = loom::build(plan, one());
+  torch::optim::SGD optimizer(job.trainable_parameters(), 0.1);
+  const fs::path out = scratch("summary");
+  // Evaluations that fall, then rise: the best is not the last.
+  const std::vector<double> eval_losses{3.0, 1.0, 2.0, 0.5};
+  std::size_t evaluations = 0;
+  const auto run = [&](std::int64_t steps) {
+    return loom::train(job, optimizer,
+                       {.loss =
+                            [&](std::int64_t step, int) {
+                              auto [x, y] = rows(step, 0, 4);
+                              return job.forward(x, y);
+                            },
+                        .eval_loss = [&] { return torch::tensor(eval_losses.at(evaluations++)); }},
+                       {.steps = steps, .out = out, .eval_every = 2});
+  };
+  const loom::train_result first = run(6);
+  REQUIRE(first.best_eval.has_value());
+  CHECK(first.best_eval->step == 4);
+  CHECK(first.best_eval->loss == 1.0);
+  CHECK(first.last_eval->step == 6);
+  CHECK(first.last_eval->loss == 2.0);
+  CHECK(first.seconds > 0);
+  REQUIRE(first.peak_memory_bytes.size() == 1);
+  CHECK(first.peak_memory_bytes[0] > 0);
+  const auto summary_of = [&] { return nlohmann::json::parse(std::ifstream(out / "summary.json")); };
+  const nlohmann::json written = summary_of();
+  CHECK(written["finished"] == true);
+  CHECK(written["first_step"] == 1);
+  CHECK(written["last_step"] == 6);
+  CHECK(written["best_eval"] == nlohmann::json{{"step", 4}, {"loss", 1.0}});
+  CHECK(written["last_eval"] == nlohmann::json{{"step", 6}, {"loss", 2.0}});
+  CHECK(written["peak_memory_bytes"][0] == first.peak_memory_bytes[0]);
+  // Continued to step 8: the summary is the resumed run's own.
+  const loom::train_result second = run(8);
+  CHECK(second.first_step == 7);
+  CHECK(second.best_eval->step == 8);
+  CHECK(second.best_eval->loss == 0.5);
+  CHECK(summary_of()["first_step"] == 7);
+  // A run without evaluations has none to report.
+  const loom::train_result plain = loom::train(job, optimizer,
+                                               {.loss =
+                                                    [&](std::int64_t step, int) {
+                                                      auto [x, y] = rows(step, 0, 4);
+                                                      return job.forward(x, y);
+                                                    }},
+                                               {.steps = 2});
+  CHECK(!plain.best_eval.has_value());
+  CHECK(plain.peak_memory_bytes.size() == 1);
+}
+
 TEST_CASE("a loss that is not finite stops the run before its update; the last good checkpoint stays", "[train]") {
   auto job = loom::build(plan, one());
   torch::optim::SGD optimizer(job.trainable_parameters(), 0.1);

@@ -308,6 +308,10 @@ class job {
   }
   [[nodiscard]] E& strategy() noexcept { return engine_; }
   [[nodiscard]] const runtime& rt() const noexcept { return core_.context().rt(); }
+  // This process's place among the job's: rank 0 is the one that prints and writes what is written
+  // once. Batches are chosen by data_rank() instead, which differs under sequence_parallel.
+  [[nodiscard]] int rank() const noexcept { return rt().rank(); }
+  [[nodiscard]] int world_size() const noexcept { return rt().world_size(); }
   // Which batches this rank reads: under sequence_parallel(k) the ranks of a group read the same
   // ones, so a recipe chooses them by data_rank() of data_world_size(), not by the rank.
   [[nodiscard]] int data_rank() const noexcept { return core_.data_rank(); }

@@ -39,6 +39,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace loom {
 
@@ -134,11 +135,22 @@ void check_train_functions(const train_functions& functions);
 
 enum class train_outcome { finished, preempted };
 
+// An evaluation: its step and its loss averaged over the ranks.
+struct eval_point {
+  std::int64_t step = 0;
+  double loss = 0;
+};
+
 struct train_result {
   train_outcome outcome = train_outcome::finished;
   std::int64_t last_step = 0;   // the last optimizer step taken (and checkpointed)
   std::int64_t first_step = 1;  // where this run started: after the checkpoint it resumed from
   double last_loss = 0;         // averaged over the ranks
+  double seconds = 0;           // this run's wall time, from the start of train() (a resumed one's own)
+  // This run's evaluations (none without eval_loss): the lowest loss, and the last.
+  std::optional<eval_point> best_eval{}, last_eval{};
+  // Each rank's peak memory in bytes, by rank (loom/runtime/peak_memory.hpp says what is counted).
+  std::vector<std::int64_t> peak_memory_bytes{};
 };
 
 // The parts of the loop that do not depend on the job's type (src/train/loop.cpp).
@@ -194,6 +206,10 @@ class train_session {
   // Sizes for the metrics: this rank's parameters (what the optimizer steps) and optimizer state;
   // measured before the first step and again after it, when the optimizer's state exists.
   void measure_memory(const torch::optim::Optimizer& optimizer);
+  // At the end of the run (finished or preempted; every rank): fills `result`'s time, evaluations and
+  // each rank's peak memory (gathered, a collective), and rank 0 says them in one line, with the
+  // files the loop wrote, and writes them to out/summary.json.
+  void summarize(train_result& result) const;
 
  private:
   void prepare_run_folder();
@@ -213,6 +229,7 @@ class train_session {
   std::chrono::steady_clock::time_point started_, step_started_, last_progress_;
   double step_ms_ = 0, lr_ = 0, parameters_mb_ = 0, optimizer_mb_ = 0;
   std::optional<double> grad_norm_, eval_loss_;
+  std::optional<eval_point> best_eval_, last_eval_;
   // This rank's mean loss of the step, at 1 + r whether rank r's is not finite and last whether this
   // rank was asked to stop; then summed over the ranks (device).
   at::Tensor shared_loss_;
@@ -304,6 +321,7 @@ train_result train(Job& job, torch::optim::Optimizer& optimizer, const train_fun
   // The end of the run, and a preemption, wait for the save in flight.
   if (session.checkpoints_enabled()) session.checkpoints().wait();
   result.last_loss = session.last_loss();
+  session.summarize(result);
   return result;
 }
 
