@@ -3,10 +3,11 @@
 // command-line overrides in dotted form, checked with the compiler's rules and sentences.
 //
 //   build/loom-run --nproc-per-node 2 -- build/dsl_examples/finetune
-//       --config dsl_examples/configs/finetune.toml [--pretrained DIR] [--text FILE]
+//       --config dsl_examples/configs/finetune.toml [--pretrained DIR] [--out DIR] [--text FILE]
 //       [--lora.rank=16] [--strategy=ddp] [--train.steps=100] ...
 #include "common/adapter.hpp"
 #include "common/command_line.hpp"
+#include "common/run_folder.hpp"
 #include "models/text_data.hpp"
 #include "models/tiny_gpt.hpp"
 
@@ -40,6 +41,7 @@ std::variant<options, int> parse(int argc, char** argv) {
   options parsed;
   CLI::App app{"LoRA fine-tuning of tiny-gpt's model from a run file alone.", "finetune"};
   parsed.run_file.add_to(app, /*required=*/true);
+  parsed.run_file.add_folders_to(app, /*with_pretrained=*/false);  // its --pretrained is the model's own weights
   app.add_option("--pretrained", parsed.pretrained, "weights to start from (tiny-gpt's --out/pretrained)")
       ->check(CLI::ExistingDirectory);
   app.add_option("--text", parsed.text, "the text to fine-tune on; its last tenth is held out for evaluation")
@@ -62,10 +64,13 @@ class FineTunedGpt : public models::TinyGpt {
 
 int run(const options& opts) {
   // Everything from the file is checked before a process group or a model exists.
-  const auto& [config, overrides] = opts.run_file;
+  const std::string& config = opts.run_file.config;
+  const std::vector<std::string>& overrides = opts.run_file.overrides;
   const loom::run_file file = loom::read_run_file(config, overrides);
   const auto plan = loom::plan_from_file(loom::model<FineTunedGpt>(model_config, opts.pretrained), file);
-  const loom::train_options& train_options = file.train;
+  loom::train_options train_options = file.train;
+  const std::string folder = recipes::choose_run_folder(train_options, "finetune");
+  if (loom::parse_launch_env().rank == 0) fmt::print("{}\n", folder);
   const at::Tensor text = text_data::load_tokens({opts.text});
   const std::int64_t split = text.numel() * 9 / 10;
 

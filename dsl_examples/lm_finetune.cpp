@@ -8,15 +8,18 @@
 // end. README.md has a run.
 //
 //   build/loom-run --nproc-per-node 2 -- build/dsl_examples/lm-finetune
-//       --config dsl_examples/configs/lm_finetune.toml {--data FILE.jsonl [--eval-data FILE] [--tokenizer DIR] |
-//       --tokens tokens.bin} [--batch-size 4] [--seq-len 128] [--merged] [--pretrained=DIR] [--lora.rank=16] ...
+//       --config dsl_examples/configs/lm_finetune.toml --pretrained DIR [--out DIR]
+//       {--data FILE.jsonl [--eval-data FILE] [--tokenizer DIR] | --tokens tokens.bin} [--batch-size 4]
+//       [--seq-len 128] [--merged] [--lora.rank=16] ...
 #include "common/adapter.hpp"
 #include "common/checkpoint_folder.hpp"
 #include "common/command_line.hpp"
+#include "common/run_folder.hpp"
 #include "common/text_batches.hpp"
 #include "models/text_data.hpp"
 #include "models/token_file.hpp"
 
+#include <loom/base/text.hpp>
 #include <loom/config/run_file.hpp>
 #include <loom/loom.hpp>
 #include <loom/models/causal_lm.hpp>
@@ -43,6 +46,7 @@ struct options {
   std::vector<std::filesystem::path> data, eval_data;
   std::string tokenizer;  // empty: the checkpoint's
   std::string text_field = "text";
+  bool skip_malformed = false;
   std::int64_t batch_per_rank = 4;
   std::int64_t seq_len = 128;
   bool merged = false;
@@ -55,6 +59,7 @@ std::variant<options, int> parse(int argc, char** argv) {
       "or a token file, from a run file.",
       "lm-finetune"};
   parsed.run_file.add_to(app, /*required=*/true);
+  parsed.run_file.add_folders_to(app);
   CLI::Option* tokens = app.add_option("--tokens", parsed.tokens,
                                        "an llm.c token file (dsl_examples/data/make_tokens.py); its last tenth is "
                                        "held out")
@@ -73,10 +78,15 @@ std::variant<options, int> parse(int argc, char** argv) {
   app.add_option("--text-field", parsed.text_field, "the field of a JSON line that holds its text")
       ->capture_default_str()
       ->needs(data);
+  app.add_flag("--skip-malformed", parsed.skip_malformed,
+               "skip JSON lines that do not parse or lack the text field, counting them, instead of stopping")
+      ->needs(data);
   app.add_option("--batch-size", parsed.batch_per_rank, "sequences per rank and micro-batch")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
-  app.add_option("--seq-len", parsed.seq_len, "tokens per sequence")->capture_default_str()->check(CLI::PositiveNumber);
+      ->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 20));
+  app.add_option("--seq-len", parsed.seq_len, "tokens per sequence")
+      ->capture_default_str()
+      ->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 24));
   app.add_flag("--merged", parsed.merged, "also write the weights with the adapters merged in, for transformers");
   if (const auto exit_code = recipes::parse_command_line(app, argc, argv)) return *exit_code;
   if (parsed.tokens.empty() && parsed.data.empty()) {
@@ -128,24 +138,60 @@ run_data read_data(const options& opts, const fs::path& checkpoint, std::int64_t
         tokenizer_folder.string(), tokenizer.vocab_size(), vocab_size));
   }
   const auto text_of = [&](const std::vector<fs::path>& paths, bool shuffle) {
-    return std::make_unique<recipes::text_batches>(tokenizer,
-                                                   loom::data::text_dataset_options{.paths = paths,
-                                                                                    .text_field = opts.text_field,
-                                                                                    .seq_len = opts.seq_len,
-                                                                                    .seed = seed,
-                                                                                    .shuffle = shuffle,
-                                                                                    .rank = place.rank,
-                                                                                    .world_size = place.world_size},
-                                                   opts.batch_per_rank);
+    return std::make_unique<recipes::text_batches>(
+        tokenizer,
+        loom::data::text_dataset_options{.paths = paths,
+                                         .text_field = opts.text_field,
+                                         .seq_len = opts.seq_len,
+                                         .seed = seed,
+                                         .shuffle = shuffle,
+                                         .skip_malformed = opts.skip_malformed,
+                                         .rank = place.rank,
+                                         .world_size = place.world_size,
+                                         .text_field_option = "--text-field",
+                                         .skip_malformed_option = "--skip-malformed"},
+        opts.batch_per_rank);
   };
   data.text = text_of(opts.data, /*shuffle=*/true);
   if (!opts.eval_data.empty()) data.held_out = text_of(opts.eval_data, /*shuffle=*/false)->next();
   return data;
 }
 
+// One line on what the run reads: how much data there is against how much the steps take.
+std::string data_summary(const options& opts, const run_data& data, const loom::train_options& train,
+                         const loom::data_parallel_place& place) {
+  const std::int64_t tokens_a_step = opts.batch_per_rank * opts.seq_len * train.accumulate * place.world_size;
+  const std::string reads =
+      fmt::format("a step reads {} tokens ({} × {} on each of {} × {} micro-batches), {} steps {}", tokens_a_step,
+                  opts.batch_per_rank, opts.seq_len, loom::counted(place.world_size, "data-parallel rank"),
+                  train.accumulate, train.steps, tokens_a_step * train.steps);
+  if (data.token_batches) {
+    return fmt::format("data: {} tokens to train on in --tokens '{}' (its last tenth held out); {}, {:.2f} epochs",
+                       data.token_batches->tokens(), opts.tokens, reads,
+                       data.token_batches->epochs_of(train.steps * train.accumulate));
+  }
+  std::uintmax_t bytes = 0;
+  for (const fs::path& path : opts.data) {
+    std::error_code error;
+    if (fs::is_directory(path, error)) {
+      for (const auto& entry : fs::recursive_directory_iterator(path, error)) {
+        if (entry.is_regular_file(error)) bytes += entry.file_size(error);
+      }
+    } else {
+      bytes += fs::file_size(path, error);
+    }
+  }
+  return fmt::format(
+      "data: {} in --data ({:.1f} MiB), tokenized as they are read{}; {} (the end of the run says how "
+      "far into the documents it got)",
+      loom::counted(data.text->documents(), "document"), static_cast<double>(bytes) / (1 << 20),
+      data.held_out.defined() ? ", --eval-data held out" : "", reads);
+}
+
 int run(const options& opts) {
   // Everything from the files is checked before a process group or a model exists.
-  const auto& [config, overrides] = opts.run_file;
+  const std::string& config = opts.run_file.config;
+  const std::vector<std::string>& overrides = opts.run_file.overrides;
   const loom::run_file file = loom::read_run_file(config, overrides);
   const fs::path checkpoint = recipes::checkpoint_folder(file, config);
   const loom::models::causal_lm_config model_config = loom::models::causal_lm_config::from_pretrained(checkpoint);
@@ -159,10 +205,21 @@ int run(const options& opts) {
   // Before the model is built: too little data is a sentence, not a wait for the build.
   const loom::launch_env env = loom::parse_launch_env();
   loom::check_world_size(file, env.world_size);
+  if (const auto split = plan.find<loom::sequence_parallel_stage>(); split && opts.seq_len % split->settings().size) {
+    const auto k = static_cast<std::int64_t>(split->settings().size);
+    throw std::invalid_argument(
+        fmt::format("--seq-len {} does not split over sequence_parallel's {} ranks ({}): give --seq-len {}, a "
+                    "multiple of {}",
+                    opts.seq_len, k, file.sequence_group ? file.sequence_group->asked_by : "the run file's plan",
+                    (opts.seq_len / k + 1) * k, k));
+  }
   // Under sequence_parallel(k) the k ranks of a group read the same batches.
   const loom::data_parallel_place place =
       loom::data_parallel(plan.find<loom::sequence_parallel_stage>(), env.rank, env.world_size);
   run_data data = read_data(opts, checkpoint, model_config.vocab_size, seed, place);
+  loom::train_options train_options = file.train;
+  const std::string folder = recipes::choose_run_folder(train_options, "lm-finetune");
+  if (env.rank == 0) fmt::print("{}\n{}\n", folder, data_summary(opts, data, train_options, place));
 
   auto built = loom::build(plan, loom::runtime::from_env());
   return std::visit(
@@ -172,7 +229,6 @@ int run(const options& opts) {
           for (const std::string& note : file.notes) fmt::print("{}\n", note);
           fmt::print("{}\n", job.describe());
         }
-        loom::train_options train_options = file.train;
         const double peak = train_options.lr ? train_options.lr->peak : 1e-3;
         loom::optim::AdamW optimizer(job.trainable_parameters(), torch::optim::AdamWOptions(peak).weight_decay(0.0));
         // Each rank's share of a micro-batch's tokens: under sequence_parallel(k), 1/k of its sequences.
@@ -194,6 +250,11 @@ int run(const options& opts) {
           functions.restore_data = [&](const std::string& state) { data.text->restore(state); };
         }
         const loom::train_result result = loom::train(job, optimizer, functions, train_options);
+        if (data.text && rt.rank() == 0) {
+          const auto [epochs, skipped] = data.text->read_so_far(place.world_size);
+          fmt::print("data: rank 0 read {:.2f} epochs of its documents{}\n", epochs,
+                     skipped > 0 ? fmt::format(", skipping {} malformed lines", skipped) : std::string());
+        }
         if (result.outcome == loom::train_outcome::preempted) return loom::resumable_exit_code;
         recipes::save_adapter_if_adapted(job, plan, train_options.out / "adapter");
         if (opts.merged) {

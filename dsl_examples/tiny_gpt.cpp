@@ -74,6 +74,7 @@ struct options {
   int checkpoint_every = 100;
   std::string out = (fs::temp_directory_path() / "loom-tiny-gpt").string();
   recipes::run_file_arguments adapt_config;  // phase 2 from a run file, when --config is given
+  bool steps_pretrain_given = false;         // with --config, pretrained weights are reused unless it is
 };
 
 // The options, or the exit code to end with (--help, a bad command line).
@@ -107,6 +108,7 @@ std::variant<options, int> parse_options(int argc, char** argv) {
           "(dsl_examples/configs/tiny-gpt-adapt-*.toml); train.out defaults to --out/adapt-<its name>")
       ->excludes(steps_adapt);
   if (const auto exit_code = recipes::parse_command_line(app, argc, argv)) return *exit_code;
+  parsed.steps_pretrain_given = app.count("--steps-pretrain") > 0;
   if (parsed.adapt_config.config.empty() && !parsed.adapt_config.overrides.empty()) {
     fmt::print(stderr, "tiny-gpt: {} overrides a run file: give --config FILE\n",
                parsed.adapt_config.overrides.front());
@@ -242,23 +244,38 @@ void print_sample(Job& job, std::string_view when) {
 }
 
 // Phase 1: every parameter trains; the pretrained weights go to `weights`. Skipped when they are
-// there already from as many steps or more (a run started again after phase 1); with more steps
-// asked for, it goes on from its last checkpoint. False when stopped to be resumed.
-bool pretrain(const loom::runtime& rt, const options& opts, const corpus_files& corpus, const fs::path& weights) {
+// there already from as many steps or more (a run started again after phase 1), or when phase 2
+// comes from a run file and --steps-pretrain is not given (the run file's phase reuses them); with
+// more steps asked for, it goes on from its last checkpoint, and phase 2, whose checkpoints in
+// `adapt_out` were adapted over the weights it changes, starts afresh. Each is said before it is
+// done. False when stopped to be resumed.
+bool pretrain(const loom::runtime& rt, const options& opts, const corpus_files& corpus, const fs::path& weights,
+              const fs::path& adapt_out) {
   const fs::path out = fs::path(opts.out) / "pretrain";
   if (fs::exists(weights / "model.safetensors")) {
     const auto latest = loom::checkpointer(rt, {.folder = out / "checkpoints"}).latest();
     const std::int64_t done = latest ? loom::read_checkpoint_manifest(*latest).step : 0;
-    if (done >= opts.steps_pretrain) {
-      say(rt, "== phase 1: done already, {} holds the weights of {} steps{}\n\n", weights.string(), done,
-          done > opts.steps_pretrain
+    const bool reused = !opts.adapt_config.config.empty() && !opts.steps_pretrain_given;
+    if (done >= opts.steps_pretrain || reused) {
+      say(rt, "== phase 1: {}, {} holds the weights of {} steps{}\n\n", reused ? "reused" : "done already",
+          weights.string(), done,
+          reused && done < opts.steps_pretrain
+              ? fmt::format(" (--steps-pretrain {} pretrains them further, and phase 2 then starts afresh)",
+                            opts.steps_pretrain)
+          : done > opts.steps_pretrain
               ? fmt::format(", more than --steps-pretrain {} (give another --out to pretrain {} steps afresh)",
                             opts.steps_pretrain, opts.steps_pretrain)
               : std::string());
       return true;
     }
-    say(rt, "== phase 1: {} holds the weights of {} steps; going on to --steps-pretrain {}\n", weights.string(), done,
-        opts.steps_pretrain);
+    const bool adapted_before = fs::exists(adapt_out / "checkpoints");
+    say(rt, "== phase 1: {} holds the weights of {} steps; going on to --steps-pretrain {}{}\n", weights.string(), done,
+        opts.steps_pretrain,
+        adapted_before ? fmt::format(", after which phase 2 starts afresh: its checkpoints in {} were adapted over "
+                                     "the {}-step weights (removed now)",
+                                     (adapt_out / "checkpoints").string(), done)
+                       : std::string());
+    if (adapted_before && is_leader(rt)) fs::remove_all(adapt_out / "checkpoints");
   }
   const auto plan = loom::model<models::TinyGpt>(model_config) | loom::seeded(model_seed) | loom::ddp();
   auto job = loom::build(plan, rt);
@@ -281,8 +298,8 @@ bool pretrain(const loom::runtime& rt, const options& opts, const corpus_files& 
 // without a lora stage, trains them in full): adapted to the text held apart, its last tenth held
 // out for evaluation.
 template <class Job>
-bool adapt(Job& job, bool has_adapters, const loom::train_options& train_options, const options& opts,
-           const corpus_files& corpus) {
+bool adapt(Job& job, bool has_adapters, const loom::train_options& train_options, const corpus_files& corpus,
+           const fs::path& results) {
   const loom::runtime& rt = job.rt();
   const auto text = load_tokens({corpus.held_apart});
   const std::int64_t split = text.numel() * 9 / 10;
@@ -293,15 +310,14 @@ bool adapt(Job& job, bool has_adapters, const loom::train_options& train_options
   print_sample(job, "before adapting (lora_B starts at zero: the pretrained model's sample)");
   if (!train(job, train_options, 2000, tokens, held_out)) return false;
 
-  const fs::path out = opts.out;
   if (has_adapters) {
-    job.save_adapter(out / "adapter");
-    say(rt, "saved {} (PEFT's LoRA format)\n", (out / "adapter").string());
+    job.save_adapter(results / "adapter");
+    say(rt, "saved {} (PEFT's LoRA format)\n", (results / "adapter").string());
     job.merge();  // merged, the adapted weights are a plain TinyGpt's
   }
   print_sample(job, "after adapting");
-  job.save_weights(out / "adapted");
-  say(rt, "saved {}{}\n", (out / "adapted").string(), has_adapters ? " (adapters merged)" : "");
+  job.save_weights(results / "adapted");
+  say(rt, "saved {}{}\n", (results / "adapted").string(), has_adapters ? " (adapters merged)" : "");
   return true;
 }
 
@@ -309,7 +325,8 @@ bool adapt(Job& job, bool has_adapters, const loom::train_options& train_options
 // its loop's options, with train.out defaulting to --out/adapt-<the run file's name>: a folder of
 // its own, so that it does not meet the built-in phase 2's checkpoints.
 auto adapt_plan_from_file(const options& opts, const fs::path& weights) {
-  const auto& [config, overrides] = opts.adapt_config;
+  const std::string& config = opts.adapt_config.config;
+  const std::vector<std::string>& overrides = opts.adapt_config.overrides;
   // The pretrained stage first, so that the user's overrides have the last word.
   std::vector<std::string> with_weights{"pretrained=" + weights.string()};
   with_weights.insert(with_weights.end(), overrides.begin(), overrides.end());
@@ -321,22 +338,24 @@ auto adapt_plan_from_file(const options& opts, const fs::path& weights) {
   return std::pair{std::move(plan), std::move(train_options)};
 }
 
-// Phase 2 as the recipe writes it: LoRA on the attention's q and v projections under fsdp(), or as
-// the run file of --config says.
+// Phase 2 as the recipe writes it: LoRA on the attention's q and v projections under fsdp(), its
+// adapter and adapted weights in --out; or as the run file of --config says, everything it writes in
+// its own folder.
 bool adapt(const loom::runtime& rt, const options& opts, const corpus_files& corpus, const fs::path& weights) {
   if (opts.adapt_config.config.empty()) {
     const auto plan = loom::model<models::TinyGpt>(model_config) | loom::seeded(model_seed) |
                       loom::pretrained(weights.string()) | loom::lora(8, {"q_proj", "v_proj"}) | loom::fsdp();
     const fs::path out = fs::path(opts.out) / "adapt";
     auto job = loom::build(plan, rt);
-    return adapt(job, true, phase_options("adapt", opts.steps_adapt, 5e-3, opts.checkpoint_every, out), opts, corpus);
+    return adapt(job, true, phase_options("adapt", opts.steps_adapt, 5e-3, opts.checkpoint_every, out), corpus,
+                 opts.out);
   }
   const auto [plan, train_options] = adapt_plan_from_file(opts, weights);
   auto built = loom::build(plan, rt);
   // Named again: clang before 16 (scripts/test --sanitize) cannot capture a structured binding.
   const bool with_lora = plan.find<loom::lora_stage>().has_value();
   const loom::train_options& phase = train_options;
-  return std::visit([&](auto& job) { return adapt(job, with_lora, phase, opts, corpus); }, built);
+  return std::visit([&](auto& job) { return adapt(job, with_lora, phase, corpus, phase.out); }, built);
 }
 
 }  // namespace
@@ -356,9 +375,12 @@ int main(int argc, char** argv) {
     }
     const fs::path weights = fs::path(opts.out) / "pretrained";
     // A run file that cannot work stops the run now, not after phase 1.
-    if (!opts.adapt_config.config.empty()) (void)adapt_plan_from_file(opts, weights);
+    const fs::path adapt_out = opts.adapt_config.config.empty() ? fs::path(opts.out) / "adapt"
+                                                                : adapt_plan_from_file(opts, weights).second.out;
     // Stopped by SIGTERM or SIGUSR1 after a checkpoint: the same command resumes.
-    if (!pretrain(rt, opts, corpus, weights) || !adapt(rt, opts, corpus, weights)) return loom::resumable_exit_code;
+    if (!pretrain(rt, opts, corpus, weights, adapt_out) || !adapt(rt, opts, corpus, weights)) {
+      return loom::resumable_exit_code;
+    }
     return 0;
   } catch (const std::exception& error) {
     fmt::print(stderr, "tiny-gpt: {}\n", error.what());

@@ -3,14 +3,16 @@
 // loom::train, from a run file in FastVideo's YAML layout (or TOML or JSON), on precomputed latents
 // and text states (dsl_examples/data/make_wan_latents.py). The checkpoint is the plan's pretrained
 // stage, its config.json the model. Checkpoints, resume, preemption, validation and metrics are
-// loom::train's; the adapter is written at the end in PEFT's format. README.md has a run.
+// loom::train's; the adapter is written at the end in PEFT's format, and with --merged the weights
+// with the adapters merged in, as diffusers reads them. README.md has a run.
 //
 //   build/loom-run --nproc-per-node 2 -- build/dsl_examples/wan-finetune
-//       --config dsl_examples/configs/wan_finetune.yaml --data clips/
-//       [--batch-size 1] [--text-len 512] [--pretrained=DIR] [--lora.rank=32] [--train.steps=100] ...
+//       --config dsl_examples/configs/wan_finetune.yaml --pretrained DIR --data clips/ [--out DIR]
+//       [--batch-size 1] [--text-len 512] [--merged] [--lora.rank=32] [--train.steps=100] ...
 #include "common/adapter.hpp"
 #include "common/checkpoint_folder.hpp"
 #include "common/command_line.hpp"
+#include "common/run_folder.hpp"
 #include "models/latent_clips.hpp"
 
 #include <loom/config/run_file.hpp>
@@ -22,6 +24,7 @@
 #include <loom/train/flow_matching.hpp>
 
 #include <fmt/core.h>
+#include <fmt/ranges.h>
 #include <torch/optim/adamw.h>
 
 #include <algorithm>
@@ -39,6 +42,7 @@ struct options {
   std::string data;
   std::int64_t batch_per_rank = 1;
   std::int64_t text_len = 512;
+  bool merged = false;
 };
 
 std::variant<options, int> parse(int argc, char** argv) {
@@ -48,16 +52,19 @@ std::variant<options, int> parse(int argc, char** argv) {
       "on precomputed latents, from a run file.",
       "wan-finetune"};
   parsed.run_file.add_to(app, /*required=*/true);
+  parsed.run_file.add_folders_to(app);
   app.add_option("--data", parsed.data,
                  "a folder of clips, one .safetensors file each (vae_latent, text_embedding; "
                  "dsl_examples/data/make_wan_latents.py); its last tenth is held out")
       ->required();
   app.add_option("--batch-size", parsed.batch_per_rank, "clips per rank and micro-batch")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 20));
   app.add_option("--text-len", parsed.text_len, "text states per clip, padded with zeros or cut (Wan's T5: 512)")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 20));
+  app.add_flag("--merged", parsed.merged,
+               "also write the weights with the adapters merged in, for diffusers (WanTransformer3DModel)");
   if (const auto exit_code = recipes::parse_command_line(app, argc, argv)) return *exit_code;
   return parsed;
 }
@@ -74,9 +81,33 @@ void check_clip_fits(const latent_clips::batch& clip, const fs::path& file,
   }
 }
 
+// A clip's tokens are its patches: (F / p_t) · (H / p_h) · (W / p_w). Sequence parallelism splits
+// them over its ranks, so their number must divide; refused here in the clips' and the file's words.
+void check_clip_splits(const latent_clips::batch& clip, const loom::models::wan_config& model_config,
+                       const loom::run_file& file, int world_size, const std::string& data) {
+  if (!file.sequence_group) return;
+  const auto& [frames, height, width] = model_config.patch_size;
+  const std::int64_t f = clip.latents.size(1) / frames, h = clip.latents.size(2) / height,
+                     w = clip.latents.size(3) / width;
+  const std::int64_t tokens = f * h * w;
+  const int k = file.sequence_group->ranks;
+  if (tokens % k == 0) return;
+  std::vector<int> fitting;
+  for (int size = 1; size <= world_size; ++size) {
+    if (world_size % size == 0 && tokens % size == 0) fitting.push_back(size);
+  }
+  throw std::invalid_argument(fmt::format(
+      "the clips of --data '{}' have {} × {} × {} = {} tokens after patching (latents [{}, {}, {}] in patches of "
+      "[{}, {}, {}]), which {} ranks cannot split evenly ({}): give {} {} (it divides the tokens and the {} ranks), "
+      "or clips whose patched frames × height × width is a multiple of {}",
+      data, f, h, w, tokens, clip.latents.size(1), clip.latents.size(2), clip.latents.size(3), frames, height, width, k,
+      file.sequence_group->asked_by, file.sequence_group->sizes, fmt::join(fitting, " or "), world_size, k));
+}
+
 int run(const options& opts) {
   // Everything from the files is checked before a process group or a model exists.
-  const auto& [config, overrides] = opts.run_file;
+  const std::string& config = opts.run_file.config;
+  const std::vector<std::string>& overrides = opts.run_file.overrides;
   const loom::run_file file = loom::read_run_file(config, overrides);
   const fs::path checkpoint = recipes::checkpoint_folder(file, config);
   const loom::models::wan_config model_config = loom::models::wan_config::from_pretrained(checkpoint);
@@ -92,6 +123,7 @@ int run(const options& opts) {
   const std::uint64_t seed = seeded ? seeded->seed() : 0;
   const loom::launch_env env = loom::parse_launch_env();
   loom::check_world_size(file, env.world_size);
+  check_clip_splits(first_clip, model_config, file, env.world_size, opts.data);
   // Under sequence_parallel(k) (FastVideo's sp_size) the k ranks of a group read the same clips and
   // draw the same noise.
   const loom::data_parallel_place data =
@@ -104,6 +136,9 @@ int run(const options& opts) {
   // A base held in bf16 takes bf16 inputs, as FastVideo casts its batch to the training dtype.
   const auto built_in = plan.find<loom::default_dtype_stage>();
   const at::ScalarType input_dtype = built_in ? loom::scalar_type(built_in->type()) : at::kFloat;
+  loom::train_options train_options = file.train;
+  const std::string folder = recipes::choose_run_folder(train_options, "wan-finetune");
+  if (env.rank == 0) fmt::print("{}\n", folder);
 
   auto built = loom::build(plan, loom::runtime::from_env());
   return std::visit(
@@ -115,7 +150,6 @@ int run(const options& opts) {
           fmt::print("flow matching: {}\n", matching.describe());
           fmt::print("data: {} clips to train on, {} held out, from {}\n\n", clips.size() - held, held, opts.data);
         }
-        loom::train_options train_options = file.train;
         const double peak = train_options.lr ? train_options.lr->peak : 1e-4;
         // FastVideo's AdamW: betas (0.9, 0.999), eps 1e-8, no weight decay unless it is asked for.
         loom::optim::AdamW optimizer(job.trainable_parameters(), torch::optim::AdamWOptions(peak).weight_decay(0.0));
@@ -158,6 +192,14 @@ int run(const options& opts) {
             train_options);
         if (result.outcome == loom::train_outcome::preempted) return loom::resumable_exit_code;
         recipes::save_adapter_if_adapted(job, plan, train_options.out / "adapter");
+        if (opts.merged) {
+          const fs::path merged = train_options.out / "merged";
+          if (plan.find<loom::lora_stage>()) job.merge();
+          job.save_pretrained(merged);  // diffusion_pytorch_model.safetensors and the checkpoint's config.json
+          if (rt.rank() == 0) {
+            fmt::print("saved {} (diffusers' format: WanTransformer3DModel.from_pretrained)\n", merged.string());
+          }
+        }
         return 0;
       },
       built);

@@ -17,16 +17,17 @@ inline std::filesystem::path checkpoint_folder(const loom::run_file& file, const
   const auto pretrained = file.stages.stages.find<loom::pretrained_stage>();
   if (!pretrained) {
     throw std::invalid_argument(fmt::format(
-        "run file '{}' has no pretrained stage: add {{ pretrained = \"checkpoint/\" }} to its plan, after seeded",
+        "no checkpoint to fine-tune: give --pretrained DIR (a folder with config.json and its weights), or add "
+        "{{ pretrained = \"DIR\" }} to the plan of run file '{}'",
         config));
   }
   const fs::path path = pretrained->path();
   if (fs::is_directory(path)) return path;
   if (!fs::exists(path)) {
-    throw std::invalid_argument(
-        fmt::format("pretrained '{}' does not exist: give a checkpoint's folder (its config.json and its weights, one "
-                    ".safetensors file or a sharded index)",
-                    path.string()));
+    throw std::invalid_argument(fmt::format(
+        "--pretrained '{}' does not exist: give a checkpoint's folder (its config.json and its weights, one "
+        ".safetensors file or a sharded index)",
+        path.string()));
   }
   if (path.filename() == "config.json") {
     throw std::invalid_argument(

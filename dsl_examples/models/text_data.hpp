@@ -75,6 +75,12 @@ class batch_sampler {
     steps_per_epoch_ = static_cast<std::int64_t>(share_) / batch_;
   }
 
+  [[nodiscard]] std::int64_t tokens() const noexcept { return tokens_.numel(); }
+  // Passes over this rank's share of the windows that `batches` batches make.
+  [[nodiscard]] double epochs_of(std::int64_t batches) const noexcept {
+    return static_cast<double>(batches) / static_cast<double>(steps_per_epoch_);
+  }
+
   // The batch of `step` (from 0).
   [[nodiscard]] std::pair<at::Tensor, at::Tensor> at_step(std::int64_t step) const {
     const auto epoch = static_cast<std::uint64_t>(step / steps_per_epoch_);

@@ -679,6 +679,15 @@ class reader final : public config_detail::fastvideo_reader {
       rest = rest.substr(dot + 1);
     }
     if (!at->is_object()) fail(path, "give an object here, e.g. {\"steps\": 800}");
+    // A schedule length given on the command line replaces the file's, in whichever spelling the file
+    // has it (steps or a fraction of the run): the two together would be refused.
+    if (path == "train.lr") {
+      for (const auto& [one, other] :
+           {std::pair{"warmup_steps", "warmup_ratio"}, std::pair{"decay_steps", "decay_ratio"}}) {
+        if (rest == one) at->erase(other);
+        if (rest == other) at->erase(one);
+      }
+    }
     (*at)[rest] = std::move(value);
   }
 

@@ -1,3 +1,4 @@
+#include <loom/base/spelling.hpp>
 #include <loom/base/text.hpp>
 #include <loom/data/text_dataset.hpp>
 
@@ -263,17 +264,22 @@ struct text_dataset::impl {
     if (file.kind == file_kind::text) return line;
     const auto malformed = [&](const std::string& what) -> std::optional<std::string> {
       if (!options.skip_malformed) {
-        throw_error<std::invalid_argument>("text_dataset: {}:{}: {} (skip_malformed skips such lines, counting them)",
-                                           file.path.string(), doc.line, what);
+        throw_error<std::invalid_argument>("text_dataset: {}:{}: {} ({} skips such lines, counting them)",
+                                           file.path.string(), doc.line, what, options.skip_malformed_option);
       }
       ++skipped;
       return std::nullopt;
     };
     json parsed = json::parse(line, nullptr, /*allow_exceptions=*/false);
     if (parsed.is_discarded()) return malformed("the line is not JSON");
-    if (!parsed.is_object() || !parsed.contains(options.text_field))
-      return malformed(
-          fmt::format("the line has no \"{}\" field (text_field names the field to read)", options.text_field));
+    if (!parsed.is_object()) return malformed("the line is JSON but not an object of fields");
+    if (!parsed.contains(options.text_field)) {
+      std::vector<std::string> fields;
+      for (const auto& [key, value] : parsed.items()) fields.push_back(key);
+      return malformed(fmt::format("the line has no \"{}\" field, only {}{}; {} names the field to read",
+                                   options.text_field, some_of(fields), did_you_mean(options.text_field, fields, "\""),
+                                   options.text_field_option));
+    }
     if (!parsed[options.text_field].is_string())
       return malformed(fmt::format("the line's \"{}\" is not a string", options.text_field));
     return parsed[options.text_field].get<std::string>();

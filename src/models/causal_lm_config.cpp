@@ -60,6 +60,12 @@ causal_lm_family family_of(const detail::config_json& read) {
     read.fail("'model_type' is {}: loom::models::CausalLM reads the model types of {}", type->dump(),
               supported_architectures());
   }
+  if (const json* diffusers = read.find("_class_name")) {
+    read.fail(
+        "'_class_name' is {}: a diffusers model, not a transformers causal language model; give the folder of "
+        "a checkpoint of {}",
+        diffusers->dump(), supported_architectures());
+  }
   read.fail("it has neither 'architectures' nor 'model_type': give the config.json that save_pretrained wrote");
 }
 

@@ -151,6 +151,14 @@ wan_config wan_config::from_json(std::string_view text, const std::string& sourc
   if (const json* name = read.find("_class_name"); name && *name != class_name) {
     read.fail("'_class_name' is {}: loom::models::Wan reads {} checkpoints", name->dump(), class_name);
   }
+  // A transformers config (a language model's) has no _class_name, and Wan's defaults would take it
+  // silently: said here, not later as clips that do not fit.
+  if (const json* architectures = read.find("architectures"); architectures && !read.find("_class_name")) {
+    read.fail(
+        "'architectures' is {}: a transformers model, not a diffusers {} (whose config.json names it in "
+        "'_class_name'); give a Wan transformer's folder (a pipeline's transformer/)",
+        architectures->dump(), class_name);
+  }
   wan_config config;
   config.patch_size = read_triple(read, "patch_size", config.patch_size);
   config.num_attention_heads = read.whole("num_attention_heads", config.num_attention_heads);

@@ -268,7 +268,8 @@ void sequence_split::agree_on_length(std::int64_t batch, std::int64_t length) {
   if (length % k != 0) {
     throw_error<std::invalid_argument>(
         "sequence_parallel({}): the sequence has {}, which {} ranks cannot split evenly: give sequences whose length "
-        "is a multiple of {} (pad them, with labels of -100 on the padding so that the loss leaves it out)",
+        "is a multiple of {} (a language model's may be padded, with labels of -100 on the padding so that its loss "
+        "leaves it out; a video model's tokens are its patches, which the latents' frames, height and width decide)",
         k, counted(length, "token"), k, k);
   }
 }

@@ -189,7 +189,25 @@ TEST_CASE("bad input: one sentence naming the file and line, or skipped and coun
         << "\n";
   }
   CHECK_THROWS_MATCHES(read_all(false), std::invalid_argument,
-                       MessageMatches(ContainsSubstring("data.jsonl:1: the line has no \"text\" field (text_field")));
+                       MessageMatches(ContainsSubstring("data.jsonl:1: the line has no \"text\" field, only body; "
+                                                        "text_field names the field to read (skip_malformed skips")));
+  // A program names its own flags, and a field close to the one asked for is offered.
+  {
+    std::ofstream out(data);
+    out << R"({"txt": "x", "meta": 1})"
+        << "\n";
+  }
+  CHECK_THROWS_MATCHES(
+      (text_dataset(tokenizer, {.paths = {data},
+                                .seq_len = 4,
+                                .shuffle = false,
+                                .text_field_option = "--text-field",
+                                .skip_malformed_option = "--skip-malformed"})
+           .next()),
+      std::invalid_argument,
+      MessageMatches(ContainsSubstring("data.jsonl:1: the line has no \"text\" field, only meta, txt (did you mean "
+                                       "\"txt\"?); --text-field names the field to read (--skip-malformed skips "
+                                       "such lines, counting them)")));
 
   const fs::path empty = dir.path() / "empty.jsonl";
   std::ofstream(empty) << "\n  \n";

@@ -87,6 +87,9 @@ TEST_CASE("a config.json loom cannot build is one sentence naming the file and t
   CHECK_THAT(refused(R"({"model_type": "phi3"})"),
              ContainsSubstring("'model_type' is \"phi3\": loom::models::CausalLM reads the model types of"));
   CHECK_THAT(refused(R"({"vocab_size": 3})"), ContainsSubstring("it has neither 'architectures' nor 'model_type'"));
+  CHECK_THAT(refused(R"({"_class_name": "WanTransformer3DModel", "num_layers": 2})"),
+             ContainsSubstring("'_class_name' is \"WanTransformer3DModel\": a diffusers model, not a transformers "
+                               "causal language model; give the folder of a checkpoint of"));
   CHECK_THAT(refused(R"({"model_type": "llama"})"),
              ContainsSubstring("'vocab_size' is missing: a Llama config.json gives it as a positive whole number"));
   CHECK_THAT(refused(config_json(R"(, "hidden_size": 30)")),

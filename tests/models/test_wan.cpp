@@ -101,6 +101,11 @@ TEST_CASE("a config.json loom cannot build is one sentence naming the file and t
   CHECK_THAT(refused(config_json(R"(, "_class_name": "WanVACETransformer3DModel")")),
              ContainsSubstring("'_class_name' is \"WanVACETransformer3DModel\": loom::models::Wan reads "
                                "WanTransformer3DModel checkpoints"));
+  // A language model's config.json, whose sizes Wan's defaults would otherwise fill in around.
+  CHECK_THAT(refused(R"({"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "hidden_size": 64})"),
+             ContainsSubstring("'architectures' is [\"Qwen3ForCausalLM\"]: a transformers model, not a diffusers "
+                               "WanTransformer3DModel") &&
+                 ContainsSubstring("give a Wan transformer's folder"));
   CHECK_THAT(refused(config_json(R"(, "patch_size": [2, 2])")),
              ContainsSubstring("'patch_size' is [2,2]: give three positive whole numbers, frames, height and width"));
   CHECK_THAT(refused(config_json(R"(, "num_layers": "1")")),

@@ -692,8 +692,14 @@ TEST_CASE("the shipped run files take any number of steps: their schedules are f
   CHECK_THROWS_WITH(loom::read_train_options(absolute, std::vector<std::string>{"train.steps=5"}),
                     ContainsSubstring("or write them in the run file as fractions of train.steps, which scale with "
                                       "it (train.lr.warmup_ratio, train.lr.decay_ratio)"));
-  CHECK(loom::read_train_options(absolute, std::vector<std::string>{"train.lr.warmup_steps=0", "train.lr.decay_steps=0",
-                                                                    "train.lr.warmup_ratio=0.1",
-                                                                    "train.lr.decay_ratio=0.9", "train.steps=5"})
-            .lr->decay_length() == 4);
+  // A length on the command line replaces the file's, in either spelling.
+  const loom::train_options fractions = loom::read_train_options(
+      absolute, std::vector<std::string>{"train.lr.warmup_ratio=0.1", "train.lr.decay_ratio=0.9", "train.steps=5"});
+  CHECK(fractions.lr->warmup_steps == 0);
+  CHECK(fractions.lr->decay_length() == 4);
+  const loom::train_options steps = loom::read_train_options(source / "dsl_examples" / "configs" / "lm_finetune.toml",
+                                                             std::vector<std::string>{"train.lr.warmup_steps=1"});
+  CHECK(!steps.lr->warmup_ratio);
+  CHECK(steps.lr->warmup_length() == 1);
+  CHECK(steps.lr->decay_ratio == 0.9);
 }

@@ -38,6 +38,10 @@ struct text_dataset_options {
   bool add_bos = false;  // each document starts with the tokenizer's BOS, as Llama 3's pretraining has it
   int rank = 0;          // data-parallel: job.data_rank()
   int world_size = 1;    // job.data_world_size()
+  // How a refusal names text_field and skip_malformed: a program passes its own flags
+  // ("--text-field", "--skip-malformed"), so that the message names what its user types.
+  std::string text_field_option = "text_field";
+  std::string skip_malformed_option = "skip_malformed";
 };
 
 class text_dataset {
