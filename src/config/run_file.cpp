@@ -2,6 +2,7 @@
 
 #include "fastvideo_layout.hpp"
 
+#include <loom/base/spelling.hpp>
 #include <loom/base/text.hpp>
 #include <loom/dsl/run_plan.hpp>
 
@@ -47,8 +48,9 @@ std::string lowercase(std::string text) {
 // The objects of a run file beside its plan, each read through its options struct's fields().
 constexpr std::array<std::string_view, 2> sections{"train", "flow_matching"};
 
-constexpr std::string_view stage_names =
-    "seeded, default_dtype, pretrained, mixed_precision, recompute, sequence_parallel, lora, trainable, strategy";
+const std::vector<std::string> stage_names{"seeded",    "default_dtype",     "pretrained", "mixed_precision",
+                                           "recompute", "sequence_parallel", "lora",       "trainable",
+                                           "strategy"};
 
 // Calls each(std::type_identity<S>{}) for each strategy stage S a run file can name (run_strategy's).
 template <class F>
@@ -58,11 +60,11 @@ void for_each_strategy(F&& each) {
   }(std::type_identity<run_strategy>{});
 }
 
-// "local, ddp, fsdp"
-std::string strategy_names() {
-  std::vector<std::string_view> names;
-  for_each_strategy([&]<class S>(std::type_identity<S>) { names.push_back(S::name); });
-  return fmt::format("{}", fmt::join(names, ", "));
+// local, ddp, fsdp
+std::vector<std::string> strategy_names() {
+  std::vector<std::string> names;
+  for_each_strategy([&]<class S>(std::type_identity<S>) { names.emplace_back(S::name); });
+  return names;
 }
 
 // The fields an options struct describes, by name.
@@ -75,6 +77,8 @@ template <class T>
 struct optional_of<std::optional<T>> {
   using type = T;
 };
+template <class T>
+constexpr bool is_optional = !std::is_same_v<T, typename optional_of<T>::type>;
 
 template <class Options>
 std::vector<std::string> field_names() {
@@ -90,6 +94,39 @@ std::vector<std::string> strategy_keys() {
   if constexpr (requires { typename Stage::options_type; }) {
     for (std::string& key : field_names<typename Stage::options_type>()) keys.push_back(std::move(key));
   }
+  return keys;
+}
+
+// Every key of `Options` as `prefix`.key, and the keys of the options objects within it
+// ("train.lr.peak").
+template <class Options>
+void add_dotted_keys(std::vector<std::string>& keys, const std::string& prefix) {
+  const auto add = [&](const auto& field) {
+    using value_type = std::remove_cvref_t<decltype(std::declval<Options&>().*(field.member))>;
+    using inner = typename optional_of<value_type>::type;
+    const std::string key = prefix + "." + std::string(field.name);
+    keys.push_back(key);
+    if constexpr (described_options<inner>) add_dotted_keys<inner>(keys, key);
+  };
+  std::apply([&](const auto&... field) { (add(field), ...); }, Options::fields());
+}
+
+// Every key a run file takes in loom's layout, dotted as an override names it ("seeded", "lora.rank",
+// "strategy.bucket_cap_mb", "train.lr.peak"): what a key the reader does not know is compared with.
+const std::vector<std::string>& run_file_keys() {
+  static const std::vector<std::string> keys = [] {
+    std::vector<std::string> all = stage_names;
+    add_dotted_keys<mixed_precision_options>(all, "mixed_precision");
+    add_dotted_keys<recompute_options>(all, "recompute");
+    add_dotted_keys<sequence_parallel_options>(all, "sequence_parallel");
+    for (const std::string& key : lora_keys) all.push_back("lora." + key);
+    for_each_strategy([&]<class S>(std::type_identity<S>) {
+      for (const std::string& key : strategy_keys<S>()) all.push_back("strategy." + key);
+    });
+    add_dotted_keys<train_options>(all, "train");
+    add_dotted_keys<flow_matching_options>(all, "flow_matching");
+    return all;
+  }();
   return keys;
 }
 
@@ -373,7 +410,7 @@ class reader final : public config_detail::fastvideo_reader {
       const json& entry = list[i];
       const std::string where = fmt::format("plan[{}]", i);
       if (!entry.is_object() || entry.size() != 1) {
-        fail(where, fmt::format("give one stage as {{\"name\": value}}, name one of {}", stage_names));
+        fail(where, fmt::format("give one stage as {{\"name\": value}}, name one of {}", fmt::join(stage_names, ", ")));
       }
       const std::string name = entry.begin().key();
       const json& value = entry.begin().value();
@@ -429,7 +466,8 @@ class reader final : public config_detail::fastvideo_reader {
     }
     if (name == "lora") return lora(value);
     if (name == "trainable") return trainable_stage::checked(targets("trainable", value, false));
-    fail(where, fmt::format("unknown stage '{}'; the stages after the model are {}", name, stage_names));
+    fail(where, fmt::format("unknown stage '{}'; the stages after the model are {}{}", name,
+                            fmt::join(stage_names, ", "), did_you_mean(name, run_file_keys())));
   }
 
   // A list of names (or regexes), where PEFT's "all-linear" (in any case, as PEFT reads it) is
@@ -464,25 +502,28 @@ class reader final : public config_detail::fastvideo_reader {
                     const std::string& prefix) const override {
     for (const auto& [key, ignored] : value.items()) {
       if (std::find(keys.begin(), keys.end(), key) == keys.end()) {
-        fail(prefix + "." + key, fmt::format("unknown key; {} takes {}", stage, fmt::join(keys, ", ")));
+        fail(prefix + "." + key,
+             fmt::format("unknown key; {} takes {}{}", stage, fmt::join(keys, ", "), did_you_mean(key, keys)));
       }
     }
   }
 
+  // `or_none`: the key is optional, and its messages offer "none", which read_field takes.
   template <class T>
-  T number(const std::string& key, const json& value, bool whole) const {
+  T number(const std::string& key, const json& value, bool whole, bool or_none = false) const {
     if (!value.is_number() || (whole && !value.is_number_integer())) {
-      fail(key, whole ? "give a whole number" : "give a number");
+      fail(key, fmt::format("give a {}{}", whole ? "whole number" : "number", or_none ? ", or none" : ""));
     }
     if (std::is_unsigned_v<T> && !value.is_number_unsigned()) fail(key, "give a whole number, 0 or more");
     return value.get<T>();
   }
 
   // "bf16" or PyTorch's "bfloat16"; whether the dtype suits the key is the DSL's rule to say.
-  dtype type_of(const std::string& key, const json& value) const {
+  dtype type_of(const std::string& key, const json& value, bool or_none = false) const {
     const std::optional<dtype> named =
         value.is_string() ? dtype_named(value.get<std::string>()) : std::optional<dtype>();
-    if (!named) fail(key, fmt::format("give a dtype as a string, one of {}", dtype_list()));
+    if (!named)
+      fail(key, fmt::format("give a dtype as a string, one of {}{}", dtype_list(), or_none ? ", or none" : ""));
     return *named;
   }
 
@@ -525,12 +566,16 @@ class reader final : public config_detail::fastvideo_reader {
     } else if (value.is_object() && value.contains("name") && value["name"].is_string()) {
       name = value["name"].get<std::string>();
     } else {
-      fail("strategy", fmt::format("give a name ({}) or {{\"name\": \"ddp\", options...}}", strategy_names()));
+      fail("strategy",
+           fmt::format("give a name ({}) or {{\"name\": \"ddp\", options...}}", fmt::join(strategy_names(), ", ")));
     }
     name = lowercase(name);
     const json options = value.is_object() ? value : json::object();
     const std::optional<run_strategy> chosen = strategy_named(std::type_identity<run_strategy>{}, name, options);
-    if (!chosen) fail("strategy", fmt::format("unknown strategy '{}'; the strategies are {}", name, strategy_names()));
+    if (!chosen) {
+      fail("strategy", fmt::format("unknown strategy '{}'; the strategies are {}{}", name,
+                                   fmt::join(strategy_names(), ", "), did_you_mean(name, strategy_names())));
+    }
     return *chosen;
   }
 
@@ -568,10 +613,18 @@ class reader final : public config_detail::fastvideo_reader {
     if (!object.contains(key)) return;
     const std::string where = prefix + "." + key;
     const json& value = object[key];
+    if constexpr (is_optional<T>) {
+      // As the C++ default leaves it: "none" in any layout (an override's --train.clip_norm=none),
+      // or the file's own null (JSON's null, YAML's ~; TOML has none).
+      if (value.is_null() || value == "none") {
+        target = std::nullopt;
+        return;
+      }
+    }
     if constexpr (std::is_same_v<T, bool>) {
       target = boolean(where, value);
     } else if constexpr (std::is_same_v<T, dtype> || std::is_same_v<T, std::optional<dtype>>) {
-      target = type_of(where, value);
+      target = type_of(where, value, is_optional<T>);
     } else if constexpr (std::is_same_v<T, std::filesystem::path>) {
       if (!value.is_string()) fail(where, "give a folder as a string");
       target = value.get<std::string>();
@@ -598,7 +651,8 @@ class reader final : public config_detail::fastvideo_reader {
       require_keys(name, field_names<inner>(), value, where);
       target = fields<inner>(value, where);
     } else {
-      target = number<typename optional_of<T>::type>(where, value, std::is_integral_v<typename optional_of<T>::type>);
+      using number_type = typename optional_of<T>::type;
+      target = number<number_type>(where, value, std::is_integral_v<number_type>, is_optional<T>);
     }
   }
 
@@ -642,6 +696,11 @@ class reader final : public config_detail::fastvideo_reader {
     check_plan(stages);
     const auto dot = key.find('.');
     const std::string stage = key.substr(0, dot);
+    if (std::find(stage_names.begin(), stage_names.end(), stage) == stage_names.end()) {
+      fail(key, fmt::format("unknown key; an override names a stage, a stage's key or a key of train or "
+                            "flow_matching, as docs/run_files.md lists them{}",
+                            did_you_mean(key, run_file_keys())));
+    }
     json* entry = nullptr;
     for (json& each : stages) {
       if (each.is_object() && each.contains(stage)) entry = &each[stage];
@@ -699,9 +758,11 @@ class reader final : public config_detail::fastvideo_reader {
     if (!root.is_object()) fail("", "it is not a JSON object; give {\"plan\": [stages...], \"train\": {...}}");
     for (const auto& [key, value] : root.items()) {
       if (key != "plan" && std::find(sections.begin(), sections.end(), key) == sections.end()) {
-        fail(key,
-             "unknown key; a run file has \"plan\", \"train\" and \"flow_matching\" (a YAML one may have "
-             "FastVideo's \"models\" and \"training\" instead)");
+        std::vector<std::string> known{"plan"};
+        known.insert(known.end(), run_file_keys().begin(), run_file_keys().end());
+        fail(key, fmt::format("unknown key; a run file has \"plan\", \"train\" and \"flow_matching\" (a YAML one may "
+                              "have FastVideo's \"models\" and \"training\" instead){}",
+                              did_you_mean(key, known)));
       }
     }
   }

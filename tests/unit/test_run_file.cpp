@@ -190,6 +190,60 @@ TEST_CASE("a run file's own mistakes name the file, the key and the accepted for
                     ContainsSubstring("overflow.json': it is not JSON") && ContainsSubstring("number overflow"));
 }
 
+TEST_CASE("an unknown key, stage or override names the keys it is close to", "[run_file][errors]") {
+  const auto read = [](const std::string& name, const std::string& text, std::vector<std::string> overrides = {}) {
+    (void)loom::read_run_file(written(name, text), overrides);
+  };
+  // Within a stage, a strategy, train, train.lr and flow_matching: the keys of that object.
+  CHECK_THROWS_WITH(read("near-key", R"({"plan": [{"lora": {"rank": 8, "rnak": 4}}]})"),
+                    ContainsSubstring("lora.rnak: unknown key; lora takes rank, alpha, dropout, targets, patterns, "
+                                      "exclude, use_rslora, rank_pattern, alpha_pattern, modules_to_save (did you "
+                                      "mean 'rank'?)"));
+  CHECK_THROWS_WITH(read("near-option", R"({"plan": [{"strategy": {"name": "fsdp", "bucket_cap": 5}}]})"),
+                    ContainsSubstring("strategy.bucket_cap: unknown key; fsdp takes") &&
+                        ContainsSubstring("(did you mean 'bucket_cap_mb'?)"));
+  CHECK_THROWS_WITH(read("near-strategy", R"({"plan": [{"strategy": "fsdpp"}]})"),
+                    ContainsSubstring("unknown strategy 'fsdpp'; the strategies are local, ddp, fsdp (did you mean "
+                                      "'fsdp'?)"));
+  CHECK_THROWS_WITH(read("near-stage", R"({"plan": [{"lroa": {"rank": 8}}]})"),
+                    ContainsSubstring("plan[0]: unknown stage 'lroa'; the stages after the model are seeded") &&
+                        ContainsSubstring("trainable, strategy (did you mean 'lora'?)"));
+  CHECK_THROWS_WITH(read("near-train", R"({"train": {"stpes": 3}})"),
+                    ContainsSubstring("train.stpes: unknown key; train takes steps, accumulate") &&
+                        ContainsSubstring("(did you mean 'steps'?)"));
+  CHECK_THROWS_WITH(
+      read("near-lr", R"({"train": {"steps": 3, "lr": {"peek": 0.1}}})"),
+      ContainsSubstring("train.lr.peek: unknown key; lr takes peak") && ContainsSubstring("(did you mean 'peak'?)"));
+  CHECK_THROWS_WITH(read("near-flow", R"({"flow_matching": {"weighting_schem": "uniform"}})"),
+                    ContainsSubstring("flow_matching.weighting_schem: unknown key; flow_matching takes") &&
+                        ContainsSubstring("(did you mean 'weighting_scheme'?)"));
+  // At the top, and in an override: every key of a run file, dotted; one without its section
+  // (what `--steps 100` or `--out DIR` to a recipe becomes) is offered that key.
+  CHECK_THROWS_WITH(read("top-steps", R"({"plan": [], "steps": 3})"),
+                    ContainsSubstring("steps: unknown key; a run file has \"plan\", \"train\"") &&
+                        ContainsSubstring("(did you mean 'train.steps'?)"));
+  CHECK_THROWS_WITH(read("override-steps", R"({"train": {"steps": 3}})", {"steps=100"}),
+                    ContainsSubstring("the override steps=100 (over run file '") &&
+                        ContainsSubstring("override-steps.json'): steps: unknown key; an override names a stage, a "
+                                          "stage's key or a key of train or flow_matching, as docs/run_files.md "
+                                          "lists them (did you mean 'train.steps'?)"));
+  CHECK_THROWS_WITH(read("override-out", R"({"train": {"steps": 3}})", {"out=/tmp/run"}),
+                    ContainsSubstring("the override out=/tmp/run (over run file '") &&
+                        ContainsSubstring("(did you mean 'train.out'?)"));
+  CHECK_THROWS_WITH(read("override-stage", R"({"plan": [{"lora": {"rank": 8}}]})", {"lroa.rank=4"}),
+                    ContainsSubstring("lroa.rank: unknown key") && ContainsSubstring("(did you mean 'lora.rank'?)"));
+  CHECK_THROWS_WITH(read("override-lr", R"({"train": {"steps": 3}})", {"train.lr.peek=0.1"}),
+                    ContainsSubstring("the override train.lr.peek=0.1 (over run file '") &&
+                        ContainsSubstring("(did you mean 'peak'?)"));
+  // FastVideo's layout, in its own spelling.
+  CHECK_THROWS_WITH(
+      (void)loom::read_run_file(written("near-fastvideo", "training:\n  steps: 3\n  stesp: 4\n", ".yaml")),
+      ContainsSubstring("training.stesp: unknown key") && ContainsSubstring("(did you mean 'steps'?)"));
+  // Nothing close, nothing offered.
+  CHECK_THROWS_WITH(read("override-far", R"({"train": {"steps": 3}})", {"bogus=1"}),
+                    ContainsSubstring("bogus: unknown key") && !ContainsSubstring("did you mean"));
+}
+
 TEST_CASE("a TOML run file reads as its JSON twin, and its mistakes name their line", "[run_file][toml]") {
   const auto from_toml = loom::plan_from_file(loom::model<models::TinyGpt>(small),
                                               source / "tests" / "run_files" / "tiny_gpt_lora_fsdp.toml");
@@ -544,6 +598,25 @@ TEST_CASE("the loop's options come from the file's train object, with train.* ov
   CHECK_THROWS_WITH(
       loom::read_train_options(written("async-type", R"({"train": {"steps": 4, "async_checkpoints": 1}})")),
       ContainsSubstring("train.async_checkpoints: give true or false"));
+}
+
+TEST_CASE("an optional option takes none, or the file's null, for no value", "[run_file]") {
+  const fs::path file = written("clipped", R"({"train": {"steps": 10, "clip_norm": 1.0, "lr": {"peak": 0.01}}})");
+  CHECK(loom::read_train_options(file).clip_norm == 1.0);
+  // What the refusal of train.clip_norm=-1 offers, an override takes.
+  CHECK_FALSE(loom::read_train_options(file, std::vector<std::string>{"train.clip_norm=none"}).clip_norm.has_value());
+  CHECK_FALSE(loom::read_train_options(file, std::vector<std::string>{"train.clip_norm=null"}).clip_norm.has_value());
+  CHECK_FALSE(loom::read_train_options(file, std::vector<std::string>{"train.lr=none"}).lr.has_value());
+  CHECK_FALSE(loom::read_train_options(written("null", R"({"train": {"steps": 10, "clip_norm": null}})"))
+                  .clip_norm.has_value());
+  CHECK_FALSE(loom::read_train_options(written("tilde", "train:\n  steps: 10\n  clip_norm: ~\n", ".yaml"))
+                  .clip_norm.has_value());
+  CHECK_THROWS_WITH(loom::read_train_options(file, std::vector<std::string>{"train.clip_norm=off"}),
+                    ContainsSubstring("the override train.clip_norm=off (over run file '") &&
+                        ContainsSubstring("train.clip_norm: give a number, or none"));
+  // A key that must have a value says so without offering none.
+  CHECK_THROWS_WITH(loom::read_train_options(file, std::vector<std::string>{"train.accumulate=none"}),
+                    ContainsSubstring("train.accumulate: give a whole number") && !ContainsSubstring("or none"));
 }
 
 TEST_CASE("the values train() refuses are refused when the run file is read", "[run_file][errors]") {

@@ -32,8 +32,9 @@ namespace loom {
   return last[to.size()];
 }
 
-// The names `word` is likely a slip for, best first: those a third of its length or fewer edits
-// away (at least one, at most three), and those it begins (`--steps` for `--steps-pretrain`).
+// The names `word` is likely a slip for, best first: those that end in it after a dot (`steps` for
+// `train.steps`: a dotted key written without its section), those a third of its length or fewer
+// edits away (at least one, at most three), and those it begins (`--steps` for `--steps-pretrain`).
 // Empty when nothing is close: a suggestion far off misleads more than none.
 [[nodiscard]] inline std::vector<std::string> closest_names(std::string_view word,
                                                             const std::vector<std::string>& names) {
@@ -41,7 +42,9 @@ namespace loom {
   std::vector<std::pair<std::size_t, std::string>> close;
   for (const std::string& name : names) {
     if (name == word) continue;
-    const std::size_t distance = edit_distance(word, name);
+    const bool ends_after_dot = !word.empty() && name.size() > word.size() && name.ends_with(word) &&
+                                name[name.size() - word.size() - 1] == '.';
+    const std::size_t distance = ends_after_dot ? 0 : edit_distance(word, name);
     if (distance <= allowed) {
       close.emplace_back(distance, name);
     } else if (word.size() >= 3 && name.starts_with(word)) {

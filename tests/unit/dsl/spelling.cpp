@@ -28,6 +28,10 @@ TEST_CASE("closest_names offers near slips and the names a word begins, nearest 
   const std::vector<std::string> keys{"train.steps", "train.lr.peak", "train.clip_norm", "lora.rank"};
   CHECK(loom::closest_names("train.setps", keys) == std::vector<std::string>{"train.steps"});
   CHECK(loom::closest_names("train.clipnorm", keys) == std::vector<std::string>{"train.clip_norm"});
+  // A key without its section (`--steps 100` for `--train.steps=100`), however far the whole key is.
+  CHECK(loom::closest_names("steps", keys) == std::vector<std::string>{"train.steps"});
+  CHECK(loom::closest_names("lr.peak", keys) == std::vector<std::string>{"train.lr.peak"});
+  CHECK(loom::closest_names("eak", keys).empty());  // an ending, not after a dot
 }
 
 TEST_CASE("did_you_mean ends a refusal with up to three names, or with nothing") {
