@@ -83,7 +83,8 @@ def main() -> int:
 
         for ranks, shard in ((1, 1), (2, 2)):
             out = root / f"straight-{ranks}"
-            done = subprocess.run(command(ranks, 1, shard, out), capture_output=True, text=True)
+            merged = ("--merged",) if ranks == 2 else ()
+            done = subprocess.run(command(ranks, 1, shard, out, 12, 1, *merged), capture_output=True, text=True)
             if done.returncode != 0:
                 print(done.stdout[-3000:], done.stderr[-3000:])
                 return 1
@@ -136,6 +137,13 @@ def main() -> int:
             after = adapted(**inputs)[0]
         if (after - before).abs().max().item() <= 1e-4 * before.abs().max().item():
             failures.append("PEFT's model with the adapter gives the base model's velocity")
+        # --merged: the weights with the adapters folded in, a plain model for diffusers.
+        with torch.no_grad():
+            folded = WanTransformer3DModel.from_pretrained(straight / "merged").eval()(**inputs)[0]
+        difference = (folded - after).abs().max().item()
+        print(f"diffusers with the merged weights against PEFT with the adapter: {difference:.2e}")
+        if difference > 1e-5 * after.abs().max().item():
+            failures.append(f"wan-finetune --merged's weights and PEFT with its adapter differ by {difference}")
 
         hybrid = root / "hybrid"
         done = subprocess.run(command(4, 2, 2, hybrid, 4), capture_output=True, text=True)
