@@ -1,14 +1,17 @@
 #include <loom/lora/lora.hpp>
 
+#include <loom/base/spelling.hpp>
 #include <loom/base/text.hpp>
 #include <loom/dsl/describe.hpp>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <torch/nn/init.h>
 
 #include <algorithm>
 #include <cmath>
 #include <regex>
+#include <set>
 #include <stdexcept>
 
 namespace loom {
@@ -25,6 +28,41 @@ std::vector<std::string> linear_layer_names(torch::nn::Module& root) {
     if (is_linear(*item.value())) names.push_back(item.key());
   }
   return names;
+}
+
+// What a name target may be for `layers`: each layer's dotted endings and whole name, the shortest
+// first ("q_proj", then "attn.q_proj", ...), each once; what a misspelt target is compared with.
+std::vector<std::string> target_spellings(const std::vector<std::string>& layers) {
+  std::vector<std::pair<std::size_t, std::string>> endings;  // its number of parts, the ending
+  for (const std::string& name : layers) {
+    std::size_t parts = 1;
+    for (std::size_t dot = name.rfind('.'); dot != std::string::npos && dot > 0; dot = name.rfind('.', dot - 1)) {
+      endings.emplace_back(parts++, name.substr(dot + 1));
+    }
+    endings.emplace_back(parts, name);
+  }
+  std::stable_sort(endings.begin(), endings.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+  std::vector<std::string> spellings;
+  std::set<std::string> seen;
+  for (auto& [parts, ending] : endings) {
+    if (seen.insert(ending).second) spellings.push_back(std::move(ending));
+  }
+  return spellings;
+}
+
+// The targets of a lora(...) that matched nothing, each with the layer names close to it:
+// "'q_prj' (did you mean 'q_proj'?) names none".
+std::string unmatched_targets(const target_list& targets, const std::vector<std::string>& layers) {
+  const std::vector<std::string> spellings = target_spellings(layers);
+  std::vector<std::string> named;
+  for (const target& each : targets) {
+    const std::string text(each.text);
+    named.push_back(fmt::format("'{}'{}", text, each.kind == target_kind::name ? did_you_mean(text, spellings) : ""));
+  }
+  if (named.size() == 1) return named.front() + " names none";
+  const std::string last = named.back();
+  named.pop_back();
+  return fmt::format("{} and {} name none", fmt::join(named, ", "), last);
 }
 
 // `targets` with each name target that is, or ends with, an alias standing for the alias's module.
@@ -119,10 +157,19 @@ lora_layers lora_layers::inject(torch::nn::Module& root, std::string_view model_
     layers.adapted_.push_back(name);
   }
   if (layers.adapted_.empty()) {
+    const std::vector<std::string> linear = linear_layer_names(root);
+    if (linear.empty()) {
+      throw_error<std::invalid_argument>(
+          "lora(targets={}) matched no layer of {}, which has no linear layer: LoRA adapts torch::nn::Linear and "
+          "loom::nn::Linear; build the model with them, or leave lora(...) out of the plan",
+          detail::to_text(spec.targets()), model_name);
+    }
+    const std::string& example = linear.front();
     throw_error<std::invalid_argument>(
-        "lora(targets={}) matched no layer of {}; its linear layers are: {}. Name one of them, the "
-        "end of its dotted name (e.g. 'q_proj'), or a loom::pattern(\"regex\")",
-        detail::to_text(spec.targets()), model_name, some_of(linear_layer_names(root)));
+        "lora(targets={}) matched no layer of {}: {} of its linear layers, which are {}; name one of them, the end "
+        "of its dotted name (e.g. '{}'), or a loom::pattern(\"regex\")",
+        detail::to_text(spec.targets()), model_name, unmatched_targets(spec.targets(), linear), some_of(linear),
+        example.substr(example.rfind('.') + 1));
   }
   return layers;
 }

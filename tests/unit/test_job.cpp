@@ -367,8 +367,29 @@ TEST_CASE("lora dropout applies to the adapter branch's input only", "[lora]") {
 TEST_CASE("a target that matches nothing lists the linear layers that exist", "[lora][errors]") {
   CHECK_THROWS_WITH(loom::build(loom::model<Gpt<loom::nn::Linear>>(small) | loom::lora(4, {"query"}), one()),
                     ContainsSubstring("lora(targets=[query]) matched no layer") &&
-                        ContainsSubstring("blocks.0.attn.q_proj, blocks.0.attn.k_proj") &&
-                        ContainsSubstring("and 1 more"));
+                        ContainsSubstring("'query' names none of its linear layers, which are "
+                                          "blocks.0.attn.q_proj, blocks.0.attn.k_proj") &&
+                        ContainsSubstring("and 1 more; name one of them, the end of its dotted name (e.g. 'q_proj'), "
+                                          "or a loom::pattern(\"regex\")") &&
+                        !ContainsSubstring("did you mean"));
+}
+
+TEST_CASE("a misspelt target is an exception that names the layers it is close to", "[lora][errors]") {
+  // As a user's main() meets it: under fsdp(), as under any strategy, build() throws what it refuses,
+  // for main() to catch (the recipes say it in one line and exit 1).
+  const auto misspelt = [] {
+    (void)loom::build(loom::model<models::TinyGpt>(small) | loom::seeded(1) | loom::lora(8, {"q_prj"}) | loom::fsdp(),
+                      one());
+  };
+  CHECK_THROWS_AS(misspelt(), std::invalid_argument);
+  CHECK_THROWS_WITH(misspelt(), ContainsSubstring("lora(targets=[q_prj]) matched no layer of models::BasicTinyGpt") &&
+                                    ContainsSubstring(": 'q_prj' (did you mean 'q_proj'?) names none of its linear "
+                                                      "layers, which are blocks.0.attn.q_proj"));
+  // Each target, with its own; a dotted ending is offered as a dotted ending.
+  CHECK_THROWS_WITH(
+      loom::build(loom::model<Gpt<loom::nn::Linear>>(small) | loom::lora(4, {"attn.v_prj", "fc_ot"}), one()),
+      ContainsSubstring("'attn.v_prj' (did you mean 'attn.v_proj', ") &&
+          ContainsSubstring("and 'fc_ot' (did you mean 'fc_out'?) name none of its linear layers"));
 }
 
 TEST_CASE("a target that selects a module that is not linear is named with its type", "[lora][errors]") {
