@@ -1,8 +1,13 @@
 // loom's plan DSL on its own: compose plans, print them, check plans assembled at run time.
 // No LibTorch here; a recipe per stage, each a plan you could hand to loom::build.
+#include "common/command_line.hpp"
+
 #include <loom/dsl.hpp>
 
+#include <CLI/CLI.hpp>
+
 #include <cstdint>
+#include <optional>
 #include <iostream>
 #include <string>
 #include <string_view>
@@ -100,6 +105,13 @@ void check_at_run_time(const std::vector<loom::stage_kind>& stages) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  int rank = 0;
+  CLI::App app{"Prints a plan for each of loom's stages, then checks plans assembled at run time.", "plans"};
+  app.add_option("rank", rank,
+                 "the LoRA rank of a plan built at run time, checked as a run file's is (the default, 0, shows "
+                 "the sentence that refuses it)");
+  if (const std::optional<int> exit_code = recipes::parse_command_line(app, argc, argv)) return *exit_code;
+
   print("model only", recipes::model_only);
   print("seeded", recipes::seeded);
   print("lora with defaults", recipes::lora_defaults);
@@ -115,7 +127,6 @@ int main(int argc, char** argv) {
   print("a user-written strategy", recipes::custom);
 
   // Values known only at run time go through checked(): the checks of lora(...), as plan_error.
-  const int rank = argc > 1 ? std::stoi(argv[1]) : 0;
   try {
     const auto plan = loom::model<recipes::TinyGpt>(recipes::gpt_config{}) | loom::lora_stage::checked(rank);
     print("lora with a run-time rank", plan);
