@@ -176,9 +176,13 @@ class supervisor {
       stop_all(signal_number);
       return;
     }
-    // Asked again while already stopping: do not make the user wait out the grace period.
-    say("received " + signal_name(signal_number) + " while stopping; killing every rank now");
-    kill_deadline_ = steady::now();
+    // Asked again while already stopping (a second Ctrl-C): stop now, as torchrun does, without
+    // waiting out the grace period, and say so rather than that it passed.
+    say("received " + signal_name(signal_number) +
+        " while stopping the ranks: killing every rank still running now (SIGKILL)");
+    kill_deadline_.reset();
+    for (const rank_process& rank : ranks_)
+      if (rank.running()) rank.send(SIGKILL);
   }
 
   void stop_all(int signal_number) {

@@ -1,6 +1,7 @@
 // A torch-free stand-in for a training program, for the launcher tests. Each rank (RANK from the
 // environment) does what the arguments ask, in this order:
 //   --ignore-sigterm     ignore SIGTERM, so only SIGKILL stops this rank
+//   --ignore-sigint      ignore SIGINT (a program that takes its time over Ctrl-C), likewise
 //   --preemptible        on SIGTERM or SIGUSR1, exit with code 75 ("resumable"), as loom::train does
 //   --spawn-child        fork a child that sleeps as long as --sleep-s (pid in DIR/rank-<RANK>-child.pid)
 //   --pid-dir DIR        write this process's pid to DIR/rank-<RANK>.pid
@@ -42,6 +43,7 @@ struct behaviour {
   std::optional<std::filesystem::path> pid_dir;
   bool spawn_child = false;
   bool ignore_sigterm = false;
+  bool ignore_sigint = false;
   bool preemptible = false;
   bool wait_for_all = false;
   std::vector<std::string> printed_variables;
@@ -83,6 +85,8 @@ behaviour parse(int argc, char** argv) {
       b.spawn_child = true;
     else if (flag == "--ignore-sigterm")
       b.ignore_sigterm = true;
+    else if (flag == "--ignore-sigint")
+      b.ignore_sigint = true;
     else if (flag == "--preemptible")
       b.preemptible = true;
     else if (flag == "--wait-for-all")
@@ -155,6 +159,7 @@ int main(int argc, char** argv) {
   const std::string name = "rank-" + std::to_string(rank);
 
   if (b.ignore_sigterm) ::signal(SIGTERM, SIG_IGN);
+  if (b.ignore_sigint) ::signal(SIGINT, SIG_IGN);
   if (b.c10d_warning_on_sigterm) ::signal(SIGTERM, note_termination);
   if (b.preemptible) {
     ::signal(SIGTERM, note_preemption);

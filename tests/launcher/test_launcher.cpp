@@ -335,6 +335,28 @@ TEST_CASE("a rank that ignores SIGTERM is killed once --grace-s has passed", "[l
   CHECK(process_gone(wait_for_pids(pids.path(), {"rank-1.pid"}).front()));
 }
 
+TEST_CASE("a second Ctrl-C kills the ranks at once, saying so, not that the grace period passed", "[launcher]") {
+  const temp_dir pids;
+  launcher_run launcher{with_helper({"--nproc-per-node", "2", "--grace-s", "20"},
+                                    {"--pid-dir", pids.path().string(), "--ignore-sigint", "--others", "sleep"})};
+  const auto rank_pids = wait_for_pids(pids.path(), {"rank-0.pid", "rank-1.pid"});
+  launcher.send(SIGINT);
+  std::this_thread::sleep_for(200ms);  // the first one forwarded, and ignored by the ranks
+  launcher.send(SIGINT);
+  const auto run = launcher.wait();
+
+  CHECK(run.exit_code == 128 + SIGINT);
+  CHECK(run.took < 10s);
+  const auto lines = lines_of(run.err);
+  CHECK(contains(lines, "loom-run: received SIGINT; forwarding it to every rank (SIGKILL after 20 s)"));
+  CHECK(contains(lines,
+                 "loom-run: received SIGINT while stopping the ranks: killing every rank still running now "
+                 "(SIGKILL)"));
+  CHECK(run.err.find("grace period") == std::string::npos);
+  CHECK(run.last_err_line() == "loom-run: stopped by SIGINT, which every rank received");
+  for (const pid_t pid : rank_pids) CHECK(process_gone(pid));
+}
+
 TEST_CASE("what a rank started does not outlive loom-run", "[launcher]") {
   const temp_dir pids;
   // The child sleeps 30 s holding the rank's stdout open; loom-run must not wait for it.
