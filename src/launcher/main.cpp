@@ -4,6 +4,7 @@
 
 #include <exception>
 #include <iostream>
+#include <string>
 #include <string_view>
 #include <variant>
 #include <vector>
@@ -22,6 +23,7 @@ int main(int argc, char** argv) {
       return 0;
     }
     const auto& options = std::get<launch_options>(parsed);
+    for (const std::string& note : options.notes) std::cerr << "loom-run: " << note << '\n';
     return supervise(options);
   } catch (const usage_error& error) {
     std::cerr << error.what() << "\nrun 'loom-run --help' for usage\n";

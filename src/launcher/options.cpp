@@ -2,9 +2,12 @@
 
 #include <CLI/CLI.hpp>
 
+#include <algorithm>
 #include <array>
 #include <charconv>
+#include <cstdlib>
 #include <string>
+#include <tuple>
 
 namespace loom::launcher {
 namespace {
@@ -12,6 +15,7 @@ namespace {
 constexpr int max_ranks_per_node = 1024;  // each rank holds two pipes and a process
 constexpr int max_nodes = 65536;          // keeps the world size far from int overflow
 constexpr int torchrun_default_port = 29500;
+constexpr std::string_view single_node_address = "127.0.0.1";
 constexpr double max_grace_seconds = 86400;  // a day; also keeps the deadline arithmetic finite
 constexpr int most_restarts = 1000000;       // keeps the count far from int overflow
 
@@ -116,6 +120,49 @@ constexpr std::array hinted_flags{
     hinted_flag{"--module,-m", "loom-run starts an executable once per rank (a C++ program), not a Python module"},
 };
 
+// NAME's value in loom-run's environment; empty when unset.
+std::string environment_value(const char* name) {
+  const char* value = std::getenv(name);
+  return value == nullptr ? std::string{} : std::string{value};
+}
+
+// "--master-port" of "--master-port,--master_port".
+std::string_view first_name(std::string_view names) { return names.substr(0, names.find(',')); }
+
+// torchrun reads each flag it is not given from PET_<NAME> (its argparse `env` action), so
+// PET_MASTER_ADDR and PET_MASTER_PORT stand for --master-addr and --master-port; it never reads
+// MASTER_ADDR or MASTER_PORT, whose inherited values its workers get replaced by the rendezvous's.
+// loom-run does the same, and says in a line what it took from the environment, and what it left
+// there with the flag that would choose it.
+void master_from_environment(launch_options& options) {
+  const bool address_given = options.master_addr.has_value();
+  const bool port_given = options.master_port.has_value();
+  for (const auto& [variable, names, given] : {std::tuple{"PET_MASTER_ADDR", "--master-addr", address_given},
+                                               std::tuple{"PET_MASTER_PORT", "--master-port", port_given}}) {
+    const std::string value = environment_value(variable);
+    if (given || value.empty()) continue;  // the flag wins, as under torchrun
+    const value_flag& flag =
+        *std::ranges::find_if(value_flags, [&](const value_flag& each) { return first_name(each.names) == names; });
+    flag.apply(options, variable, flag.form, value);
+    options.notes.push_back(text(variable) + "=" + value + " in the environment stands for " + text(names) + " " +
+                            value + ", as under torchrun");
+  }
+  if (const std::string address = environment_value("MASTER_ADDR");
+      !address.empty() && !options.master_addr && address != single_node_address) {
+    options.notes.push_back("MASTER_ADDR=" + address +
+                            " in the environment is not used, as under torchrun: the ranks meet at " +
+                            text(single_node_address) + "; give --master-addr " + address + " to meet there");
+  }
+  const std::string port = environment_value("MASTER_PORT");
+  const bool several_nodes = options.nnodes > 1;
+  if (!port.empty() && !options.master_port && !(several_nodes && port == std::to_string(torchrun_default_port))) {
+    options.notes.push_back(
+        "MASTER_PORT=" + port + " in the environment is not used, as under torchrun: the ranks meet " +
+        (several_nodes ? "at port 29500, torchrun's default for several nodes" : "at a free port that loom-run picks") +
+        "; give --master-port " + port + " to meet there");
+  }
+}
+
 void check_consistency(const launch_options& options, bool standalone) {
   if (options.program.empty())
     throw usage_error{"loom-run: no program given; usage: loom-run [flags] [--] PROGRAM [ARGS...]"};
@@ -130,9 +177,16 @@ void check_consistency(const launch_options& options, bool standalone) {
                       std::to_string(options.nnodes) + "), got '" + std::to_string(options.node_rank) + "'"};
   if (standalone && options.nnodes > 1)
     throw usage_error{"loom-run: --standalone runs a single node; drop it or use --nnodes 1"};
-  if (options.nnodes > 1 && !options.master_addr)
+  if (options.nnodes > 1 && !options.master_addr) {
+    const std::string inherited = environment_value("MASTER_ADDR");
     throw usage_error{"loom-run: --nnodes " + std::to_string(options.nnodes) +
-                      " expects --master-addr HOST (node 0's address, reachable from every node)"};
+                      " expects --master-addr HOST (node 0's address, reachable from every node)" +
+                      (inherited.empty() ? ""
+                                         : "; MASTER_ADDR=" + inherited +
+                                               " in the environment is not read, as under torchrun: give "
+                                               "--master-addr " +
+                                               inherited)};
+  }
 }
 
 // The allocator the flags choose; each chooses one, so two of them are refused, as run_cpu refuses
@@ -224,6 +278,7 @@ std::variant<launch_options, help_requested, version_requested> parse_command_li
   options.prefix_output = !no_prefix;
   options.allocator = chosen_allocator(default_allocator, tcmalloc, jemalloc);
   options.program = std::move(program);
+  master_from_environment(options);
   check_consistency(options, standalone);
   if (options.nnodes > 1 && !options.master_port) options.master_port = torchrun_default_port;
   return options;

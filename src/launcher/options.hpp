@@ -28,6 +28,9 @@ struct launch_options {
   double grace_seconds = 10.0;       // from SIGTERM to SIGKILL when stopping the ranks
   int max_restarts = 0;              // torchrun's: how often every rank is started again after a failure
   std::vector<std::string> program;  // the program, then its arguments
+  // What loom-run took from its environment, or left there (PET_MASTER_PORT, MASTER_PORT, ...): a
+  // line each, said before the ranks start.
+  std::vector<std::string> notes;
 };
 
 struct help_requested {};
@@ -39,7 +42,8 @@ class usage_error : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
-// `args` excludes argv[0]. Throws usage_error.
+// `args` excludes argv[0]; a master the flags do not give is read from PET_MASTER_ADDR and
+// PET_MASTER_PORT, as torchrun reads them. Throws usage_error.
 [[nodiscard]] std::variant<launch_options, help_requested, version_requested> parse_command_line(
     std::span<const std::string_view> args);
 

@@ -488,6 +488,79 @@ TEST_CASE("every rank gets torchrun's variables", "[launcher]") {
   }
 }
 
+TEST_CASE("the master from the environment, as torchrun reads it: PET_MASTER_*, never MASTER_*, each said in a line",
+          "[launcher]") {
+  const std::vector<std::string> printed{"--print-env", "MASTER_ADDR,MASTER_PORT"};
+  const env_changes clean{{"PET_MASTER_ADDR", std::nullopt},
+                          {"PET_MASTER_PORT", std::nullopt},
+                          {"MASTER_ADDR", std::nullopt},
+                          {"MASTER_PORT", std::nullopt}};
+  const auto with = [&](env_changes changes) {
+    for (const auto& [name, value] : clean) changes.try_emplace(name, value);
+    return changes;
+  };
+  SECTION("PET_MASTER_ADDR and PET_MASTER_PORT stand for the flags") {
+    const auto run = run_launcher(with_helper({"--nproc-per-node", "2"}, printed),
+                                  with({{"PET_MASTER_ADDR", "localhost"}, {"PET_MASTER_PORT", "29556"}}));
+    REQUIRE(run.exit_code == 0);
+    for (const int rank : {0, 1}) {
+      CHECK(variables_of_rank(run, rank).at("MASTER_ADDR") == "localhost");
+      CHECK(variables_of_rank(run, rank).at("MASTER_PORT") == "29556");
+    }
+    CHECK(lines_of(run.err) ==
+          std::vector<std::string>{
+              "loom-run: PET_MASTER_ADDR=localhost in the environment stands for --master-addr localhost, as under "
+              "torchrun",
+              "loom-run: PET_MASTER_PORT=29556 in the environment stands for --master-port 29556, as under torchrun"});
+  }
+  SECTION("a flag wins over PET_MASTER_PORT, without a word") {
+    const auto run =
+        run_launcher(with_helper({"--master-port", "29557"}, printed), with({{"PET_MASTER_PORT", "29556"}}));
+    REQUIRE(run.exit_code == 0);
+    CHECK(variables_of_rank(run, 0).at("MASTER_PORT") == "29557");
+    CHECK(run.err.empty());
+  }
+  SECTION("MASTER_ADDR and MASTER_PORT are replaced, as torchrun replaces them, naming the flag that would use them") {
+    const auto run = run_launcher(with_helper({"--nproc-per-node", "2"}, printed),
+                                  with({{"MASTER_ADDR", "10.9.9.9"}, {"MASTER_PORT", "29558"}}));
+    REQUIRE(run.exit_code == 0);
+    CHECK(variables_of_rank(run, 0).at("MASTER_ADDR") == "127.0.0.1");
+    CHECK(variables_of_rank(run, 1).at("MASTER_PORT") == variables_of_rank(run, 0).at("MASTER_PORT"));
+    CHECK(lines_of(run.err) ==
+          std::vector<std::string>{"loom-run: MASTER_ADDR=10.9.9.9 in the environment is not used, as under torchrun: "
+                                   "the ranks meet at 127.0.0.1; give --master-addr 10.9.9.9 to meet there",
+                                   "loom-run: MASTER_PORT=29558 in the environment is not used, as under torchrun: "
+                                   "the ranks meet at a free port that loom-run picks; give --master-port 29558 to "
+                                   "meet there"});
+    // Given by the flags, the same values are used, and nothing is said.
+    const auto flagged = run_launcher(with_helper({"--master-addr", "10.9.9.9", "--master-port", "29558"}, printed),
+                                      with({{"MASTER_ADDR", "10.9.9.9"}, {"MASTER_PORT", "29558"}}));
+    REQUIRE(flagged.exit_code == 0);
+    CHECK(variables_of_rank(flagged, 0).at("MASTER_PORT") == "29558");
+    CHECK(flagged.err.empty());
+  }
+  SECTION("several nodes: MASTER_PORT left for 29500, MASTER_ADDR not taken for --master-addr") {
+    const auto run =
+        run_launcher(with_helper({"--nnodes", "2", "--node-rank", "1", "--master-addr", "127.0.0.1"}, printed),
+                     with({{"MASTER_PORT", "1234"}}));
+    REQUIRE(run.exit_code == 0);
+    CHECK(variables_of_rank(run, 1).at("MASTER_PORT") == "29500");
+    CHECK(run.err.find("loom-run: MASTER_PORT=1234 in the environment is not used, as under torchrun: the ranks meet "
+                       "at port 29500, torchrun's default for several nodes; give --master-port 1234 to meet there") !=
+          std::string::npos);
+    const auto no_address = run_launcher(with_helper({"--nnodes", "2"}, printed), with({{"MASTER_ADDR", "10.0.0.1"}}));
+    CHECK(no_address.exit_code == 2);
+    CHECK(lines_of(no_address.err).front() ==
+          "loom-run: --nnodes 2 expects --master-addr HOST (node 0's address, reachable from every node); "
+          "MASTER_ADDR=10.0.0.1 in the environment is not read, as under torchrun: give --master-addr 10.0.0.1");
+  }
+  SECTION("a PET_ value is checked as its flag's") {
+    const auto run = run_launcher(with_helper({}, printed), with({{"PET_MASTER_PORT", "70000"}}));
+    CHECK(run.exit_code == 2);
+    CHECK(lines_of(run.err).front() == "loom-run: PET_MASTER_PORT expects a port number in 1..65535, got '70000'");
+  }
+}
+
 TEST_CASE("--enable-tcmalloc and --enable-jemalloc preload the allocator found, ahead of a user's own preloads",
           "[launcher]") {
   const std::string folder = required_env("STAND_IN_ALLOCATORS");
