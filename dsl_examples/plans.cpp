@@ -7,8 +7,8 @@
 #include <CLI/CLI.hpp>
 
 #include <cstdint>
-#include <optional>
 #include <iostream>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
