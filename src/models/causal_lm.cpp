@@ -2,6 +2,7 @@
 
 #include <loom/base/text.hpp>
 #include <loom/nn/deferred_init.hpp>
+#include <loom/precision/attention.hpp>
 #include <loom/precision/linear.hpp>
 #include <loom/runtime/host_reads.hpp>
 
@@ -101,7 +102,8 @@ DecoderAttentionImpl::DecoderAttentionImpl(const causal_lm_config& config, std::
   }
 }
 
-at::Tensor DecoderAttentionImpl::forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+DecoderAttentionImpl::projected DecoderAttentionImpl::project(const at::Tensor& x, const at::Tensor& cos,
+                                                              const at::Tensor& sin) {
   const std::int64_t batch = x.size(0), seq = x.size(1);
   const auto heads_of = [&](const at::Tensor& y, std::int64_t count) { return y.view({batch, seq, count, head_dim_}); };
   at::Tensor q = heads_of(q_proj(x), heads_);
@@ -114,8 +116,39 @@ at::Tensor DecoderAttentionImpl::forward(const at::Tensor& x, const at::Tensor& 
   // [seq, 1, head_dim]: the same angles for every head.
   const at::Tensor c = cos.to(q.scalar_type()).unsqueeze(1);
   const at::Tensor s = sin.to(q.scalar_type()).unsqueeze(1);
-  const at::Tensor attended = attention(q * c + rotate_half(q) * s, k * c + rotate_half(k) * s, v);
-  return o_proj(attended.reshape({batch, seq, heads_ * head_dim_}));
+  return {q * c + rotate_half(q) * s, k * c + rotate_half(k) * s, v};
+}
+
+at::Tensor DecoderAttentionImpl::forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+  const auto [q, k, v] = project(x, cos, sin);
+  return o_proj(attention(q, k, v).reshape({x.size(0), x.size(1), heads_ * head_dim_}));
+}
+
+at::Tensor DecoderAttentionImpl::forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
+                                         kv_cache::layer& cache) {
+  const auto [q, k, v] = project(x, cos, sin);
+  const std::int64_t cached = cache.keys.defined() ? cache.keys.size(1) : 0, seq = x.size(1);
+  cache.keys = cached == 0 ? k : at::cat({cache.keys, k}, 1);
+  cache.values = cached == 0 ? v : at::cat({cache.values, v}, 1);
+  at::Tensor keys = cache.keys, values = cache.values;
+  if (kv_heads_ != heads_) {
+    keys = keys.repeat_interleave(heads_ / kv_heads_, 2);
+    values = values.repeat_interleave(heads_ / kv_heads_, 2);
+  }
+  // New token i is at position cached + i and sees key j when j <= cached + i, and in a window when
+  // also cached + i - j < sliding_window, as the uncached forward's mask says.
+  const loom::nn::attention_options& options = attention->options();
+  std::optional<at::Tensor> mask;
+  if (seq > 1 || options.sliding_window > 0) {
+    const auto longs = at::TensorOptions(at::kLong).device(x.device());
+    const at::Tensor behind =
+        (at::arange(cached, cached + seq, longs).unsqueeze(1) - at::arange(cached + seq, longs).unsqueeze(0));
+    mask = options.sliding_window > 0 ? behind.ge(0).logical_and(behind.lt(options.sliding_window)) : behind.ge(0);
+  }
+  const at::Tensor attended = loom::scaled_dot_product_attention(q.transpose(1, 2), keys.transpose(1, 2),
+                                                                 values.transpose(1, 2), mask, false, options.scale)
+                                  .transpose(1, 2);
+  return o_proj(attended.reshape({x.size(0), seq, heads_ * head_dim_}));
 }
 
 DecoderMLPImpl::DecoderMLPImpl(const causal_lm_config& config)
@@ -146,14 +179,24 @@ DecoderLayerImpl::DecoderLayerImpl(const causal_lm_config& config, std::int64_t 
   }
 }
 
-at::Tensor DecoderLayerImpl::forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+template <class Attend>
+at::Tensor DecoderLayerImpl::around_attention(const at::Tensor& x, Attend&& attend) {
   if (!pre_feedforward_layernorm) {
-    const at::Tensor h = x + self_attn(input_layernorm(x), cos, sin);
+    const at::Tensor h = x + attend(input_layernorm(x));
     return h + mlp(post_attention_layernorm(h));
   }
   // Gemma's sandwich: each sublayer's output normed before it joins the residual.
-  const at::Tensor h = x + post_attention_layernorm(self_attn(input_layernorm(x), cos, sin));
+  const at::Tensor h = x + post_attention_layernorm(attend(input_layernorm(x)));
   return h + post_feedforward_layernorm(mlp(pre_feedforward_layernorm(h)));
+}
+
+at::Tensor DecoderLayerImpl::forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+  return around_attention(x, [&](const at::Tensor& normed) { return self_attn->forward(normed, cos, sin); });
+}
+
+at::Tensor DecoderLayerImpl::forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
+                                     kv_cache::layer& cache) {
+  return around_attention(x, [&](const at::Tensor& normed) { return self_attn->forward(normed, cos, sin, cache); });
 }
 
 DecoderModelImpl::DecoderModelImpl(const causal_lm_config& config)
@@ -172,25 +215,55 @@ DecoderModelImpl::DecoderModelImpl(const causal_lm_config& config)
     layers->push_back(std::make_shared<DecoderLayer>(config, i));
 }
 
-at::Tensor DecoderModelImpl::forward(const at::Tensor& ids) {
-  const at::Tensor mine = sequence->split(ids, 1);
-  const loom::nn::token_range tokens = sequence->tokens(ids.size(1));
-  const at::Tensor positions = at::arange(tokens.begin, tokens.end, ids.options().dtype(at::kFloat));
-  if (inv_freq_.device() != ids.device()) {
+DecoderModelImpl::rotary_tables DecoderModelImpl::rotary(const at::Tensor& positions) {
+  if (inv_freq_.device() != positions.device()) {
     // Once, on the first forward on a device: every later forward reads them there.
-    inv_freq_ = to_device(inv_freq_, ids.device(), at::kFloat);
-    sliding_inv_freq_ = to_device(sliding_inv_freq_, ids.device(), at::kFloat);
+    inv_freq_ = to_device(inv_freq_, positions.device(), at::kFloat);
+    sliding_inv_freq_ = to_device(sliding_inv_freq_, positions.device(), at::kFloat);
   }
   const auto [cos, sin] = rotary_angles(positions, inv_freq_);
   const auto [sliding_cos, sliding_sin] = rotary_angles(positions, sliding_inv_freq_);
-  at::Tensor h = embed_tokens(mine);
+  return {cos, sin, sliding_cos, sliding_sin};
+}
+
+at::Tensor DecoderModelImpl::embed(const at::Tensor& ids) {
+  const at::Tensor h = embed_tokens(ids);
   // Gemma rounds √hidden to the embeddings' dtype before it scales them.
-  if (embedding_scale_ != 1) h = h * at::scalar_tensor(embedding_scale_, h.options());
+  return embedding_scale_ != 1 ? h * at::scalar_tensor(embedding_scale_, h.options()) : h;
+}
+
+at::Tensor DecoderModelImpl::forward(const at::Tensor& ids) {
+  const at::Tensor mine = sequence->split(ids, 1);
+  const loom::nn::token_range tokens = sequence->tokens(ids.size(1));
+  const rotary_tables tables = rotary(at::arange(tokens.begin, tokens.end, ids.options().dtype(at::kFloat)));
+  at::Tensor h = embed(mine);
   for (const auto& layer : *layers) {
     auto& decoder_layer = *layer->as<DecoderLayer>();
     const bool sliding = decoder_layer.attention_kind() == layer_attention::sliding;
-    h = decoder_layer.forward(h, sliding ? sliding_cos : cos, sliding ? sliding_sin : sin);
+    h = decoder_layer.forward(h, sliding ? tables.sliding_cos : tables.cos, sliding ? tables.sliding_sin : tables.sin);
   }
+  return norm(h);
+}
+
+at::Tensor DecoderModelImpl::forward(const at::Tensor& ids, kv_cache& cache) {
+  if (cache.layers.empty()) cache.layers.resize(layers->size());
+  if (cache.layers.size() != layers->size() || (cache.length > 0 && cache.layers.front().keys.size(0) != ids.size(0))) {
+    throw_error<std::invalid_argument>(
+        "CausalLM: a kv_cache of {} and {} for {} and a batch of {}: give each sequence batch a cache of its own, "
+        "fresh for its first tokens",
+        counted(static_cast<std::int64_t>(cache.layers.size()), "layer"), counted(cache.length, "token"),
+        counted(static_cast<std::int64_t>(layers->size()), "layer"), ids.size(0));
+  }
+  const rotary_tables tables =
+      rotary(at::arange(cache.length, cache.length + ids.size(1), ids.options().dtype(at::kFloat)));
+  at::Tensor h = embed(ids);
+  for (std::size_t i = 0; i < layers->size(); ++i) {
+    auto& decoder_layer = *layers[i]->as<DecoderLayer>();
+    const bool sliding = decoder_layer.attention_kind() == layer_attention::sliding;
+    h = decoder_layer.forward(h, sliding ? tables.sliding_cos : tables.cos, sliding ? tables.sliding_sin : tables.sin,
+                              cache.layers[i]);
+  }
+  cache.length += ids.size(1);
   return norm(h);
 }
 
@@ -206,12 +279,19 @@ std::vector<tied_parameter> CausalLMImpl::tied_parameters() const {
   return {{.name = "lm_head.weight", .reads = "model.embed_tokens.weight"}};
 }
 
-at::Tensor CausalLMImpl::forward(const at::Tensor& ids) {
-  const at::Tensor hidden = model(ids);
+at::Tensor CausalLMImpl::logits_of(const at::Tensor& hidden) {
   const at::Tensor logits = lm_head ? lm_head(hidden) : loom::linear(hidden, model->embed_tokens->weight);
   if (!config.final_logit_softcapping) return logits;
   const double cap = *config.final_logit_softcapping;
   return at::tanh(logits / cap) * cap;
+}
+
+at::Tensor CausalLMImpl::forward(const at::Tensor& ids) { return logits_of(model->forward(ids)); }
+
+at::Tensor CausalLMImpl::next_token_logits(const at::Tensor& ids, kv_cache& cache) {
+  // The head over the last position alone: over a long prompt, a whole vocabulary's logits for every
+  // token would outweigh the model.
+  return logits_of(model->forward(ids, cache).select(1, -1));
 }
 
 at::Tensor causal_lm_loss(const at::Tensor& logits, const at::Tensor& labels) {

@@ -29,6 +29,18 @@
 
 namespace loom::models {
 
+// The keys and values a CausalLM has computed for the tokens it has read, each layer's, so that a
+// forward of the next tokens computes their positions alone (loom::models::generate, generate.hpp),
+// as transformers' DynamicCache holds them. Every layer keeps every token (a sliding-window layer
+// masks the older ones rather than dropping them), with its key-value heads unrepeated.
+struct kv_cache {
+  struct layer {
+    at::Tensor keys, values;  // [batch, tokens, kv_heads, head_dim]; undefined before the first forward
+  };
+  std::vector<layer> layers;  // one a decoder layer, made by the first forward
+  std::int64_t length = 0;    // the tokens read: the position of the next one
+};
+
 // x / rms(x), computed in fp32, weighted as `weighting` says (causal_lm_config::norm).
 class DecoderRMSNormImpl : public torch::nn::Module {
  public:
@@ -49,12 +61,20 @@ class DecoderAttentionImpl : public torch::nn::Module {
   // Causal self-attention over x [batch, seq, hidden], rotary embedding cos and sin [seq, head_dim]
   // of the same tokens (this rank's, under sequence_parallel).
   at::Tensor forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
+  // The same for new tokens x that follow the cached ones (cos and sin of their positions): their keys
+  // and values join `cache`, and each query attends to the cached keys and the new ones up to itself.
+  at::Tensor forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, kv_cache::layer& cache);
 
   loom::nn::Linear q_proj, k_proj, v_proj, o_proj;
   DecoderRMSNorm q_norm{nullptr}, k_norm{nullptr};  // qk_norm's, over each head
   loom::nn::Attention attention;  // no weights: where sequence_parallel exchanges the sequence for heads
 
  private:
+  struct projected {
+    at::Tensor q, k, v;  // [batch, seq, heads or kv_heads, head_dim], q and k normed and turned
+  };
+  projected project(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
+
   std::int64_t heads_, kv_heads_, head_dim_;
 };
 TORCH_MODULE(DecoderAttention);
@@ -76,6 +96,7 @@ class DecoderLayerImpl : public torch::nn::Module {
  public:
   DecoderLayerImpl(const causal_lm_config& config, std::int64_t layer);
   at::Tensor forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
+  at::Tensor forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, kv_cache::layer& cache);
 
   [[nodiscard]] layer_attention attention_kind() const noexcept { return attention_kind_; }
 
@@ -85,6 +106,9 @@ class DecoderLayerImpl : public torch::nn::Module {
   DecoderRMSNorm pre_feedforward_layernorm{nullptr}, post_feedforward_layernorm{nullptr};  // sandwich_norms'
 
  private:
+  template <class Attend>
+  at::Tensor around_attention(const at::Tensor& x, Attend&& attend);
+
   layer_attention attention_kind_;
 };
 using DecoderLayer = loom::nn::Unit<DecoderLayerImpl>;
@@ -95,6 +119,8 @@ class DecoderModelImpl : public torch::nn::Module {
   explicit DecoderModelImpl(const causal_lm_config& config);
   // The final hidden states [batch, seq, hidden] of token ids [batch, seq].
   at::Tensor forward(const at::Tensor& ids);
+  // Those of ids [batch, new] that follow the `cache`'s tokens, which they join.
+  at::Tensor forward(const at::Tensor& ids, kv_cache& cache);
 
   loom::nn::Embedding embed_tokens;
   torch::nn::ModuleList layers;
@@ -102,6 +128,13 @@ class DecoderModelImpl : public torch::nn::Module {
   loom::nn::Sequence sequence;  // no weights: where sequence_parallel splits the tokens
 
  private:
+  // The rotary tables of `positions`, fp32 [tokens, head_dim]: full-attention layers' and sliding ones'.
+  struct rotary_tables {
+    at::Tensor cos, sin, sliding_cos, sliding_sin;
+  };
+  rotary_tables rotary(const at::Tensor& positions);
+  at::Tensor embed(const at::Tensor& ids);
+
   // The rotary embeddings' inverse frequencies, fp32 [head_dim / 2], of full-attention layers and of
   // sliding ones: computed, not weights (as transformers' non-persistent inv_freq buffers), so they
   // are in no state_dict; on the device of the last forward's tokens.
@@ -124,10 +157,17 @@ class CausalLMImpl : public torch::nn::Module {
   [[nodiscard]] std::vector<tied_parameter> tied_parameters() const;
   // Logits [batch, seq, vocab] of token ids [batch, seq] (int64).
   at::Tensor forward(const at::Tensor& ids);
+  // The logits [batch, vocab] of the token after ids [batch, new], which follow the `cache`'s tokens
+  // (none in a fresh cache) and join it: a prompt, then each generated token, computes its positions
+  // alone. loom::models::generate (generate.hpp) calls it without gradients, in eval mode.
+  at::Tensor next_token_logits(const at::Tensor& ids, kv_cache& cache);
 
   causal_lm_config config;
   DecoderModel model;
   loom::nn::Linear lm_head{nullptr};  // none when tied
+
+ private:
+  at::Tensor logits_of(const at::Tensor& hidden);
 };
 TORCH_MODULE(CausalLM);
 
