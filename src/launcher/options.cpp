@@ -7,7 +7,6 @@
 #include <charconv>
 #include <cstdlib>
 #include <string>
-#include <tuple>
 
 namespace loom::launcher {
 namespace {
@@ -137,15 +136,20 @@ std::string_view first_name(std::string_view names) { return names.substr(0, nam
 void master_from_environment(launch_options& options) {
   const bool address_given = options.master_addr.has_value();
   const bool port_given = options.master_port.has_value();
-  for (const auto& [variable, names, given] : {std::tuple{"PET_MASTER_ADDR", "--master-addr", address_given},
-                                               std::tuple{"PET_MASTER_PORT", "--master-port", port_given}}) {
-    const std::string value = environment_value(variable);
-    if (given || value.empty()) continue;  // the flag wins, as under torchrun
-    const value_flag& flag =
-        *std::ranges::find_if(value_flags, [&](const value_flag& each) { return first_name(each.names) == names; });
-    flag.apply(options, variable, flag.form, value);
-    options.notes.push_back(text(variable) + "=" + value + " in the environment stands for " + text(names) + " " +
-                            value + ", as under torchrun");
+  struct flag_variable {
+    const char* variable;
+    std::string_view flag;
+    bool given;
+  };
+  for (const flag_variable& each : {flag_variable{"PET_MASTER_ADDR", "--master-addr", address_given},
+                                    flag_variable{"PET_MASTER_PORT", "--master-port", port_given}}) {
+    const std::string value = environment_value(each.variable);
+    if (each.given || value.empty()) continue;  // the flag wins, as under torchrun
+    const value_flag& flag = *std::ranges::find_if(
+        value_flags, [&](const value_flag& known) { return first_name(known.names) == each.flag; });
+    flag.apply(options, each.variable, flag.form, value);
+    options.notes.push_back(text(each.variable) + "=" + value + " in the environment stands for " + text(each.flag) +
+                            " " + value + ", as under torchrun");
   }
   if (const std::string address = environment_value("MASTER_ADDR");
       !address.empty() && !options.master_addr && address != single_node_address) {
