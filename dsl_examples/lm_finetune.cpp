@@ -10,7 +10,8 @@
 //   build/loom-run --nproc-per-node 2 -- build/dsl_examples/lm-finetune
 //       --config dsl_examples/configs/lm_finetune.toml --pretrained DIR [--out DIR]
 //       {--data FILE.jsonl [--eval-data FILE] [--tokenizer DIR] | --tokens tokens.bin} [--batch-size 4]
-//       [--seq-len 128] [--merged] [--lora.rank=16] ...
+//       [--seq-len 128] [--merged] [--sample PROMPT [--max-new-tokens 40] [--temperature T --top-p P]]
+//       [--lora.rank=16] ...
 #include "common/adapter.hpp"
 #include "common/checkpoint_folder.hpp"
 #include "common/command_line.hpp"
@@ -23,6 +24,7 @@
 #include <loom/config/run_file.hpp>
 #include <loom/loom.hpp>
 #include <loom/models/causal_lm.hpp>
+#include <loom/models/generate.hpp>
 #include <loom/optim/adamw.hpp>
 
 #include <fmt/core.h>
@@ -50,6 +52,8 @@ struct options {
   std::int64_t batch_per_rank = 4;
   std::int64_t seq_len = 128;
   bool merged = false;
+  std::vector<std::string> samples;  // prompts to continue with the fine-tuned model
+  loom::models::generation_options generation{.max_new_tokens = 40};
 };
 
 std::variant<options, int> parse(int argc, char** argv) {
@@ -72,9 +76,9 @@ std::variant<options, int> parse(int argc, char** argv) {
   app.add_option("--eval-data", parsed.eval_data, "held-out files to evaluate on (none: no evaluation)")
       ->check(CLI::ExistingPath)
       ->needs(data);
-  app.add_option("--tokenizer", parsed.tokenizer, "a folder with tokenizer.json (default: the checkpoint's)")
-      ->check(CLI::ExistingDirectory)
-      ->needs(data);
+  CLI::Option* tokenizer =
+      app.add_option("--tokenizer", parsed.tokenizer, "a folder with tokenizer.json (default: the checkpoint's)")
+          ->check(CLI::ExistingDirectory);
   app.add_option("--text-field", parsed.text_field, "the field of a JSON line that holds its text")
       ->capture_default_str()
       ->needs(data);
@@ -88,7 +92,29 @@ std::variant<options, int> parse(int argc, char** argv) {
       ->capture_default_str()
       ->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 24));
   app.add_flag("--merged", parsed.merged, "also write the weights with the adapters merged in, for transformers");
+  CLI::Option* sample =
+      app.add_option("--sample", parsed.samples,
+                     "after training, continue this prompt with the fine-tuned model (loom::models::generate; "
+                     "repeat it for more prompts)");
+  app.add_option("--max-new-tokens", parsed.generation.max_new_tokens, "tokens --sample adds to its prompt")
+      ->capture_default_str()
+      ->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 20))
+      ->needs(sample);
+  app.add_option("--temperature", parsed.generation.temperature,
+                 "--sample draws the tokens at this temperature (with --top-p), instead of taking the likeliest")
+      ->check(CLI::PositiveNumber)
+      ->needs(sample);
+  app.add_option("--top-p", parsed.generation.top_p,
+                 "with --temperature: draw from the likeliest tokens whose "
+                 "probabilities sum past this")
+      ->check(CLI::Range(0.0, 1.0))
+      ->needs(sample);
   if (const auto exit_code = recipes::parse_command_line(app, argc, argv)) return *exit_code;
+  parsed.generation.do_sample = app.count("--temperature") > 0;
+  if (tokenizer->count() > 0 && parsed.data.empty() && parsed.samples.empty()) {
+    fmt::print(stderr, "lm-finetune: --tokenizer is for --data and --sample, and neither is given\n");
+    return recipes::usage_exit_code;
+  }
   if (parsed.tokens.empty() && parsed.data.empty()) {
     fmt::print(stderr,
                "lm-finetune: give the text to train on: --data FILE.jsonl (with the checkpoint's tokenizer or "
@@ -111,9 +137,29 @@ struct run_data {
   }
 };
 
+// The tokenizer of --tokenizer or the checkpoint, checked against the checkpoint's vocabulary.
+std::unique_ptr<loom::data::tokenizer> read_tokenizer(const options& opts, const fs::path& checkpoint,
+                                                      std::int64_t vocab_size) {
+  const fs::path folder = opts.tokenizer.empty() ? checkpoint : fs::path(opts.tokenizer);
+  if (!fs::exists(folder / "tokenizer.json")) {
+    throw std::invalid_argument(
+        fmt::format("{} reads text with a tokenizer, and '{}' has no tokenizer.json: give one with --tokenizer DIR",
+                    opts.data.empty() ? "--sample" : "--data", folder.string()));
+  }
+  auto tokenizer = std::make_unique<loom::data::tokenizer>(loom::data::tokenizer::from_pretrained(folder));
+  if (tokenizer->vocab_size() > vocab_size) {
+    throw std::invalid_argument(fmt::format(
+        "the tokenizer in '{}' has {} ids and the checkpoint's vocab_size is {}: give the checkpoint's own tokenizer "
+        "(--tokenizer DIR)",
+        folder.string(), tokenizer->vocab_size(), vocab_size));
+  }
+  return tokenizer;
+}
+
 run_data read_data(const options& opts, const fs::path& checkpoint, std::int64_t vocab_size, std::uint64_t seed,
                    const loom::data_parallel_place& place) {
   run_data data;
+  if (!opts.data.empty() || !opts.samples.empty()) data.tokenizer = read_tokenizer(opts, checkpoint, vocab_size);
   if (!opts.tokens.empty()) {
     const at::Tensor tokens = token_file::load(opts.tokens, vocab_size);
     const std::int64_t split = tokens.numel() * 9 / 10;
@@ -128,15 +174,7 @@ run_data read_data(const options& opts, const fs::path& checkpoint, std::int64_t
             .first;
     return data;
   }
-  const fs::path tokenizer_folder = opts.tokenizer.empty() ? checkpoint : fs::path(opts.tokenizer);
-  data.tokenizer = std::make_unique<loom::data::tokenizer>(loom::data::tokenizer::from_pretrained(tokenizer_folder));
   const loom::data::tokenizer& tokenizer = *data.tokenizer;
-  if (tokenizer.vocab_size() > vocab_size) {
-    throw std::invalid_argument(fmt::format(
-        "the tokenizer in '{}' has {} ids and the checkpoint's vocab_size is {}: give the checkpoint's own tokenizer "
-        "(--tokenizer DIR)",
-        tokenizer_folder.string(), tokenizer.vocab_size(), vocab_size));
-  }
   const auto text_of = [&](const std::vector<fs::path>& paths, bool shuffle) {
     return std::make_unique<recipes::text_batches>(
         tokenizer,
@@ -155,6 +193,22 @@ run_data read_data(const options& opts, const fs::path& checkpoint, std::int64_t
   data.text = text_of(opts.data, /*shuffle=*/true);
   if (!opts.eval_data.empty()) data.held_out = text_of(opts.eval_data, /*shuffle=*/false)->next();
   return data;
+}
+
+// The prompt and what the fine-tuned model adds to it, decoded: every rank generates (under fsdp()
+// inside with_whole_module, which gathers the parameters), so that the strategy's collectives meet.
+template <class Job>
+std::string sample(Job& job, const loom::data::tokenizer& tokenizer, const std::string& prompt,
+                   loom::models::generation_options options) {
+  const std::vector<std::int32_t> ids = tokenizer.encode(prompt);
+  if (ids.empty()) throw std::invalid_argument("--sample \"\" has no tokens to continue: give a prompt");
+  if (options.eos_token_id.empty() && tokenizer.eos_token_id()) options.eos_token_id = {*tokenizer.eos_token_id()};
+  const at::Tensor prompt_ids = at::tensor(std::vector<std::int64_t>(ids.begin(), ids.end()), at::kLong);
+  const at::Tensor continued = job.with_whole_module([&](loom::models::CausalLM& model) {
+    return loom::models::generate(model, prompt_ids.to(job.rt().device()), options);
+  });
+  const at::Tensor on_host = continued.to(at::kCPU).to(at::kInt).contiguous();
+  return tokenizer.decode({on_host.data_ptr<std::int32_t>(), static_cast<std::size_t>(on_host.numel())});
 }
 
 // One line on what the run reads: how much data there is against how much the steps take.
@@ -257,6 +311,10 @@ int run(const options& opts) {
         }
         if (result.outcome == loom::train_outcome::preempted) return loom::resumable_exit_code;
         recipes::save_adapter_if_adapted(job, plan, train_options.out / "adapter");
+        for (const std::string& prompt : opts.samples) {
+          const std::string text = sample(job, *data.tokenizer, prompt, opts.generation);
+          if (rt.rank() == 0) fmt::print("sample from \"{}\":\n  {}\n", prompt, text);
+        }
         if (opts.merged) {
           const fs::path merged = train_options.out / "merged";
           if (plan.find<loom::lora_stage>()) job.merge();

@@ -45,6 +45,20 @@ def expect(said: str, *pieces: str, where: str) -> None:
             failures.append(f"{where}: expected {piece!r} in:\n{said[-2500:]}")
 
 
+def greedy_continuation(model: Path, tokenizer: Path, prompt: str, new_tokens: int) -> str:
+    """transformers' greedy generate of `model` from `prompt`, decoded with the tokenizers library."""
+    import torch
+    from tokenizers import Tokenizer
+    from transformers import AutoModelForCausalLM
+    text_tokenizer = Tokenizer.from_file(str(tokenizer / "tokenizer.json"))
+    eos = text_tokenizer.token_to_id(json.loads((tokenizer / "tokenizer_config.json").read_text())["eos_token"])
+    ids = torch.tensor([text_tokenizer.encode(prompt, add_special_tokens=False).ids])
+    with torch.no_grad():
+        out = AutoModelForCausalLM.from_pretrained(model).eval().generate(
+            ids, max_new_tokens=new_tokens, do_sample=False, eos_token_id=eos, pad_token_id=eos)
+    return text_tokenizer.decode(out[0].tolist(), skip_special_tokens=False)
+
+
 def messages(loom_run: str, tiny_gpt: str, lm: str, wan: str, finetune: str, plans: str) -> None:
     for program in (tiny_gpt, lm, wan, finetune, plans):
         said = run([program, "--help"], 0)
@@ -104,11 +118,17 @@ def messages(loom_run: str, tiny_gpt: str, lm: str, wan: str, finetune: str, pla
                     "--pretrained", root / "llama-512", "--out", root / "bodies", *short], 1, launch=loom_run)
         expect(said, 'the line has no "text" field, only body; --text-field names the field to read',
                "(--skip-malformed skips such lines", where="lm-finetune on lines without the text field")
+        prompt = "This License"
         said = run([lm, "--config", CONFIGS / "lm_finetune.yaml", "--data", text / "train.jsonl", "--tokenizer",
-                    text / "tokenizer", "--pretrained", root / "llama-512", "--out", root / "text-run", *short], 0,
-                   launch=loom_run)
+                    text / "tokenizer", "--pretrained", root / "llama-512", "--out", root / "text-run", *short,
+                    "--merged", "--sample", prompt, "--max-new-tokens", "16"], 0, launch=loom_run)
         expect(said, "documents in --data", "tokenized as they are read", "data: rank 0 read",
                "epochs of its documents", where="lm-finetune's data summary on text")
+        expected = greedy_continuation(root / "text-run" / "merged", text / "tokenizer", prompt, 16)
+        printed = f'[rank 0] sample from "{prompt}":\n[rank 0]   ' + expected.replace("\n", "\n[rank 0] ") + "\n"
+        if printed not in said:
+            failures.append(f"lm-finetune --sample (under fsdp, 2 ranks) is not transformers' greedy generate of the "
+                            f"merged weights, {expected!r}:\n{said[-1500:]}")
 
         wan_model, clips, odd = root / "wan", root / "clips", root / "odd-clips"
         subprocess.run([sys.executable, DATA / "make_wan.py", wan_model], check=True, capture_output=True)
