@@ -65,13 +65,13 @@ FP32_TOLERANCE = 1e-5
 BF16_MARGIN = 2  # causal_lm_parity.cpp's: bf16 logits' rms error at most this many times transformers' own in bf16
 
 
-def make(folder: Path) -> None:
+def make(folder: Path, configs: dict = CONFIGS) -> None:
     import torch
     import transformers
     from safetensors.torch import save_file
     from transformers import AutoModelForCausalLM
 
-    for index, (name, (config_class, extra, *shard)) in enumerate(CONFIGS.items()):
+    for index, (name, (config_class, extra, *shard)) in enumerate(configs.items()):
         torch.manual_seed(100 + index)
         config = getattr(transformers, config_class)(vocab_size=96, hidden_size=32, intermediate_size=56,
                                                      num_hidden_layers=3, max_position_embeddings=64,
