@@ -42,7 +42,8 @@ void check_sampling(const generation_options& options) {
 }
 
 // The prompt as [batch, seq], checked against the model and the options.
-at::Tensor checked_prompt(const causal_lm_config& config, const at::Tensor& prompt, const generation_options& options) {
+at::Tensor checked_prompt(const causal_lm_config& config, int sequence_split_size, const at::Tensor& prompt,
+                          const generation_options& options) {
   if (!prompt.defined() || prompt.scalar_type() != at::kLong || prompt.dim() < 1 || prompt.dim() > 2 ||
       prompt.numel() == 0) {
     throw_error<std::invalid_argument>(
@@ -68,6 +69,12 @@ at::Tensor checked_prompt(const causal_lm_config& config, const at::Tensor& prom
   check_token(host_value<std::int64_t>(extremes[1]), "the prompt's token", config.vocab_size);
   for (const std::int64_t eos : options.eos_token_id) check_token(eos, "eos_token_id", config.vocab_size);
   if (options.do_sample) check_sampling(options);
+  if (!options.use_cache && sequence_split_size > 1) {
+    throw_error<std::invalid_argument>(
+        "generate: use_cache = false under sequence_parallel({}): the model's own forward splits the sequence "
+        "across its group; leave use_cache on (the cached forward reads the whole sequence on each rank)",
+        sequence_split_size);
+  }
   return rows;
 }
 
@@ -107,7 +114,7 @@ at::Tensor next_token_probabilities(const at::Tensor& logits, const generation_o
 
 at::Tensor generate(CausalLM& model, const at::Tensor& prompt, const generation_options& options) {
   CausalLMImpl& lm = *model;
-  const at::Tensor rows = checked_prompt(lm.config, prompt, options);
+  const at::Tensor rows = checked_prompt(lm.config, lm.model->sequence->size(), prompt, options);
   // What a sequence that has stopped is filled with, as transformers takes it: the option, the
   // config's, else the first end token.
   const std::int64_t pad = options.pad_token_id.value_or(
