@@ -302,6 +302,7 @@ int run(const options& opts) {
         if (data.text) {
           functions.data_state = [&] { return data.text->state(); };
           functions.restore_data = [&](const std::string& state) { data.text->restore(state); };
+          train_options.data_identity = data.text->identity();
         }
         const loom::train_result result = loom::train(job, optimizer, functions, train_options);
         if (data.text && rt.rank() == 0) {

@@ -34,6 +34,8 @@ class text_batches {
   }
 
   [[nodiscard]] std::string state() const { return reader_.state(); }
+  // The files' names, sizes and digest: what loom::train's data_identity compares on resume.
+  [[nodiscard]] const std::string& identity() const noexcept { return reader_.identity(); }
   void restore(const std::string& state) { reader_.restore(state); }
 
   // The documents of all the files (every rank's), counted as the dataset indexed them.

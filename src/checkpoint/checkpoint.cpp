@@ -234,6 +234,7 @@ void checkpointer::save(const checkpoint_target& target, torch::optim::Optimizer
                                .libtorch = TORCH_VERSION,
                                .loom = LOOM_VERSION,
                                .user_state = user_state,
+                               .trained = trained(target),
                                .files = {},
                                .checksummed = true};
   const fs::path file = partial / rank_file(rt_.rank());

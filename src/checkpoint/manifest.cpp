@@ -75,7 +75,8 @@ struct choice_field {  // true is `yes`, false is `no`
 struct text_field {
   bool optional = false;  // absent from manifests written before it
 };
-struct json_field {};  // JSON of the caller's, kept as its text
+struct json_field {};          // JSON of the caller's, kept as its text
+struct trained_over_field {};  // an object of trained_over's texts; absent from manifests written before it
 
 // The manifest's fields, each once: its key, its member of checkpoint_manifest and its kind. The
 // writer and the reader both walk this list ("format" and "files" are the file's own, not the
@@ -97,6 +98,7 @@ void for_each_manifest_field(Manifest& manifest, Visit&& visit) {
   visit("libtorch", manifest.libtorch, text_field{});
   visit("loom", manifest.loom, text_field{});
   visit("user_state", manifest.user_state, json_field{});
+  visit("trained_over", manifest.trained, trained_over_field{});
 }
 
 // The fields of a manifest's JSON, each checked against its kind.
@@ -115,6 +117,9 @@ checkpoint_manifest manifest_fields(const fs::path& path, const json& manifest) 
     if constexpr (std::is_same_v<kind_type, count_field> || std::is_same_v<kind_type, text_field>) {
       if (kind.optional && !manifest.contains(key)) return;
     }
+    if constexpr (std::is_same_v<kind_type, trained_over_field>) {
+      if (!manifest.contains(key)) return;
+    }
     const json& field = at(key);
     if constexpr (std::is_same_v<kind_type, count_field>) {
       if (!field.is_number_unsigned() || field.get<std::uint64_t>() < kind.min ||
@@ -131,6 +136,15 @@ checkpoint_manifest manifest_fields(const fs::path& path, const json& manifest) 
     } else if constexpr (std::is_same_v<kind_type, text_field>) {
       if (!field.is_string()) wrong(key, "a string");
       value = field.get<std::string>();
+    } else if constexpr (std::is_same_v<kind_type, trained_over_field>) {
+      const auto text = [&](const char* part) {
+        if (!field.is_object() || !field.contains(part) || !field[part].is_string()) {
+          wrong(key, R"(an object of "pretrained", "pretrained_digest" and "data" texts)");
+        }
+        return field[part].get<std::string>();
+      };
+      value = trained_over{
+          .pretrained = text("pretrained"), .pretrained_digest = text("pretrained_digest"), .data = text("data")};
     } else {
       value = field.dump();
     }
@@ -197,6 +211,11 @@ json manifest_json(const checkpoint_manifest& manifest) {
       out[key] = value ? kind.yes : kind.no;
     } else if constexpr (std::is_same_v<kind_type, json_field>) {
       out[key] = json::parse(value);
+    } else if constexpr (std::is_same_v<kind_type, trained_over_field>) {
+      if (value) {
+        out[key] = {
+            {"pretrained", value->pretrained}, {"pretrained_digest", value->pretrained_digest}, {"data", value->data}};
+      }
     } else {
       out[key] = value;
     }

@@ -16,6 +16,7 @@
 
 #include <ATen/core/Generator.h>
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <torch/optim/optimizer.h>
 
 #include <algorithm>
@@ -75,7 +76,8 @@ struct checkpointer::read_files {
   std::vector<tensor_state> models;    // one a file read: this rank's, or one whole copy's
   std::vector<at::Tensor> optimizers;  // the optimizer's archive of each
   std::vector<named_tensor> generators;
-  std::string rank_state;  // this rank's, from its own file, when the world size is the saved one
+  std::string rank_state;           // this rank's, from its own file, when the world size is the saved one
+  std::optional<std::string> note;  // for rank 0 to say once it is loaded (check_trained_over)
 };
 
 std::optional<resume_point> checkpointer::resume(const checkpoint_target& target, torch::optim::Optimizer& optimizer) {
@@ -97,6 +99,10 @@ std::optional<resume_point> checkpointer::resume(const checkpoint_target& target
         first_problem(rt_, fmt::format("checkpoint/{}", candidate.filename().string()), damage);
     if (!found) {
       run_on_every_rank(rt_, "loading the checkpoint", [&] { resumed = load(*files, target, optimizer); });
+      if (files->note && rt_.rank() == 0) {
+        fmt::print(stderr, "{}\n", error_message("{}", *files->note));
+        std::fflush(stderr);
+      }
       break;
     }
     const std::string problem =
@@ -163,6 +169,8 @@ checkpointer::read_files checkpointer::read(const fs::path& path, const checkpoi
                        "; the model's parameters (their names, shapes or dtypes, or which of them train) or "
                        "how the strategy groups them differ from the saved run's");
   }
+
+  files.note = check_trained_over(path, manifest, target);
 
   // The files this rank reads: its own, or under a replicating strategy rank 0's, or when resharding
   // those of one whole copy: the old ranks of the first shard group (every old rank without hybrid
@@ -258,6 +266,57 @@ resume_point checkpointer::load(const read_files& files, const checkpoint_target
           .path = files.path,
           .rank_state = files.rank_state,
           .world_size = files.manifest.world_size};
+}
+
+trained_over checkpointer::trained(const checkpoint_target& target) const {
+  trained_over over{.data = options_.data};
+  if (target.pretrained) {
+    over.pretrained = target.pretrained->path.string();
+    over.pretrained_digest = hex(target.pretrained->digest);
+  }
+  return over;
+}
+
+std::optional<std::string> checkpointer::check_trained_over(const fs::path& path, const checkpoint_manifest& manifest,
+                                                            const checkpoint_target& target) const {
+  if (!manifest.trained) {
+    return fmt::format(
+        "the checkpoint '{}' records nothing of the pretrained weights and the data it was trained over (loom {} "
+        "saved it, before checkpoints recorded them), so it resumes without that check",
+        path.string(), manifest.loom);
+  }
+  const trained_over& saved = *manifest.trained;
+  const trained_over now = trained(target);
+  // Compared where both runs had them: the plan already names pretrained(...)'s presence and path.
+  const bool other_weights = !saved.pretrained_digest.empty() && !now.pretrained_digest.empty() &&
+                             saved.pretrained_digest != now.pretrained_digest;
+  const bool other_data = !saved.data.empty() && !now.data.empty() && saved.data != now.data;
+  if (!other_weights && !other_data) return std::nullopt;
+  std::vector<std::string> both;
+  if (other_weights) {
+    both.push_back(
+        fmt::format("it was trained over the pretrained weights '{}' (digest {}), and this run's '{}' are "
+                    "others (digest {})",
+                    saved.pretrained, saved.pretrained_digest, now.pretrained, now.pretrained_digest));
+  }
+  if (other_data) {
+    both.push_back(fmt::format("it was trained over the data {}, and this run reads {}", saved.data, now.data));
+  }
+  const std::string what =
+      fmt::format("the checkpoint '{}' was trained over other {} than this run's: {}", path.string(),
+                  other_weights && other_data ? "pretrained weights and other data"
+                  : other_weights             ? "pretrained weights"
+                                              : "data",
+                  fmt::join(both, "; "));
+  if (options_.resume_over_changes) {
+    return what + "; resume_over_changes is set, so it resumes over this run's nonetheless";
+  }
+  throw_error<checkpoint_error>(
+      "{}; to start this run afresh, give it a folder of its own (loom::train's out; --train.out=DIR with a run "
+      "file) or remove '{}', or to resume over this run's anyway set loom::train's resume_over_changes "
+      "(--train.resume_over_changes=true with a run file; checkpoint_options.resume_over_changes for a checkpointer "
+      "of your own)",
+      what, path.parent_path().string());
 }
 
 tensor_state checkpointer::with_current(const checkpoint_target& target, const tensor_state& saved) {

@@ -68,6 +68,8 @@ std::string read_ahead::state() const {
   return state_;
 }
 
+const std::string& read_ahead::identity() const noexcept { return dataset_.identity(); }
+
 void read_ahead::restore(std::string_view state) {
   stop();
   ready_.clear();

@@ -1,7 +1,9 @@
 #include <loom/base/spelling.hpp>
 #include <loom/base/text.hpp>
 #include <loom/data/text_dataset.hpp>
+#include <loom/io/checksum.hpp>
 
+#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
@@ -27,6 +29,7 @@ struct source_file {
   std::uintmax_t size = 0;
   file_kind kind = file_kind::json_lines;
   std::size_t token_width = 0;  // tokens: 2 (uint16) or 4 (uint32) bytes each
+  std::uint64_t xxh3 = 0;       // of its bytes, as indexing read them
 };
 
 // llm.c's token files (dev/data/data_common.py's write_datafile, dsl_examples/data/make_tokens.py):
@@ -102,6 +105,10 @@ void index_token_file(source_file& file, std::uint32_t index, std::int32_t eos, 
   }
   std::vector<char> bytes(static_cast<std::size_t>(header[2]) * file.token_width);
   in.read(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+  xxh3_stream checksum;
+  checksum.update(header.data(), token_header_bytes);
+  checksum.update(bytes.data(), bytes.size());
+  file.xxh3 = checksum.digest().xxh3;
   bool inside = false;
   for (std::uint64_t i = 0; i < static_cast<std::uint64_t>(header[2]); ++i) {
     std::uint32_t id = 0;
@@ -125,9 +132,11 @@ std::vector<document> index_documents(std::vector<source_file>& files, std::int3
     if (!in) throw_error<std::invalid_argument>("text_dataset: cannot read {}", files[f].path.string());
     std::uint64_t offset = 0, line = 1, line_start = 0;
     bool line_has_text = false;
+    xxh3_stream checksum;
     while (in) {
       in.read(buffer.data(), static_cast<std::streamsize>(buffer.size()));
       const auto got = static_cast<std::size_t>(in.gcount());
+      checksum.update(buffer.data(), got);
       for (std::size_t i = 0; i < got; ++i, ++offset) {
         const char c = buffer[i];
         if (c == '\n') {
@@ -141,6 +150,7 @@ std::vector<document> index_documents(std::vector<source_file>& files, std::int3
       }
     }
     if (line_has_text) documents.push_back({f, line_start, line});
+    files[f].xxh3 = checksum.digest().xxh3;
   }
   return documents;
 }
@@ -320,6 +330,24 @@ struct text_dataset::impl {
   // What a saved state must match: the files and their sizes, the options, the ranks. Made once, as
   // the dataset is built; state() runs once per sequence under read_ahead.
   json fingerprint;
+  // The files' names and contents alone (identity()), made once too.
+  std::string identity;
+
+  [[nodiscard]] std::string make_identity() const {
+    std::vector<std::string> names;
+    std::uintmax_t bytes = 0;
+    xxh3_stream digest;
+    for (const source_file& f : files) {
+      const std::string name = f.path.filename().string();
+      names.push_back(name);
+      bytes += f.size;
+      digest.update(name.data(), name.size() + 1);
+      digest.update(&f.size, sizeof f.size);
+      digest.update(&f.xxh3, sizeof f.xxh3);
+    }
+    return fmt::format("{} ({}, {} bytes, digest {:016x})", some_of(names),
+                       counted(static_cast<std::int64_t>(files.size()), "file"), bytes, digest.digest().xxh3);
+  }
 
   [[nodiscard]] json make_fingerprint() const {
     json listed = json::array();
@@ -363,6 +391,7 @@ text_dataset::text_dataset(const tokenizer& tokenizer, text_dataset_options opti
   c.open_files.resize(c.files.size());
   c.options = std::move(options);
   c.fingerprint = c.make_fingerprint();
+  c.identity = c.make_identity();
 }
 
 text_dataset::text_dataset(text_dataset&&) noexcept = default;
@@ -416,6 +445,8 @@ void text_dataset::restore(std::string_view state) {
   if (c.read_in_epoch > c.rank_documents() || c.epoch < 0)
     throw_error<std::invalid_argument>("text_dataset: the state to restore is damaged: its position is past the data");
 }
+
+const std::string& text_dataset::identity() const noexcept { return core_->identity; }
 
 std::int64_t text_dataset::epoch() const noexcept { return core_->epoch; }
 std::int64_t text_dataset::documents() const noexcept { return static_cast<std::int64_t>(core_->all.size()); }

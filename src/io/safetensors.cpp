@@ -198,6 +198,32 @@ safetensors_reader::safetensors_reader(std::filesystem::path path)
   parse_header(path_, text, entries_, metadata_);
   check_byte_ranges(path_, entries_, file_size - 8 - header_bytes);
   data_start_ = 8 + header_bytes;
+  header_xxh3_ = checksum_.digest().xxh3;
+}
+
+std::uint64_t safetensors_reader::sampled_digest() {
+  constexpr std::uint64_t sample_bytes = 16 << 10;
+  xxh3_stream digest;
+  digest.update(&header_xxh3_, sizeof header_xxh3_);
+  std::vector<char> buffer;
+  const auto take = [&](const entry& e, std::uint64_t begin, std::uint64_t bytes) {
+    buffer.resize(bytes);
+    in_.seekg(static_cast<std::streamoff>(data_start_ + begin));
+    in_.read(buffer.data(), static_cast<std::streamsize>(bytes));
+    if (!in_) invalid(path_, fmt::format("the bytes of '{}' cannot be read", e.spec.name));
+    digest.update(buffer.data(), bytes);
+  };
+  for (const entry& e : entries_) {
+    const std::uint64_t bytes = e.end - e.begin;
+    if (bytes <= 3 * sample_bytes) {
+      take(e, e.begin, bytes);
+      continue;
+    }
+    take(e, e.begin, sample_bytes);
+    take(e, e.begin + (bytes - sample_bytes) / 2, sample_bytes);
+    take(e, e.end - sample_bytes, sample_bytes);
+  }
+  return digest.digest().xxh3;
 }
 
 at::Tensor safetensors_reader::read(const entry& e) {

@@ -37,6 +37,11 @@ class safetensors_reader {
   // The length and XXH3-64 of the header and of the tensors read() so far, in order: the whole
   // file's once every entry was read in turn.
   [[nodiscard]] file_digest digest() const { return checksum_.digest(); }
+  // XXH3-64 of the header and of samples of every tensor's bytes: its start, middle and end, 16 KiB
+  // each (the whole of a tensor of 48 KiB or less). Weights retrained, reseeded or merged differ
+  // throughout every tensor that changed, so a few KiB a tensor tell them from others of the same
+  // names and shapes without a pass over the file. Not counted in bytes_read(), nor in digest().
+  [[nodiscard]] std::uint64_t sampled_digest();
   // Rows [first, first + count) of it (its dim 0; a 0-d tensor is one row), read alone.
   [[nodiscard]] at::Tensor read_rows(const entry& e, std::int64_t first, std::int64_t count);
   // The bytes read so far.
@@ -50,6 +55,7 @@ class safetensors_reader {
   std::vector<entry> entries_;
   std::map<std::string, std::string> metadata_;
   xxh3_stream checksum_;
+  std::uint64_t header_xxh3_ = 0;  // of the header's length and text
 };
 
 }  // namespace loom::io_detail

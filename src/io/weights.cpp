@@ -310,6 +310,18 @@ std::vector<std::string> copy_model_files(const std::filesystem::path& from, con
 
 std::vector<tensor_spec> pretrained_checkpoint::specs() const { return files_->specs(); }
 
+weights_fingerprint pretrained_checkpoint::fingerprint() {
+  xxh3_stream digest;
+  for (const auto& reader : files_->readers) {
+    // The file's name, so that shards that trade places are others' weights.
+    const std::string name = reader->path().filename().string();
+    const std::uint64_t sampled = reader->sampled_digest();
+    digest.update(name.data(), name.size() + 1);
+    digest.update(&sampled, sizeof sampled);
+  }
+  return {path_, digest.digest().xxh3};
+}
+
 at::Tensor pretrained_checkpoint::read(const std::string& name) {
   const files::source& source = files_->named(name);
   return source.file->read(*source.entry);

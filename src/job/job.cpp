@@ -34,6 +34,7 @@ job_core::job_core(runtime rt, std::shared_ptr<torch::nn::Module> module, std::s
     base_model_ = std::filesystem::absolute(std::filesystem::is_directory(path) ? path : path.parent_path());
     for (const tensor_spec& spec : decided.pretrained->specs()) pretrained_dtypes_.emplace(spec.name, spec.dtype);
     weights_naming_ = decided.pretrained->naming();
+    pretrained_fingerprint_ = decided.pretrained->fingerprint();
   }
   if (decided.built_in) {
     built_text_ = fmt::format("built in {}", name_of(*decided.built_in));

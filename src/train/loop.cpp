@@ -1,5 +1,7 @@
 #include <loom/train/loop.hpp>
 
+#include "run_folder_lock.hpp"
+
 #include <loom/base/text.hpp>
 #include <loom/io/files.hpp>
 #include <loom/io/optimizer_state.hpp>
@@ -169,15 +171,23 @@ void train_session::prepare_run_folder() {
       throw_error<std::invalid_argument>("train: the output folder '{}' cannot be created: {}", options_.out.string(),
                                          error.message());
     }
+    // Before anything in the folder is touched: a second job would remove this one's partial checkpoints.
+    lock_ = std::make_unique<run_folder_lock>(
+        options_.out, rt_.env().is_launched() ? fmt::format("rank 0 of {} at {}:{}", counted(rt_.world_size(), "rank"),
+                                                            rt_.env().master_addr, rt_.env().master_port)
+                                              : std::string());
     atomic_file probe(options_.out / ".loom-writable");
     probe.write("ok", 2);
     probe.commit();
     std::filesystem::remove(options_.out / ".loom-writable");
   });
-  checkpoints_ = std::make_unique<checkpointer>(rt_, checkpoint_options{.folder = options_.out / "checkpoints",
-                                                                        .keep = options_.keep_checkpoints,
-                                                                        .strict = options_.strict_checkpoints,
-                                                                        .async_save = options_.async_checkpoints});
+  checkpoints_ =
+      std::make_unique<checkpointer>(rt_, checkpoint_options{.folder = options_.out / "checkpoints",
+                                                             .keep = options_.keep_checkpoints,
+                                                             .strict = options_.strict_checkpoints,
+                                                             .async_save = options_.async_checkpoints,
+                                                             .data = options_.data_identity,
+                                                             .resume_over_changes = options_.resume_over_changes});
 }
 
 void train_session::resume_from(const resume_point& resumed, const train_functions& functions) {

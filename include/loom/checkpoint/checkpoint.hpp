@@ -20,6 +20,7 @@
 #include <loom/checkpoint/manifest.hpp>
 #include <loom/checkpoint/staging.hpp>
 #include <loom/io/checksum.hpp>
+#include <loom/io/weights.hpp>
 #include <loom/runtime/runtime.hpp>
 #include <loom/runtime/tensors.hpp>
 
@@ -61,6 +62,12 @@ struct checkpoint_options {
   // rank 0's manifest and rename, while training goes on, and poll() after each step sees each part
   // done (DCP's async_save). At most one save is in flight: the next save() waits for it.
   bool async_save = false;
+  // What the run reads (loom::data::text_dataset::identity(); empty: none given). Recorded in every
+  // checkpoint with the digest of pretrained(...)'s weights; a resume onto other data or other weights
+  // of the same shapes is refused, naming both.
+  std::string data{};
+  // Resumes such a checkpoint anyway, saying so, rather than refusing it.
+  bool resume_over_changes = false;
 };
 
 // Where a resumed run continues.
@@ -89,7 +96,8 @@ struct checkpoint_target {
   // nothing when `name` is whole on every rank; and the names of the optimizer's parameters.
   std::function<std::optional<at::Tensor>(const std::string& name, const std::vector<at::Tensor>& shards)> reshard;
   std::vector<std::string> optimizer_names;
-  std::vector<std::string> frozen_names;  // the parameters that do not train
+  std::vector<std::string> frozen_names;          // the parameters that do not train
+  std::optional<weights_fingerprint> pretrained;  // job.pretrained_fingerprint(): recorded and compared
 };
 
 class checkpointer {
@@ -158,6 +166,7 @@ class checkpointer {
     };
     target.optimizer_names = job.trainable_names();
     target.frozen_names = job.frozen_names();
+    target.pretrained = job.pretrained_fingerprint();
     return target;
   }
 
@@ -173,6 +182,14 @@ class checkpointer {
   // Gathers every rank's digest of its file; rank 0 writes the manifest and renames the folder.
   void complete(const std::filesystem::path& partial, const std::filesystem::path& final_path,
                 checkpoint_manifest manifest, const file_digest& mine);
+  // What a checkpoint of `target` records that it was trained over.
+  [[nodiscard]] trained_over trained(const checkpoint_target& target) const;
+  // Whether the checkpoint at `path` may resume into `target`: nothing when it was trained over the
+  // same weights and data, a checkpoint_error naming both when not, or a note for rank 0 to print
+  // (resumed over changes, or a checkpoint saved before loom recorded them).
+  [[nodiscard]] std::optional<std::string> check_trained_over(const std::filesystem::path& path,
+                                                              const checkpoint_manifest& manifest,
+                                                              const checkpoint_target& target) const;
   // The complete checkpoints in the folder, newest first.
   [[nodiscard]] std::vector<std::filesystem::path> complete_checkpoints() const;
   // The job's current state with what the checkpoint saved put over it: the frozen parameters a

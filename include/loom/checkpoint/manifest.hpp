@@ -8,9 +8,18 @@
 #include <cstdint>
 #include <filesystem>
 #include <map>
+#include <optional>
 #include <string>
 
 namespace loom {
+
+// What a checkpoint was trained over beside its plan: pretrained(...)'s weights and the data, each
+// empty where the run had none; a resume onto others is refused unless the run allows it.
+struct trained_over {
+  std::string pretrained{};         // the path pretrained(...) read, for the messages
+  std::string pretrained_digest{};  // their fingerprint's digest, 16 hexadecimal digits (compared)
+  std::string data{};               // the data's identity (loom::data::text_dataset::identity(); compared)
+};
 
 // What a checkpoint's manifest.json records (docs/checkpoints.md).
 struct checkpoint_manifest {
@@ -30,6 +39,8 @@ struct checkpoint_manifest {
   std::string libtorch;
   std::string loom;
   std::string user_state;  // the JSON given to save()
+  // None in a manifest written before loom recorded it.
+  std::optional<trained_over> trained;
   // Each rank's file (rank-00000.safetensors, ...) with its size and checksum; `checksummed` is
   // false for a manifest written before checksums, which records sizes only.
   std::map<std::string, file_digest> files;

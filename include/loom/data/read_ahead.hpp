@@ -29,6 +29,8 @@ class read_ahead {
 
   [[nodiscard]] std::vector<std::int32_t> next();
   [[nodiscard]] std::string state() const;
+  // The dataset's identity() (set once, as it was indexed: safe beside the reading thread).
+  [[nodiscard]] const std::string& identity() const noexcept;
   // Stops the reader, restores the dataset's position and reads ahead from there.
   void restore(std::string_view state);
 

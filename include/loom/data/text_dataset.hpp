@@ -62,6 +62,10 @@ class text_dataset {
   // Throws std::invalid_argument for a state of other files, options or ranks, naming what differs.
   void restore(std::string_view state);
 
+  // What the data is, for loom::train's data_identity: the files' names, their sizes and a digest of
+  // their bytes (XXH3-64, computed as indexing reads them), "a.jsonl, b.jsonl (2 files, 5120 bytes,
+  // digest 3c1e…)"; the same on every rank. Where the files lie does not count.
+  [[nodiscard]] const std::string& identity() const noexcept;
   [[nodiscard]] std::int64_t epoch() const noexcept;
   [[nodiscard]] std::int64_t documents() const noexcept;      // in the whole dataset
   [[nodiscard]] std::int64_t skipped_lines() const noexcept;  // malformed lines skipped, on this rank

@@ -54,6 +54,13 @@ weights_report copy_weights(torch::nn::Module& module, const std::vector<named_t
 // save_pretrained writes beside the weights. The names copied.
 std::vector<std::string> copy_model_files(const std::filesystem::path& from, const std::filesystem::path& to);
 
+// What tells pretrained weights from others of the same names and shapes: where the plan read them,
+// and pretrained_checkpoint::fingerprint()'s digest of their files, which every rank computes alike.
+struct weights_fingerprint {
+  std::filesystem::path path;
+  std::uint64_t digest = 0;
+};
+
 // The plan's pretrained(path): a checkpoint (a .safetensors file, an index or a folder holding
 // either, under transformers' names or diffusers') opened with every file's header read and checked and no tensor yet;
 // its tensors are read on demand, whole or by rows, so that a rank reads only what it keeps.
@@ -72,6 +79,10 @@ class pretrained_checkpoint {
   [[nodiscard]] std::uint64_t bytes_read() const noexcept;
   // Every tensor's name, shape and dtype, as its file's header gives them.
   [[nodiscard]] std::vector<tensor_spec> specs() const;
+  // XXH3-64 over every file's name, header and samples of each tensor's bytes (a few KiB a tensor,
+  // whatever rows this rank reads; src/io/safetensors_reader.hpp): what a training checkpoint records
+  // of the weights it was trained over. Reads the samples on each call.
+  [[nodiscard]] weights_fingerprint fingerprint();
 
   // The module's parameters and buffers against the checkpoint, before a byte of it is read: the
   // same names (strict), the same shapes, the same dtype or both floating (a floating tensor is

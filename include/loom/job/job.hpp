@@ -245,6 +245,9 @@ class job_core {
   [[nodiscard]] const std::string& plan_text() const noexcept { return plan_text_; }
   [[nodiscard]] const std::string& plan_state() const noexcept { return plan_state_; }
   [[nodiscard]] std::vector<std::string> frozen_names() const;
+  [[nodiscard]] const std::optional<weights_fingerprint>& pretrained_fingerprint() const noexcept {
+    return pretrained_fingerprint_;
+  }
 
  private:
   // On the heap: engines and hooks keep its address, which must survive moving the job.
@@ -265,6 +268,7 @@ class job_core {
   std::filesystem::path base_model_;
   weights_naming weights_naming_ = weights_naming::transformers;  // pretrained(...)'s, else transformers'
   std::map<std::string, at::ScalarType> pretrained_dtypes_;       // by tensor name, as its files hold them
+  std::optional<weights_fingerprint> pretrained_fingerprint_;
 };
 
 }  // namespace detail
@@ -436,6 +440,11 @@ class job {
   [[nodiscard]] const std::string& plan_text() const noexcept { return core_.plan_text(); }
   // The plan without its layout options (fsdp's shard_group_size): what a checkpoint compares.
   [[nodiscard]] const std::string& plan_state() const noexcept { return core_.plan_state(); }
+  // pretrained(...)'s weights, by their files' digest (the same on every rank): what a checkpoint
+  // records that the job was trained over. None without the stage.
+  [[nodiscard]] const std::optional<weights_fingerprint>& pretrained_fingerprint() const noexcept {
+    return core_.pretrained_fingerprint();
+  }
 
   // LoRA: fold the adapters into the base weights, and take them out again.
   void merge() {

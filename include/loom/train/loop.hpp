@@ -43,6 +43,8 @@
 
 namespace loom {
 
+class run_folder_lock;  // src/train/run_folder_lock.hpp
+
 // The exit code of a run stopped to be resumed (EX_TEMPFAIL: try again).
 inline constexpr int resumable_exit_code = 75;
 
@@ -80,6 +82,12 @@ struct train_options {
   bool set_to_none = true;                  // zero_grad drops the gradients (PyTorch's default) or zeroes them
   nonfinite_policy on_nonfinite = nonfinite_policy::stop;
   std::int64_t max_skipped_steps = 10;  // in a run, resumes included, under nonfinite_policy::skip
+  // A checkpoint trained over other pretrained(...) weights (of the same shapes) or other data than
+  // this run's is refused; true resumes it nonetheless, saying so (checkpoint_options.resume_over_changes).
+  bool resume_over_changes = false;
+  // What the data is, recorded in every checkpoint and compared on resume (loom::data::text_dataset's
+  // identity(): its files' names, sizes and checksums); empty: not compared.
+  std::string data_identity{};
 
   // What a run file's "train" object sets, by the names it gives them (loom/config/run_file.hpp); the
   // rest is the program's to say.
@@ -97,7 +105,8 @@ struct train_options {
                       option_field{"log_every", &train_options::log_every},
                       option_field{"log_seconds", &train_options::log_seconds},
                       option_field{"on_nonfinite", &train_options::on_nonfinite},
-                      option_field{"max_skipped_steps", &train_options::max_skipped_steps}};
+                      option_field{"max_skipped_steps", &train_options::max_skipped_steps},
+                      option_field{"resume_over_changes", &train_options::resume_over_changes}};
   }
 };
 
@@ -156,8 +165,10 @@ struct train_result {
 // The parts of the loop that do not depend on the job's type (src/train/loop.cpp).
 class train_session {
  public:
-  // Checks the options and that out/ can be written, before any step; installs the SIGTERM,
-  // SIGUSR1 and SIGINT handlers (restored when the session ends; a second SIGINT stops at once).
+  // Checks the options and that out/ can be written, and locks out/ for this job (rank 0 holds the
+  // lock, released when the session ends; a second job is refused, naming the holder), before any
+  // step; installs the SIGTERM, SIGUSR1 and SIGINT handlers (restored when the session ends; a
+  // second SIGINT stops at once).
   train_session(const runtime& rt, const train_options& options);
   ~train_session();
   train_session(const train_session&) = delete;
@@ -224,6 +235,7 @@ class train_session {
 
   runtime rt_;
   train_options options_;
+  std::unique_ptr<run_folder_lock> lock_;  // rank 0's; released after the checkpointer's last write
   std::unique_ptr<checkpointer> checkpoints_;
   std::int64_t first_logged_step_ = 0;
   std::chrono::steady_clock::time_point started_, step_started_, last_progress_;
