@@ -215,10 +215,10 @@ std::string sample(Job& job, const loom::data::tokenizer& tokenizer, const std::
 std::string data_summary(const options& opts, const run_data& data, const loom::train_options& train,
                          const loom::data_parallel_place& place) {
   const std::int64_t tokens_a_step = opts.batch_per_rank * opts.seq_len * train.accumulate * place.world_size;
-  const std::string reads =
-      fmt::format("a step reads {} tokens ({} × {} on each of {} × {} micro-batches), {} steps {}", tokens_a_step,
-                  opts.batch_per_rank, opts.seq_len, loom::counted(place.world_size, "data-parallel rank"),
-                  train.accumulate, train.steps, tokens_a_step * train.steps);
+  const std::string reads = fmt::format(
+      "a step reads {} tokens ({} sequences of {} on each of {}, {} micro-batch{} a step), {} steps {}", tokens_a_step,
+      opts.batch_per_rank, opts.seq_len, loom::counted(place.world_size, "data-parallel rank"), train.accumulate,
+      train.accumulate == 1 ? "" : "es", train.steps, tokens_a_step * train.steps);
   if (data.token_batches) {
     return fmt::format("data: {} tokens to train on in --tokens '{}' (its last tenth held out); {}, {:.2f} epochs",
                        data.token_batches->tokens(), opts.tokens, reads,
