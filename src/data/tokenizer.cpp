@@ -35,6 +35,9 @@ struct added_token {
   std::string content;
   std::int32_t id = 0;
   bool special = false, lstrip = false, rstrip = false, single_word = false;
+  // Matched in the text as the normalizer leaves it (content normalized too), not as given: what
+  // tokenizer.add_tokens writes, the library's default for a token that is not special.
+  bool normalized = false;
 };
 
 // --- reading tokenizer.json
@@ -220,9 +223,10 @@ class reader {
     if (node.is_null()) return tokens;
     for (std::size_t i = 0; i < node.size(); ++i) {
       const json& t = node[i];
+      const bool special = t.value("special", false);
       tokens.push_back({t.at("content").get<std::string>(), token_id(t.at("id"), fmt::format("added_tokens[{}].id", i)),
-                        t.value("special", false), t.value("lstrip", false), t.value("rstrip", false),
-                        t.value("single_word", false)});
+                        special, t.value("lstrip", false), t.value("rstrip", false), t.value("single_word", false),
+                        t.value("normalized", !special)});
       if (tokens.back().content.empty()) refuse(file_, fmt::format("added_tokens[{}].content", i), "is empty");
     }
     return tokens;
@@ -264,7 +268,14 @@ struct tokenizer::impl {
   detail::bpe model;
   std::vector<added_token> added;
   std::unordered_map<std::int32_t, std::size_t> added_by_id;
-  std::array<std::vector<std::size_t>, 256> added_by_first_byte;  // longest first
+  // The added tokens as the text is searched for them, the library's two passes: those matched in the
+  // text as given, then, in the normalized text between them, the normalized ones (by their
+  // normalized content). Each indexed by its first byte, longest first.
+  struct added_matcher {
+    std::vector<std::string> patterns;  // by index into `added`; empty for the other pass's tokens
+    std::array<std::vector<std::size_t>, 256> by_first_byte;
+  };
+  added_matcher as_given, as_normalized;
   std::vector<std::string> token_of_id;
   std::optional<std::int32_t> bos, eos;
 
@@ -280,13 +291,23 @@ struct tokenizer::impl {
     for (const added_token& t : added) largest = std::max(largest, t.id);
     token_of_id.resize(static_cast<std::size_t>(largest + 1));
     for (const auto& [token, id] : model.vocab()) token_of_id[static_cast<std::size_t>(id)] = token;
+    as_given.patterns.resize(added.size());
+    as_normalized.patterns.resize(added.size());
     for (std::size_t i = 0; i < added.size(); ++i) {
       added_by_id[added[i].id] = i;
       token_of_id[static_cast<std::size_t>(added[i].id)] = added[i].content;
-      added_by_first_byte[static_cast<unsigned char>(added[i].content[0])].push_back(i);
+      added_matcher& pass = added[i].normalized ? as_normalized : as_given;
+      std::string pattern = added[i].normalized ? normalize(normalizers, added[i].content) : added[i].content;
+      if (pattern.empty()) continue;  // a token the normalizer removes whole can match nothing
+      // The library names (and so decodes) a normalized token by what it matches: Llama 2's "café" is "▁café".
+      token_of_id[static_cast<std::size_t>(added[i].id)] = pattern;
+      pass.by_first_byte[static_cast<unsigned char>(pattern[0])].push_back(i);
+      pass.patterns[i] = std::move(pattern);
     }
-    for (auto& bucket : added_by_first_byte)
-      std::ranges::sort(bucket, std::greater<>{}, [&](std::size_t i) { return added[i].content.size(); });
+    for (added_matcher* pass : {&as_given, &as_normalized}) {
+      for (auto& bucket : pass->by_first_byte)
+        std::ranges::sort(bucket, std::greater<>{}, [&](std::size_t i) { return pass->patterns[i].size(); });
+    }
   }
 
   // Whether the text has no word character right before `begin` and right after `end`: where a
@@ -306,11 +327,13 @@ struct tokenizer::impl {
   struct found_token {
     std::size_t index, begin, end;
   };
-  [[nodiscard]] std::optional<found_token> next_added(std::string_view text, std::size_t from) const {
+  [[nodiscard]] std::optional<found_token> next_added(const added_matcher& pass, std::string_view text,
+                                                      std::size_t from) const {
     for (std::size_t at = from; at < text.size(); ++at) {
-      for (const std::size_t i : added_by_first_byte[static_cast<unsigned char>(text[at])]) {
-        if (text.compare(at, added[i].content.size(), added[i].content) != 0) continue;
-        std::size_t begin = at, end = at + added[i].content.size();
+      for (const std::size_t i : pass.by_first_byte[static_cast<unsigned char>(text[at])]) {
+        const std::string& pattern = pass.patterns[i];
+        if (text.compare(at, pattern.size(), pattern) != 0) continue;
+        std::size_t begin = at, end = at + pattern.size();
         if (added[i].single_word && !stands_alone(text, begin, end)) {
           at = end - 1;
           break;
@@ -336,10 +359,31 @@ struct tokenizer::impl {
     return std::nullopt;
   }
 
+  // `text` split at the added tokens `pass` finds, each token's id in its place and each stretch
+  // between them handed to `between(stretch, at_start)`, at_start for one at the start of `text`.
+  template <class Between>
+  void split_at_added(const added_matcher& pass, std::string_view text, std::vector<std::int32_t>& ids,
+                      Between&& between) const {
+    std::size_t at = 0;
+    while (at < text.size()) {
+      const auto token = next_added(pass, text, at);
+      const std::size_t text_end = token ? token->begin : text.size();
+      if (text_end > at) between(text.substr(at, text_end - at), at == 0);
+      if (!token) break;
+      ids.push_back(added[token->index].id);
+      at = token->end;
+    }
+  }
+
+  // A stretch of the text between the tokens matched as given: normalized, searched for the
+  // normalized added tokens, the rest pre-tokenized and encoded by the model.
   void encode_text(std::string_view text, bool at_start, std::vector<std::int32_t>& ids) const {
-    std::vector<piece> pieces{{normalize(normalizers, std::string(text)), at_start}};
-    for (const pre_tokenizer& stage : pre_tokenizers) pre_tokenize(stage, pieces);
-    for (const piece& p : pieces) model.encode_word(p.text, ids);
+    const std::string normalized = normalize(normalizers, std::string(text));
+    split_at_added(as_normalized, normalized, ids, [&](std::string_view stretch, bool first) {
+      std::vector<piece> pieces{{std::string(stretch), at_start && first}};
+      for (const pre_tokenizer& stage : pre_tokenizers) pre_tokenize(stage, pieces);
+      for (const piece& p : pieces) model.encode_word(p.text, ids);
+    });
   }
 };
 
@@ -398,15 +442,8 @@ std::vector<std::int32_t> tokenizer::encode(std::string_view text) const {
         static_cast<unsigned char>(text[*bad]));
   }
   std::vector<std::int32_t> ids;
-  std::size_t at = 0;
-  while (at < text.size()) {
-    const auto token = core_->next_added(text, at);
-    const std::size_t text_end = token ? token->begin : text.size();
-    if (text_end > at) core_->encode_text(text.substr(at, text_end - at), at == 0, ids);
-    if (!token) break;
-    ids.push_back(core_->added[token->index].id);
-    at = token->end;
-  }
+  core_->split_at_added(core_->as_given, text, ids,
+                        [&](std::string_view stretch, bool at_start) { core_->encode_text(stretch, at_start, ids); });
   return ids;
 }
 

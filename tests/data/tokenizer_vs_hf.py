@@ -131,10 +131,30 @@ def standard_nfc(tok: Tokenizer, texts: list[str]) -> tuple[list[list[int]], int
     ids, disagree = [], 0
     for text in texts:
         standard = unicodedata.normalize("NFC", text)
-        if tok.normalizer.normalize_str(text) != standard:
-            disagree += 1
+        if tok.normalizer.normalize_str(text) == standard:
+            ids.append(tok.encode(text, add_special_tokens=False).ids)  # an added token's match as given, too
+            continue
+        disagree += 1
         ids.append(plain.encode(standard, add_special_tokens=False).ids)
     return ids, disagree
+
+
+# Added tokens the library matches after normalization (normalized, as tokenizer.add_tokens writes a
+# token that is not special) and one it matches in the text as given, and texts that normalization
+# changes around and inside them: a decomposed é that NFC composes, spaces that Llama 2's normalizer
+# turns into ▁ (so its normalized "café" is "▁café"), the same words as given.
+NORMALIZED_ADDED, AS_GIVEN_ADDED = "caf\u00e9", "na\u00efve"
+NORMALIZATION_TEXTS = [
+    "cafe\u0301", "caf\u00e9", "un cafe\u0301 noir", "xcafe\u0301y", "CAFE\u0301", "cafe\u0301\u0301",
+    "nai\u0308ve", "na\u00efve", " na\u00efve ", "na\u00efve<|eot|>cafe\u0301", "caf\u00e9 caf\u00e9  cafe\u0301",
+    "e\u0301cafe\u0301e\u0301", "\u2581caf\u00e9", "<s>cafe\u0301</s>", "<|sw|>cafe\u0301 <|sw|>",
+]
+
+
+def with_added_tokens(tok: Tokenizer) -> Tokenizer:
+    tok.add_tokens([AddedToken(NORMALIZED_ADDED, normalized=True),
+                    AddedToken(AS_GIVEN_ADDED, normalized=False, special=False)])
+    return tok
 
 
 def compare(name: str, tok: Tokenizer, probe: str, folder: Path, texts: list[str]) -> int:
@@ -182,10 +202,11 @@ def main() -> int:
     ap.add_argument("--probe", required=True)
     ap.add_argument("--keep", type=Path, help="keep the tokenizers and outputs in this folder")
     args = ap.parse_args()
-    texts = hostile_texts()
+    texts = hostile_texts() + NORMALIZATION_TEXTS
     kinds = {"gpt2": lambda: byte_level(False), "llama3": lambda: byte_level(True),
              "qwen2": qwen2, "llama2": lambda: sentencepiece("llama2"), "mistral": lambda: sentencepiece("mistral"),
              "gemma": lambda: sentencepiece("gemma")}
+    kinds = {name: (lambda make=make: with_added_tokens(make())) for name, make in kinds.items()}
     with tempfile.TemporaryDirectory() as tmp:
         base = args.keep or Path(tmp)
         failures = sum(compare(name, make(), args.probe, base / name, texts) for name, make in kinds.items())
