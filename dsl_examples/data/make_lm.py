@@ -5,14 +5,18 @@ writes them, of any family loom::models::CausalLM reads.
 
     make_lm.py OUT [--family llama|mistral|qwen2|qwen3|gemma3] [--layers 4] [--hidden 128] [--vocab 256] [--seed 0]
 
-Its vocabulary is 256 ids unless --vocab says otherwise, so byte-level token files (make_tokens.py)
-fit it; make_text_data.py's tokenizer wants its --vocab. Beside the weights it writes a byte-level
-tokenizer (tokenizer.json, tokenizer_config.json) whose ids are the bytes, as make_tokens.py's are,
-so `lm-finetune --data` and `--sample` read text with the checkpoint's own tokenizer: GPT-2's
-byte-to-character map, no merges, and the NUL byte (id 0), which text does not hold, as the
-end-of-text token that joins documents; ids from 256 up, with a larger --vocab, go unused. Each family's model has
-what sets it apart in its config: Mistral's and Qwen2's sliding window (on Qwen2's upper layers),
-Qwen3's q and k norms with a head_dim of its own, Gemma 3's local and global layers.
+Its vocabulary is 256 ids unless --vocab says otherwise (256 at least), so byte-level token files
+(make_tokens.py) fit it; make_text_data.py's tokenizer wants its --vocab. Beside the weights it
+writes a byte-level tokenizer (tokenizer.json, tokenizer_config.json), bytes and no trained merges
+whatever --vocab is, so `lm-finetune --data` and `--sample` read text with the checkpoint's own
+tokenizer: GPT-2's byte-to-character map, each UTF-8 byte of the text its own id (make_tokens.py's
+ids), and id 255 the end-of-text token <|endoftext|> that joins documents. UTF-8 never uses the byte
+0xFF; byte 0's character Ā as end-of-text would end a document at every Ā in transformers, which
+matches the end-of-text token in the text. Ids from 256 up, with a larger --vocab, go unused.
+
+Each family's model has what sets it apart in its config: Mistral's and Qwen2's sliding window (on
+Qwen2's upper layers), Qwen3's q and k norms with a head_dim of its own, Gemma 3's local and global
+layers.
 """
 from __future__ import annotations
 
@@ -31,7 +35,8 @@ FAMILIES = {
 }
 
 
-END_OF_TEXT = 0  # the NUL byte's id
+BYTES = 256
+END_OF_TEXT = 255  # the byte 0xFF's id: UTF-8 text never holds it
 
 
 def byte_characters() -> list[str]:
@@ -49,18 +54,21 @@ def byte_characters() -> list[str]:
 
 
 def write_byte_tokenizer(out: Path) -> None:
-    """A byte-level tokenizer whose id for each byte is the byte."""
+    """A byte-level tokenizer whose id for each byte of UTF-8 text is the byte."""
     import json
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
 
-    characters = byte_characters()
-    tokenizer = Tokenizer(models.BPE(vocab={c: byte for byte, c in enumerate(characters)}, merges=[]))
+    end_of_text = "<|endoftext|>"
+    vocab = {c: byte for byte, c in enumerate(byte_characters())}
+    vocab = {(end_of_text if byte == END_OF_TEXT else c): byte for c, byte in vocab.items()}
+    tokenizer = Tokenizer(models.BPE(vocab=vocab, merges=[]))
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
     tokenizer.decoder = decoders.ByteLevel()
+    tokenizer.add_special_tokens([AddedToken(end_of_text, special=True)])
     tokenizer.save(str(out / "tokenizer.json"))
     (out / "tokenizer_config.json").write_text(json.dumps({
-        "tokenizer_class": "PreTrainedTokenizerFast", "eos_token": characters[END_OF_TEXT],
-        "pad_token": characters[END_OF_TEXT], "bos_token": None}, indent=2) + "\n")
+        "tokenizer_class": "PreTrainedTokenizerFast", "eos_token": end_of_text, "pad_token": end_of_text,
+        "bos_token": None}, indent=2) + "\n")
 
 
 def main() -> None:
@@ -72,6 +80,9 @@ def main() -> None:
     ap.add_argument("--vocab", type=int, default=256)
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
+    if args.vocab < BYTES:
+        ap.error(f"--vocab {args.vocab} is too small for the byte-level tokenizer written beside the model: "
+                 f"give --vocab {BYTES} or more")
 
     import torch
     import transformers

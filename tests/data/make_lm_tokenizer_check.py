@@ -1,6 +1,8 @@
 """make_lm.py's checkpoints carry a tokenizer that fits them: loom reads it (tokenizer-probe), and
 its ids are the tokenizers library's and transformers' AutoTokenizer's, the bytes of the text (as
-make_tokens.py's), below the model's vocab_size, with an end-of-text token for joining documents.
+make_tokens.py's), below the model's vocab_size, with an end-of-text token for joining documents
+that no text's bytes give (Latvian and Māori text, whose Ā GPT-2's byte map gives byte 0, and the NUL
+byte among them); a --vocab too small for the bytes is refused.
 
     make_lm_tokenizer_check.py PROBE SOURCE_ROOT
 """
@@ -15,7 +17,8 @@ def main() -> int:
     probe, root = sys.argv[1], Path(sys.argv[2])
     failures = []
     texts = [open("/usr/share/common-licenses/GPL-3", encoding="utf-8").read()[:3000],
-             "caf\u00e9 cafe\u0301 \u4e2d\u6587 \U0001f600 tabs\tand\nlines", " leading and trailing ", "x"]
+             "caf\u00e9 cafe\u0301 \u4e2d\u6587 \U0001f600 tabs\tand\nlines", " leading and trailing ", "x",
+             "\u0100 \u0101 M\u0101ori, latvie\u0161u valoda", "nul\u0000byte \u00ff\u00fe"]
     with tempfile.TemporaryDirectory() as scratch:
         for vocab in ("256", "512"):
             model = Path(scratch) / f"model-{vocab}"
@@ -27,7 +30,8 @@ def main() -> int:
             if done.returncode != 0:
                 failures.append(f"vocab {vocab}: loom cannot read make_lm.py's tokenizer: {done.stderr.strip()}")
                 continue
-            loom = json.loads((Path(scratch) / "loom.json").read_text())["ids"]
+            probed = json.loads((Path(scratch) / "loom.json").read_text())
+            loom = probed["ids"]
 
             from tokenizers import Tokenizer
             from transformers import AutoTokenizer
@@ -43,9 +47,14 @@ def main() -> int:
                         failures.append(f"vocab {vocab}: loom's ids of {text[:30]!r} differ from {name}'s")
                 if max(ours) >= config["vocab_size"]:
                     failures.append(f"vocab {vocab}: an id of {text[:30]!r} is not below vocab_size")
-            if auto.eos_token_id is None or auto.eos_token_id != config["eos_token_id"]:
-                failures.append(f"vocab {vocab}: the end-of-text token is {auto.eos_token_id}, config's "
-                                f"{config.get('eos_token_id')}")
+            for name, eos in (("AutoTokenizer", auto.eos_token_id), ("loom", probed["eos"])):
+                if eos is None or eos != config["eos_token_id"]:
+                    failures.append(f"vocab {vocab}: {name}'s end-of-text token is {eos}, config's "
+                                    f"{config.get('eos_token_id')}")
+        too_small = subprocess.run([sys.executable, root / "dsl_examples" / "data" / "make_lm.py",
+                                    Path(scratch) / "model-100", "--vocab", "100"], capture_output=True, text=True)
+        if too_small.returncode == 0 or "give --vocab 256 or more" not in too_small.stderr:
+            failures.append(f"make_lm.py --vocab 100 is not refused for the byte-level tokenizer: {too_small.stderr}")
     for failure in failures:
         print("FAIL:", failure)
     print("make_lm tokenizer:", "ok" if not failures else f"{len(failures)} failures")
