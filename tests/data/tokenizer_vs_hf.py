@@ -3,7 +3,8 @@ byte-level BPE as GPT-2 writes it, as Llama 3 writes it (a Split by its pattern,
 as Qwen2 writes it (Llama 3's with an NFC normalizer), and SentencePiece-style BPE with byte fallback as Llama 2 (Prepend and Replace normalizers), Mistral
 (the Metaspace pre-tokenizer) and Gemma (Replace alone) write it. Over hostile text (a sample of every
 Unicode general category, emoji sequences, combining marks, very long words and digit runs,
-whitespace runs, control characters, special tokens inside text, many scripts) every text's ids must
+whitespace runs, control characters, special tokens inside text, many scripts, added tokens that
+each layout's normalizer changes or finds in text it changes) every text's ids must
 equal the library's token for token, and decode(ids) its decode, with special tokens and without.
 
     tokenizer_vs_hf.py --probe build/tests/data/tokenizer-probe [--keep DIR]
@@ -141,19 +142,28 @@ def standard_nfc(tok: Tokenizer, texts: list[str]) -> tuple[list[list[int]], int
 
 # Added tokens the library matches after normalization (normalized, as tokenizer.add_tokens writes a
 # token that is not special) and one it matches in the text as given, and texts that normalization
-# changes around and inside them: a decomposed é that NFC composes, spaces that Llama 2's normalizer
-# turns into ▁ (so its normalized "café" is "▁café"), the same words as given.
-NORMALIZED_ADDED, AS_GIVEN_ADDED = "caf\u00e9", "na\u00efve"
+# changes around and inside them: a decomposed é that NFC composes (and a mark after the token's last
+# letter that NFC composes with it), spaces that Llama 2's and Gemma's normalizers turn into ▁ (so
+# Llama 2's normalized "café" is "▁café" and both find "new york" as "new▁york"), the same words as
+# given; the flags judged in the normalized text (single_word's neighbours, lstrip's and rstrip's
+# whitespace, which ▁ is not).
+NORMALIZED_ADDED, AS_GIVEN_ADDED, SPACED_ADDED, FLAGGED_ADDED = "caf\u00e9", "na\u00efve", "new york", "\u00e9clair"
 NORMALIZATION_TEXTS = [
     "cafe\u0301", "caf\u00e9", "un cafe\u0301 noir", "xcafe\u0301y", "CAFE\u0301", "cafe\u0301\u0301",
     "nai\u0308ve", "na\u00efve", " na\u00efve ", "na\u00efve<|eot|>cafe\u0301", "caf\u00e9 caf\u00e9  cafe\u0301",
     "e\u0301cafe\u0301e\u0301", "\u2581caf\u00e9", "<s>cafe\u0301</s>", "<|sw|>cafe\u0301 <|sw|>",
+    "new york", "I love new york", "new\u2581york", "\u2581new\u2581york\u2581", "new  york", "New York",
+    "newyork new york!", "new<|eot|>york", "un e\u0301clair ", "xe\u0301clair", "e\u0301clair\u0301",
+    " e\u0301clair  x", "e\u0301clair,e\u0301clair", "\u2581e\u0301clair\u2581", "\te\u0301clair\n", "1e\u0301clair",
+    "\u00e9clair", "un \u00e9clair ", " \u00e9clair  x", "\u00e9clair,\u00e9clair", "\u00e9clair\u0301 \u00e9clair",
 ]
 
 
 def with_added_tokens(tok: Tokenizer) -> Tokenizer:
     tok.add_tokens([AddedToken(NORMALIZED_ADDED, normalized=True),
-                    AddedToken(AS_GIVEN_ADDED, normalized=False, special=False)])
+                    AddedToken(AS_GIVEN_ADDED, normalized=False, special=False),
+                    AddedToken(SPACED_ADDED, normalized=True),
+                    AddedToken(FLAGGED_ADDED, normalized=True, single_word=True, lstrip=True, rstrip=True)])
     return tok
 
 
