@@ -455,10 +455,14 @@ std::string tokenizer::decode(std::span<const std::int32_t> ids, bool skip_speci
       throw_error<std::invalid_argument>("decode: the id {} is not in the tokenizer's vocabulary (0..{})", id,
                                          core_->token_of_id.size() - 1);
     }
-    if (const auto added = core_->added_by_id.find(id);
-        skip_special_tokens && added != core_->added_by_id.end() && core_->added[added->second].special)
-      continue;
-    tokens.push_back(core_->token_of_id[static_cast<std::size_t>(id)]);
+    const std::string& token = core_->token_of_id[static_cast<std::size_t>(id)];
+    const auto added = core_->added_by_id.find(id);
+    // The library skips a special token by the name it decodes it by, its normalized content where it
+    // is normalized: one the normalizer changes (Llama 2's "▁<s>" for a normalized "<s>") is kept.
+    const bool skippable = added != core_->added_by_id.end() && core_->added[added->second].special &&
+                           core_->added[added->second].content == token;
+    if (skip_special_tokens && skippable) continue;
+    tokens.push_back(token);
   }
   for (const decoder& stage : core_->decoders) apply_decoder(stage, tokens);
   std::string text;

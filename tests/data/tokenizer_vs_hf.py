@@ -146,8 +146,10 @@ def standard_nfc(tok: Tokenizer, texts: list[str]) -> tuple[list[list[int]], int
 # letter that NFC composes with it), spaces that Llama 2's and Gemma's normalizers turn into ▁ (so
 # Llama 2's normalized "café" is "▁café" and both find "new york" as "new▁york"), the same words as
 # given; the flags judged in the normalized text (single_word's neighbours, lstrip's and rstrip's
-# whitespace, which ▁ is not).
+# whitespace, which ▁ is not); a normalized special token, which the library names by its normalized
+# content and so does not skip in decoding where the normalizer changes it (Llama 2's "▁<|norm|>").
 NORMALIZED_ADDED, AS_GIVEN_ADDED, SPACED_ADDED, FLAGGED_ADDED = "caf\u00e9", "na\u00efve", "new york", "\u00e9clair"
+NORMALIZED_SPECIAL = "<|norm|>"
 NORMALIZATION_TEXTS = [
     "cafe\u0301", "caf\u00e9", "un cafe\u0301 noir", "xcafe\u0301y", "CAFE\u0301", "cafe\u0301\u0301",
     "nai\u0308ve", "na\u00efve", " na\u00efve ", "na\u00efve<|eot|>cafe\u0301", "caf\u00e9 caf\u00e9  cafe\u0301",
@@ -156,6 +158,7 @@ NORMALIZATION_TEXTS = [
     "newyork new york!", "new<|eot|>york", "un e\u0301clair ", "xe\u0301clair", "e\u0301clair\u0301",
     " e\u0301clair  x", "e\u0301clair,e\u0301clair", "\u2581e\u0301clair\u2581", "\te\u0301clair\n", "1e\u0301clair",
     "\u00e9clair", "un \u00e9clair ", " \u00e9clair  x", "\u00e9clair,\u00e9clair", "\u00e9clair\u0301 \u00e9clair",
+    "<|norm|>", "a <|norm|> b", "x<|norm|>", "<|norm|><|eot|><|norm|>cafe\u0301",
 ]
 
 
@@ -164,6 +167,7 @@ def with_added_tokens(tok: Tokenizer) -> Tokenizer:
                     AddedToken(AS_GIVEN_ADDED, normalized=False, special=False),
                     AddedToken(SPACED_ADDED, normalized=True),
                     AddedToken(FLAGGED_ADDED, normalized=True, single_word=True, lstrip=True, rstrip=True)])
+    tok.add_special_tokens([AddedToken(NORMALIZED_SPECIAL, normalized=True, special=True)])
     return tok
 
 

@@ -3,10 +3,11 @@
 // loom trains use: byte-level BPE as GPT-2, Llama 3 and Qwen write it (a Split of the text by a
 // regular expression, GPT-2's byte-to-character map, merges) and SentencePiece-style BPE with byte
 // fallback as Llama 2, Mistral and Gemma write it (Prepend / Replace normalizers or the Metaspace
-// pre-tokenizer, `<0xNN>` byte tokens). Added and special tokens are matched in the text first, as
-// the `tokenizers` library matches them. encode() is `tokenizer.encode(text, add_special_tokens=False)
-// .ids` and decode() its `decode(ids, skip_special_tokens=...)`; the post-processor (a BOS the
-// template adds) is left to the caller, who knows where a document starts.
+// pre-tokenizer, `<0xNN>` byte tokens). Added and special tokens are matched as the `tokenizers`
+// library matches them: those marked "normalized": false in the text as given, first; the others in
+// the normalizer's output. encode() is `tokenizer.encode(text, add_special_tokens=False).ids` and
+// decode() its `decode(ids, skip_special_tokens=...)`; the post-processor (a BOS the template adds)
+// is left to the caller, who knows where a document starts.
 //
 // A file that asks for what this reader does not do (another model, normalizer, pre-tokenizer or
 // decoder type; BPE dropout; continuing-subword prefixes) is refused naming the key and its value.
