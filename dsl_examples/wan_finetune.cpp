@@ -28,6 +28,7 @@
 #include <torch/optim/adamw.h>
 
 #include <algorithm>
+#include <array>
 #include <filesystem>
 #include <string>
 #include <variant>
@@ -81,14 +82,19 @@ void check_clip_fits(const latent_clips::batch& clip, const fs::path& file,
   }
 }
 
-// A clip's tokens are its patches: (F / p_t) · (H / p_h) · (W / p_w). Sequence parallelism splits
-// them over its ranks, so their number must divide; refused here in the clips' and the file's words.
+// A clip's tokens are its patches: (F / p_t) · (H / p_h) · (W / p_w) of its latents [C, F, H, W].
+std::array<std::int64_t, 3> patches_of(const latent_clips::batch& clip, const loom::models::wan_config& model_config) {
+  const auto& [frames, height, width] = model_config.patch_size;
+  return {clip.latents.size(1) / frames, clip.latents.size(2) / height, clip.latents.size(3) / width};
+}
+
+// Sequence parallelism splits a clip's tokens over its ranks, so their number must divide; refused
+// here in the clips' and the file's words.
 void check_clip_splits(const latent_clips::batch& clip, const loom::models::wan_config& model_config,
                        const loom::run_file& file, int world_size, const std::string& data) {
   if (!file.sequence_group) return;
   const auto& [frames, height, width] = model_config.patch_size;
-  const std::int64_t f = clip.latents.size(1) / frames, h = clip.latents.size(2) / height,
-                     w = clip.latents.size(3) / width;
+  const auto [f, h, w] = patches_of(clip, model_config);
   const std::int64_t tokens = f * h * w;
   const int k = file.sequence_group->ranks;
   if (tokens % k == 0) return;
@@ -153,12 +159,9 @@ int run(const options& opts) {
         const double peak = train_options.lr ? train_options.lr->peak : 1e-4;
         // FastVideo's AdamW: betas (0.9, 0.999), eps 1e-8, no weight decay unless it is asked for.
         loom::optim::AdamW optimizer(job.trainable_parameters(), torch::optim::AdamWOptions(peak).weight_decay(0.0));
-        const auto& [patch_frames, patch_height, patch_width] = model_config.patch_size;
-        const at::Tensor& latents = first_clip.latents;  // [C, F, H, W]: the patches of a clip are its tokens
+        const auto [f, h, w] = patches_of(first_clip, model_config);
         // Each rank's share of a micro-batch's tokens: under sequence_parallel(k), 1/k of its clips'.
-        train_options.tokens_per_micro_batch = opts.batch_per_rank * (latents.size(1) / patch_frames) *
-                                               (latents.size(2) / patch_height) * (latents.size(3) / patch_width) *
-                                               data.world_size / rt.world_size();
+        train_options.tokens_per_micro_batch = opts.batch_per_rank * f * h * w * data.world_size / rt.world_size();
         train_options.name = "wan-finetune";
         // Its schedule on the device the levels are drawn on, and the clips copied there from pinned
         // memory: a step reads nothing on the host.

@@ -455,7 +455,13 @@ void train_session::summarize(train_result& result) const {
     summary["best_eval"] = {{"step", best_eval_->step}, {"loss", best_eval_->loss}};
     summary["last_eval"] = {{"step", last_eval_->step}, {"loss", last_eval_->loss}};
   }
-  if (!options_.out.empty()) std::ofstream(options_.out / "summary.json") << summary.dump(2) << '\n';
+  if (!options_.out.empty()) {
+    // Whole or not at all: a recipe started again reads it to say what the folder holds.
+    const std::string text = summary.dump(2) + '\n';
+    atomic_file file(options_.out / "summary.json");
+    file.write(text.data(), text.size());
+    file.commit();
+  }
 }
 
 void train_session::write_metrics(const std::string& line) const {
