@@ -24,6 +24,7 @@
 #include <loom/dsl/pipe.hpp>
 #include <loom/dsl/plan.hpp>
 #include <loom/dsl/pretrained.hpp>
+#include <loom/dsl/quantized.hpp>
 #include <loom/dsl/recompute.hpp>
 #include <loom/dsl/rules.hpp>
 #include <loom/dsl/run_plan.hpp>

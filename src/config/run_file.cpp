@@ -48,9 +48,9 @@ std::string lowercase(std::string text) {
 // The objects of a run file beside its plan, each read through its options struct's fields().
 constexpr std::array<std::string_view, 2> sections{"train", "flow_matching"};
 
-const std::vector<std::string> stage_names{"seeded",    "default_dtype",     "pretrained", "mixed_precision",
-                                           "recompute", "sequence_parallel", "lora",       "trainable",
-                                           "strategy"};
+const std::vector<std::string> stage_names{"seeded",    "default_dtype",   "pretrained",        "quantized",
+                                           "mixed_precision", "recompute", "sequence_parallel", "lora",
+                                           "trainable", "strategy"};
 
 // Calls each(std::type_identity<S>{}) for each strategy stage S a run file can name (run_strategy's).
 template <class F>
@@ -116,6 +116,7 @@ void add_dotted_keys(std::vector<std::string>& keys, const std::string& prefix) 
 const std::vector<std::string>& run_file_keys() {
   static const std::vector<std::string> keys = [] {
     std::vector<std::string> all = stage_names;
+    add_dotted_keys<quantized_options>(all, "quantized");
     add_dotted_keys<mixed_precision_options>(all, "mixed_precision");
     add_dotted_keys<recompute_options>(all, "recompute");
     add_dotted_keys<sequence_parallel_options>(all, "sequence_parallel");
@@ -454,6 +455,11 @@ class reader final : public config_detail::fastvideo_reader {
       if (!value.is_string()) fail(name, "give the checkpoint's folder or .safetensors file as a string");
       return pretrained_stage::checked(value.get<std::string>());
     }
+    if (name == "quantized") {
+      if (!value.is_object()) fail(name, "give {\"format\": \"nf4\"} (or \"fp8\") to hold the frozen base quantized");
+      require_keys(name, field_names<quantized_options>(), value, name);
+      return quantized_stage::checked(fields<quantized_options>(value, name));
+    }
     if (name == "recompute") {
       if (!value.is_object()) fail(name, "give {\"every\": 1} to recompute every unit, or k for every k-th one");
       require_keys(name, field_names<recompute_options>(), value, name);
@@ -625,6 +631,18 @@ class reader final : public config_detail::fastvideo_reader {
       target = boolean(where, value);
     } else if constexpr (std::is_same_v<T, dtype> || std::is_same_v<T, std::optional<dtype>>) {
       target = type_of(where, value, is_optional<T>);
+    } else if constexpr (requires { values_of(std::type_identity<T>{}); }) {
+      // An enumeration a run file names by its values' names (quantized's format, "nf4").
+      const std::string text = value.is_string() ? value.get<std::string>() : "";
+      std::vector<std::string> names;
+      for (const T each : values_of(std::type_identity<T>{})) {
+        if (name_of(each) == text) {
+          target = each;
+          return;
+        }
+        names.emplace_back(name_of(each));
+      }
+      fail(where, fmt::format("give one of \"{}\"{}", fmt::join(names, "\", \""), did_you_mean(text, names)));
     } else if constexpr (std::is_same_v<T, std::filesystem::path>) {
       if (!value.is_string()) fail(where, "give a folder as a string");
       target = value.get<std::string>();

@@ -98,7 +98,8 @@ TEST_CASE("a run file breaks the rules with the compiler's sentences", "[run_fil
       "r15_mixed_precision_after_fsdp", "r16_param_int8", "r16_param_fp32", "r16_param_fp16", "r16_reduce_bool",
       "r16_output_int64", "r17_default_dtype_int32", "r17_default_dtype_twice", "r17_default_dtype_after_lora",
       "r18_two_recomputes", "r18_recompute_after_fsdp", "r18_every_zero", "r19_two_pretrained",
-      "r19_pretrained_after_lora", "r19_pretrained_after_fsdp");
+      "r19_pretrained_after_lora", "r19_pretrained_after_fsdp", "r21_two_quantized", "r21_quantized_before_pretrained",
+      "r21_quantized_after_lora", "r21_quantized_after_fsdp", "r21_quantized_without_lora", "r21_block_size");
   CAPTURE(name);
   const fs::path file = source / "tests" / "run_files" / (name + ".json");
   try {

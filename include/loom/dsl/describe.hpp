@@ -39,6 +39,11 @@ requires std::is_integral_v<Integer> std::string to_text(Integer value) { return
 
 inline std::string to_text(dtype value) { return std::string(name_of(value)); }
 
+// An enumeration that names its values (name_of, found by argument-dependent lookup).
+template <class E>
+requires std::is_enum_v<E> && requires(E value) { name_of(value); }
+std::string to_text(E value) { return std::string(name_of(value)); }
+
 // An option left unset prints as "none".
 inline std::string to_text(const std::optional<dtype>& value) { return value ? to_text(*value) : "none"; }
 

@@ -290,7 +290,26 @@
     "loom R20: sequence_parallel(...) comes after the strategy: put it before the strategy (the strategy "      \
     "averages and shards over the ranks the sequence groups leave it)")                                         \
   X(r20_size_zero,                                                                                              \
-    "loom R20: sequence_parallel size is 0: pass 1 to split no sequence, or k to split each over k ranks")
+    "loom R20: sequence_parallel size is 0: pass 1 to split no sequence, or k to split each over k ranks")        \
+  /* R21: quantized: once, after pretrained, before lora and the strategy, with adapters to train. */           \
+  X(r21_two_quantized,                                                                                          \
+    "loom R21: the plan has two quantized(...) stages: keep one (the base is quantized once, in one "           \
+    "format)")                                                                                                  \
+  X(r21_quantized_before_pretrained,                                                                            \
+    "loom R21: quantized(...) comes before pretrained(...): put pretrained first (the checkpoint's weights "    \
+    "are quantized as they are read)")                                                                          \
+  X(r21_quantized_after_lora,                                                                                   \
+    "loom R21: quantized(...) comes after lora(...) or trainable(...): put it before lora (the base is "        \
+    "quantized, the adapters added over it stay in full precision)")                                            \
+  X(r21_quantized_after_strategy,                                                                               \
+    "loom R21: quantized(...) comes after the strategy: put it before the strategy (the strategy shards or "    \
+    "replicates the quantized bytes it finds when it wraps the model)")                                         \
+  X(r21_quantized_without_lora,                                                                                 \
+    "loom R21: quantized(...) without lora(...) leaves nothing to train (a quantized weight is frozen): add "    \
+    "lora(r, targets) after it, as QLoRA does")                                                                 \
+  X(r21_block_size,                                                                                             \
+    "loom R21: quantized block_size is not a power of two from 64 to 4096, which bitsandbytes' nf4 takes: "     \
+    "pass .block_size = 64, the default")
 
 // Stops compilation, with the sentence of its argument (a constant loom::violation) on the first
 // error line, unless that is violation::none: a static_assert per row, each with its sentence.

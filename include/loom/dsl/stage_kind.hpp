@@ -12,6 +12,7 @@ enum class stage_kind : unsigned char {
   seeded,
   default_dtype,
   pretrained,
+  quantized,
   mixed_precision,
   recompute,
   sequence_parallel,
@@ -32,6 +33,7 @@ constexpr std::string_view name_of(stage_kind k) noexcept {
     case stage_kind::seeded: return "seeded";
     case stage_kind::default_dtype: return "default_dtype";
     case stage_kind::pretrained: return "pretrained";
+    case stage_kind::quantized: return "quantized";
     case stage_kind::mixed_precision: return "mixed_precision";
     case stage_kind::recompute: return "recompute";
     case stage_kind::sequence_parallel: return "sequence_parallel";

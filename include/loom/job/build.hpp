@@ -220,6 +220,8 @@ requires is_plan<Plan>
   static_assert(has_engine,
                 "loom: this strategy stage has no engine: include its header, loom/strategies/<name>.hpp (or "
                 "loom/loom.hpp)");
+  // What only a finished plan can lack (operator| checks those with a strategy as they are composed).
+  LOOM_STATIC_CHECK(first_violation_when_built(Plan::kinds));
   if constexpr (is_module && constructible && detail::has_forward<M> && has_engine) {
     const stage_list stages = plan.stage_values();
     const auto strategy = plan.strategy();

@@ -71,6 +71,16 @@ TEST_CASE("each order rule, as the first violation", "[dsl][rules]") {
   STATIC_REQUIRE(first({model, lora, pretrained}) == violation::r19_pretrained_after_lora);
   STATIC_REQUIRE(first({model, ddp, pretrained}) == violation::r19_pretrained_after_strategy);
   STATIC_REQUIRE(first({model, pretrained, seeded}) == violation::r4_seeded_not_after_model);
+  STATIC_REQUIRE(first({model, seeded, pretrained, quantized, lora, fsdp}) == violation::none);
+  STATIC_REQUIRE(first({model, quantized}) == violation::none);  // lora may still follow
+  STATIC_REQUIRE(first({model, quantized, quantized}) == violation::r21_two_quantized);
+  STATIC_REQUIRE(first({model, quantized, pretrained}) == violation::r21_quantized_before_pretrained);
+  STATIC_REQUIRE(first({model, lora, quantized}) == violation::r21_quantized_after_lora);
+  STATIC_REQUIRE(first({model, lora, ddp, quantized}) == violation::r21_quantized_after_strategy);
+  STATIC_REQUIRE(first({model, quantized, ddp}) == violation::r21_quantized_without_lora);
+  STATIC_REQUIRE(loom::first_violation_when_built(std::array{model, quantized}) ==
+                 violation::r21_quantized_without_lora);
+  STATIC_REQUIRE(loom::first_violation_when_built(std::array{model, quantized, lora}) == violation::none);
 }
 
 TEST_CASE("the first violation from the left wins", "[dsl][rules]") {
