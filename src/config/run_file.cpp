@@ -460,6 +460,7 @@ class reader final : public config_detail::fastvideo_reader {
       require_keys(name, field_names<quantized_options>(), value, name);
       return quantized_stage::checked(fields<quantized_options>(value, name));
     }
+    if (name == "quantization_config") return quantized_from_bitsandbytes(value);
     if (name == "recompute") {
       if (!value.is_object()) fail(name, "give {\"every\": 1} to recompute every unit, or k for every k-th one");
       require_keys(name, field_names<recompute_options>(), value, name);
@@ -474,6 +475,41 @@ class reader final : public config_detail::fastvideo_reader {
     if (name == "trainable") return trainable_stage::checked(targets("trainable", value, false));
     fail(where, fmt::format("unknown stage '{}'; the stages after the model are {}{}", name,
                             fmt::join(stage_names, ", "), did_you_mean(name, run_file_keys())));
+  }
+
+  // transformers' BitsAndBytesConfig, as a PEFT or FastVideo user's config gives it (QLoRA's
+  // load_in_4bit with bnb_4bit_quant_type "nf4"): quantized(nf4) with its double quantization.
+  quantized_stage quantized_from_bitsandbytes(const json& value) const {
+    const std::string name = "quantization_config";
+    if (!value.is_object()) {
+      fail(name, "give transformers' BitsAndBytesConfig keys, e.g. {\"load_in_4bit\": true, "
+                 "\"bnb_4bit_quant_type\": \"nf4\", \"bnb_4bit_use_double_quant\": true}");
+    }
+    require_keys(name,
+                 {"quant_method", "load_in_4bit", "load_in_8bit", "bnb_4bit_quant_type", "bnb_4bit_use_double_quant",
+                  "bnb_4bit_compute_dtype", "bnb_4bit_quant_storage"},
+                 value, name);
+    const auto text = [&](const char* key) { return value[key].is_string() ? value[key].get<std::string>() : ""; };
+    if (value.contains("quant_method") && text("quant_method") != "bitsandbytes")
+      fail(name + ".quant_method", "loom reads bitsandbytes' settings: give \"bitsandbytes\", or use quantized");
+    if (value.contains("load_in_8bit") && boolean(name + ".load_in_8bit", value["load_in_8bit"]))
+      fail(name + ".load_in_8bit", "LLM.int8() is not one of loom's formats: give load_in_4bit (nf4), or "
+                                    "quantized = {format = \"fp8\"} for an 8-bit base");
+    if (!value.contains("load_in_4bit") || !boolean(name + ".load_in_4bit", value["load_in_4bit"]))
+      fail(name + ".load_in_4bit", "give true: loom quantizes the base to 4 bits as bitsandbytes' nf4");
+    quantized_options options{.format = quantized_format::nf4};
+    if (value.contains("bnb_4bit_quant_type") && text("bnb_4bit_quant_type") != "nf4")
+      fail(name + ".bnb_4bit_quant_type", "give \"nf4\", the one 4-bit type loom has (QLoRA's; not \"fp4\")");
+    if (value.contains("bnb_4bit_use_double_quant"))
+      options.double_quant = boolean(name + ".bnb_4bit_use_double_quant", value["bnb_4bit_use_double_quant"]);
+    if (value.contains("bnb_4bit_compute_dtype")) {
+      // loom computes in the activations' dtype (mixed_precision's param), which this names.
+      if (!is_floating(type_of(name + ".bnb_4bit_compute_dtype", value["bnb_4bit_compute_dtype"])))
+        fail(name + ".bnb_4bit_compute_dtype", "give a floating dtype, e.g. \"bfloat16\"");
+    }
+    if (value.contains("bnb_4bit_quant_storage") && text("bnb_4bit_quant_storage") != "uint8")
+      fail(name + ".bnb_4bit_quant_storage", "give \"uint8\": loom holds the codes as bytes");
+    return quantized_stage::checked(options);
   }
 
   // A list of names (or regexes), where PEFT's "all-linear" (in any case, as PEFT reads it) is

@@ -123,6 +123,42 @@ TEST_CASE("a plan from a file describes itself as the typed plan does", "[run_fi
   CHECK(local_only.describe() == (loom::model<models::TinyGpt>(small) | loom::seeded(3)).describe());
 }
 
+TEST_CASE("quantized(...) from a run file, and transformers' BitsAndBytesConfig onto it", "[run_file]") {
+  const auto typed = loom::model<models::TinyGpt>(small) | loom::quantized({.format = loom::nf4, .block_size = 128}) |
+                     loom::lora(4) | loom::fsdp();
+  const auto from_file = loom::plan_from_file(
+      loom::model<models::TinyGpt>(small),
+      written("quantized", R"({"plan": [{"quantized": {"format": "nf4", "block_size": 128}}, {"lora": {"rank": 4}},
+                                        {"strategy": "fsdp"}]})"));
+  CHECK(from_file.describe() == typed.describe());
+  const auto fp8 = loom::plan_from_file(
+      loom::model<models::TinyGpt>(small),
+      written("quantized-fp8", R"({"plan": [{"quantized": {"format": "fp8", "scaling": "tensor"}}, {"lora": {"rank": 4}}]})"));
+  CHECK_THAT(fp8.describe(), ContainsSubstring("quantized(format=fp8, scaling=tensor)"));
+  CHECK_THROWS_WITH(
+      loom::plan_from_file(loom::model<models::TinyGpt>(small),
+                           written("quantized-int4", R"({"plan": [{"quantized": {"format": "nf5"}}, {"lora": {"rank": 4}}]})")),
+      ContainsSubstring("quantized.format: give one of \"nf4\", \"fp8\" (did you mean 'nf4'?)"));
+
+  // As PEFT's QLoRA guide configures transformers, bnb_4bit_compute_dtype included.
+  const auto bnb = loom::plan_from_file(
+      loom::model<models::TinyGpt>(small),
+      written("bnb", R"({"plan": [{"quantization_config": {"load_in_4bit": true, "bnb_4bit_quant_type": "nf4",
+                 "bnb_4bit_use_double_quant": false, "bnb_4bit_compute_dtype": "bfloat16"}}, {"lora": {"rank": 4}}]})"));
+  CHECK_THAT(bnb.describe(), ContainsSubstring("quantized(format=nf4, block_size=64, double_quant=false)"));
+  const auto refused = [](const std::string& config) {
+    return loom::plan_from_file(loom::model<models::TinyGpt>(small),
+                                written("bnb-refused", R"({"plan": [{"quantization_config": )" + config +
+                                                           R"(}, {"lora": {"rank": 4}}]})"));
+  };
+  CHECK_THROWS_WITH(refused(R"({"load_in_4bit": true, "bnb_4bit_quant_type": "fp4"})"),
+                    ContainsSubstring("quantization_config.bnb_4bit_quant_type: give \"nf4\""));
+  CHECK_THROWS_WITH(refused(R"({"load_in_8bit": true})"),
+                    ContainsSubstring("quantization_config.load_in_8bit: LLM.int8() is not one of loom's formats"));
+  CHECK_THROWS_WITH(refused(R"({"load_in_4bit": true, "llm_int8_threshold": 6.0})"),
+                    ContainsSubstring("quantization_config.llm_int8_threshold: unknown key"));
+}
+
 TEST_CASE("an override that adds a stage puts it where the rules want it", "[run_file]") {
   const fs::path file = source / "tests" / "run_files" / "tiny_gpt_lora_fsdp.json";
   // Each alone, and all of them: every stage a run file can add, given after a file with a strategy.
@@ -173,7 +209,7 @@ TEST_CASE("a run file's own mistakes name the file, the key and the accepted for
   CHECK_THROWS_WITH(
       read("stage", R"({"plan": [{"dropout": 0.1}]})"),
       ContainsSubstring("unknown stage 'dropout'; the stages after the model are seeded, default_dtype, "
-                        "pretrained, mixed_precision, recompute, sequence_parallel, lora, trainable, strategy"));
+                        "pretrained, quantized, mixed_precision, recompute, sequence_parallel, lora, trainable, strategy"));
   CHECK_THROWS_WITH(read("top", R"({"plan": [], "steps": 3})"), ContainsSubstring("steps: unknown key"));
   CHECK_THROWS_WITH(read("json", "{\"plan\": [\n  {\"seeded\": }\n]}"),
                     ContainsSubstring("it is not JSON") && ContainsSubstring("line 2"));
