@@ -48,9 +48,9 @@ std::string lowercase(std::string text) {
 // The objects of a run file beside its plan, each read through its options struct's fields().
 constexpr std::array<std::string_view, 2> sections{"train", "flow_matching"};
 
-const std::vector<std::string> stage_names{"seeded",    "default_dtype",   "pretrained",        "quantized",
-                                           "mixed_precision", "recompute", "sequence_parallel", "lora",
-                                           "trainable", "strategy"};
+const std::vector<std::string> stage_names{"seeded",          "default_dtype", "pretrained",        "quantized",
+                                           "mixed_precision", "recompute",     "sequence_parallel", "lora",
+                                           "trainable",       "strategy"};
 
 // Calls each(std::type_identity<S>{}) for each strategy stage S a run file can name (run_strategy's).
 template <class F>
@@ -482,8 +482,9 @@ class reader final : public config_detail::fastvideo_reader {
   quantized_stage quantized_from_bitsandbytes(const json& value) const {
     const std::string name = "quantization_config";
     if (!value.is_object()) {
-      fail(name, "give transformers' BitsAndBytesConfig keys, e.g. {\"load_in_4bit\": true, "
-                 "\"bnb_4bit_quant_type\": \"nf4\", \"bnb_4bit_use_double_quant\": true}");
+      fail(name,
+           "give transformers' BitsAndBytesConfig keys, e.g. {\"load_in_4bit\": true, "
+           "\"bnb_4bit_quant_type\": \"nf4\", \"bnb_4bit_use_double_quant\": true}");
     }
     require_keys(name,
                  {"quant_method", "load_in_4bit", "load_in_8bit", "bnb_4bit_quant_type", "bnb_4bit_use_double_quant",
@@ -493,8 +494,9 @@ class reader final : public config_detail::fastvideo_reader {
     if (value.contains("quant_method") && text("quant_method") != "bitsandbytes")
       fail(name + ".quant_method", "loom reads bitsandbytes' settings: give \"bitsandbytes\", or use quantized");
     if (value.contains("load_in_8bit") && boolean(name + ".load_in_8bit", value["load_in_8bit"]))
-      fail(name + ".load_in_8bit", "LLM.int8() is not one of loom's formats: give load_in_4bit (nf4), or "
-                                    "quantized = {format = \"fp8\"} for an 8-bit base");
+      fail(name + ".load_in_8bit",
+           "LLM.int8() is not one of loom's formats: give load_in_4bit (nf4), or "
+           "quantized = {format = \"fp8\"} for an 8-bit base");
     if (!value.contains("load_in_4bit") || !boolean(name + ".load_in_4bit", value["load_in_4bit"]))
       fail(name + ".load_in_4bit", "give true: loom quantizes the base to 4 bits as bitsandbytes' nf4");
     quantized_options options{.format = quantized_format::nf4};

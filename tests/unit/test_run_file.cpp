@@ -133,11 +133,13 @@ TEST_CASE("quantized(...) from a run file, and transformers' BitsAndBytesConfig 
   CHECK(from_file.describe() == typed.describe());
   const auto fp8 = loom::plan_from_file(
       loom::model<models::TinyGpt>(small),
-      written("quantized-fp8", R"({"plan": [{"quantized": {"format": "fp8", "scaling": "tensor"}}, {"lora": {"rank": 4}}]})"));
+      written("quantized-fp8",
+              R"({"plan": [{"quantized": {"format": "fp8", "scaling": "tensor"}}, {"lora": {"rank": 4}}]})"));
   CHECK_THAT(fp8.describe(), ContainsSubstring("quantized(format=fp8, scaling=tensor)"));
   CHECK_THROWS_WITH(
-      loom::plan_from_file(loom::model<models::TinyGpt>(small),
-                           written("quantized-int4", R"({"plan": [{"quantized": {"format": "nf5"}}, {"lora": {"rank": 4}}]})")),
+      loom::plan_from_file(
+          loom::model<models::TinyGpt>(small),
+          written("quantized-int4", R"({"plan": [{"quantized": {"format": "nf5"}}, {"lora": {"rank": 4}}]})")),
       ContainsSubstring("quantized.format: give one of \"nf4\", \"fp8\" (did you mean 'nf4'?)"));
 
   // As PEFT's QLoRA guide configures transformers, bnb_4bit_compute_dtype included.
@@ -147,9 +149,9 @@ TEST_CASE("quantized(...) from a run file, and transformers' BitsAndBytesConfig 
                  "bnb_4bit_use_double_quant": false, "bnb_4bit_compute_dtype": "bfloat16"}}, {"lora": {"rank": 4}}]})"));
   CHECK_THAT(bnb.describe(), ContainsSubstring("quantized(format=nf4, block_size=64, double_quant=false)"));
   const auto refused = [](const std::string& config) {
-    return loom::plan_from_file(loom::model<models::TinyGpt>(small),
-                                written("bnb-refused", R"({"plan": [{"quantization_config": )" + config +
-                                                           R"(}, {"lora": {"rank": 4}}]})"));
+    return loom::plan_from_file(
+        loom::model<models::TinyGpt>(small),
+        written("bnb-refused", R"({"plan": [{"quantization_config": )" + config + R"(}, {"lora": {"rank": 4}}]})"));
   };
   CHECK_THROWS_WITH(refused(R"({"load_in_4bit": true, "bnb_4bit_quant_type": "fp4"})"),
                     ContainsSubstring("quantization_config.bnb_4bit_quant_type: give \"nf4\""));
@@ -208,8 +210,9 @@ TEST_CASE("a run file's own mistakes name the file, the key and the accepted for
                                       "bucket_cap_mb"));
   CHECK_THROWS_WITH(
       read("stage", R"({"plan": [{"dropout": 0.1}]})"),
-      ContainsSubstring("unknown stage 'dropout'; the stages after the model are seeded, default_dtype, "
-                        "pretrained, quantized, mixed_precision, recompute, sequence_parallel, lora, trainable, strategy"));
+      ContainsSubstring(
+          "unknown stage 'dropout'; the stages after the model are seeded, default_dtype, "
+          "pretrained, quantized, mixed_precision, recompute, sequence_parallel, lora, trainable, strategy"));
   CHECK_THROWS_WITH(read("top", R"({"plan": [], "steps": 3})"), ContainsSubstring("steps: unknown key"));
   CHECK_THROWS_WITH(read("json", "{\"plan\": [\n  {\"seeded\": }\n]}"),
                     ContainsSubstring("it is not JSON") && ContainsSubstring("line 2"));

@@ -290,7 +290,7 @@
     "loom R20: sequence_parallel(...) comes after the strategy: put it before the strategy (the strategy "      \
     "averages and shards over the ranks the sequence groups leave it)")                                         \
   X(r20_size_zero,                                                                                              \
-    "loom R20: sequence_parallel size is 0: pass 1 to split no sequence, or k to split each over k ranks")        \
+    "loom R20: sequence_parallel size is 0: pass 1 to split no sequence, or k to split each over k ranks")      \
   /* R21: quantized: once, after pretrained, before lora and the strategy, with adapters to train. */           \
   X(r21_two_quantized,                                                                                          \
     "loom R21: the plan has two quantized(...) stages: keep one (the base is quantized once, in one "           \
@@ -305,7 +305,7 @@
     "loom R21: quantized(...) comes after the strategy: put it before the strategy (the strategy shards or "    \
     "replicates the quantized bytes it finds when it wraps the model)")                                         \
   X(r21_quantized_without_lora,                                                                                 \
-    "loom R21: quantized(...) without lora(...) leaves nothing to train (a quantized weight is frozen): add "    \
+    "loom R21: quantized(...) without lora(...) leaves nothing to train (a quantized weight is frozen): add "   \
     "lora(r, targets) after it, as QLoRA does")                                                                 \
   X(r21_block_size,                                                                                             \
     "loom R21: quantized block_size is not a power of two from 64 to 4096, which bitsandbytes' nf4 takes: "     \

@@ -27,9 +27,9 @@ namespace loom {
 
 // Every stage that may stand between the model and the strategy. A new such stage joins this list:
 // the typed plan, the run file's plan, find<S>() and describe() follow from it.
-using plan_stage = std::variant<seeded_stage, default_dtype_stage, pretrained_stage, quantized_stage,
-                                mixed_precision_stage, recompute_stage, sequence_parallel_stage, lora_stage,
-                                trainable_stage>;
+using plan_stage =
+    std::variant<seeded_stage, default_dtype_stage, pretrained_stage, quantized_stage, mixed_precision_stage,
+                 recompute_stage, sequence_parallel_stage, lora_stage, trainable_stage>;
 
 namespace detail {
 
