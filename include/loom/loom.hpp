@@ -14,6 +14,8 @@
 #include <loom/nn/linear.hpp>
 #include <loom/nn/unit.hpp>
 #include <loom/optim/adamw.hpp>
+#include <loom/quant/fp8.hpp>
+#include <loom/quant/nf4.hpp>
 #include <loom/runtime/failures.hpp>
 #include <loom/runtime/runtime.hpp>
 #include <loom/schedule/cursor.hpp>
