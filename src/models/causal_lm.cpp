@@ -2,6 +2,7 @@
 
 #include <loom/base/text.hpp>
 #include <loom/nn/deferred_init.hpp>
+#include <loom/nn/recompute.hpp>
 #include <loom/precision/attention.hpp>
 #include <loom/precision/linear.hpp>
 #include <loom/runtime/host_reads.hpp>
@@ -9,11 +10,16 @@
 #include <ATen/ATen.h>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
+#include <torch/csrc/autograd/autograd.h>
+#include <torch/csrc/autograd/custom_function.h>
 #include <torch/nn/functional/loss.h>
 
+#include <algorithm>
 #include <cmath>
+#include <functional>
 #include <numbers>
 #include <stdexcept>
+#include <utility>
 
 namespace loom::models {
 namespace {
@@ -56,6 +62,108 @@ at::Tensor rotate_half(const at::Tensor& x) {
 loom::nn::Linear linear(std::int64_t in, std::int64_t out, bool bias) {
   return loom::nn::Linear(torch::nn::LinearOptions(in, out).bias(bias));
 }
+
+// The summed fp32 cross-entropy of one chunk's `logits` [tokens, vocab] against `targets` [tokens].
+at::Tensor summed_cross_entropy(const at::Tensor& logits, const at::Tensor& targets) {
+  return torch::nn::functional::cross_entropy(
+      logits.to(at::kFloat), targets,
+      torch::nn::functional::CrossEntropyFuncOptions().ignore_index(-100).reduction(torch::kSum));
+}
+
+// What the chunked loss's backward needs besides the hidden states: autograd keeps it in the node's
+// context, as a capsule.
+struct chunked_loss_state : torch::CustomClassHolder {
+  chunked_loss_state(std::function<at::Tensor(const at::Tensor&)> head_, at::Tensor targets_, std::int64_t chunk_,
+                     std::vector<at::Tensor> tensors_, loom::nn::forward_conditions conditions_)
+      : head(std::move(head_)),
+        targets(std::move(targets_)),
+        chunk(chunk_),
+        tensors(std::move(tensors_)),
+        conditions(std::move(conditions_)) {}
+  std::function<at::Tensor(const at::Tensor&)> head;  // the logits of hidden states [tokens, hidden]
+  at::Tensor targets;                                 // [tokens], int64; -100 left out
+  std::int64_t chunk;                                 // tokens a chunk, > 0
+  std::vector<at::Tensor> tensors;                    // the head's trainable tensors, as the head reads them
+  loom::nn::forward_conditions conditions;            // the generators (a LoRA adapter's dropout) and autocast
+};
+
+// The head and the cross-entropy summed over hidden states [tokens, hidden], chunk by chunk, as one
+// autograd node: forward keeps the hidden states alone; backward computes each chunk's logits again
+// with gradients on, through the model's own head (LoRA, soft-capping, a tied head), and
+// differentiates them, so that at most one chunk's logits and their gradient are alive at a time.
+struct chunked_head_loss : torch::autograd::Function<chunked_head_loss> {
+  static at::Tensor forward(torch::autograd::AutogradContext* context,
+                            const c10::intrusive_ptr<chunked_loss_state>& state, const at::Tensor& hidden,
+                            at::TensorList /*tensors*/) {
+    context->save_for_backward({hidden});
+    context->saved_data["state"] = c10::IValue::make_capsule(state);
+    at::Tensor total = at::zeros({}, hidden.options().dtype(at::kFloat));
+    const std::int64_t tokens = hidden.size(0);
+    for (std::int64_t begin = 0; begin < tokens; begin += state->chunk) {
+      const std::int64_t size = std::min(state->chunk, tokens - begin);
+      total.add_(
+          summed_cross_entropy(state->head(hidden.narrow(0, begin, size)), state->targets.narrow(0, begin, size)));
+    }
+    return total;
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* context,
+                                                 const torch::autograd::variable_list& grad_outputs) {
+    const auto state = c10::static_intrusive_pointer_cast<chunked_loss_state>(context->saved_data["state"].toCapsule());
+    const at::Tensor hidden = context->get_saved_variables().front();
+    const std::size_t count = state->tensors.size();
+    // One gradient a forward argument: none for the state, then the hidden states', then the head's.
+    torch::autograd::variable_list grads(2 + count);
+    // needs_input_grad counts the tensors alone: the hidden states, then the head's.
+    const bool wants_hidden = context->needs_input_grad(0);
+    std::vector<std::size_t> wanted;  // the head's tensors that need a gradient
+    for (std::size_t i = 0; i < count; ++i) {
+      if (context->needs_input_grad(1 + i)) wanted.push_back(i);
+    }
+    const at::Tensor& grad = grad_outputs.front();
+    if (!grad.defined() || (!wants_hidden && wanted.empty())) return grads;
+    at::Tensor hidden_grad = wants_hidden ? at::empty_like(hidden) : at::Tensor();
+    // The head's gradients summed over the chunks in fp32, cast to each tensor's dtype at the end.
+    std::vector<at::Tensor> sums(count);
+    const std::int64_t tokens = hidden.size(0);
+    state->conditions.replay([&] {
+      for (std::int64_t begin = 0; begin < tokens; begin += state->chunk) {
+        const std::int64_t size = std::min(state->chunk, tokens - begin);
+        const at::Tensor part = hidden.narrow(0, begin, size).detach().requires_grad_(wants_hidden);
+        const at::Tensor loss = summed_cross_entropy(state->head(part), state->targets.narrow(0, begin, size));
+        torch::autograd::variable_list targets;
+        if (wants_hidden) targets.push_back(part);
+        for (const std::size_t i : wanted) targets.push_back(state->tensors[i]);
+        const torch::autograd::variable_list computed =
+            torch::autograd::grad({loss}, targets, {grad}, /*retain_graph=*/false, /*create_graph=*/false,
+                                  /*allow_unused=*/true);
+        std::size_t next = 0;
+        if (wants_hidden) {
+          const at::Tensor& g = computed[next++];
+          if (g.defined()) {
+            hidden_grad.narrow(0, begin, size).copy_(g);
+          } else {
+            hidden_grad.narrow(0, begin, size).zero_();
+          }
+        }
+        for (const std::size_t i : wanted) {
+          const at::Tensor& g = computed[next++];
+          if (!g.defined()) continue;
+          if (!sums[i].defined()) {
+            sums[i] = g.to(at::kFloat);
+          } else {
+            sums[i].add_(g);
+          }
+        }
+      }
+    });
+    grads[1] = hidden_grad;
+    for (const std::size_t i : wanted) {
+      if (sums[i].defined()) grads[2 + i] = sums[i].to(state->tensors[i].scalar_type());
+    }
+    return grads;
+  }
+};
 
 }  // namespace
 
@@ -287,6 +395,49 @@ at::Tensor CausalLMImpl::logits_of(const at::Tensor& hidden) {
 }
 
 at::Tensor CausalLMImpl::forward(const at::Tensor& ids) { return logits_of(model->forward(ids)); }
+
+std::vector<at::Tensor> CausalLMImpl::trainable_head_tensors() const {
+  std::vector<at::Tensor> tensors;
+  if (lm_head) {
+    for (const at::Tensor& parameter : lm_head->parameters()) {
+      if (parameter.requires_grad()) tensors.push_back(parameter);
+    }
+  } else if (model->embed_tokens->weight.requires_grad()) {
+    tensors.push_back(model->embed_tokens->weight);
+  }
+  return tensors;
+}
+
+at::Tensor CausalLMImpl::forward(const at::Tensor& ids, const at::Tensor& labels) {
+  if (labels.dim() != 2 || ids.dim() != 2 || labels.sizes() != ids.sizes()) {
+    throw_error<std::invalid_argument>(
+        "CausalLM: labels [{}] for token ids [{}]: give labels [batch, seq] of the same tokens, whole on every rank "
+        "(-100 where a token is not predicted)",
+        fmt::join(labels.sizes(), ", "), fmt::join(ids.sizes(), ", "));
+  }
+  if (loss_chunk_tokens < 0) {
+    throw_error<std::invalid_argument>(
+        "CausalLM: loss_chunk_tokens is {}: give the tokens whose logits the loss holds at a time, or 0 for all",
+        loss_chunk_tokens);
+  }
+  const at::Tensor hidden = model->forward(ids);
+  loom::nn::Sequence& sequence = model->sequence;
+  // Position t predicts labels[t + 1]; the last position predicts nothing. Under sequence_parallel
+  // the labels are shifted whole, then this rank's part is taken, as causal_lm_loss takes them.
+  const at::Tensor whole_labels = labels.to(hidden.device());
+  const at::Tensor shifted = at::cat(
+      {whole_labels.narrow(1, 1, labels.size(1) - 1), at::full({labels.size(0), 1}, -100, whole_labels.options())}, 1);
+  const at::Tensor targets = sequence->local(shifted, 1).flatten();
+  const at::Tensor flat = hidden.flatten(0, 1);
+  const std::int64_t tokens = flat.size(0);
+  const std::int64_t chunk =
+      loss_chunk_tokens > 0 && loss_chunk_tokens < tokens ? loss_chunk_tokens : std::max<std::int64_t>(tokens, 1);
+  std::vector<at::Tensor> tensors = trainable_head_tensors();
+  auto state = c10::make_intrusive<chunked_loss_state>([this](const at::Tensor& h) { return logits_of(h); }, targets,
+                                                       chunk, tensors, loom::nn::forward_conditions({flat}));
+  const at::Tensor summed = chunked_head_loss::apply(state, flat, at::TensorList(tensors));
+  return sequence->sum(summed) / (shifted != -100).sum().to(at::kFloat);
+}
 
 at::Tensor CausalLMImpl::next_token_logits(const at::Tensor& ids, kv_cache& cache) {
   // The head over the last position alone: over a long prompt, a whole vocabulary's logits for every

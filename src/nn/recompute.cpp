@@ -22,31 +22,14 @@
 namespace loom::nn {
 namespace {
 
-struct generator_state {
-  at::Generator generator;
-  at::Tensor state;
-};
-
-// The default generator of the CPU and of every other device an input is on, as they were.
-std::vector<generator_state> generator_states(const std::vector<at::Tensor>& inputs) {
-  std::vector<at::Device> devices{at::kCPU};
-  for (const at::Tensor& input : inputs) {
-    if (std::find(devices.begin(), devices.end(), input.device()) == devices.end()) devices.push_back(input.device());
-  }
-  std::vector<generator_state> states;
-  for (const at::Device& device : devices) {
-    at::Generator generator = at::globalContext().defaultGenerator(device);
-    const std::lock_guard<std::mutex> lock(generator.mutex());
-    states.push_back({generator, generator.get_state()});
-  }
-  return states;
-}
+constexpr std::array autocast_devices{c10::DeviceType::CPU, c10::DeviceType::CUDA};
 
 // Sets each generator to a saved state for a scope, and puts back the state it had.
+template <class State>
 class [[nodiscard]] generators_replayed {
  public:
-  explicit generators_replayed(const std::vector<generator_state>& saved) {
-    for (const generator_state& each : saved) {
+  explicit generators_replayed(const std::vector<State>& saved) {
+    for (const State& each : saved) {
       at::Generator generator = each.generator;
       const std::lock_guard<std::mutex> lock(generator.mutex());
       current_.push_back({generator, generator.get_state()});
@@ -54,7 +37,7 @@ class [[nodiscard]] generators_replayed {
     }
   }
   ~generators_replayed() {
-    for (generator_state& each : current_) {
+    for (State& each : current_) {
       const std::lock_guard<std::mutex> lock(each.generator.mutex());
       each.generator.set_state(each.state);
     }
@@ -63,17 +46,16 @@ class [[nodiscard]] generators_replayed {
   generators_replayed& operator=(const generators_replayed&) = delete;
 
  private:
-  std::vector<generator_state> current_;
+  std::vector<State> current_;
 };
-
-constexpr std::array autocast_devices{c10::DeviceType::CPU, c10::DeviceType::CUDA};
 
 // What the replay needs in backward: autograd keeps it in the node's context, as a capsule.
 struct replay_state : torch::CustomClassHolder {
+  replay_state(replay_forward forward_, std::vector<at::Tensor> parameters_, forward_conditions conditions_)
+      : forward(std::move(forward_)), parameters(std::move(parameters_)), conditions(std::move(conditions_)) {}
   replay_forward forward;
   std::vector<at::Tensor> parameters;
-  std::vector<generator_state> generators;
-  std::array<std::optional<at::ScalarType>, autocast_devices.size()> autocast;  // none: off
+  forward_conditions conditions;
 };
 
 struct recomputation : torch::autograd::Function<recomputation> {
@@ -96,15 +78,7 @@ struct recomputation : torch::autograd::Function<recomputation> {
       detached.push_back(saved[i].detach().requires_grad_(context->needs_input_grad(i)));
     }
     std::vector<at::Tensor> outputs;
-    {
-      const generators_replayed same_draws(replay->generators);
-      std::array<std::optional<autocast_scope>, autocast_devices.size()> autocast;
-      for (std::size_t d = 0; d < autocast_devices.size(); ++d) {
-        if (replay->autocast[d]) autocast[d].emplace(autocast_devices[d], *replay->autocast[d]);
-      }
-      const at::AutoGradMode with_grad(true);
-      outputs = replay->forward(detached);
-    }
+    replay->conditions.replay([&] { outputs = replay->forward(detached); });
     torch::autograd::variable_list roots, root_grads;
     for (std::size_t i = 0; i < outputs.size() && i < grad_outputs.size(); ++i) {
       if (!outputs[i].defined() || !outputs[i].requires_grad() || !grad_outputs[i].defined()) continue;
@@ -131,17 +105,37 @@ struct recomputation : torch::autograd::Function<recomputation> {
 
 }  // namespace
 
-std::vector<at::Tensor> run_recomputed(const replay_forward& forward, const std::vector<at::Tensor>& inputs,
-                                       const std::vector<at::Tensor>& parameters) {
-  auto replay = c10::make_intrusive<replay_state>();
-  replay->forward = forward;
-  replay->parameters = parameters;
-  replay->generators = generator_states(inputs);
+forward_conditions::forward_conditions(const std::vector<at::Tensor>& inputs) {
+  std::vector<at::Device> devices{at::kCPU};
+  for (const at::Tensor& input : inputs) {
+    if (std::find(devices.begin(), devices.end(), input.device()) == devices.end()) devices.push_back(input.device());
+  }
+  for (const at::Device& device : devices) {
+    at::Generator generator = at::globalContext().defaultGenerator(device);
+    const std::lock_guard<std::mutex> lock(generator.mutex());
+    generators_.push_back({generator, generator.get_state()});
+  }
+  static_assert(autocast_devices.size() == std::tuple_size_v<decltype(autocast_)>);
   for (std::size_t d = 0; d < autocast_devices.size(); ++d) {
     if (at::autocast::is_autocast_enabled(autocast_devices[d])) {
-      replay->autocast[d] = at::autocast::get_autocast_dtype(autocast_devices[d]);
+      autocast_[d] = at::autocast::get_autocast_dtype(autocast_devices[d]);
     }
   }
+}
+
+void forward_conditions::replay(const std::function<void()>& body) const {
+  const generators_replayed<generator_state> same_draws(generators_);
+  std::array<std::optional<autocast_scope>, autocast_devices.size()> autocast;
+  for (std::size_t d = 0; d < autocast_devices.size(); ++d) {
+    if (autocast_[d]) autocast[d].emplace(autocast_devices[d], *autocast_[d]);
+  }
+  const at::AutoGradMode with_grad(true);
+  body();
+}
+
+std::vector<at::Tensor> run_recomputed(const replay_forward& forward, const std::vector<at::Tensor>& inputs,
+                                       const std::vector<at::Tensor>& parameters) {
+  auto replay = c10::make_intrusive<replay_state>(forward, parameters, forward_conditions(inputs));
   return recomputation::apply(replay, at::TensorList(inputs), at::TensorList(parameters));
 }
 

@@ -1,12 +1,15 @@
 // loom::models::CausalLM without transformers: causal_lm_config::from_json against config.json as
 // transformers 4 and 5 write it, each refusal's sentence, the module's names (transformers' own, so
-// that checkpoints load by name), the causal-LM loss, and the recipe's token files
+// that checkpoints load by name), the causal-LM loss (and forward(ids, labels)'s, chunk by chunk,
+// against it: values, gradients and the bytes it holds), and the recipe's token files
 // (dsl_examples/models/token_file.hpp).
 #include <loom/loom.hpp>
 #include <loom/models/causal_lm.hpp>
 #include <models/token_file.hpp>
 
 #include <ATen/CPUGeneratorImpl.h>
+#include <c10/core/Allocator.h>
+#include <c10/core/CPUAllocator.h>
 #include <torch/torch.h>
 
 #include <catch2/catch_test_macros.hpp>
@@ -14,11 +17,14 @@
 #include <catch2/matchers/catch_matchers_vector.hpp>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -335,6 +341,253 @@ TEST_CASE("causal_lm_loss predicts the next token, in fp32, leaving out labels o
   }
   CHECK(counted == 7);
   CHECK(std::abs(loss.item<double>() - total / counted) < 1e-6);
+}
+
+namespace {
+
+// The loss and every parameter's gradient after one backward.
+struct loss_and_grads {
+  at::Tensor loss;
+  std::map<std::string, at::Tensor> grads;
+};
+
+// causal_lm_loss(forward(ids), labels) without `chunk`, else forward(ids, labels) with loss_chunk_tokens = chunk.
+template <class Job>
+loss_and_grads step_of(Job& job, const at::Tensor& ids, const at::Tensor& labels, std::optional<std::int64_t> chunk) {
+  job.zero_grad();
+  at::Tensor loss;
+  if (chunk) {
+    job.module()->loss_chunk_tokens = *chunk;
+    loss = job.forward(ids, labels);
+  } else {
+    loss = loom::models::causal_lm_loss(job.forward(ids), labels);
+  }
+  job.backward(loss);
+  loss_and_grads out{loss.detach().clone(), {}};
+  for (const auto& item : job.module()->named_parameters()) {
+    if (item.value().grad().defined()) out.grads.emplace(item.key(), item.value().grad().to(at::kFloat).clone());
+  }
+  return out;
+}
+
+// How far `a` is from `b`, relative to b's largest magnitude.
+double relative_difference(const at::Tensor& a, const at::Tensor& b) {
+  const double scale = std::max(b.abs().max().item<double>(), 1e-12);
+  return (a.to(at::kFloat) - b.to(at::kFloat)).abs().max().item<double>() / scale;
+}
+
+// forward(ids, labels) at several chunk sizes (one token, sizes that do not divide the 2 × 9 tokens,
+// one that does, all, more than all) against the unchunked loss: the loss and every gradient within
+// `tolerance` of its largest magnitude, and the gradients of `must_train` among them.
+template <class Plan>
+void check_chunked_loss(const Plan& plan, double tolerance, const std::vector<std::string>& must_train) {
+  auto job = loom::build(plan, loom::runtime::single_process());
+  // LoRA's B starts at zero, which would leave A's gradient zero: give every adapter a value.
+  {
+    torch::NoGradGuard no_grad;
+    auto gen = at::make_generator<at::CPUGeneratorImpl>(11);
+    for (const auto& item : job.module()->named_parameters()) {
+      if (item.key().find("lora_B") != std::string::npos) {
+        item.value().copy_(0.1 * torch::randn(item.value().sizes(), gen));
+      }
+    }
+  }
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(5);
+  const std::int64_t vocab = job.module()->config.vocab_size;
+  const at::Tensor ids = torch::randint(vocab, {2, 9}, gen, torch::kLong);
+  at::Tensor labels = ids.clone();
+  labels.index_put_({0, 3}, -100);
+  labels.index_put_({1, 8}, -100);
+  labels.index_put_({1, 1}, -100);
+  const loss_and_grads whole = step_of(job, ids, labels, std::nullopt);
+  for (const std::string& name : must_train) {
+    CAPTURE(name);
+    REQUIRE(whole.grads.contains(name));
+    CHECK(whole.grads.at(name).abs().max().item<double>() > 0);
+  }
+  for (const std::int64_t chunk : {1, 4, 5, 6, 18, 0, 1000}) {
+    CAPTURE(chunk);
+    const loss_and_grads chunked = step_of(job, ids, labels, chunk);
+    CHECK(chunked.loss.scalar_type() == at::kFloat);
+    CHECK(relative_difference(chunked.loss, whole.loss) <= tolerance);
+    REQUIRE(chunked.grads.size() == whole.grads.size());
+    for (const auto& [name, grad] : whole.grads) {
+      CAPTURE(name);
+      REQUIRE(chunked.grads.contains(name));
+      CHECK(relative_difference(chunked.grads.at(name), grad) <= tolerance);
+    }
+  }
+}
+
+causal_lm_config small_config(const std::string& extra = "") {
+  causal_lm_config config = causal_lm_config::from_json(config_json(extra), "c.json");
+  return config;
+}
+
+}  // namespace
+
+TEST_CASE("forward(ids, labels) is causal_lm_loss(forward(ids), labels) chunk by chunk: loss and gradients",
+          "[causal_lm][loss]") {
+  const auto model_of = [](const causal_lm_config& config) {
+    return loom::model<loom::models::CausalLM>(config) | loom::seeded(3);
+  };
+  // The hidden states' gradient reaches every parameter below the head: the norm's, the layers', the embedding's.
+  SECTION("a head of its own, every parameter trained") {
+    check_chunked_loss(
+        model_of(small_config()), 1e-5,
+        {"lm_head.weight", "model.norm.weight", "model.embed_tokens.weight", "model.layers.0.self_attn.q_proj.weight"});
+  }
+  SECTION("a LoRA adapter on the head, the base frozen") {
+    check_chunked_loss(model_of(small_config()) | loom::lora(4, {"lm_head", "q_proj"}), 1e-5,
+                       {"lm_head.lora_A", "lm_head.lora_B", "model.layers.1.self_attn.q_proj.lora_A"});
+  }
+  SECTION("a tied head: the embedding trains through both") {
+    check_chunked_loss(model_of(small_config(R"(, "tie_word_embeddings": true)")), 1e-5,
+                       {"model.embed_tokens.weight", "model.norm.weight"});
+  }
+  SECTION("a tied head saved as a module beside LoRA") {
+    check_chunked_loss(model_of(small_config(R"(, "tie_word_embeddings": true)")) |
+                           loom::lora(4, {"q_proj"}, {.modules_to_save = {"embed_tokens"}}),
+                       1e-5, {"model.embed_tokens.weight", "model.layers.0.self_attn.q_proj.lora_B"});
+  }
+  SECTION("Gemma 3: soft-capped logits over a tied head") {
+    causal_lm_config config = causal_lm_config::for_family(loom::models::causal_lm_family::gemma3);
+    const causal_lm_config sizes = small_config();
+    config.vocab_size = sizes.vocab_size;
+    config.hidden_size = sizes.hidden_size;
+    config.intermediate_size = sizes.intermediate_size;
+    config.num_hidden_layers = 2;
+    config.num_attention_heads = sizes.num_attention_heads;
+    config.num_key_value_heads = sizes.num_key_value_heads;
+    config.head_dim = sizes.head_dim;
+    config.final_logit_softcapping = 3;  // low enough that most logits are capped hard
+    config.query_pre_attn_scalar = 8;
+    check_chunked_loss(model_of(config), 1e-5, {"model.embed_tokens.weight", "model.layers.1.mlp.up_proj.weight"});
+  }
+  SECTION("bf16: a chunk's head gradient rounded once more, summed in fp32") {
+    check_chunked_loss(model_of(small_config()) | loom::default_dtype(loom::bf16), 1.0 / 64,
+                       {"lm_head.weight", "model.norm.weight"});
+  }
+  SECTION("fp32 weights under autocast to bf16") {
+    check_chunked_loss(model_of(small_config()) | loom::mixed_precision({.param = loom::bf16}), 1.0 / 64,
+                       {"lm_head.weight", "model.embed_tokens.weight"});
+  }
+}
+
+TEST_CASE("forward(ids, labels) refuses labels that are not the tokens' and a negative chunk", "[causal_lm][loss]") {
+  auto job = loom::build(loom::model<loom::models::CausalLM>(small_config()) | loom::seeded(3),
+                         loom::runtime::single_process());
+  const at::Tensor ids = torch::zeros({2, 6}, torch::kLong);
+  CHECK_THROWS_WITH(job.forward(ids, torch::zeros({2, 5}, torch::kLong)),
+                    ContainsSubstring("CausalLM: labels [2, 5] for token ids [2, 6]: give labels [batch, seq]"));
+  job.module()->loss_chunk_tokens = -1;
+  CHECK_THROWS_WITH(job.forward(ids, ids), ContainsSubstring("loss_chunk_tokens is -1"));
+}
+
+namespace {
+
+// LibTorch's CPU allocator with the bytes it has handed out and not taken back counted, and their
+// peak since the last reset (bench/build_memory.cpp's, with a reset).
+class counting_allocator final : public c10::Allocator {
+ public:
+  explicit counting_allocator(c10::Allocator* inner) : inner_(inner) {}
+
+  c10::DataPtr allocate(std::size_t bytes) override {
+    auto* held = new allocation{inner_->allocate(bytes), bytes, this};
+    const std::int64_t now = live_ += static_cast<std::int64_t>(bytes);
+    std::int64_t peak = peak_.load();
+    while (now > peak && !peak_.compare_exchange_weak(peak, now)) {
+    }
+    return {held->data.get(), held, &release, held->data.device()};
+  }
+  c10::DeleterFnPtr raw_deleter() const override { return nullptr; }
+  void copy_data(void* destination, const void* source, std::size_t count) const override {
+    std::memcpy(destination, source, count);
+  }
+
+  // The peak from now on starts at what is live now; returns that.
+  std::int64_t reset_peak() {
+    const std::int64_t now = live_.load();
+    peak_ = now;
+    return now;
+  }
+  [[nodiscard]] std::int64_t peak() const { return peak_.load(); }
+
+ private:
+  struct allocation {
+    c10::DataPtr data;
+    std::size_t bytes;
+    counting_allocator* owner;
+  };
+  static void release(void* context) {
+    auto* held = static_cast<allocation*>(context);
+    held->owner->live_ -= static_cast<std::int64_t>(held->bytes);
+    delete held;
+  }
+
+  c10::Allocator* inner_;
+  std::atomic<std::int64_t> live_{0};
+  std::atomic<std::int64_t> peak_{0};
+};
+
+// The counting allocator as the CPU's for a scope, and the one before it back after.
+class [[nodiscard]] counting_scope {
+ public:
+  counting_scope() : previous_(c10::GetCPUAllocator()), counted_(previous_) {
+    c10::SetCPUAllocator(&counted_, priority);
+  }
+  ~counting_scope() { c10::SetCPUAllocator(previous_, priority); }
+  counting_scope(const counting_scope&) = delete;
+  counting_scope& operator=(const counting_scope&) = delete;
+  counting_allocator& counted() { return counted_; }
+
+ private:
+  static constexpr std::uint8_t priority = 100;
+  c10::Allocator* previous_;
+  counting_allocator counted_;
+};
+
+}  // namespace
+
+TEST_CASE("forward(ids, labels) never holds every token's fp32 logits, forward or backward", "[causal_lm][loss]") {
+  // A vocabulary far wider than the model: one [tokens, vocab] fp32 tensor outweighs the rest.
+  causal_lm_config config = small_config();
+  config.vocab_size = 8192;
+  config.hidden_size = 16;
+  config.intermediate_size = 16;
+  config.num_hidden_layers = 1;
+  config.num_attention_heads = 2;
+  config.num_key_value_heads = 2;
+  config.head_dim = 8;
+  const std::int64_t batch = 2, seq = 256;
+  const std::int64_t full_logits_bytes = batch * seq * config.vocab_size * 4;  // 16 MiB
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(9);
+  const at::Tensor ids = torch::randint(config.vocab_size, {batch, seq}, gen, torch::kLong);
+  std::int64_t chunked_peak = 0, unchunked_peak = 0;
+  {
+    counting_scope scope;
+    auto job =
+        loom::build(loom::model<loom::models::CausalLM>(config) | loom::seeded(3), loom::runtime::single_process());
+    job.module()->loss_chunk_tokens = 32;
+    const auto peak_of = [&](const auto& step) {
+      job.zero_grad();
+      const std::int64_t before = scope.counted().reset_peak();
+      job.backward(step());
+      return scope.counted().peak() - before;
+    };
+    // Twice each, so that what the first step leaves behind (the gradients' buffers) is in both.
+    for (int i = 0; i < 2; ++i) {
+      chunked_peak = peak_of([&] { return job.forward(ids, ids); });
+      unchunked_peak = peak_of([&] { return loom::models::causal_lm_loss(job.forward(ids), ids); });
+    }
+  }
+  INFO("peak bytes over forward and backward: chunked " << chunked_peak << ", unchunked " << unchunked_peak
+                                                        << ", one fp32 logits tensor " << full_logits_bytes);
+  CHECK(chunked_peak < full_logits_bytes);
+  CHECK(unchunked_peak > full_logits_bytes);
+  // What the chunked loss holds is a few of a chunk's [32, vocab] tensors and the head's and the
+  // embedding's gradients (4.1 MiB when measured): under a third.
+  CHECK(chunked_peak < full_logits_bytes / 3);
 }
 
 TEST_CASE("pretrained(path) loads by name while the model is built: strict, cast to the model's dtype",

@@ -10,6 +10,7 @@
 //   auto job = loom::build(loom::model<loom::models::CausalLM>(config) | loom::pretrained("Qwen3-0.6B/") |
 //                          loom::fsdp(), rt);
 //   const at::Tensor logits = job.forward(ids);  // int64 [batch, seq] -> [batch, seq, vocab]
+//   const at::Tensor loss = job.forward(ids, labels);  // the mean next-token loss, without the logits
 
 #include <loom/lora/lora.hpp>
 #include <loom/models/causal_lm_config.hpp>
@@ -157,6 +158,17 @@ class CausalLMImpl : public torch::nn::Module {
   [[nodiscard]] std::vector<tied_parameter> tied_parameters() const;
   // Logits [batch, seq, vocab] of token ids [batch, seq] (int64).
   at::Tensor forward(const at::Tensor& ids);
+  // The mean next-token cross-entropy of token ids [batch, seq] against `labels` [batch, seq] (int64;
+  // position t predicts labels[t + 1], labels of -100 left out), as transformers'
+  // model(input_ids, labels=labels).loss: causal_lm_loss(forward(ids), labels, model->sequence), equal
+  // within fp32 rounding, without ever holding the logits of every token. The head and the fp32
+  // cross-entropy run over loss_chunk_tokens tokens at a time in forward, keeping only the final hidden
+  // states, and again chunk by chunk in backward (torchtune's chunked loss, Liger's fused linear
+  // cross-entropy), as one autograd node whose inputs are the hidden states and the head's trainable
+  // tensors (lm_head's weight or its LoRA adapter, or the tied embedding). Under sequence_parallel,
+  // `labels` are whole on every rank and the loss is the group's, as causal_lm_loss's. Called through
+  // job.forward(ids, labels), so that a sharding strategy holds the head whole for both passes.
+  at::Tensor forward(const at::Tensor& ids, const at::Tensor& labels);
   // The logits [batch, vocab] of the token after ids [batch, new], which follow the `cache`'s tokens
   // (none in a fresh cache) and join it: a prompt, then each generated token, computes its positions
   // alone. loom::models::generate (generate.hpp) calls it without gradients, in eval mode.
@@ -165,15 +177,25 @@ class CausalLMImpl : public torch::nn::Module {
   causal_lm_config config;
   DecoderModel model;
   loom::nn::Linear lm_head{nullptr};  // none when tied
+  // The tokens whose logits forward(ids, labels) holds at a time; 0: every token's at once. A chunk's
+  // logits in the compute dtype and in fp32 take 6 bytes a token and a vocabulary entry (about 0.9 GiB
+  // for 1024 tokens of Qwen3's 151936, doubled in backward by their gradient); torchtune splits the
+  // tokens into 8 chunks (CEWithChunkedOutputLoss's num_output_chunks = 8), Liger into chunks of
+  // next_power_of_2(tokens / ceil(vocab / hidden)) (LigerFusedLinearCrossEntropyFunction).
+  std::int64_t loss_chunk_tokens = 1024;
 
  private:
   at::Tensor logits_of(const at::Tensor& hidden);
+  // What the head computes with and trains: lm_head's parameters, or the tied embedding, that require grad.
+  [[nodiscard]] std::vector<at::Tensor> trainable_head_tensors() const;
 };
 TORCH_MODULE(CausalLM);
 
 // The mean next-token cross-entropy of `logits` [batch, seq, vocab] against `labels` [batch, seq]
 // (int64), computed in fp32: position t predicts labels[t + 1]; labels of -100 are left out, as
-// transformers' causal-LM loss leaves them.
+// transformers' causal-LM loss leaves them. It casts every token's logits to fp32 at once: for
+// training, CausalLM's forward(ids, labels) computes the same loss over chunks of tokens, never
+// holding them (job.forward(ids, labels)).
 [[nodiscard]] at::Tensor causal_lm_loss(const at::Tensor& logits, const at::Tensor& labels);
 // The same under sequence_parallel: `logits` of this rank's tokens, `labels` [batch, seq] whole on
 // every rank, shifted before they are split; the per-token losses summed over the group and divided

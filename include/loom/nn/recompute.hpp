@@ -5,9 +5,13 @@
 
 #include <loom/dsl/recompute.hpp>
 
+#include <ATen/core/Generator.h>
 #include <ATen/core/Tensor.h>
+#include <c10/core/ScalarType.h>
 
+#include <array>
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -16,6 +20,26 @@ class Module;
 }
 
 namespace loom::nn {
+
+// What a forward ran under that its replay in backward must run under again: the default generators'
+// states (the CPU's and that of each device an input is on), so that dropout draws the same masks,
+// and autocast's settings. run_recomputed keeps them for a unit; CausalLM's chunked loss for its head.
+class forward_conditions {
+ public:
+  // This thread's conditions now, for a forward of `inputs`.
+  explicit forward_conditions(const std::vector<at::Tensor>& inputs);
+  // Runs `body` with each generator at its saved state, autocast on where it was (in its dtype) and
+  // gradients on; then puts each generator back at the state it had.
+  void replay(const std::function<void()>& body) const;
+
+ private:
+  struct generator_state {
+    at::Generator generator;
+    at::Tensor state;
+  };
+  std::vector<generator_state> generators_;
+  std::array<std::optional<at::ScalarType>, 2> autocast_;  // the CPU's and CUDA's; none: off
+};
 
 // A unit's forward called with its tensor arguments replaced by `inputs`, in order; its outputs.
 using replay_forward = std::function<std::vector<at::Tensor>(const std::vector<at::Tensor>& inputs)>;
