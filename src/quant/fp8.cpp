@@ -5,7 +5,15 @@
 #include <fmt/ranges.h>
 
 #include <ATen/ATen.h>
+#include <ATen/Parallel.h>
 #include <c10/core/GradMode.h>
+#include <c10/util/BFloat16.h>
+#include <c10/util/Float8_e4m3fn.h>
+#include <c10/util/Half.h>
+
+#include <algorithm>
+#include <array>
+#include <cstdint>
 
 #include <limits>
 #include <stdexcept>
@@ -37,6 +45,35 @@ std::string dtype_name(at::ScalarType dtype) {
     case at::kHalf: return "fp16";
     default: return c10::toString(dtype);
   }
+}
+
+// The CPU's dequantization: per row the 256 values byte → float8 in fp32 · scale, cast to T (once
+// while the scale stays the same), then a lookup per element: ATen's product and cast, faster.
+template <class T>
+void dequantize_on_cpu(const std::uint8_t* values, const float* scale, T* out, std::int64_t rows,
+                       std::int64_t row_length, bool per_row) {
+  std::array<float, 256> decoded{};
+  for (std::size_t byte = 0; byte < 256; ++byte) {
+    decoded[byte] =
+        static_cast<float>(c10::Float8_e4m3fn(static_cast<std::uint8_t>(byte), c10::Float8_e4m3fn::from_bits()));
+  }
+  const std::int64_t grain = std::max<std::int64_t>(1, 65536 / std::max<std::int64_t>(row_length, 1));
+  at::parallel_for(0, rows, grain, [&](std::int64_t first, std::int64_t end) {
+    std::array<T, 256> lut{};
+    bool filled = false;
+    float current = 0;
+    for (std::int64_t row = first; row < end; ++row) {
+      const float factor = scale[per_row ? row : 0];
+      if (!filled || factor != current) {
+        for (std::size_t byte = 0; byte < 256; ++byte) lut[byte] = static_cast<T>(decoded[byte] * factor);
+        current = factor;
+        filled = true;
+      }
+      const std::uint8_t* source = values + row * row_length;
+      T* target = out + row * row_length;
+      for (std::int64_t j = 0; j < row_length; ++j) target[j] = lut[source[j]];
+    }
+  });
 }
 
 }  // namespace
@@ -98,6 +135,27 @@ at::Tensor dequantize_fp8(const fp8_weight& weight, at::ScalarType dtype) {
         weight.scale.numel(), fmt::join(weight.values.sizes(), ", "), rows);
   }
   c10::NoGradGuard no_grad;
+  if (weight.values.device().is_cpu()) {
+    const at::Tensor values = weight.values.contiguous();
+    const at::Tensor factors = weight.scale.reshape(-1).contiguous();
+    at::Tensor out = at::empty(values.sizes(), values.options().dtype(dtype));
+    const std::int64_t count = values.numel();
+    if (count == 0) return out;
+    const std::int64_t row_count = values.dim() >= 1 ? values.size(0) : 1;  // per tensor too: rows share the scale
+    const std::int64_t row_length = count / row_count;
+    const auto* bytes = values.data_ptr<std::uint8_t>();
+    const auto* scale = factors.data_ptr<float>();
+    switch (dtype) {
+      case at::kBFloat16:
+        dequantize_on_cpu(bytes, scale, out.data_ptr<c10::BFloat16>(), row_count, row_length, !per_tensor);
+        break;
+      case at::kHalf:
+        dequantize_on_cpu(bytes, scale, out.data_ptr<c10::Half>(), row_count, row_length, !per_tensor);
+        break;
+      default: dequantize_on_cpu(bytes, scale, out.data_ptr<float>(), row_count, row_length, !per_tensor); break;
+    }
+    return out;
+  }
   const at::Tensor scale = broadcast_scale(weight.scale.to(weight.values.device()), weight.values.dim(), !per_tensor);
   // _dequantize_affine_float8: fp8 in fp32 · scale, then the dtype.
   at::Tensor out = at::empty(weight.values.sizes(), weight.values.options().dtype(dtype));
