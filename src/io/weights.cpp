@@ -308,6 +308,8 @@ std::vector<std::string> copy_model_files(const std::filesystem::path& from, con
   return copied;
 }
 
+bool pretrained_checkpoint::holds(const std::string& name) const noexcept { return files_->by_name.contains(name); }
+
 std::vector<tensor_spec> pretrained_checkpoint::specs() const { return files_->specs(); }
 
 weights_fingerprint pretrained_checkpoint::fingerprint() {

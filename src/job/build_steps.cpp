@@ -3,10 +3,18 @@
 #include <loom/base/text.hpp>
 #include <loom/lora/adapter.hpp>
 #include <loom/lora/lora.hpp>
+#include <loom/nn/linear.hpp>
+#include <loom/quant/quantized_weight.hpp>
 #include <loom/nn/recompute.hpp>
 #include <loom/nn/unit.hpp>
 #include <loom/replicas/replicas.hpp>
 #include <loom/runtime/sequence_group.hpp>
+
+#include <ATen/ATen.h>
+
+#include <memory>
+#include <optional>
+#include <string>
 
 namespace loom::build_steps {
 
@@ -51,6 +59,83 @@ std::size_t set_what_trains(torch::nn::Module& model, std::string_view model_nam
   set_trainable(model, model_name, lora != nullptr, trainable ? trainable->patterns() : target_list{});
   if (lora != nullptr) lora->train_modules_to_save(model, model_name, tied);
   return built_in ? hold_trainable_in_fp32(model) : 0;
+}
+
+namespace {
+
+// The values of a linear layer's weight `name`, whole, in its own dtype, from where they are.
+at::Tensor weight_values(const std::string& name, const at::Tensor& weight, pretrained_checkpoint* unread,
+                         nn::deferred_init* deferred) {
+  if (unread != nullptr) return unread->read(name);
+  if (deferred != nullptr && deferred->defers(weight) && !nn::has_bytes(weight)) {
+    at::Tensor values = at::empty(weight.sizes(), at::TensorOptions().dtype(weight.scalar_type()));
+    deferred->materialise({nn::row_request{name, weight, 0, weight.size(0), values}});
+    return values;
+  }
+  return weight.detach();
+}
+
+// A layer's quantized parts without their bytes, recorded with the deferred construction: when the
+// engine materialises a rank's rows of them, the checkpoint's weight is read whole and quantized,
+// once for both parts, so that a rank holds one weight in the checkpoint's dtype at a time.
+quant::quantized_weight deferred_parts(nn::deferred_init& deferred, std::shared_ptr<pretrained_checkpoint> checkpoint,
+                                       const std::string& name, at::IntArrayRef shape,
+                                       const quantized_options& options) {
+  auto quantized = std::make_shared<std::optional<quant::quantized_weight>>();
+  const auto part = [=](bool codes) {
+    return nn::initializer{[=](at::Tensor& out) {
+                             if (!*quantized)
+                               *quantized = quant::quantized_weight::quantize(checkpoint->read(name), options);
+                             out.copy_(codes ? (*quantized)->codes() : (*quantized)->statistics());
+                             if (!codes) quantized->reset();  // the statistics are asked for after the codes
+                           },
+                           /*draws=*/false};
+  };
+  const auto sizes = quant::quantized_weight::sizes_of(shape, options);
+  at::Tensor codes = deferred.add({sizes.codes}, at::kByte, part(true));
+  at::Tensor statistics = deferred.add({sizes.statistics}, at::kByte, part(false));
+  return quant::quantized_weight::from_parts(options, shape, std::move(codes), std::move(statistics));
+}
+
+}  // namespace
+
+std::optional<quant::quantized_base> quantize_base(torch::nn::Module& model, std::string_view model_name,
+                                                   std::string_view output_embeddings, const stage_list& stages,
+                                                   const std::shared_ptr<pretrained_checkpoint>& unread,
+                                                   nn::deferred_init* deferred) {
+  const auto stage = stages.find<quantized_stage>();
+  if (!stage) return std::nullopt;
+  const quantized_options& options = stage->settings();
+  quant::quantized_base made;
+  for (const auto& item : model.named_modules("", /*include_self=*/false)) {
+    auto* linear = item.value()->as<nn::LinearImpl>();
+    if (linear == nullptr || item.key() == output_embeddings || linear->quantized()) continue;
+    const std::string name = item.key() + ".weight";
+    const at::Tensor weight = linear->weight;  // a handle: hold_quantized drops the layer's
+    if (weight.requires_grad()) {
+      throw_error<std::invalid_argument>(
+          "quantized({}): {}'s '{}' trains (trainable(...) or lora's modules_to_save names it), and a quantized "
+          "weight is frozen (loom R21): leave that layer out of them, and let LoRA's adapters train over it",
+          name_of(options.format), model_name, name);
+    }
+    const bool from_checkpoint = unread && unread->holds(name);
+    if (from_checkpoint && deferred != nullptr && deferred->defers(weight)) {
+      linear->hold_quantized(deferred_parts(*deferred, unread, name, weight.sizes(), options));
+    } else {
+      linear->hold_quantized(quant::quantized_weight::quantize(
+          weight_values(name, weight, from_checkpoint ? unread.get() : nullptr, deferred), options));
+    }
+    made.layers += 1;
+    made.bytes += linear->quantized()->bytes();
+    made.bf16_bytes += weight.numel() * 2;
+  }
+  if (made.layers == 0) {
+    throw_error<std::invalid_argument>(
+        "quantized({}): {} has no loom::nn::Linear to quantize but its output embeddings: build its linear layers "
+        "with loom::nn::Linear (torch::nn::Linear's drop-in), or leave quantized(...) out",
+        name_of(options.format), model_name);
+  }
+  return made;
 }
 
 std::vector<std::string> choose_recomputed_units(torch::nn::Module& model, const stage_list& stages) {

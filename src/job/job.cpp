@@ -58,6 +58,15 @@ job_core::job_core(runtime rt, std::shared_ptr<torch::nn::Module> module, std::s
         counted(group.size(), "rank"), group.name(), fmt::join(group.ranks(), ", "), group.size(),
         counted(group.data_world_size(), "group")));
   }
+  if (decided.quantized) {
+    constexpr double mib = 1 << 20;
+    context_->note(fmt::format("quantized: {}, {:.2f} MiB held for {:.2f} MiB in bf16 ({:.3f} of it)",
+                               counted(static_cast<std::int64_t>(decided.quantized->layers), "linear layer"),
+                               static_cast<double>(decided.quantized->bytes) / mib,
+                               static_cast<double>(decided.quantized->bf16_bytes) / mib,
+                               static_cast<double>(decided.quantized->bytes) /
+                                   static_cast<double>(decided.quantized->bf16_bytes)));
+  }
   if (!decided.recomputed_units.empty()) {
     context_->note(fmt::format("recompute: {} in backward: {}",
                                counted(static_cast<std::int64_t>(decided.recomputed_units.size()), "unit"),

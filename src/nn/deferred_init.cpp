@@ -53,6 +53,14 @@ at::Tensor tensor_on(c10::Storage storage, at::IntArrayRef sizes, at::ScalarType
   return tensor;
 }
 
+// A tensor of `sizes` whose storage, resizable, holds no bytes yet.
+at::Tensor without_bytes(at::IntArrayRef sizes, at::ScalarType type, c10::Device device) {
+  auto storage = c10::make_intrusive<c10::StorageImpl>(c10::StorageImpl::use_byte_size_t(), 0,
+                                                       c10::DataPtr(nullptr, device), c10::GetAllocator(device.type()),
+                                                       /*resizable=*/true);
+  return tensor_on(c10::Storage(std::move(storage)), sizes, type, device);
+}
+
 // Address space the kernel backs with memory only where it is touched: a deferred parameter that
 // something writes stays correct (and is found out by accept), one nothing touches costs nothing.
 // None when the system refuses the reservation (strict overcommit): the layer then initialises at once.
@@ -152,10 +160,7 @@ bool has_bytes(const at::Tensor& tensor) noexcept {
 }
 
 void drop_bytes(const at::Tensor& tensor, at::ScalarType type, c10::Device device) {
-  auto storage = c10::make_intrusive<c10::StorageImpl>(c10::StorageImpl::use_byte_size_t(), 0,
-                                                       c10::DataPtr(nullptr, device), c10::GetAllocator(device.type()),
-                                                       /*resizable=*/true);
-  at::Tensor(tensor).set_data(tensor_on(c10::Storage(std::move(storage)), tensor.sizes(), type, device));
+  at::Tensor(tensor).set_data(without_bytes(tensor.sizes(), type, device));
 }
 
 void to_device(torch::nn::Module& module, c10::Device device) {
@@ -218,6 +223,14 @@ std::optional<std::string> deferred_init::accept(const torch::nn::Module& root) 
   }
   for (const record& r : records_) drop_bytes(r.tensor, r.built_dtype, c10::Device(c10::kCPU));
   return std::nullopt;
+}
+
+at::Tensor deferred_init::add(at::IntArrayRef sizes, at::ScalarType type, initializer init) {
+  if (init.draws) throw std::logic_error("loom: deferred_init::add takes an initializer that draws nothing");
+  at::Tensor tensor = without_bytes(sizes, type, c10::Device(c10::kCPU));
+  records_.push_back({tensor, sizes.vec(), type, inits_.size()});
+  inits_.push_back({records_.size() - 1, std::move(init)});
+  return tensor;
 }
 
 void deferred_init::materialise(const std::vector<row_request>& requests) {

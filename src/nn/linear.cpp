@@ -2,6 +2,7 @@
 
 #include <loom/nn/at_rest.hpp>
 
+#include <loom/base/text.hpp>
 #include <loom/nn/deferred_init.hpp>
 #include <loom/precision/linear.hpp>
 
@@ -39,6 +40,7 @@ void LinearImpl::reset_parameters() {
 void LinearImpl::pretty_print(std::ostream& stream) const {
   stream << "loom::nn::Linear(in_features=" << options.in_features() << ", out_features=" << options.out_features()
          << ", bias=" << std::boolalpha << options.bias();
+  if (quantized_) stream << ", quantized=" << name_of(quantized_->options().format);
   if (adapter_) stream << ", lora_rank=" << adapter_->rank << ", lora_scaling=" << adapter_->scaling;
   stream << ")";
 }
@@ -47,8 +49,13 @@ at::Tensor LinearImpl::forward(const at::Tensor& input) {
   // at::linear, as PyTorch's nn.Linear calls it: a batch of rows and the bias in one addmm, rounded
   // once (torch::nn::functional::linear adds the bias after a matmul, a second rounding in bf16);
   // in bf16 on a CPU without bf16 instructions, through the fp32 GEMM (loom/precision/linear.hpp).
-  require_bytes(weight, "loom::nn::Linear");
-  at::Tensor output = loom::linear(input, weight, bias);
+  at::Tensor output;
+  if (quantized_) {
+    output = quant::linear(input, *quantized_, bias);
+  } else {
+    require_bytes(weight, "loom::nn::Linear");
+    output = loom::linear(input, weight, bias);
+  }
   if (!adapter_ || merged_) return output;
   return adapter_->add_update(std::move(output), input, is_training());
 }
@@ -60,8 +67,30 @@ void LinearImpl::add_adapter(const lora_adapter_options& options) {
   lora_B = adapter_->lora_B;
 }
 
+void LinearImpl::hold_quantized(quant::quantized_weight parts) {
+  if (quantized_) throw std::logic_error("loom::nn::Linear is quantized already");
+  if (parts.shape() != std::vector<std::int64_t>{options.out_features(), options.in_features()}) {
+    throw std::logic_error("loom::nn::Linear given quantized parts of another weight's shape");
+  }
+  quantized_ = std::move(parts);
+  parameters_.erase("weight");
+  weight = at::Tensor();
+  register_parameter(std::string(quant::quantized_weight::codes_name), quantized_->codes(), /*requires_grad=*/false);
+  register_parameter(std::string(quant::quantized_weight::statistics_name), quantized_->statistics(),
+                     /*requires_grad=*/false);
+}
+
+at::Tensor LinearImpl::base_weight(at::ScalarType dtype) const {
+  return quantized_ ? quantized_->dequantize(dtype) : weight.to(dtype);
+}
+
 void LinearImpl::merge() {
   if (!adapter_ || merged_) return;
+  if (quantized_) {
+    throw_error<std::logic_error>(
+        "loom::nn::Linear: merging LoRA's update into a quantized weight would quantize the update away: save the "
+        "merged model instead (job.save_merged dequantizes the base and adds the adapters in full precision)");
+  }
   adapter_->merge_into(weight);
   merged_ = true;
 }

@@ -33,7 +33,7 @@ pretrained_checkpoint* initial_values::unread_checkpoint() const noexcept {
 void initial_values::fill(const std::vector<nn::row_request>& rows, const std::vector<named_tensor>& whole) {
   pretrained_checkpoint* checkpoint = unread_checkpoint();
   const auto from_checkpoint = [&](const std::string& name) {
-    return checkpoint != nullptr && !lora_adapter::is_adapter_parameter(name);
+    return checkpoint != nullptr && !lora_adapter::is_adapter_parameter(name) && checkpoint->holds(name);
   };
   const auto deferred = [&](const at::Tensor& tensor) { return deferred_ && deferred_->defers(tensor); };
   c10::NoGradGuard no_grad;

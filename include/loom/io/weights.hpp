@@ -77,6 +77,8 @@ class pretrained_checkpoint {
   [[nodiscard]] std::size_t size() const noexcept;
   [[nodiscard]] std::uint64_t total_bytes() const noexcept;
   [[nodiscard]] std::uint64_t bytes_read() const noexcept;
+  // Whether it holds a tensor called `name`.
+  [[nodiscard]] bool holds(const std::string& name) const noexcept;
   // Every tensor's name, shape and dtype, as its file's header gives them.
   [[nodiscard]] std::vector<tensor_spec> specs() const;
   // XXH3-64 over every file's name, header and samples of each tensor's bytes (a few KiB a tensor,

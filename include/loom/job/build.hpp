@@ -162,6 +162,9 @@ auto build_checked(const plan_value<Args, Strategy>& plan, runtime rt) {
     decided.pretrained_read = build_steps::load_pretrained(*decided.pretrained, model, hooks::shards_parameters<E>());
   decided.trainable_held_in_fp32 = build_steps::set_what_trains(
       model, type_name<M>(), made.lora ? &*made.lora : nullptr, decided.identity.tied, plan.stages, dtypes.built_in);
+  decided.quantized = build_steps::quantize_base(
+      model, type_name<M>(), lora_model_names_of<module_type>().output_embeddings, plan.stages,
+      decided.pretrained_read ? nullptr : decided.pretrained, deferred.get());
   decided.recomputed_units = build_steps::choose_recomputed_units(model, plan.stages);
   decided.sequence_split =
       build_steps::split_sequences(model, type_name<M>(), plan.stages, rt, dtypes, decided.recomputed_units);

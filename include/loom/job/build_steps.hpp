@@ -10,6 +10,7 @@
 #include <loom/nn/deferred_init.hpp>
 #include <loom/nn/sequence_parallel.hpp>
 #include <loom/precision/precision.hpp>
+#include <loom/quant/quantized_weight.hpp>
 #include <loom/runtime/runtime.hpp>
 
 #include <torch/nn/module.h>
@@ -57,6 +58,17 @@ enum class deferral { stands, nothing_deferred, construct_whole };
 [[nodiscard]] std::size_t set_what_trains(torch::nn::Module& model, std::string_view model_name,
                                           const lora_layers* lora, std::span<const tied_parameter> tied,
                                           const stage_list& stages, std::optional<dtype> built_in);
+
+// quantized(...): every loom::nn::Linear of the model but its output embeddings (transformers'
+// bitsandbytes integration keeps lm_head unquantized too) holds its weight quantized, one layer at a
+// time. A weight the engine would read from the `unread` checkpoint later, into a construction without
+// bytes, gets parts without bytes that its rows are materialised into (each weight read whole and
+// quantized then); any other is quantized now, from the checkpoint's tensor, its deferred record, or
+// itself. A layer whose weight trains (trainable(...), modules_to_save) is refused with R21's reason.
+// Returns the layers' count and bytes, for job.describe(); none without the stage.
+[[nodiscard]] std::optional<quant::quantized_base> quantize_base(
+    torch::nn::Module& model, std::string_view model_name, std::string_view output_embeddings,
+    const stage_list& stages, const std::shared_ptr<pretrained_checkpoint>& unread, nn::deferred_init* deferred);
 
 // recompute(...)'s units, by name; none without the stage.
 [[nodiscard]] std::vector<std::string> choose_recomputed_units(torch::nn::Module& model, const stage_list& stages);

@@ -7,6 +7,7 @@
 #include <loom/job/gradient_norm.hpp>
 #include <loom/lora/lora.hpp>
 #include <loom/precision/precision.hpp>
+#include <loom/quant/quantized_weight.hpp>
 #include <loom/runtime/failpoints.hpp>
 #include <loom/schedule/schedule.hpp>
 #include <loom/strategies/engine.hpp>
@@ -167,6 +168,7 @@ struct build_decisions {
   std::size_t trainable_held_in_fp32 = 0;              // parameters built narrower that train, held in fp32
   std::optional<precision_policy> policy;              // mixed_precision(...), if any
   std::vector<std::string> recomputed_units;           // recompute(...)'s choice, by name; empty without it
+  std::optional<quant::quantized_base> quantized;      // what quantized(...) made, if the plan has it
   std::shared_ptr<pretrained_checkpoint> pretrained;   // pretrained(...)'s checkpoint, if any, checked
   bool pretrained_read = false;                        // copied in already (else after the setup)
   std::shared_ptr<nn::deferred_init> deferred;         // the records of a construction without bytes

@@ -84,6 +84,12 @@ class deferred_init {
   // same stream (without seeded(...); a seeded construction forks its own).
   void rewind_generator() const;
 
+  // A tensor of `sizes` in `type`, without bytes, made after the construction, whose values `init`
+  // gives without drawing: a build step's parameter that takes its values from elsewhere (a quantized
+  // weight's parts, from the checkpoint's weight). It is materialised as the construction's records
+  // are, after them.
+  [[nodiscard]] at::Tensor add(at::IntArrayRef sizes, at::ScalarType type, initializer init);
+
   [[nodiscard]] std::size_t size() const noexcept { return records_.size(); }
   [[nodiscard]] bool defers(const at::Tensor& tensor) const noexcept;
   // The generator state the records replay from: the construction's, or, to give every rank rank 0's

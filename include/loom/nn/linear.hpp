@@ -5,6 +5,7 @@
 //   y = base(x) + scaling · B(A(dropout(x))).
 
 #include <loom/lora/adapter.hpp>
+#include <loom/quant/quantized_weight.hpp>
 
 #include <torch/nn/cloneable.h>
 #include <torch/nn/options/linear.h>
@@ -31,6 +32,15 @@ class LinearImpl : public torch::nn::Cloneable<LinearImpl> {
   [[nodiscard]] bool has_adapter() const noexcept { return adapter_.has_value(); }
   [[nodiscard]] const std::optional<lora_adapter>& adapter() const noexcept { return adapter_; }
 
+  // The base weight held quantized (loom/quant/quantized_weight.hpp), as `parts` of a weight of this
+  // layer's shape: `weight` leaves the layer's parameters, the parts (frozen bytes, or tensors that
+  // get them later, as a deferred construction's do) take its place, and forward dequantizes them, in
+  // the input's dtype, for each product. Once.
+  void hold_quantized(quant::quantized_weight parts);
+  [[nodiscard]] const std::optional<quant::quantized_weight>& quantized() const noexcept { return quantized_; }
+  // The base weight's values in `dtype`: the weight, or its parts dequantized.
+  [[nodiscard]] at::Tensor base_weight(at::ScalarType dtype) const;
+
   // Folds scaling · B·A into weight (forward then runs the base alone), and takes it out again.
   void merge();
   void unmerge();
@@ -44,6 +54,7 @@ class LinearImpl : public torch::nn::Cloneable<LinearImpl> {
 
  private:
   std::optional<lora_adapter> adapter_;
+  std::optional<quant::quantized_weight> quantized_;
   bool merged_ = false;
 };
 
