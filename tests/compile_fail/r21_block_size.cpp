@@ -1,4 +1,4 @@
-// expect: loom R21: quantized block_size is not a power of two from 64 to 4096
+// expect: loom R21: quantized block_size is not a power of two from 32 to 4096
 // A block that bitsandbytes does not take.
 #include <loom/dsl.hpp>
 

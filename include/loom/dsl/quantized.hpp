@@ -89,11 +89,11 @@ class quantized_stage : public detail::pipeable {
  private:
   constexpr explicit quantized_stage(const quantized_options& settings) : settings_(settings) {}
 
-  // bitsandbytes' 4-bit block sizes: powers of two from 64 to 4096.
+  // bitsandbytes' 4-bit block sizes (quantize_4bit): powers of two from 32 to 4096.
   static constexpr bool block_size_fits(const quantized_options& settings) noexcept {
     if (settings.format != quantized_format::nf4) return true;
     const std::size_t size = settings.block_size;
-    return size >= 64 && size <= 4096 && (size & (size - 1)) == 0;
+    return size >= 32 && size <= 4096 && (size & (size - 1)) == 0;
   }
 
   quantized_options settings_;

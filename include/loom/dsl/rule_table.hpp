@@ -308,7 +308,7 @@
     "loom R21: quantized(...) without lora(...) leaves nothing to train (a quantized weight is frozen): add "   \
     "lora(r, targets) after it, as QLoRA does")                                                                 \
   X(r21_block_size,                                                                                             \
-    "loom R21: quantized block_size is not a power of two from 64 to 4096, which bitsandbytes' nf4 takes: "     \
+    "loom R21: quantized block_size is not a power of two from 32 to 4096, which bitsandbytes' nf4 takes: "     \
     "pass .block_size = 64, the default")
 
 // Stops compilation, with the sentence of its argument (a constant loom::violation) on the first
