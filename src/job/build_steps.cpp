@@ -4,9 +4,9 @@
 #include <loom/lora/adapter.hpp>
 #include <loom/lora/lora.hpp>
 #include <loom/nn/linear.hpp>
-#include <loom/quant/quantized_weight.hpp>
 #include <loom/nn/recompute.hpp>
 #include <loom/nn/unit.hpp>
+#include <loom/quant/quantized_weight.hpp>
 #include <loom/replicas/replicas.hpp>
 #include <loom/runtime/sequence_group.hpp>
 

@@ -3,7 +3,9 @@
 #include <loom/base/text.hpp>
 #include <loom/io/peft.hpp>
 #include <loom/lora/peft_adapter.hpp>
+#include <loom/nn/linear.hpp>
 #include <loom/nn/sequence_parallel.hpp>
+#include <loom/quant/quantized_weight.hpp>
 #include <loom/runtime/failures.hpp>
 #include <loom/runtime/sequence_group.hpp>
 
@@ -13,6 +15,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <map>
 #include <stdexcept>
 
 namespace loom {
@@ -60,12 +63,11 @@ job_core::job_core(runtime rt, std::shared_ptr<torch::nn::Module> module, std::s
   }
   if (decided.quantized) {
     constexpr double mib = 1 << 20;
-    context_->note(fmt::format("quantized: {}, {:.2f} MiB held for {:.2f} MiB in bf16 ({:.3f} of it)",
-                               counted(static_cast<std::int64_t>(decided.quantized->layers), "linear layer"),
-                               static_cast<double>(decided.quantized->bytes) / mib,
-                               static_cast<double>(decided.quantized->bf16_bytes) / mib,
-                               static_cast<double>(decided.quantized->bytes) /
-                                   static_cast<double>(decided.quantized->bf16_bytes)));
+    context_->note(fmt::format(
+        "quantized: {}, {:.2f} MiB held for {:.2f} MiB in bf16 ({:.3f} of it)",
+        counted(static_cast<std::int64_t>(decided.quantized->layers), "linear layer"),
+        static_cast<double>(decided.quantized->bytes) / mib, static_cast<double>(decided.quantized->bf16_bytes) / mib,
+        static_cast<double>(decided.quantized->bytes) / static_cast<double>(decided.quantized->bf16_bytes)));
   }
   if (!decided.recomputed_units.empty()) {
     context_->note(fmt::format("recompute: {} in backward: {}",
@@ -241,11 +243,46 @@ void job_core::load_adapter(const std::filesystem::path& path, adapter_format fo
   copy_peft_adapter_into(lora, context_->module(), adapter, path, identity_.tied);
 }
 
+namespace {
+
+// `whole` as a Hugging Face model holds it: each quantized layer's parts as the weight they hold,
+// under its own name (nn::LinearImpl::saved_weight), where the codes were.
+tensor_state dequantized(const tensor_state& whole, torch::nn::Module& module) {
+  std::map<std::string, const nn::LinearImpl*> quantized;
+  for (const auto& item : module.named_modules("", /*include_self=*/false)) {
+    const auto* linear = item.value()->as<nn::LinearImpl>();
+    if (linear != nullptr && linear->quantized()) quantized.emplace(item.key(), linear);
+  }
+  if (quantized.empty()) return whole;
+  std::map<std::string, at::Tensor> statistics;
+  const std::string statistics_suffix = "." + std::string(quant::quantized_weight::statistics_name);
+  const std::string codes_suffix = "." + std::string(quant::quantized_weight::codes_name);
+  for (const named_tensor& t : whole) {
+    if (t.name.ends_with(statistics_suffix))
+      statistics.emplace(t.name.substr(0, t.name.size() - statistics_suffix.size()), t.tensor);
+  }
+  tensor_state saved;
+  for (const named_tensor& t : whole) {
+    if (t.name.ends_with(statistics_suffix)) continue;
+    const std::string layer =
+        t.name.ends_with(codes_suffix) ? t.name.substr(0, t.name.size() - codes_suffix.size()) : "";
+    const auto found = quantized.find(layer);
+    if (layer.empty() || found == quantized.end()) {
+      saved.push_back(t);
+      continue;
+    }
+    saved.push_back({layer + ".weight", found->second->saved_weight(t.tensor, statistics.at(layer))});
+  }
+  return saved;
+}
+
+}  // namespace
+
 void job_core::save_weights(const std::filesystem::path& folder, const tensor_state& whole,
                             std::int64_t max_shard_bytes) {
   std::vector<named_tensor> base;
-  for (const named_tensor& t : whole) {
-    if (!lora_adapter::is_adapter_parameter(t.name)) base.push_back(t);
+  for (named_tensor& t : dequantized(whole, context_->module())) {
+    if (!lora_adapter::is_adapter_parameter(t.name)) base.push_back(std::move(t));
   }
   run_on_rank_zero(context_->rt(), "saving the weights",
                    [&] { loom::save_weights(folder, base, max_shard_bytes, weights_naming_); });
@@ -264,7 +301,7 @@ void job_core::save_pretrained(const std::filesystem::path& folder, const tensor
         "first, or save the adapter itself with job.save_adapter()");
   }
   tensor_state cast;
-  for (const named_tensor& t : whole) {
+  for (const named_tensor& t : dequantized(whole, context_->module())) {
     const auto saved = pretrained_dtypes_.find(t.name);
     const bool recast = saved != pretrained_dtypes_.end() && saved->second != t.tensor.scalar_type() &&
                         at::isFloatingType(saved->second) && at::isFloatingType(t.tensor.scalar_type());

@@ -56,7 +56,7 @@ at::Tensor LinearImpl::forward(const at::Tensor& input) {
     require_bytes(weight, "loom::nn::Linear");
     output = loom::linear(input, weight, bias);
   }
-  if (!adapter_ || merged_) return output;
+  if (!adapter_ || (merged_ && !quantized_)) return output;
   return adapter_->add_update(std::move(output), input, is_training());
 }
 
@@ -80,24 +80,26 @@ void LinearImpl::hold_quantized(quant::quantized_weight parts) {
                      /*requires_grad=*/false);
 }
 
-at::Tensor LinearImpl::base_weight(at::ScalarType dtype) const {
-  return quantized_ ? quantized_->dequantize(dtype) : weight.to(dtype);
+at::Tensor LinearImpl::saved_weight(const at::Tensor& codes, const at::Tensor& statistics) const {
+  if (!quantized_) throw std::logic_error("loom::nn::Linear::saved_weight of a layer that is not quantized");
+  const quant::quantized_weight whole =
+      quant::quantized_weight::from_parts(quantized_->options(), quantized_->shape(), codes, statistics);
+  at::Tensor values = whole.dequantize(at::kFloat);
+  if (adapter_ && merged_) adapter_->merge_into(values);
+  return values;
 }
 
 void LinearImpl::merge() {
   if (!adapter_ || merged_) return;
-  if (quantized_) {
-    throw_error<std::logic_error>(
-        "loom::nn::Linear: merging LoRA's update into a quantized weight would quantize the update away: save the "
-        "merged model instead (job.save_merged dequantizes the base and adds the adapters in full precision)");
-  }
-  adapter_->merge_into(weight);
+  // Folded into quantized codes, the update would be quantized away: a quantized layer keeps adding it
+  // in forward, and its saved weight is the dequantized base with the update (merged_weight).
+  if (!quantized_) adapter_->merge_into(weight);
   merged_ = true;
 }
 
 void LinearImpl::unmerge() {
   if (!adapter_ || !merged_) return;
-  adapter_->unmerge_from(weight);
+  if (!quantized_) adapter_->unmerge_from(weight);
   merged_ = false;
 }
 

@@ -85,8 +85,8 @@ void check_weight(const at::Tensor& weight) {
 
 }  // namespace
 
-quantized_weight::quantized_weight(const quantized_options& options, std::vector<std::int64_t> shape,
-                                   at::Tensor codes, at::Tensor statistics)
+quantized_weight::quantized_weight(const quantized_options& options, std::vector<std::int64_t> shape, at::Tensor codes,
+                                   at::Tensor statistics)
     : options_(options), shape_(std::move(shape)), codes_(std::move(codes)), statistics_(std::move(statistics)) {}
 
 quantized_weight quantized_weight::quantize(const at::Tensor& weight, const quantized_options& options) {
@@ -119,8 +119,8 @@ quantized_weight::part_sizes quantized_weight::sizes_of(at::IntArrayRef shape, c
   return {.codes = l.code_bytes, .statistics = l.statistics_bytes};
 }
 
-quantized_weight quantized_weight::from_parts(const quantized_options& options, at::IntArrayRef shape,
-                                              at::Tensor codes, at::Tensor statistics) {
+quantized_weight quantized_weight::from_parts(const quantized_options& options, at::IntArrayRef shape, at::Tensor codes,
+                                              at::Tensor statistics) {
   const layout l = layout_of(shape, options);
   if (codes.scalar_type() != at::kByte || statistics.scalar_type() != at::kByte || codes.numel() != l.code_bytes ||
       statistics.numel() != l.statistics_bytes) {
@@ -136,8 +136,7 @@ quantized_weight quantized_weight::from_parts(const quantized_options& options, 
 at::Tensor quantized_weight::dequantize(at::ScalarType dtype) const {
   const layout l = layout_of(shape_, options_);
   if (options_.format == quantized_format::fp8) {
-    fp8_weight parts{.values = codes_.view(shape_),
-                     .scale = statistic(statistics_, 0, l.absmax_bytes, at::kFloat)};
+    fp8_weight parts{.values = codes_.view(shape_), .scale = statistic(statistics_, 0, l.absmax_bytes, at::kFloat)};
     return dequantize_fp8(parts, dtype);
   }
   nf4_weight parts;
@@ -163,9 +162,9 @@ void save_parts(torch::autograd::AutogradContext* context, const quantized_weigh
   context->saved_data["codes"] = weight.codes();
   context->saved_data["statistics"] = weight.statistics();
   context->saved_data["shape"] = weight.shape();
-  context->saved_data["options"] =
-      std::vector<std::int64_t>{static_cast<std::int64_t>(options.format), static_cast<std::int64_t>(options.block_size),
-                                options.double_quant, static_cast<std::int64_t>(options.scaling)};
+  context->saved_data["options"] = std::vector<std::int64_t>{
+      static_cast<std::int64_t>(options.format), static_cast<std::int64_t>(options.block_size), options.double_quant,
+      static_cast<std::int64_t>(options.scaling)};
 }
 
 quantized_weight saved_parts(torch::autograd::AutogradContext* context) {
@@ -204,7 +203,8 @@ struct dequantizing_affine : torch::autograd::Function<dequantizing_affine> {
                                                  torch::autograd::variable_list grads) {
     const at::Tensor& grad = grads[0];
     at::Tensor grad_input;
-    if (context->needs_input_grad(0)) grad_input = at::matmul(grad, saved_parts(context).dequantize(grad.scalar_type()));
+    if (context->needs_input_grad(0))
+      grad_input = at::matmul(grad, saved_parts(context).dequantize(grad.scalar_type()));
     at::Tensor grad_bias;
     if (context->needs_input_grad(1)) grad_bias = grad.reshape({-1, grad.size(-1)}).sum(0);
     return {grad_input, grad_bias, at::Tensor()};

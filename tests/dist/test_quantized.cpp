@@ -24,6 +24,7 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -153,7 +154,8 @@ void check_against_dequantized(const loom::quantized_options& options, const Str
     CHECK(std::abs(got.losses[i] - expected.losses[i]) <= 1e-5 * std::abs(expected.losses[i]));
   }
   REQUIRE(got.adapters.size() == expected.adapters.size());
-  for (std::size_t i = 0; i < got.adapters.size(); ++i) CHECK(at::allclose(got.adapters[i], expected.adapters[i], 1e-4, 1e-6));
+  for (std::size_t i = 0; i < got.adapters.size(); ++i)
+    CHECK(at::allclose(got.adapters[i], expected.adapters[i], 1e-4, 1e-6));
   // The base stayed frozen and quantized: its codes are parameters without gradients.
   for (const auto& item : causal_lm(quantized_job).named_parameters()) {
     if (item.key().ends_with(".weight_codes")) CHECK(!item.value().grad().defined());
@@ -167,8 +169,7 @@ const loom::quantized_options fp8_tensor{.format = loom::fp8, .scaling = loom::f
 
 }  // namespace
 
-TEST_CASE("a quantized base computes and trains as its dequantized weights do, under every strategy",
-          "[quantized]") {
+TEST_CASE("a quantized base computes and trains as its dequantized weights do, under every strategy", "[quantized]") {
   SECTION("fsdp, nf4 with double quantization, the holder form") {
     check_against_dequantized<loom::models::CausalLM>(nf4_double, loom::fsdp(), "fsdp-nf4");
   }
@@ -194,10 +195,10 @@ TEST_CASE("a quantized base computes and trains as its dequantized weights do, u
 TEST_CASE("under fsdp() the quantized bytes are sharded, and at rest between steps", "[quantized][fsdp]") {
   const fs::path base = folder_of("rest-base"), dequantized = folder_of("rest-dequantized");
   write_checkpoints(nf4_double, base, dequantized);
-  auto job = loom::build(loom::model<loom::models::CausalLM>(config()) | loom::seeded(3) |
-                             loom::pretrained(base.string()) | loom::quantized(loom::nf4) | loom::lora(4) |
-                             loom::fsdp(),
-                         world());
+  auto job =
+      loom::build(loom::model<loom::models::CausalLM>(config()) | loom::seeded(3) | loom::pretrained(base.string()) |
+                      loom::quantized(loom::nf4) | loom::lora(4) | loom::fsdp(),
+                  world());
   (void)run(job);
   std::int64_t codes = 0;
   for (const auto& item : job.module()->named_parameters()) {
@@ -212,10 +213,59 @@ TEST_CASE("under fsdp() the quantized bytes are sharded, and at rest between ste
 
 TEST_CASE("what R21 leaves to the build is refused, naming the layer", "[quantized][errors]") {
   const auto base = loom::model<loom::models::CausalLM>(config()) | loom::seeded(3) | loom::quantized(loom::nf4);
-  CHECK_THROWS_WITH(loom::build(base | loom::lora(4, {"q_proj"}, {.modules_to_save = {"down_proj"}}) | loom::ddp(),
-                                world()),
-                    ContainsSubstring("'model.layers.0.mlp.down_proj.weight' trains") &&
-                        ContainsSubstring("a quantized weight is frozen (loom R21)"));
-  auto job = loom::build(base | loom::lora(4) | loom::ddp(), world());
-  CHECK_THROWS_WITH(job.merge(), ContainsSubstring("merging LoRA's update into a quantized weight"));
+  CHECK_THROWS_WITH(
+      loom::build(base | loom::lora(4, {"q_proj"}, {.modules_to_save = {"down_proj"}}) | loom::ddp(), world()),
+      ContainsSubstring("'model.layers.0.mlp.down_proj.weight' trains") &&
+          ContainsSubstring("a quantized weight is frozen (loom R21)"));
+}
+
+TEST_CASE("a quantized job saves its base dequantized, merged or not, under the weights' own names",
+          "[quantized][files]") {
+  const std::string strategy = GENERATE("ddp", "fsdp");
+  CAPTURE(strategy);
+  const fs::path base = folder_of("save-base"), dequantized = folder_of("save-dequantized");
+  const fs::path saved = folder_of("saved-" + strategy), merged = folder_of("merged-" + strategy);
+  write_checkpoints(fp8_row, base, dequantized);
+  const auto plan = loom::model<loom::models::CausalLM>(config()) | loom::seeded(3) | loom::pretrained(base.string()) |
+                    loom::quantized(loom::fp8) | loom::lora(4, {"q_proj", "down_proj"});
+  const auto check = [&](auto& job) {
+    (void)run(job);  // the adapters move away from zero
+    job.save_weights(saved);
+    job.merge();
+    job.save_pretrained(merged);
+    barrier();
+    const auto by_name = [](const fs::path& folder) {
+      std::map<std::string, at::Tensor> tensors;
+      for (loom::named_tensor& t : loom::load_weights(folder)) tensors.emplace(t.name, t.tensor);
+      return tensors;
+    };
+    const auto expected = by_name(dequantized);
+    const auto plain = by_name(saved);
+    const auto folded = by_name(merged);
+    REQUIRE(plain.size() == expected.size());
+    REQUIRE(folded.size() == expected.size());
+    for (const auto& [name, tensor] : expected) {
+      CAPTURE(name);
+      REQUIRE(plain.contains(name));
+      CHECK(at::equal(plain.at(name), tensor));  // the base alone: exactly the dequantized weights
+    }
+    // Merged: q_proj and down_proj carry the update (the checkpoint's fp32 kept), the other layers do not.
+    const std::string q = "model.layers.1.self_attn.q_proj.weight", k = "model.layers.1.self_attn.k_proj.weight";
+    CHECK(!at::allclose(folded.at(q), expected.at(q)));
+    CHECK(at::equal(folded.at(k), expected.at(k)));
+    // A plain model loads the merged folder and computes what the quantized job computes, merged or not.
+    loom::models::CausalLM reloaded(config());
+    const std::vector<loom::named_tensor> weights = loom::load_weights(merged);
+    (void)loom::copy_weights(*reloaded, weights, /*strict=*/true, nullptr);
+    const torch::NoGradGuard no_grad;
+    const at::Tensor ids = batch(7, 0).first;
+    CHECK(at::allclose(reloaded->forward(ids), job.forward(ids), 1e-5, 1e-5));
+  };
+  if (strategy == "ddp") {
+    auto job = loom::build(plan | loom::ddp(), world());
+    check(job);
+  } else {
+    auto job = loom::build(plan | loom::fsdp(), world());
+    check(job);
+  }
 }

@@ -66,9 +66,11 @@ enum class deferral { stands, nothing_deferred, construct_whole };
 // quantized then); any other is quantized now, from the checkpoint's tensor, its deferred record, or
 // itself. A layer whose weight trains (trainable(...), modules_to_save) is refused with R21's reason.
 // Returns the layers' count and bytes, for job.describe(); none without the stage.
-[[nodiscard]] std::optional<quant::quantized_base> quantize_base(
-    torch::nn::Module& model, std::string_view model_name, std::string_view output_embeddings,
-    const stage_list& stages, const std::shared_ptr<pretrained_checkpoint>& unread, nn::deferred_init* deferred);
+[[nodiscard]] std::optional<quant::quantized_base> quantize_base(torch::nn::Module& model, std::string_view model_name,
+                                                                 std::string_view output_embeddings,
+                                                                 const stage_list& stages,
+                                                                 const std::shared_ptr<pretrained_checkpoint>& unread,
+                                                                 nn::deferred_init* deferred);
 
 // recompute(...)'s units, by name; none without the stage.
 [[nodiscard]] std::vector<std::string> choose_recomputed_units(torch::nn::Module& model, const stage_list& stages);

@@ -38,10 +38,12 @@ class LinearImpl : public torch::nn::Cloneable<LinearImpl> {
   // the input's dtype, for each product. Once.
   void hold_quantized(quant::quantized_weight parts);
   [[nodiscard]] const std::optional<quant::quantized_weight>& quantized() const noexcept { return quantized_; }
-  // The base weight's values in `dtype`: the weight, or its parts dequantized.
-  [[nodiscard]] at::Tensor base_weight(at::ScalarType dtype) const;
+  // A quantized layer's weight as a saved model holds it, from its parts whole (a state_dict's): the
+  // base dequantized in fp32, with the adapter's update added when merged.
+  [[nodiscard]] at::Tensor saved_weight(const at::Tensor& codes, const at::Tensor& statistics) const;
 
-  // Folds scaling · B·A into weight (forward then runs the base alone), and takes it out again.
+  // Folds scaling · B·A into weight (forward then runs the base alone), and takes it out again; a
+  // quantized layer only notes it (saved_weight adds the update).
   void merge();
   void unmerge();
   [[nodiscard]] bool merged() const noexcept { return merged_; }
