@@ -11,6 +11,16 @@ from pathlib import Path
 REAL_FAMILIES = ("llama", "wan")
 
 
+# loom's workloads that the anchor runs under another name: both QLoRA workloads against the anchor's
+# one (PEFT's QLoRA guide, DDP; FSDP over bitsandbytes' 4-bit weights is not what its users run on a
+# CPU), and Wan's fp8 base against the anchor's bf16 one (diffusers has no fp8 weight-only training).
+ANCHOR_WORKLOAD = {"llama-qlora-bf16-fsdp": "llama-qlora-bf16-ddp", "wan-fp8-lora-bf16-fsdp": "wan-lora-bf16-fsdp"}
+
+
+def anchor_workload(workload: str) -> str:
+    return ANCHOR_WORKLOAD.get(workload, workload)
+
+
 def ranks_for(workload: str) -> int:
     if workload.endswith("-hsdp"):
         return 4

@@ -11,6 +11,8 @@
 // construction without the full replica, measured beside it.
 //
 //   build/loom-run --nproc-per-node 2 -- build/bench/build-memory --checkpoint DIR --strategy fsdp
+#include "counting_allocator.hpp"
+
 #include <loom/loom.hpp>
 #include <loom/models/causal_lm.hpp>
 
@@ -21,57 +23,18 @@
 #include <CLI/CLI.hpp>
 
 #include <algorithm>
-#include <atomic>
-#include <cstring>
 #include <exception>
 #include <string>
 
 namespace {
+
+constexpr double mib = 1024.0 * 1024.0;
 
 double peak_rss_mb() {
   rusage usage{};
   getrusage(RUSAGE_SELF, &usage);
   return static_cast<double>(usage.ru_maxrss) / 1024.0;  // KiB on Linux
 }
-
-constexpr double mib = 1024.0 * 1024.0;
-
-// LibTorch's CPU allocator, with the bytes it has handed out and not taken back counted, and their peak.
-class counting_allocator final : public c10::Allocator {
- public:
-  explicit counting_allocator(c10::Allocator* inner) : inner_(inner) {}
-
-  c10::DataPtr allocate(std::size_t bytes) override {
-    auto* held = new allocation{inner_->allocate(bytes), bytes, this};
-    const std::int64_t now = live_ += static_cast<std::int64_t>(bytes);
-    std::int64_t peak = peak_.load();
-    while (now > peak && !peak_.compare_exchange_weak(peak, now)) {
-    }
-    return {held->data.get(), held, &release, held->data.device()};
-  }
-  c10::DeleterFnPtr raw_deleter() const override { return nullptr; }
-  void copy_data(void* destination, const void* source, std::size_t count) const override {
-    std::memcpy(destination, source, count);
-  }
-
-  [[nodiscard]] double peak_mb() const { return static_cast<double>(peak_.load()) / mib; }
-
- private:
-  struct allocation {
-    c10::DataPtr data;
-    std::size_t bytes;
-    counting_allocator* owner;
-  };
-  static void release(void* context) {
-    auto* held = static_cast<allocation*>(context);
-    held->owner->live_ -= static_cast<std::int64_t>(held->bytes);
-    delete held;
-  }
-
-  c10::Allocator* inner_;
-  std::atomic<std::int64_t> live_{0};
-  std::atomic<std::int64_t> peak_{0};
-};
 
 // A Llama that fsdp() cannot construct without its bytes: its constructor draws one number.
 struct WholeLlama : loom::models::CausalLMImpl {
@@ -90,7 +53,7 @@ double bytes_of(const torch::nn::Module& module) {
 }
 
 template <class Plan>
-int measure(const Plan& plan, const std::string& label, double before_mb, const counting_allocator& counted) {
+int measure(const Plan& plan, const std::string& label, double before_mb, const bench::counting_allocator& counted) {
   auto job = loom::build(plan, loom::runtime::from_env());
   const loom::models::CausalLMImpl& llama = llama_of(job.module());
   const double model_bytes = bytes_of(llama);
@@ -129,7 +92,7 @@ int measure(const Plan& plan, const std::string& label, double before_mb, const 
 
 template <class Model>
 int run(const std::string& checkpoint, const std::string& strategy, bool pretrained, const std::string& label,
-        double before_mb, const counting_allocator& counted) {
+        double before_mb, const bench::counting_allocator& counted) {
   const auto config = loom::models::causal_lm_config::from_pretrained(checkpoint);
   const auto seeded = loom::model<Model>(config) | loom::seeded(0);
   const auto go = [&](const auto& plan) {
@@ -161,7 +124,7 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"deferred", "whole"}));
   CLI11_PARSE(app, argc, argv);
   try {
-    static counting_allocator counted(c10::GetCPUAllocator());
+    static bench::counting_allocator counted(c10::GetCPUAllocator());
     c10::SetCPUAllocator(&counted, /*priority=*/100);
     torch::set_num_threads(1);
     const double before_mb = peak_rss_mb();

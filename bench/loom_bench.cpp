@@ -8,6 +8,7 @@
 //   build/loom-run --nproc-per-node 2 -- build/bench/loom-bench --workload gpt-lora-ddp --steps 30
 //   build/loom-run --nproc-per-node 2 -- build/bench/loom-bench --workload llama-lora-bf16-fsdp --steps 10
 
+#include "counting_allocator.hpp"
 #include "statistics.hpp"
 
 #include <common/command_line.hpp>
@@ -21,6 +22,7 @@
 #include <models/tiny_gpt.hpp>
 
 #include <ATen/CPUGeneratorImpl.h>
+#include <c10/core/CPUAllocator.h>
 #include <c10/core/CachingDeviceAllocator.h>
 #include <fmt/format.h>
 #include <malloc.h>
@@ -83,9 +85,12 @@ constexpr std::array workloads{"mlp-ddp",
                                "llama-lora-fsdp",
                                "llama-lora-bf16-fsdp",
                                "llama-lora-recompute-bf16-fsdp",
+                               "llama-qlora-bf16-ddp",
+                               "llama-qlora-bf16-fsdp",
                                "wan-fsdp",
                                "wan-lora-fsdp",
                                "wan-lora-bf16-fsdp",
+                               "wan-fp8-lora-bf16-fsdp",
                                "long-wan-fsdp",
                                "long-wan-sp2-fsdp",
                                "long-wan-sp4-fsdp",
@@ -146,11 +151,30 @@ std::int64_t state_bytes(const loom::tensor_state& local, const std::vector<at::
   return total;
 }
 
+// The frozen parameters' bytes this rank holds (its shards under fsdp): the base, quantized or not.
+std::int64_t frozen_bytes(const loom::tensor_state& local, const torch::nn::Module& module) {
+  std::set<std::string> trains;
+  for (const auto& item : module.named_parameters()) {
+    if (item.value().requires_grad()) trains.insert(item.key());
+  }
+  std::int64_t total = 0;
+  for (const loom::named_tensor& t : local) {
+    if (!trains.contains(t.name)) total += t.tensor.numel() * static_cast<std::int64_t>(t.tensor.element_size());
+  }
+  return total;
+}
+
 // What the C heap holds: on the CPU, LibTorch's allocator takes tensor storage from it, so the heap
 // held between a forward and its backward is the activations' memory.
 std::int64_t heap_in_use() {
   const struct mallinfo2 info = mallinfo2();
   return static_cast<std::int64_t>(info.uordblks + info.hblkhd);
+}
+
+// Every CPU tensor's storage, counted from main's first line.
+bench::counting_allocator& live_tensors() {
+  static bench::counting_allocator counted(c10::GetCPUAllocator());
+  return counted;
 }
 
 double peak_rss_mb() {
@@ -316,13 +340,15 @@ struct rank_figures {
   double rss_peak_mb;
   double step_ms_max;    // every step, warm-up included
   double activation_mb;  // the heap a step holds between forward and backward, median over the counted steps
+  double live_peak_mb;   // the peak of live CPU tensor bytes over the whole run, build included (counted exactly)
+  double frozen_mb;      // the frozen parameters' bytes this rank holds
 };
 
 std::vector<rank_figures> gather_figures(const loom::runtime& rt, const rank_figures& mine) {
-  constexpr std::int64_t fields = 5;
-  at::Tensor shard =
-      torch::tensor({mine.step_ms_median, mine.state_bytes, mine.rss_peak_mb, mine.step_ms_max, mine.activation_mb},
-                    torch::kDouble)
+  constexpr std::int64_t fields = 7;
+  at::Tensor shard = torch::tensor({mine.step_ms_median, mine.state_bytes, mine.rss_peak_mb, mine.step_ms_max,
+                                    mine.activation_mb, mine.live_peak_mb, mine.frozen_mb},
+                                   torch::kDouble)
           .to(rt.device());
   at::Tensor flat = torch::empty({rt.world_size() * fields}, shard.options());
   rt.comm().all_gather(shard, flat).wait();
@@ -331,7 +357,7 @@ std::vector<rank_figures> gather_figures(const loom::runtime& rt, const rank_fig
   const auto* values = flat.const_data_ptr<double>();
   for (int r = 0; r < rt.world_size(); ++r) {
     all.push_back({values[r * fields], values[r * fields + 1], values[r * fields + 2], values[r * fields + 3],
-                   values[r * fields + 4]});
+                   values[r * fields + 4], values[r * fields + 5], values[r * fields + 6]});
   }
   return all;
 }
@@ -379,11 +405,13 @@ void print_json(const bench_options& options, const loom::runtime& rt, const run
       "{{\"impl\": \"loom\", \"torch\": \"{}\", \"workload\": \"{}\", \"world\": {}, \"local_batch\": {}, "
       "\"optimizer\": \"{}\", \"steps\": {}, \"step_ms_median\": {:.3f}{}, \"state_mb_per_rank_max\": {:.3f}, "
       "\"rss_peak_mb_max\": {:.1f}, "
-      "\"final_loss\": {:.5f}, \"trainable_params\": {}, \"step_ms_max\": {:.3f}, \"activation_mb_max\": {:.1f}{}}}\n",
+      "\"final_loss\": {:.5f}, \"trainable_params\": {}, \"step_ms_max\": {:.3f}, \"activation_mb_max\": {:.1f}, "
+      "\"live_peak_mb_max\": {:.1f}, \"frozen_mb_per_rank_max\": {:.3f}{}}}\n",
       TORCH_VERSION, options.workload, rt.world_size(), result.local_batch, result.optimizer, options.steps, step_ms,
       token_fields(result, step_ms), max_over_ranks(all, &rank_figures::state_bytes) / (1 << 20),
       max_over_ranks(all, &rank_figures::rss_peak_mb), result.final_loss, result.trainable_params,
       max_over_ranks(all, &rank_figures::step_ms_max), max_over_ranks(all, &rank_figures::activation_mb),
+      max_over_ranks(all, &rank_figures::live_peak_mb), max_over_ranks(all, &rank_figures::frozen_mb),
       device_peak_field(rt));
   std::fflush(stdout);
 }
@@ -452,7 +480,12 @@ run_result train(Job& job, const bench_options& options) {
   for (const at::Tensor& p : torch_module(job.module()).parameters()) trainable += p.requires_grad() ? p.numel() : 0;
   const rank_figures figures{bench::median(step_ms),
                              static_cast<double>(state_bytes(job.local_state_dict(), params, *optimizer)),
-                             peak_rss_mb(), slowest_ms, bench::median(activation_mb)};
+                             peak_rss_mb(),
+                             slowest_ms,
+                             bench::median(activation_mb),
+                             live_tensors().peak_mb(),
+                             static_cast<double>(frozen_bytes(job.local_state_dict(), torch_module(job.module()))) /
+                                 (1 << 20)};
   return {figures,
           final_loss,
           trainable,
@@ -564,6 +597,13 @@ void run_wan_workload(const bench_options& options) {
     return run<wan_workload<true, torch::kBFloat16>>(
         wan | loom::default_dtype(loom::bf16) | weights | adapters | bf16 | loom::fsdp(), options);
   }
+  // The same over a base held in fp8 (e4m3, a scale per row), as diffusion-pipe trains Wan 14B in 24 GB.
+  if (name == "wan-fp8-lora-bf16-fsdp") {
+    constexpr auto bf16 = loom::mixed_precision({.param = loom::bf16, .reduce = loom::fp32});
+    return run<wan_workload<true, torch::kBFloat16>>(
+        wan | loom::default_dtype(loom::bf16) | weights | loom::quantized(loom::fp8) | adapters | bf16 | loom::fsdp(),
+        options);
+  }
   throw std::logic_error(fmt::format("workload '{}' has no plan", name));
 }
 
@@ -587,6 +627,10 @@ void run_llama_workload(const bench_options& options) {
   if (name == "llama-lora-recompute-bf16-fsdp") {
     return run<llama_workload<true>>(bf16_base | loom::recompute() | loom::fsdp(), options);
   }
+  // QLoRA as PEFT's guide sets it up: the base in bitsandbytes' nf4 with double quantization, computing in bf16.
+  const auto qlora = llama | loom::default_dtype(loom::bf16) | weights | loom::quantized(loom::nf4) | adapters | bf16;
+  if (name == "llama-qlora-bf16-ddp") return run<llama_workload<true>>(qlora | loom::ddp(), options);
+  if (name == "llama-qlora-bf16-fsdp") return run<llama_workload<true>>(qlora | loom::fsdp(), options);
   throw std::logic_error(fmt::format("workload '{}' has no plan", name));
 }
 
@@ -657,6 +701,7 @@ void run_workload(const bench_options& options) {
 int main(int argc, char** argv) {
   const auto parsed = parse_options(argc, argv);
   if (const int* exit_code = std::get_if<int>(&parsed)) return *exit_code;
+  c10::SetCPUAllocator(&live_tensors(), /*priority=*/100);
   torch::set_num_threads(1);  // one intra-op thread per rank, as the anchor
   try {
     run_workload(std::get<bench_options>(parsed));
