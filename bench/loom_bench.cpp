@@ -286,8 +286,10 @@ struct wan_workload {
 using long_wan_workload = wan_workload<false, torch::kFloat, 8, 64>;
 
 // A causal language model's step on `Batch` sequences of `Tokens` random ids below `Vocab` (labels = ids:
-// transformers' causal-LM loss, shifted, a mean over the tokens from fp32 logits; over the sequence
-// group under sequence_parallel), AdamW at hf_anchor.py's rates (1e-3 for adapters, 1e-4 otherwise).
+// transformers' causal-LM loss, shifted, a mean over the tokens in fp32; over the sequence group under
+// sequence_parallel), computed by the model's forward(ids, labels) over chunks of tokens, never every
+// token's logits at once (CausalLM::loss_chunk_tokens), AdamW at hf_anchor.py's rates (1e-3 for
+// adapters, 1e-4 otherwise).
 template <std::int64_t Batch, std::int64_t Tokens, std::int64_t Vocab, bool Adapted>
 struct causal_lm_workload {
   static constexpr std::int64_t default_batch = Batch;
@@ -301,7 +303,7 @@ struct causal_lm_workload {
   }
   template <class Job>
   static at::Tensor loss(Job& job, const batch& b) {
-    return loom::models::causal_lm_loss(job.forward(b.ids), b.ids, job.module()->model->sequence);
+    return job.forward(b.ids, b.ids);
   }
   static std::string_view implementation(std::string_view requested) { return requested; }
   static std::unique_ptr<torch::optim::Optimizer> optimizer(const std::vector<at::Tensor>& params,

@@ -288,9 +288,9 @@ int run(const options& opts) {
         // Each rank's share of a micro-batch's tokens: under sequence_parallel(k), 1/k of its sequences.
         train_options.tokens_per_micro_batch = opts.batch_per_rank * opts.seq_len * place.world_size / rt.world_size();
         train_options.name = "lm-finetune";
-        const auto loss_of = [&](const at::Tensor& ids) {
-          return loom::models::causal_lm_loss(job.forward(ids), ids, job.module()->model->sequence);
-        };
+        // The model's own loss (its forward with labels): the head and the fp32 cross-entropy over
+        // chunks of tokens, never every token's logits at once; the sequence group's under sequence_parallel.
+        const auto loss_of = [&](const at::Tensor& ids) { return job.forward(ids, ids); };
         loom::train_functions functions{.loss = [&](std::int64_t step, int micro) {
           return loss_of(data.batch((step - 1) * train_options.accumulate + micro));
         }};
