@@ -124,7 +124,7 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"deferred", "whole"}));
   CLI11_PARSE(app, argc, argv);
   try {
-    static bench::counting_allocator counted(c10::GetCPUAllocator());
+    bench::counting_allocator& counted = bench::counting_allocator::instance();
     c10::SetCPUAllocator(&counted, /*priority=*/100);
     torch::set_num_threads(1);
     const double before_mb = peak_rss_mb();

@@ -172,10 +172,7 @@ std::int64_t heap_in_use() {
 }
 
 // Every CPU tensor's storage, counted from main's first line.
-bench::counting_allocator& live_tensors() {
-  static bench::counting_allocator counted(c10::GetCPUAllocator());
-  return counted;
-}
+bench::counting_allocator& live_tensors() { return bench::counting_allocator::instance(); }
 
 double peak_rss_mb() {
   rusage usage{};
@@ -351,7 +348,7 @@ std::vector<rank_figures> gather_figures(const loom::runtime& rt, const rank_fig
   at::Tensor shard = torch::tensor({mine.step_ms_median, mine.state_bytes, mine.rss_peak_mb, mine.step_ms_max,
                                     mine.activation_mb, mine.live_peak_mb, mine.frozen_mb},
                                    torch::kDouble)
-          .to(rt.device());
+                         .to(rt.device());
   at::Tensor flat = torch::empty({rt.world_size() * fields}, shard.options());
   rt.comm().all_gather(shard, flat).wait();
   flat = flat.cpu();
@@ -480,14 +477,14 @@ run_result train(Job& job, const bench_options& options) {
 
   std::int64_t trainable = 0;  // the model's, as the anchor counts them (not this rank's shards)
   for (const at::Tensor& p : torch_module(job.module()).parameters()) trainable += p.requires_grad() ? p.numel() : 0;
-  const rank_figures figures{bench::median(step_ms),
-                             static_cast<double>(state_bytes(job.local_state_dict(), params, *optimizer)),
-                             peak_rss_mb(),
-                             slowest_ms,
-                             bench::median(activation_mb),
-                             live_tensors().peak_mb(),
-                             static_cast<double>(frozen_bytes(job.local_state_dict(), torch_module(job.module()))) /
-                                 (1 << 20)};
+  const rank_figures figures{
+      bench::median(step_ms),
+      static_cast<double>(state_bytes(job.local_state_dict(), params, *optimizer)),
+      peak_rss_mb(),
+      slowest_ms,
+      bench::median(activation_mb),
+      live_tensors().peak_mb(),
+      static_cast<double>(frozen_bytes(job.local_state_dict(), torch_module(job.module()))) / (1 << 20)};
   return {figures,
           final_loss,
           trainable,

@@ -12,6 +12,7 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
 #include <memory>
 #include <optional>
 #include <string>
@@ -100,7 +101,7 @@ quant::quantized_weight deferred_parts(nn::deferred_init& deferred, std::shared_
 }  // namespace
 
 std::optional<quant::quantized_base> quantize_base(torch::nn::Module& model, std::string_view model_name,
-                                                   std::string_view output_embeddings, const stage_list& stages,
+                                                   std::span<const std::string_view> kept, const stage_list& stages,
                                                    const std::shared_ptr<pretrained_checkpoint>& unread,
                                                    nn::deferred_init* deferred) {
   const auto stage = stages.find<quantized_stage>();
@@ -109,7 +110,11 @@ std::optional<quant::quantized_base> quantize_base(torch::nn::Module& model, std
   quant::quantized_base made;
   for (const auto& item : model.named_modules("", /*include_self=*/false)) {
     auto* linear = item.value()->as<nn::LinearImpl>();
-    if (linear == nullptr || item.key() == output_embeddings || linear->quantized()) continue;
+    const std::string dotted = "." + item.key() + ".";
+    const bool is_kept = std::any_of(kept.begin(), kept.end(), [&](std::string_view name) {
+      return dotted.find("." + std::string(name) + ".") != std::string::npos;
+    });
+    if (linear == nullptr || is_kept || linear->quantized()) continue;
     const std::string name = item.key() + ".weight";
     const at::Tensor weight = linear->weight;  // a handle: hold_quantized drops the layer's
     if (weight.requires_grad()) {

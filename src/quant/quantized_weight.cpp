@@ -214,8 +214,14 @@ struct dequantizing_affine : torch::autograd::Function<dequantizing_affine> {
 }  // namespace
 
 at::Tensor linear(const at::Tensor& input, const quantized_weight& weight, const at::Tensor& bias) {
-  if (bias.defined()) return dequantizing_affine::apply(input, bias, weight);
-  return dequantizing_linear::apply(input, weight);
+  // Rows in, rows out: the functions' outputs are their own tensors, not views (at::linear's view of a
+  // batch would be one created inside a custom function, which an adapter's in-place update may not touch).
+  const at::Tensor rows = input.reshape({-1, input.size(-1)});
+  const at::Tensor out =
+      bias.defined() ? dequantizing_affine::apply(rows, bias, weight) : dequantizing_linear::apply(rows, weight);
+  std::vector<std::int64_t> shape = input.sizes().vec();
+  shape.back() = out.size(-1);
+  return out.view(shape);
 }
 
 }  // namespace loom::quant

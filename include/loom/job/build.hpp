@@ -80,6 +80,18 @@ model_identity identity_of() {
   return identity;
 }
 
+// The modules quantized(...) leaves in full precision: the model's output embeddings (as transformers'
+// quantizers keep lm_head) and what its static unquantized_modules names (a dotted part of a name).
+template <class Module>
+std::vector<std::string_view> unquantized_modules_of() {
+  std::vector<std::string_view> names;
+  if constexpr (requires { Module::output_embeddings; }) names.push_back(Module::output_embeddings);
+  if constexpr (requires { Module::unquantized_modules; }) {
+    names.insert(names.end(), Module::unquantized_modules.begin(), Module::unquantized_modules.end());
+  }
+  return names;
+}
+
 // The parameters the model does not hold because they read others (a tied head's), from its
 // tied_parameters(), which depends on its configuration.
 template <class Module>
@@ -162,9 +174,9 @@ auto build_checked(const plan_value<Args, Strategy>& plan, runtime rt) {
     decided.pretrained_read = build_steps::load_pretrained(*decided.pretrained, model, hooks::shards_parameters<E>());
   decided.trainable_held_in_fp32 = build_steps::set_what_trains(
       model, type_name<M>(), made.lora ? &*made.lora : nullptr, decided.identity.tied, plan.stages, dtypes.built_in);
-  decided.quantized = build_steps::quantize_base(
-      model, type_name<M>(), lora_model_names_of<module_type>().output_embeddings, plan.stages,
-      decided.pretrained_read ? nullptr : decided.pretrained, deferred.get());
+  decided.quantized =
+      build_steps::quantize_base(model, type_name<M>(), unquantized_modules_of<module_type>(), plan.stages,
+                                 decided.pretrained_read ? nullptr : decided.pretrained, deferred.get());
   decided.recomputed_units = build_steps::choose_recomputed_units(model, plan.stages);
   decided.sequence_split =
       build_steps::split_sequences(model, type_name<M>(), plan.stages, rt, dtypes, decided.recomputed_units);

@@ -59,15 +59,15 @@ enum class deferral { stands, nothing_deferred, construct_whole };
                                           const lora_layers* lora, std::span<const tied_parameter> tied,
                                           const stage_list& stages, std::optional<dtype> built_in);
 
-// quantized(...): every loom::nn::Linear of the model but its output embeddings (transformers'
-// bitsandbytes integration keeps lm_head unquantized too) holds its weight quantized, one layer at a
-// time. A weight the engine would read from the `unread` checkpoint later, into a construction without
-// bytes, gets parts without bytes that its rows are materialised into (each weight read whole and
-// quantized then); any other is quantized now, from the checkpoint's tensor, its deferred record, or
-// itself. A layer whose weight trains (trainable(...), modules_to_save) is refused with R21's reason.
-// Returns the layers' count and bytes, for job.describe(); none without the stage.
+// quantized(...): every loom::nn::Linear of the model but those `kept` names (a dotted part of the
+// layer's name: the output embeddings, which transformers' quantizers keep as lm_head, and what the
+// model keeps in full precision) holds its weight quantized, one layer at a time. A weight the engine would read from
+// the `unread` checkpoint later, into a construction without bytes, gets parts without bytes that its rows are
+// materialised into (each weight read whole and quantized then); any other is quantized now, from the checkpoint's
+// tensor, its deferred record, or itself. A layer whose weight trains (trainable(...), modules_to_save) is refused with
+// R21's reason. Returns the layers' count and bytes, for job.describe(); none without the stage.
 [[nodiscard]] std::optional<quant::quantized_base> quantize_base(torch::nn::Module& model, std::string_view model_name,
-                                                                 std::string_view output_embeddings,
+                                                                 std::span<const std::string_view> kept,
                                                                  const stage_list& stages,
                                                                  const std::shared_ptr<pretrained_checkpoint>& unread,
                                                                  nn::deferred_init* deferred);

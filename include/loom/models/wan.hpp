@@ -248,6 +248,9 @@ class WanImpl : public torch::nn::Module {
   // diffusers' `to_out.0` into it), and so do its default LoRA targets: here `to_out` is `to_out.0`,
   // so FastVideo's targets adapt the projection, and the adapters keep diffusers' names.
   static constexpr std::array<loom::target_alias, 1> lora_target_aliases{{{"to_out", "to_out.0"}}};
+  // What quantized(...) leaves in full precision: diffusers' _keep_in_fp32_modules with linear layers
+  // (its quantizers add them to modules_to_not_convert).
+  static constexpr std::array<std::string_view, 1> unquantized_modules{"time_embedder"};
 
   wan_config config;
   WanPatchEmbedding patch_embedding;
