@@ -48,6 +48,8 @@ class counting_allocator final : public c10::Allocator {
   [[nodiscard]] std::int64_t live_bytes() const { return live_.load(); }
   [[nodiscard]] std::int64_t peak_bytes() const { return peak_.load(); }
   [[nodiscard]] double peak_mb() const { return static_cast<double>(peak_.load()) / (1024.0 * 1024.0); }
+  // From now on, the peak counts from what is live now.
+  void reset_peak() { peak_.store(live_.load()); }
 
  private:
   counting_allocator() = default;

@@ -375,8 +375,20 @@ at::Tensor DecoderModelImpl::forward(const at::Tensor& ids, kv_cache& cache) {
   return norm(h);
 }
 
+namespace {
+
+// Tokens a chunk of the loss holds the logits of: their fp32 values near 64 MiB.
+std::int64_t default_loss_chunk_tokens(std::int64_t vocab_size) {
+  constexpr std::int64_t fp32_logits_bytes = std::int64_t{64} << 20;
+  return std::max<std::int64_t>(1, fp32_logits_bytes / (4 * std::max<std::int64_t>(vocab_size, 1)));
+}
+
+}  // namespace
+
 CausalLMImpl::CausalLMImpl(const causal_lm_config& config_)
-    : config(config_), model(register_module("model", DecoderModel(config))) {
+    : config(config_),
+      model(register_module("model", DecoderModel(config))),
+      loss_chunk_tokens(default_loss_chunk_tokens(config.vocab_size)) {
   if (!config.tie_word_embeddings) {
     lm_head = register_module("lm_head", linear(config.hidden_size, config.vocab_size, false));
   }

@@ -178,11 +178,14 @@ class CausalLMImpl : public torch::nn::Module {
   DecoderModel model;
   loom::nn::Linear lm_head{nullptr};  // none when tied
   // The tokens whose logits forward(ids, labels) holds at a time; 0: every token's at once. A chunk's
-  // logits in the compute dtype and in fp32 take 6 bytes a token and a vocabulary entry (about 0.9 GiB
-  // for 1024 tokens of Qwen3's 151936, doubled in backward by their gradient); torchtune splits the
-  // tokens into 8 chunks (CEWithChunkedOutputLoss's num_output_chunks = 8), Liger into chunks of
-  // next_power_of_2(tokens / ceil(vocab / hidden)) (LigerFusedLinearCrossEntropyFunction).
-  std::int64_t loss_chunk_tokens = 1024;
+  // logits in the compute dtype and in fp32 take 6 bytes a token and a vocabulary entry, doubled in
+  // backward by their gradient. The default keeps a chunk's fp32 logits near 64 MiB whatever the
+  // vocabulary (110 tokens of Qwen3's 151936, 4096 of a 4096-entry one): torchtune splits the tokens
+  // into 8 chunks whatever their count (CEWithChunkedOutputLoss's num_output_chunks = 8), and Liger
+  // sizes a chunk's logits like the hidden states (next_power_of_2(tokens / ceil(vocab / hidden)),
+  // LigerFusedLinearCrossEntropyFunction), whose few-token chunks read the whole head once each: on a
+  // CPU that costs more than the memory it saves.
+  std::int64_t loss_chunk_tokens;
 
  private:
   at::Tensor logits_of(const at::Tensor& hidden);
