@@ -2,6 +2,7 @@
 // computations. tests/quant/quant_vs_bitsandbytes.py checks both against the libraries.
 #include <loom/quant/fp8.hpp>
 #include <loom/quant/nf4.hpp>
+#include <loom/quant/quantized_weight.hpp>
 
 #include <ATen/ATen.h>
 
@@ -277,4 +278,38 @@ TEST_CASE("fp8 refuses what it cannot quantize and parts that do not fit") {
   CHECK_THROWS_WITH(loom::quant::dequantize_fp8({weight.values.to(at::kFloat), weight.scale}, at::kFloat),
                     ContainsSubstring("they should be uint8"));
   CHECK_THROWS_WITH(loom::quant::dequantize_fp8(weight, at::kLong), ContainsSubstring("dtype Long"));
+}
+
+// On a GPU (scripts/gpu-check runs this test there): quantizing and dequantizing on the device give
+// the CPU's bytes and values, bit for bit; a quantized weight's product and the input's gradient are
+// the dequantized weight's. Skipped without CUDA.
+TEST_CASE("on CUDA, nf4 and fp8 give the CPU's bytes and values, and quant::linear the dequantized weight's product",
+          "[cuda]") {
+  if (!at::hasCUDA()) SKIP("no CUDA device");
+  const at::Device cuda(at::kCUDA, 0);
+  const at::Tensor values = at::randn({97, 131}, at::TensorOptions().dtype(at::kBFloat16)) * 3;
+  for (const bool double_quant : {true, false}) {
+    const loom::quant::nf4_options options{.double_quant = double_quant};
+    const loom::quant::nf4_weight cpu = loom::quant::quantize_nf4(values, options);
+    const loom::quant::nf4_weight gpu = loom::quant::quantize_nf4(values.to(cuda), options);
+    CHECK(at::equal(gpu.packed.cpu(), cpu.packed));
+    CHECK(at::equal(gpu.absmax.cpu(), cpu.absmax));
+    const at::Tensor back = loom::quant::dequantize_nf4(gpu, values.sizes(), options, at::kBFloat16);
+    CHECK(at::equal(back.cpu(), loom::quant::dequantize_nf4(cpu, values.sizes(), options, at::kBFloat16)));
+  }
+  for (const auto scaling : {loom::quant::fp8_scaling::row, loom::quant::fp8_scaling::tensor}) {
+    const loom::quant::fp8_weight cpu = loom::quant::quantize_fp8(values, scaling);
+    const loom::quant::fp8_weight gpu = loom::quant::quantize_fp8(values.to(cuda), scaling);
+    CHECK(at::equal(gpu.values.cpu(), cpu.values));
+    CHECK(at::equal(loom::quant::dequantize_fp8(gpu, at::kFloat).cpu(), loom::quant::dequantize_fp8(cpu, at::kFloat)));
+  }
+  const loom::quantized_options options{.format = loom::nf4};
+  const auto weight = loom::quant::quantized_weight::quantize(values.to(cuda), options);
+  const at::Tensor input = at::randn({5, 131}, at::TensorOptions().dtype(at::kBFloat16).device(cuda)).requires_grad_();
+  const at::Tensor out = loom::quant::linear(input, weight, {});
+  out.sum().backward();
+  const at::Tensor dense = weight.dequantize(at::kBFloat16);
+  CHECK(at::allclose(out.to(at::kFloat), at::matmul(input.detach(), dense.t()).to(at::kFloat), 1e-2, 1e-2));
+  CHECK(at::allclose(input.grad().to(at::kFloat), at::ones({5, 97}, dense.options()).matmul(dense).to(at::kFloat), 1e-2,
+                     1e-2));
 }
