@@ -2,6 +2,7 @@
 
 #include <loom/base/text.hpp>
 #include <loom/nn/at_rest.hpp>
+#include <loom/runtime/host_reads.hpp>
 #include <loom/strategies/fsdp/fsdp_state.hpp>
 
 #include <ATen/ATen.h>
@@ -28,6 +29,11 @@ constexpr std::int64_t mib = 1024 * 1024;
 fsdp_engine::fsdp_engine(const fsdp_options& settings) : state_(std::make_shared<sharding::fsdp_state>(settings)) {}
 
 void fsdp_engine::setup(strategy_context& context) {
+  if (state_->settings().offload && context.rt().device().is_cpu()) {
+    throw_error<std::invalid_argument>(
+        "fsdp(offload=true) moves the shards, their gradients and the optimizer's state to host memory, and this "
+        "job's device is the CPU already: leave offload out (or run on a GPU)");
+  }
   context.require_process_group(name);
   state_->shard(context);
   describe_layout(context);
@@ -74,6 +80,11 @@ void fsdp_engine::describe_layout(strategy_context& context) const {
   context.note(fmt::format("fsdp: {:.2f} MiB of parameters at rest on this rank ({} replicated)",
                            static_cast<double>(at_rest) / mib,
                            counted(static_cast<std::int64_t>(s.adapters().tensors().size()), "adapter tensor")));
+  if (s.settings().offload) {
+    context.note(
+        "fsdp: offload: the shards, their gradients and the optimizer's state in pinned host memory, each "
+        "unit's shards copied to the device for its gather, the optimizer stepping on the host");
+  }
 }
 
 void fsdp_engine::before_forward(strategy_context&) { state_->begin_step(); }
@@ -95,7 +106,12 @@ at::Tensor fsdp_engine::clip_grad_norm(strategy_context& context, double max_nor
   state_->for_each_group([&](const param_group& group) {
     for (const sharded_param& p : group.params()) shards.push_back(p.shard());
   });
-  at::Tensor sharded = hooks::grad_norm_part(shards, norm_type, device).reshape({1});
+  // Offloaded, the shards' gradients are on the host, and so is their part of the norm; its sum
+  // across the group runs on the device, as NCCL takes device tensors.
+  const bool offload = state_->settings().offload;
+  at::Tensor sharded = hooks::grad_norm_part(shards, norm_type, offload ? c10::Device(at::kCPU) : device);
+  if (offload) sharded = to_device(sharded, device, sharded.scalar_type());
+  sharded = sharded.reshape({1});
   collectives& shard_group = state_->comm();
   if (infinity) {
     at::Tensor all = at::empty({shard_group.world_size()}, sharded.options());
@@ -110,7 +126,14 @@ at::Tensor fsdp_engine::clip_grad_norm(strategy_context& context, double max_nor
   const at::Tensor replicated = hooks::grad_norm_part(adapters, norm_type, device);
   const at::Tensor norm =
       hooks::grad_norm_of(infinity ? at::maximum(sharded, replicated) : sharded + replicated, norm_type);
-  hooks::scale_grads_to(optimizer_parameters(context), max_norm, norm);
+  if (!offload) {
+    hooks::scale_grads_to(optimizer_parameters(context), max_norm, norm);
+    return norm;
+  }
+  // The adapters' gradients scaled on the device, the shards' on the host, by the norm read there
+  // (the host reads the device anyway before it steps the shards).
+  hooks::scale_grads_to(adapters, max_norm, norm);
+  hooks::scale_grads_to(shards, max_norm, read_on_host(context.rt().progress(), norm));
   return norm;
 }
 

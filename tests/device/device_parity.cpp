@@ -1,17 +1,17 @@
 // The same plan on any device and process group gives the same model. Usage (under loom-run):
 //   device-parity {ddp|fsdp|fsdp-eval|recompute-ddp|recompute-fsdp|lora-fsdp|bf16-ddp|bf16-fsdp|lora-bf16-fsdp|
-//                  hsdp|wan-fsdp|wan-lora-fsdp|wan-lora-bf16-fsdp|wan-sp-fsdp} OUT.safetensors STEPS
-//                  [START.safetensors]
+//                  hsdp|wan-fsdp|wan-lora-fsdp|wan-lora-bf16-fsdp|wan-sp-fsdp|fsdp-offload|lora-fsdp-offload}
+//                  OUT.safetensors STEPS [START.safetensors]
 // trains a small TinyGpt with loom::train (SGD with momentum, accumulation, clipping; no run folder;
 // fsdp-eval: fsdp() with an evaluation every 2 steps, a forward with no backward; hsdp: hybrid
 // sharding in groups of 2 ranks; recompute-*: every block recomputed in backward; bf16-*: under
 // mixed_precision(), the lora one over a base built in bf16; wan-*: a small loom::models::Wan by flow
 // matching, LoRA on FastVideo's targets; wan-sp-fsdp: each clip split across sequence groups of 2
-// ranks) on the runtime's device (LOOM_DEVICE, LOOM_BACKEND), each data-parallel rank on its own
-// batches drawn on the CPU by (step, job.data_rank()), and rank 0 writes the whole model (gathered
-// under fsdp()) to OUT, and before training to START when it is given; on CUDA each rank prints its
-// peak allocated memory. parity.py compares two such runs from one start: CUDA against CPU
-// (scripts/gpu-check), one launched rank with its own process group against a plain single process
+// ranks; *-offload: under fsdp({.offload = true}), on a GPU only, the shards in pinned host memory) on the runtime's
+// device (LOOM_DEVICE, LOOM_BACKEND), each data-parallel rank on its own batches drawn on the CPU by (step,
+// job.data_rank()), and rank 0 writes the whole model (gathered under fsdp()) to OUT, and before training to START when
+// it is given; on CUDA each rank prints its peak allocated memory. parity.py compares two such runs from one start:
+// CUDA against CPU (scripts/gpu-check), one launched rank with its own process group against a plain single process
 // (CI).
 //
 // SGD, not AdamW: its step is linear in the gradient, so the kernels' last-bit differences stay that
@@ -113,10 +113,12 @@ void run(const Plan& plan, Loss batch_loss, const std::filesystem::path& out, st
 
 int main(int argc, char** argv) {
   if (argc != 4 && argc != 5) {
-    fmt::print(stderr,
-               "usage: device-parity "
-               "{{ddp|fsdp|fsdp-eval|recompute-ddp|recompute-fsdp|lora-fsdp|bf16-ddp|bf16-fsdp|lora-bf16-fsdp|hsdp|"
-               "wan-fsdp|wan-lora-fsdp|wan-lora-bf16-fsdp|wan-sp-fsdp}} OUT.safetensors STEPS [START.safetensors]\n");
+    fmt::print(
+        stderr,
+        "usage: device-parity "
+        "{{ddp|fsdp|fsdp-eval|recompute-ddp|recompute-fsdp|lora-fsdp|bf16-ddp|bf16-fsdp|lora-bf16-fsdp|hsdp|"
+        "wan-fsdp|wan-lora-fsdp|wan-lora-bf16-fsdp|wan-sp-fsdp|fsdp-offload|lora-fsdp-offload}} OUT.safetensors STEPS "
+        "[START.safetensors]\n");
     return 2;
   }
   const std::string_view strategy = argv[1];
@@ -147,6 +149,10 @@ int main(int argc, char** argv) {
       run(base | loom::recompute() | loom::fsdp(), gpt, out, steps, start);
     } else if (strategy == "lora-fsdp") {
       run(base | loom::lora(4, {"q_proj", "v_proj"}) | loom::fsdp(), gpt, out, steps, start);
+    } else if (strategy == "fsdp-offload") {
+      run(base | loom::fsdp({.offload = true}), gpt, out, steps, start);
+    } else if (strategy == "lora-fsdp-offload") {
+      run(base | loom::lora(4, {"q_proj", "v_proj"}) | loom::fsdp({.offload = true}), gpt, out, steps, start);
     } else if (strategy == "bf16-ddp") {
       run(base | loom::mixed_precision() | loom::ddp(), gpt, out, steps, start);
     } else if (strategy == "bf16-fsdp") {

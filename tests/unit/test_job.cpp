@@ -528,6 +528,18 @@ TEST_CASE("fsdp on one rank: a model without units is all root, and describe() n
   CHECK(torch::allclose(job.forward(x), reference.forward(x)));
 }
 
+TEST_CASE("fsdp(offload=true) on a CPU device is refused with a sentence naming the fix", "[fsdp][errors]") {
+  // The same message whether the model is built without its bytes (loom::nn's layers) or whole.
+  CHECK_THROWS_WITH(
+      loom::build(loom::model<Gpt<loom::nn::Linear>>(small) | loom::seeded(1) | loom::fsdp({.offload = true}), one()),
+      "loom: fsdp(offload=true) moves the shards, their gradients and the optimizer's state to host memory, and "
+      "this job's device is the CPU already: leave offload out (or run on a GPU)");
+  CHECK_THROWS_WITH(loom::build(loom::model<models::Mlp>(8, 3) | loom::fsdp({.offload = true}), one()),
+                    ContainsSubstring("leave offload out (or run on a GPU)"));
+  // Without it, the same plan builds.
+  CHECK_NOTHROW(loom::build(loom::model<models::Mlp>(8, 3) | loom::fsdp({.offload = false}), one()));
+}
+
 TEST_CASE("fsdp refuses a parameter shared by two units, naming it and both owners", "[fsdp][errors]") {
   CHECK_THROWS_WITH(loom::build(loom::model<tied_units>() | loom::fsdp(), one()),
                     ContainsSubstring("parameter 'blocks.1.tied' is shared by blocks.0 and blocks.1"));

@@ -87,18 +87,28 @@ struct fsdp_options {
   // until the last micro-batch, one reduce-scatter a step instead of one a micro-batch, for jobs whose
   // bandwidth is scarcer than memory (FSDP2's set_requires_gradient_sync(False)).
   bool accumulate_unsharded = false;
+  // On a GPU: each rank's shards, their gradients and the optimizer's state live in pinned host
+  // memory, each unit's shards are copied to the device for its all-gather, each reduced gradient
+  // back to the host, and the optimizer steps on the host (FSDP2's CPUOffloadPolicy(pin_memory=True),
+  // FSDP1's CPUOffload(offload_params=True)). A bool rather than a policy: FSDP2's offload_policy has
+  // one choice besides none, and the one setting of that, pin_memory, loom always takes (a copy from
+  // pageable memory would stop the host at every gather). A layout option: the same values, held
+  // elsewhere, so a checkpoint saved with it resumes without it. Refused on a CPU device.
+  bool offload = false;
 
   static constexpr auto fields() {
     return std::tuple{option_field{"reshard_after_forward", &fsdp_options::reshard_after_forward},
                       option_field{"bucket_cap_mb", &fsdp_options::bucket_cap_mb},
                       option_field{"shard_group_size", &fsdp_options::shard_group_size, option_role::layout},
-                      option_field{"accumulate_unsharded", &fsdp_options::accumulate_unsharded, option_role::layout}};
+                      option_field{"accumulate_unsharded", &fsdp_options::accumulate_unsharded, option_role::layout},
+                      option_field{"offload", &fsdp_options::offload, option_role::layout}};
   }
 };
 
 using fsdp_stage = configured_strategy_stage<stage_kind::fsdp, fsdp_options>;
 
-// fsdp(), fsdp({.reshard_after_forward = false}), fsdp({.shard_group_size = fsdp_options::per_node})
+// fsdp(), fsdp({.reshard_after_forward = false}), fsdp({.shard_group_size = fsdp_options::per_node}),
+// fsdp({.offload = true})
 constexpr fsdp_stage fsdp(const fsdp_options& settings = {}) noexcept { return fsdp_stage(settings); }
 
 }  // namespace loom

@@ -39,6 +39,11 @@ comm_streams::scope comm_streams::enter_after(comm_role role, comm_role before) 
   return scope(stream(role));
 }
 
+comm_streams::scope comm_streams::on(comm_role role) const {
+  if (streams_.empty()) return {};
+  return scope(stream(role));
+}
+
 void comm_streams::wait_for(comm_role role) const {
   if (streams_.empty()) return;
   const c10::Stream& own = stream(role);

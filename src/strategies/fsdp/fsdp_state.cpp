@@ -1,5 +1,6 @@
 #include <loom/strategies/fsdp/fsdp_state.hpp>
 
+#include <loom/runtime/host_reads.hpp>
 #include <loom/strategies/fsdp/init_checks.hpp>
 
 #include <ATen/ATen.h>
@@ -53,7 +54,7 @@ void fsdp_state::shard(strategy_context& context) {
     param_group& group = p.group == root_group ? root_ : units_[p.group - 1];
     const std::optional<at::ScalarType> compute =
         precision ? std::optional(precision->compute_dtype(p.tensor.scalar_type())) : std::nullopt;
-    group.add(sharded_param(std::move(p.name), std::move(p.tensor), mesh_->shard_size(), compute));
+    group.add(sharded_param(std::move(p.name), std::move(p.tensor), mesh_->shard_size(), compute, settings_.offload));
     if (group.params().back().trainable()) optimizer_order_.push_back(group.params().back().shard());
   }
   // This rank's rows of each sharded parameter, the adapters and buffers whole: never a whole
@@ -150,12 +151,30 @@ void fsdp_state::declare_collectives(collective_schedule& schedule) {
 // only its input goes, once the compute stream has waited for the reduce-scatter.
 void fsdp_state::retire_reduce_scatter(param_group& group) {
   if (!hybrid()) {
-    group.finish_reduce_scatter();
+    finish_reduce_scatter(group);
   } else if (pass_sync() == gradient_sync::shards) {
     group.keep_partial();
   } else {
     group.release_reduce_scatter_inputs(streams_);
   }
+}
+
+// Offloaded, the reduce-scatter stream copies the reduced rows out, and what those copies read is held
+// until the compute stream has waited for them: the group before's at the next group's finish, a
+// unit's backward later, by when they are done, so that the compute stream rarely waits on a copy.
+void fsdp_state::finish_reduce_scatter(param_group& group) {
+  if (!settings_.offload) {
+    group.finish_reduce_scatter();
+    return;
+  }
+  release_copied_out();
+  group.finish_reduce_scatter_to_host(streams_, copied_out_);
+}
+
+void fsdp_state::release_copied_out() {
+  if (copied_out_.empty()) return;
+  streams_.wait_for(comm_role::reduce_scatter);
+  copied_out_.clear();
 }
 
 void fsdp_state::begin_step() {
@@ -202,9 +221,17 @@ void fsdp_state::end_backward() {
     for_each_group([](param_group& group) { group.keep_partial(); });
     return;
   }
-  for (std::size_t u = units_.size(); u-- > 0;) units_[u].finish_reduce_scatter();
-  root_.finish_reduce_scatter();
+  for (std::size_t u = units_.size(); u-- > 0;) finish_reduce_scatter(units_[u]);
+  finish_reduce_scatter(root_);
   if (sync == gradient_sync::replicas) adapters_.finish_all_reduces();
+  if (settings_.offload) {
+    // The optimizer steps the shards on the host: it waits for their gradients' copies out, as
+    // FSDP2's end of backward does, the one read of the device a backward makes offloaded.
+    streams_.wait_for(comm_role::reduce_scatter);
+    wait_for_device(context_->rt().progress(), context_->rt().device());
+    copied_out_.clear();
+    for_each_group([](param_group& group) { group.settle_host_grads(); });
+  }
 }
 
 void fsdp_state::hold_masters() {

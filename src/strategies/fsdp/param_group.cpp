@@ -52,17 +52,41 @@ std::vector<schedule_entry> param_group::replicate_entries(const std::string& gr
   return entries(collective_op::all_reduce, step_phase::backward, true, group);
 }
 
+at::Tensor param_group::packed_shards(const std::vector<std::size_t>& indices) const {
+  std::vector<at::Tensor> shards;
+  for (std::size_t i : indices) shards.push_back(params_[i].shard().detach());
+  return at::cat(shards);
+}
+
+// The host writes no offloaded shard while a copy in may read it: the optimizer steps after the
+// backward's end has waited for the device (fsdp_state::end_backward), by when every gather's copies
+// are done (the compute stream waited for each gather, each gather for its copies).
+at::Tensor param_group::copied_in(const std::vector<std::size_t>& indices) const {
+  std::int64_t numel = 0;
+  for (std::size_t i : indices) numel += params_[i].shard_numel();
+  const sharded_param& first = params_[indices.front()];
+  at::Tensor packed = at::empty({numel}, first.shard().options().device(first.full().device()).requires_grad(false));
+  std::int64_t offset = 0;
+  for (std::size_t i : indices) {
+    const std::int64_t count = params_[i].shard_numel();
+    packed.narrow(0, offset, count).copy_(params_[i].shard().detach(), /*non_blocking=*/true);
+    offset += count;
+  }
+  return packed;
+}
+
 // The copy-in stream waits for the current one, where the optimizer wrote the shards; the bytes it
 // allocates are freed only once the compute stream has waited for the gather and copied out of
 // them, and taken again only after the next such wait: no event needs to outlive a call.
 void param_group::start_gather(collectives& comm, const comm_streams& streams) {
   const comm_streams::scope copy_in = streams.enter(comm_role::gather_copy_in);
   for (auto& indices : batches(false)) {
-    std::vector<at::Tensor> shards;
-    for (std::size_t i : indices) shards.push_back(params_[i].shard().detach());
     // One kernel to pack, and one more under mixed precision to cast to what the parameters compute
-    // in, so that its gathers move half the bytes.
-    const at::Tensor packed = at::cat(shards).to(carried_dtype(indices.front(), false));
+    // in, so that its gathers move half the bytes. Offloaded shards are packed by their copies in,
+    // one a shard, each from pinned host memory without blocking, on this stream.
+    const at::ScalarType carried = carried_dtype(indices.front(), false);
+    const at::Tensor packed =
+        params_[indices.front()].offloaded() ? copied_in(indices).to(carried) : packed_shards(indices).to(carried);
     at::Tensor all = at::empty({comm.world_size(), packed.numel()}, packed.options());
     const comm_streams::scope gather = streams.enter(comm_role::gather);
     pending_collective work = comm.all_gather(packed, all);
@@ -226,6 +250,28 @@ void param_group::finish_reduce_scatter() {
   reductions_.clear();
 }
 
+void param_group::finish_reduce_scatter_to_host(const comm_streams& streams, std::vector<at::Tensor>& held) {
+  // Waiting for nothing the compute stream issued: each reduction's wait orders it.
+  const comm_streams::scope copy_out = streams.on(comm_role::reduce_scatter);
+  for (in_flight& reduction : reductions_) {
+    reduction.work.wait();
+    std::int64_t offset = 0;
+    for (std::size_t i : reduction.indices) {
+      const sharded_param& p = params_[i];
+      p.accumulate_grad(reduction.buffer.narrow(0, offset, p.shard_numel()));
+      offset += p.shard_numel();
+    }
+    for (at::Tensor* kept : {&reduction.buffer, &reduction.input, &reduction.read_elsewhere}) {
+      if (kept->defined()) held.push_back(std::move(*kept));
+    }
+  }
+  reductions_.clear();
+}
+
+void param_group::settle_host_grads() {
+  for (const sharded_param& p : params_) p.settle_grad();
+}
+
 void param_group::stash_grads() {
   if (!reduce_) return;
   for (sharded_param& p : params_) {
@@ -238,9 +284,8 @@ std::vector<at::Tensor> param_group::gather_masters(collectives& comm) const {
   for (std::size_t i = 0; i < params_.size(); ++i) by_dtype[params_[i].shard().scalar_type()].push_back(i);
   std::vector<at::Tensor> masters(params_.size());
   for (const auto& [dtype, indices] : by_dtype) {
-    std::vector<at::Tensor> shards;
-    for (std::size_t i : indices) shards.push_back(params_[i].shard().detach());
-    const at::Tensor packed = at::cat(shards);
+    // Offloaded shards are gathered on the device too (NCCL takes device tensors).
+    const at::Tensor packed = params_[indices.front()].offloaded() ? copied_in(indices) : packed_shards(indices);
     at::Tensor all = at::empty({comm.world_size(), packed.numel()}, packed.options());
     comm.all_gather(packed, all).wait();
     std::int64_t offset = 0;

@@ -34,14 +34,17 @@ std::vector<std::pair<at::Tensor, at::Tensor>> matching_rows(const at::Tensor& r
 
 }  // namespace
 
-sharded_param::sharded_param(std::string name, at::Tensor parameter, int ranks, std::optional<at::ScalarType> compute)
-    : name_(std::move(name)), full_(std::move(parameter)) {
+sharded_param::sharded_param(std::string name, at::Tensor parameter, int ranks, std::optional<at::ScalarType> compute,
+                             bool offload)
+    : name_(std::move(name)), full_(std::move(parameter)), offloaded_(offload) {
   rows_ = full_.dim() == 0 ? 1 : full_.size(0);
   row_numel_ = rows_ == 0 ? 0 : full_.numel() / rows_;
   shard_rows_ = (rows_ + ranks - 1) / ranks;
   ranks_ = ranks;
   trainable_ = full_.requires_grad();
-  shard_ = at::zeros({shard_numel()}, full_.options().requires_grad(false));
+  const at::TensorOptions options = full_.options().requires_grad(false);
+  shard_ = offload ? at::zeros({shard_numel()}, options.device(at::kCPU).pinned_memory(true))
+                   : at::zeros({shard_numel()}, options);
   shard_.requires_grad_(trainable_);
   compute_dtype_ = compute.value_or(full_.scalar_type());
 }
@@ -75,7 +78,7 @@ at::Tensor sharded_param::gathered_rows() const {
 }
 
 at::Tensor sharded_param::whole_from(const at::Tensor& by_rank) const {
-  at::Tensor whole = at::empty(full_.sizes(), shard_.options().requires_grad(false));
+  at::Tensor whole = at::empty(full_.sizes(), shard_.options().device(full_.device()).requires_grad(false));
   const at::Tensor blocks = by_rank.view({by_rank.size(0), shard_rows_, row_numel_});
   for (const auto& [rows, padded] : matching_rows(whole.view({rows_, row_numel_}), blocks)) rows.copy_(padded);
   return whole;
@@ -99,6 +102,14 @@ void sharded_param::stash_grad(at::ScalarType reduce) {
 
 void sharded_param::accumulate_grad(const at::Tensor& reduced) const {
   at::Tensor& grad = shard_.mutable_grad();
+  if (offloaded_) {
+    // Cast on the device, so that the copy out is a plain one into pinned memory, which does not block.
+    at::Tensor landing = at::empty({shard_numel()}, shard_.options().requires_grad(false).pinned_memory(true));
+    landing.copy_(reduced.to(shard_.scalar_type()), /*non_blocking=*/true);
+    TORCH_INTERNAL_ASSERT(!landing_grad_.defined(), "fsdp(): '", name_, "' copied out twice before it settled");
+    (grad.defined() ? landing_grad_ : grad) = std::move(landing);
+    return;
+  }
   if (grad.defined()) {
     grad.add_(reduced);
   } else if (reduced.scalar_type() == shard_.scalar_type()) {
@@ -106,6 +117,12 @@ void sharded_param::accumulate_grad(const at::Tensor& reduced) const {
   } else {
     grad = reduced.to(shard_.scalar_type());
   }
+}
+
+void sharded_param::settle_grad() const {
+  if (!landing_grad_.defined()) return;
+  shard_.mutable_grad().add_(landing_grad_);
+  landing_grad_.reset();
 }
 
 void sharded_param::hold_whole(const at::Tensor& whole) const { at::Tensor(full_).set_data(whole); }

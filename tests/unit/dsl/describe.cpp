@@ -39,21 +39,24 @@ TEST_CASE("describe fills in defaults, the strategy included", "[dsl][describe]"
 TEST_CASE("describe the other strategies and a closure", "[dsl][describe]") {
   CHECK((loom::model<demo::TinyGpt>(1, 2) | loom::fsdp()).describe() ==
         "model<demo::TinyGpt>(2 args)\nfsdp(reshard_after_forward=true, bucket_cap_mb=25, shard_group_size=0, "
-        "accumulate_unsharded=false)\n");
+        "accumulate_unsharded=false, offload=false)\n");
   CHECK((loom::model<demo::TinyGpt>() | loom::local()).describe() == "model<demo::TinyGpt>(0 args)\nlocal()\n");
   CHECK((loom::seeded(7) | loom::fsdp({.reshard_after_forward = false})).describe() ==
         "seeded(7)\nfsdp(reshard_after_forward=false, bucket_cap_mb=25, shard_group_size=0, "
-        "accumulate_unsharded=false)\n");
+        "accumulate_unsharded=false, offload=false)\n");
 }
 
 TEST_CASE("describe_state leaves out the layout options, which a checkpoint resumes across", "[dsl][describe]") {
   constexpr auto hybrid = loom::model<demo::TinyGpt>() | loom::seeded(3) | loom::fsdp({.shard_group_size = 2});
   CHECK(hybrid.describe() ==
         "model<demo::TinyGpt>(0 args)\nseeded(3)\nfsdp(reshard_after_forward=true, bucket_cap_mb=25, "
-        "shard_group_size=2, accumulate_unsharded=false)\n");
+        "shard_group_size=2, accumulate_unsharded=false, offload=false)\n");
   CHECK(hybrid.describe_state() ==
         "model<demo::TinyGpt>(0 args)\nseeded(3)\nfsdp(reshard_after_forward=true, bucket_cap_mb=25)\n");
   CHECK(hybrid.describe_state() == (loom::model<demo::TinyGpt>() | loom::seeded(3) | loom::fsdp()).describe_state());
+  // Offload holds the same state elsewhere: a layout option too.
+  CHECK((loom::model<demo::TinyGpt>() | loom::seeded(3) | loom::fsdp({.offload = true})).describe_state() ==
+        (loom::model<demo::TinyGpt>() | loom::seeded(3) | loom::fsdp()).describe_state());
   // A state option still counts.
   CHECK(
       hybrid.describe_state() !=
@@ -87,7 +90,8 @@ TEST_CASE("describe the dtype stages", "[dsl][describe]") {
         "seeded(1)\n"
         "default_dtype(bf16)\n"
         "mixed_precision(param=bf16, reduce=fp32, output=fp32, cast_forward_inputs=true)\n"
-        "fsdp(reshard_after_forward=true, bucket_cap_mb=25, shard_group_size=0, accumulate_unsharded=false)\n");
+        "fsdp(reshard_after_forward=true, bucket_cap_mb=25, shard_group_size=0, accumulate_unsharded=false, "
+        "offload=false)\n");
   CHECK(loom::mixed_precision().describe() ==
         "mixed_precision(param=bf16, reduce=fp32, output=none, cast_forward_inputs=true)");
   STATIC_REQUIRE(plan.find<loom::default_dtype_stage>()->type() == loom::bf16);

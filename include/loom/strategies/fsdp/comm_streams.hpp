@@ -42,6 +42,8 @@ class comm_streams {
   // `role`'s stream made current, once it has waited for what `before`'s stream has issued so far,
   // and nothing that the current stream issued since.
   [[nodiscard]] scope enter_after(comm_role role, comm_role before) const;
+  // `role`'s stream made current, waiting for nothing: for work that a collective's wait orders.
+  [[nodiscard]] scope on(comm_role role) const;
   // The current stream goes on, on the device, once `role`'s stream has done what it holds now: what
   // the current stream allocated and `role`'s stream read may then be handed out again.
   void wait_for(comm_role role) const;

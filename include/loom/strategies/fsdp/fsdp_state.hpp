@@ -91,6 +91,12 @@ class fsdp_state : public nn::unit_hooks {
   void declare_collectives(collective_schedule& schedule);
   void issue_through(std::size_t collective);
   void retire_reduce_scatter(param_group& group);
+  // Waits for a group's reductions and adds them into its shards' gradients (offloaded: copies them
+  // out to the host, param_group::finish_reduce_scatter_to_host).
+  void finish_reduce_scatter(param_group& group);
+  // Offloaded: the compute stream waits for the reduce-scatter stream's copies out, and what they
+  // read may go.
+  void release_copied_out();
   // The gradient of the unit's output is complete: its successor's backward is done.
   void before_backward(std::size_t unit);
   [[noreturn]] void fail_out_of_order(std::size_t unit) const;
@@ -107,6 +113,7 @@ class fsdp_state : public nn::unit_hooks {
   schedule_cursor cursor_;
   std::size_t root_gather_ = unit_collectives::none;
   std::vector<unit_collectives> unit_steps_;
+  std::vector<at::Tensor> copied_out_;   // offloaded: what the copies out of the last group read
   param_group* last_reduced_ = nullptr;  // the group whose reduce-scatter this step issued last
   std::size_t next_unit_ = 0;            // the unit whose forward comes next in this step
   bool holding_masters_ = false;         // between hold_masters() and release_masters()

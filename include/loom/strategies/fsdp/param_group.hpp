@@ -111,6 +111,16 @@ class param_group {
   // inputs go, and adds each parameter's reduced rows to its shard's gradient (its first, the reduced
   // rows' bytes when the dtypes agree: no copy, and not a view, sharded_param::accumulate_grad).
   void finish_reduce_scatter();
+  // The same for offloaded shards (fsdp_options::offload): the reduce-scatter stream, not the compute
+  // stream, waits for each reduction and copies its reduced rows into the shards' pinned host
+  // gradients without blocking (FSDP2's copy out of the post-backward), so that the copy runs beside
+  // the compute. The reductions' inputs and reduced rows, allocated on the compute stream and read by
+  // those copies, go to `held`, for the caller to keep until the compute stream has waited for the
+  // reduce-scatter stream. The host reads nothing until settle_host_grads().
+  void finish_reduce_scatter_to_host(const comm_streams& streams, std::vector<at::Tensor>& held);
+  // Offloaded, once the host has waited for the device's copies out: the gradients they carried join
+  // the shards' (sharded_param::settle_grad).
+  void settle_host_grads();
   // After a backward that accumulates unsharded (fsdp_options::accumulate_unsharded): the gradients
   // computed narrower than the reduce dtype are kept in it until the reduce-scatter
   // (sharded_param::stash_grad).
@@ -138,6 +148,10 @@ class param_group {
   [[nodiscard]] std::vector<std::vector<std::size_t>> batches(bool reduction) const;
   [[nodiscard]] std::vector<schedule_entry> entries(collective_op op, step_phase phase, bool reduction,
                                                     const std::string& group) const;
+  // A gather's input on the device, in the shards' dtype: params_'s shards at `indices`, packed by one
+  // cat; offloaded, by a copy in of each (from pinned memory, not blocking the host).
+  [[nodiscard]] at::Tensor packed_shards(const std::vector<std::size_t>& indices) const;
+  [[nodiscard]] at::Tensor copied_in(const std::vector<std::size_t>& indices) const;
 
   struct in_flight {
     std::vector<std::size_t> indices;

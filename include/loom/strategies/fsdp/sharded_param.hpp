@@ -9,6 +9,11 @@
 // Under mixed precision (FSDP2's) the shard keeps the parameter's dtype and is the master copy the
 // optimizer steps, while the module's parameter (full) is held in the compute dtype: gathers carry
 // and write that, and its gradient is reduced in the reduce dtype and added to the shard's in its own.
+//
+// Offloaded (fsdp_options::offload, FSDP2's CPUOffloadPolicy) the shard and its gradient live in
+// pinned host memory while the full parameter stays on the device: a gather copies the shard in,
+// and each reduced gradient is copied out without blocking, for the host to take once it has waited
+// for the device (settle_grad).
 
 #include <loom/nn/deferred_init.hpp>
 #include <loom/runtime/tensors.hpp>
@@ -28,9 +33,10 @@ class sharded_param {
   // A shard of its own, zero, for a rank's rows of `parameter` (of `ranks`); `parameter` must
   // own its storage, all of it, or none (constructed without its bytes). Its rows come through
   // rows_request; then release_full: from then on the parameter is held in `compute` (a floating
-  // parameter under mixed precision) or in its own dtype (none).
-  sharded_param(std::string name, at::Tensor parameter, int ranks,
-                std::optional<at::ScalarType> compute = std::nullopt);
+  // parameter under mixed precision) or in its own dtype (none). `offload`: the shard in pinned host
+  // memory rather than on the parameter's device.
+  sharded_param(std::string name, at::Tensor parameter, int ranks, std::optional<at::ScalarType> compute = std::nullopt,
+                bool offload = false);
 
   [[nodiscard]] const std::string& name() const noexcept { return name_; }
   // The module's parameter: its identity, full shape and autograd metadata stay; its bytes do not.
@@ -39,6 +45,8 @@ class sharded_param {
   [[nodiscard]] const at::Tensor& shard() const noexcept { return shard_; }
   [[nodiscard]] bool trainable() const noexcept { return trainable_; }
   [[nodiscard]] std::int64_t shard_numel() const noexcept { return shard_rows_ * row_numel_; }
+  // Whether the shard lives in host memory, away from the full parameter's device.
+  [[nodiscard]] bool offloaded() const noexcept { return offloaded_; }
 
   // Whether the full parameter holds its bytes (whole), or none (at rest).
   [[nodiscard]] bool allocated() const noexcept;
@@ -53,7 +61,8 @@ class sharded_param {
   // Where a gather writes the whole parameter, rank-major: N × shard_numel(), over the bytes
   // alloc_storage() gave it (the full parameter's rows, then the padding).
   [[nodiscard]] at::Tensor gathered_rows() const;
-  // Every rank's rows as a new whole tensor of the shard's dtype (the master weights, gathered).
+  // Every rank's rows as a new whole tensor of the shard's dtype on the full parameter's device (the
+  // master weights, gathered).
   [[nodiscard]] at::Tensor whole_from(const at::Tensor& by_rank) const;
   // The full parameter's rows and each row's elements: the gradient's shape in a reduce-scatter.
   [[nodiscard]] std::int64_t rows() const noexcept { return rows_; }
@@ -69,7 +78,13 @@ class sharded_param {
   // a shard without a gradient takes `reduced`'s bytes as its gradient when the dtypes agree, through
   // a tensor that is not an autograd view of them (LibTorch's Optimizer::zero_grad detaches each
   // gradient in place, which a view refuses). No collective writes those bytes again.
+  // Offloaded: `reduced` (on the device) is copied into pinned host memory by a non-blocking copy on
+  // the current stream, as the shard's gradient when it has none, else beside it; the host reads
+  // neither until settle_grad().
   void accumulate_grad(const at::Tensor& reduced) const;
+  // Offloaded, once the host has waited for the device's copies: adds what accumulate_grad copied
+  // beside an existing gradient into it. Nothing otherwise.
+  void settle_grad() const;
   // Around a change made to the whole parameters (merge, loading weights): the full parameter holds
   // `whole`, the master weights of the shard's dtype; then this rank's rows of it go back into the
   // shard and the full parameter is at rest again, in the compute dtype.
@@ -102,11 +117,13 @@ class sharded_param {
   at::Tensor shard_;
   at::ScalarType compute_dtype_ = at::kFloat;  // what the full parameter is held in
   at::Tensor stashed_grad_;                    // no_sync's gradients so far, in the reduce dtype (stash_grad)
+  mutable at::Tensor landing_grad_;            // offloaded: a reduced gradient copied out, to add (settle_grad)
   std::int64_t rows_ = 1;
   std::int64_t row_numel_ = 1;
   std::int64_t shard_rows_ = 1;
   std::int64_t ranks_ = 1;
   bool trainable_ = false;
+  bool offloaded_ = false;
 };
 
 }  // namespace loom::sharding
