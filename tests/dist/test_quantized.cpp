@@ -269,3 +269,30 @@ TEST_CASE("a quantized job saves its base dequantized, merged or not, under the 
     check(job);
   }
 }
+
+TEST_CASE("a quantized job's local state comes back into a fresh job, as a resume puts it", "[quantized][state]") {
+  const std::string strategy = GENERATE("ddp", "fsdp");
+  CAPTURE(strategy);
+  const fs::path base = folder_of("state-base"), dequantized = folder_of("state-dequantized");
+  write_checkpoints(nf4_double, base, dequantized);
+  const auto plan = loom::model<loom::models::CausalLM>(config()) | loom::seeded(3) | loom::pretrained(base.string()) |
+                    loom::quantized(loom::nf4) | loom::lora(4, {"q_proj", "down_proj"});
+  const auto check = [&](auto& trained, auto& fresh) {
+    (void)run(trained);
+    const loom::tensor_state state = trained.local_state_dict();
+    CHECK(std::any_of(state.begin(), state.end(), [](const auto& t) { return t.name.ends_with(".weight_codes"); }));
+    fresh.load_local_state_dict(state);
+    const torch::NoGradGuard no_grad;
+    const at::Tensor ids = batch(9, fresh.data_rank()).first;
+    CHECK(at::equal(fresh.forward(ids), trained.forward(ids)));
+  };
+  if (strategy == "ddp") {
+    auto trained = loom::build(plan | loom::ddp(), world());
+    auto fresh = loom::build(plan | loom::ddp(), world());
+    check(trained, fresh);
+  } else {
+    auto trained = loom::build(plan | loom::fsdp(), world());
+    auto fresh = loom::build(plan | loom::fsdp(), world());
+    check(trained, fresh);
+  }
+}
