@@ -56,6 +56,13 @@ constexpr auto sharded = loom::model<TinyGpt>(gpt_config{.layers = 24}) | loom::
 constexpr auto bf16 = loom::model<TinyGpt>(gpt_config{}) | loom::seeded(42) | loom::default_dtype(loom::bf16) |
                       loom::lora(8) | loom::mixed_precision({.reduce = loom::fp32}) | loom::fsdp();
 
+// quantized: QLoRA. The frozen base's linear weights held in bitsandbytes' NF4 (docs/quantization.md),
+// read from the checkpoint and quantized one weight at a time, sharded by fsdp() as any parameter;
+// the adapters over them train in full precision.
+const auto qlora = loom::model<TinyGpt>(gpt_config{}) | loom::seeded(42) | loom::default_dtype(loom::bf16) |
+                   loom::pretrained("base/") | loom::quantized(loom::nf4) | loom::lora(16) |
+                   loom::mixed_precision({.reduce = loom::fp32}) | loom::fsdp();
+
 // recompute: every second block runs its forward again in backward instead of keeping its
 // activations (docs/recompute.md); names, files and gradients are those of the plan without it.
 constexpr auto deep = loom::model<TinyGpt>(gpt_config{.layers = 48}) | loom::seeded(42) | loom::lora(8) |
@@ -120,6 +127,7 @@ int main(int argc, char** argv) {
   print("ddp", recipes::data_parallel);
   print("fsdp", recipes::sharded);
   print("bf16", recipes::bf16);
+  print("quantized (QLoRA)", recipes::qlora);
   print("recompute", recipes::deep);
   print("a reusable closure", recipes::adapters);
   print("... piped into a small model", recipes::small);
