@@ -17,6 +17,7 @@
 #include <loom/models/causal_lm.hpp>
 #include <loom/models/wan.hpp>
 #include <loom/optim/adamw.hpp>
+#include <loom/runtime/failures.hpp>
 #include <loom/runtime/host_reads.hpp>
 #include <models/mlp.hpp>
 #include <models/tiny_gpt.hpp>
@@ -350,7 +351,11 @@ std::vector<rank_figures> gather_figures(const loom::runtime& rt, const rank_fig
                                    torch::kDouble)
                          .to(rt.device());
   at::Tensor flat = torch::empty({rt.world_size() * fields}, shard.options());
-  rt.comm().all_gather(shard, flat).wait();
+  try {
+    rt.comm().all_gather(shard, flat).wait();
+  } catch (...) {
+    loom::rethrow_as_job_failure(rt, std::current_exception(), "gathering the figures");
+  }
   flat = flat.cpu();
   std::vector<rank_figures> all;
   const auto* values = flat.const_data_ptr<double>();

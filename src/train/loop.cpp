@@ -417,7 +417,13 @@ void train_session::summarize(train_result& result) const {
   at::Tensor peaks = at::zeros({rt_.world_size()}, at::kLong);
   peaks[rt_.rank()] = peak_memory_bytes(rt_.device());
   peaks = peaks.to(rt_.device());
-  rt_.comm().all_reduce(peaks, reduce_op::sum).wait();
+  try {
+    rt_.comm().all_reduce(peaks, reduce_op::sum).wait();
+  } catch (...) {
+    // A peer that failed while this rank waited here (its hang check found a rank that left the
+    // steps early) breaks the transport: its published reason, not Gloo's, is this rank's error.
+    rethrow_as_job_failure(rt_, std::current_exception(), "end-of-run summary");
+  }
   const at::Tensor read = read_on_host(rt_.progress(), peaks);
   result.peak_memory_bytes.assign(read.data_ptr<std::int64_t>(), read.data_ptr<std::int64_t>() + read.numel());
   if (rt_.rank() != 0) return;
