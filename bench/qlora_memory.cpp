@@ -61,7 +61,8 @@ template <class Plan>
 int step(const Plan& plan, const options& o, bench::counting_allocator& counted) {
   auto job = loom::build(plan, loom::runtime::from_env());
   const double built_live_mb = static_cast<double>(counted.peak_bytes()) / mib;
-  if (o.describe && job.rt().rank() == 0) fmt::print(stderr, "{}\nbuilt: live tensor peak {:.1f} MB\n", job.describe(), built_live_mb);
+  if (o.describe && job.rt().rank() == 0)
+    fmt::print(stderr, "{}\nbuilt: live tensor peak {:.1f} MB\n", job.describe(), built_live_mb);
   loom::optim::AdamW optimizer(job.trainable_parameters(), torch::optim::AdamWOptions(1e-3));
   const at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(99 + job.data_rank());
   const at::Tensor ids = torch::randint(job.module()->config.vocab_size, {1, o.seq}, gen, torch::kLong);
@@ -83,10 +84,8 @@ int step(const Plan& plan, const options& o, bench::counting_allocator& counted)
   optimizer.step();
   phase("step");
   const double step_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
-  const at::Tensor mine =
-      torch::tensor({peak_rss_mb(), run_peak_mb,
-                     frozen_mb(job.local_state_dict(), *job.module()), step_ms},
-                    torch::kDouble);
+  const at::Tensor mine = torch::tensor(
+      {peak_rss_mb(), run_peak_mb, frozen_mb(job.local_state_dict(), *job.module()), step_ms}, torch::kDouble);
   at::Tensor all = at::empty({job.rt().world_size() * mine.numel()}, mine.options());
   job.rt().comm().all_gather(mine, all).wait();
   const at::Tensor worst = std::get<0>(all.view({job.rt().world_size(), mine.numel()}).max(0));
