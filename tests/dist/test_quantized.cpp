@@ -62,6 +62,7 @@ void barrier() {
 // The base's checkpoint, and its twin whose linear weights (all but the head) are what `options`
 // quantizes them to, dequantized: the weights a quantized base computes with.
 void write_checkpoints(const loom::quantized_options& options, const fs::path& base, const fs::path& dequantized) {
+  barrier();  // no rank still reads the folders a section before wrote
   if (world().rank() == 0) {
     fs::remove_all(base);
     fs::remove_all(dequantized);
