@@ -2,6 +2,8 @@
 
 #include <loom/base/text.hpp>
 
+#include "dtype_name.hpp"
+
 #include <fmt/ranges.h>
 
 #include <ATen/ATen.h>
@@ -23,6 +25,8 @@
 namespace loom::quant {
 namespace {
 
+using detail::dtype_name;
+
 // torch.finfo(torch.float8_e4m3fn).max
 constexpr double e4m3_max = 448.0;
 
@@ -34,17 +38,6 @@ at::Tensor broadcast_scale(const at::Tensor& scale, std::int64_t dim, bool per_r
   std::vector<std::int64_t> shape(static_cast<std::size_t>(dim), 1);
   shape[0] = scale.numel();
   return scale.reshape(shape);
-}
-
-// The names loom's messages give dtypes.
-std::string dtype_name(at::ScalarType dtype) {
-  switch (dtype) {
-    case at::kByte: return "uint8";
-    case at::kFloat: return "fp32";
-    case at::kBFloat16: return "bf16";
-    case at::kHalf: return "fp16";
-    default: return c10::toString(dtype);
-  }
 }
 
 // The CPU's dequantization: per row the 256 values byte → float8 in fp32 · scale, cast to T (once

@@ -2,6 +2,8 @@
 
 #include <loom/base/text.hpp>
 
+#include "dtype_name.hpp"
+
 #include <fmt/ranges.h>
 
 #include <ATen/ATen.h>
@@ -21,6 +23,8 @@
 
 namespace loom::quant {
 namespace {
+
+using detail::dtype_name;
 
 // bitsandbytes' get_4bit_type("nf4") (and the CUDA kernel's nf4_dequantization_lut), as fp32.
 constexpr std::array<float, 16> nf4_values = {
@@ -67,17 +71,6 @@ void check_options(const nf4_options& options, const char* function) {
 bool is_nf4_dtype(at::ScalarType dtype) { return dtype == at::kBFloat16 || dtype == at::kHalf || dtype == at::kFloat; }
 
 std::int64_t ceil_div(std::int64_t a, std::int64_t b) { return (a + b - 1) / b; }
-
-// The names loom's messages give dtypes.
-std::string dtype_name(at::ScalarType dtype) {
-  switch (dtype) {
-    case at::kByte: return "uint8";
-    case at::kFloat: return "fp32";
-    case at::kBFloat16: return "bf16";
-    case at::kHalf: return "fp16";
-    default: return c10::toString(dtype);
-  }
-}
 
 // The code book, the dynamic map, their midpoints and the 256 byte → two values table, made once on
 // the CPU and copied once to each device they are asked on.

@@ -2,8 +2,11 @@
 // The real models at sizes a test trains in seconds on the CPU: a Llama whose 6 query heads 1, 2 and
 // 3 ranks of sequence parallelism divide, and a Wan of 2 blocks.
 
+#include <loom/job/job.hpp>
 #include <loom/models/causal_lm.hpp>
 #include <loom/models/wan.hpp>
+
+#include <type_traits>
 
 namespace loom::testing {
 
@@ -31,6 +34,16 @@ inline models::wan_config small_wan() {
   config.num_layers = 2;
   config.rope_max_seq_len = 32;
   return config;
+}
+
+// The CausalLM a job holds, in either model form (a TORCH_MODULE holder or a Module subclass).
+template <class Job>
+auto& causal_lm(Job& job) {
+  if constexpr (loom::detail::module_holder<std::remove_cvref_t<decltype(job.module())>>) {
+    return *job.module();
+  } else {
+    return job.module();
+  }
 }
 
 }  // namespace loom::testing

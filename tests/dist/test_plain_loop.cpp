@@ -33,6 +33,7 @@
 #include <string>
 #include <string_view>
 
+using loom::testing::causal_lm;
 using loom::testing::small_llama;
 using loom::testing::world;
 
@@ -107,15 +108,6 @@ std::pair<at::Tensor, at::Tensor> batch(std::int64_t step, int micro, int data_r
   at::Tensor labels = ids.clone();
   labels.index_put_({static_cast<std::int64_t>(micro), (step * 5) % length}, -100);
   return {ids, labels};
-}
-
-template <class Job>
-auto& causal_lm(Job& job) {
-  if constexpr (loom::detail::module_holder<std::remove_cvref_t<decltype(job.module())>>) {
-    return *job.module();
-  } else {
-    return job.module();
-  }
 }
 
 template <class Job>

@@ -29,6 +29,7 @@
 #include <vector>
 
 using Catch::Matchers::ContainsSubstring;
+using loom::testing::causal_lm;
 using loom::testing::small_llama;
 using loom::testing::world;
 namespace fs = std::filesystem;
@@ -95,15 +96,6 @@ std::pair<at::Tensor, at::Tensor> batch(std::int64_t step, int rank) {
   at::Tensor labels = ids.clone();
   labels.index_put_({step % 2, step % length}, -100);
   return {ids, labels};
-}
-
-template <class Job>
-auto& causal_lm(Job& job) {
-  if constexpr (loom::detail::module_holder<std::remove_cvref_t<decltype(job.module())>>) {
-    return *job.module();
-  } else {
-    return job.module();
-  }
 }
 
 struct trace {
