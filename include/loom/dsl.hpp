@@ -12,6 +12,7 @@
 // First, so that a rule's diagnostic reaches the table in one include step (docs/rules.md's budget).
 #include <loom/dsl/rule_table.hpp>
 
+#include <loom/dsl/data_parallel.hpp>
 #include <loom/dsl/default_dtype.hpp>
 #include <loom/dsl/deprecated_accessors.hpp>
 #include <loom/dsl/describe.hpp>
@@ -35,5 +36,6 @@
 #include <loom/dsl/strategies.hpp>
 #include <loom/dsl/strategy.hpp>
 #include <loom/dsl/targets.hpp>
+#include <loom/dsl/tensor_parallel.hpp>
 #include <loom/dsl/trainable.hpp>
 #include <loom/dsl/violation.hpp>

@@ -1,7 +1,9 @@
 // operator|: stages compose into a partial pipeline (closure), and anything piped into a model is a
-// plan. Every composition runs the order rules; a broken one fails right at the |.
+// plan. Every composition runs the order rules, and one that makes a plan the rule on several stages'
+// values (R22); a broken one fails right at the |.
 #pragma once
 
+#include <loom/dsl/diagnostics.hpp>
 #include <loom/dsl/rule_table.hpp>
 #include <loom/dsl/rules.hpp>
 #include <loom/dsl/stage_kind.hpp>
@@ -58,6 +60,10 @@ template <class Lhs, class Rhs>
 using joined_stages =
     decltype(std::tuple_cat(stages_of(std::declval<const Lhs&>()), stages_of(std::declval<const Rhs&>())));
 
+// Whether stages, in order, are a whole plan: the model first.
+template <class Tuple>
+inline constexpr bool is_whole_plan = std::tuple_element_t<0, Tuple>::kind == stage_kind::model;
+
 template <class First, class... Rest>
 constexpr auto make_pipeline(std::tuple<First, Rest...>&& stages) {
   if constexpr (First::kind == stage_kind::model) {
@@ -99,7 +105,11 @@ struct pipeable {
     joined_stages<Lhs, Rhs> stages = std::tuple_cat(stages_of(lhs), stages_of(rhs));
     // A broken order rule stops the build here, at the |, with its sentence.
     LOOM_STATIC_CHECK(violation_in<joined_stages<Lhs, Rhs>>);
-    return make_pipeline(std::move(stages));
+    auto pipeline = make_pipeline(std::move(stages));
+    // A rule on the values of several stages (R22) needs the values: a constant plan that breaks it
+    // stops the build here too, and one made at run time throws plan_error.
+    if constexpr (is_whole_plan<joined_stages<Lhs, Rhs>>) enforce(pipeline.values_violation());
+    return pipeline;
   }
 
   // The commonest slip, `| loom::ddp` for `| loom::ddp()`: one sentence instead of a candidate list.

@@ -8,6 +8,7 @@
 #include <loom/dsl/stage_kind.hpp>
 #include <loom/dsl/stage_list.hpp>
 #include <loom/dsl/strategies.hpp>
+#include <loom/dsl/tensor_parallel.hpp>
 #include <loom/dsl/violation.hpp>
 
 #include <array>
@@ -74,6 +75,10 @@ class plan : public detail::pipeable, public detail::deprecated_stage_accessors<
       return std::nullopt;
     }
   }
+
+  // The first rule that the stages' values break together (R22: a sequence split with a tensor split),
+  // or violation::none. operator| checks it on the plan it makes: while compiling, for a constant plan.
+  [[nodiscard]] constexpr violation values_violation() const { return tensor_parallel_violation(*this); }
 
   // Those stages as the value build() reads, whatever plan they came from.
   [[nodiscard]] stage_list stage_values() const { return stage_list::of(stages_); }

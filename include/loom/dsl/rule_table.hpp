@@ -309,7 +309,22 @@
     "lora(r, targets) after it, as QLoRA does")                                                                 \
   X(r21_block_size,                                                                                             \
     "loom R21: quantized block_size is not a power of two from 32 to 4096, which bitsandbytes' nf4 takes: "     \
-    "pass .block_size = 64, the default")
+    "pass .block_size = 64, the default")                                                                       \
+  /* R22: tensor_parallel: once, before the strategy, k >= 1, with no sequence split and no quantized base. */  \
+  X(r22_two_tensor_parallels,                                                                                   \
+    "loom R22: the plan has two tensor_parallel(...) stages: keep one (one group size splits every layer)")     \
+  X(r22_tensor_parallel_after_strategy,                                                                         \
+    "loom R22: tensor_parallel(...) comes after the strategy: put it before the strategy (the strategy "        \
+    "averages and shards over the ranks the tensor-parallel groups leave it)")                                  \
+  X(r22_size_zero,                                                                                              \
+    "loom R22: tensor_parallel size is 0: pass 1 to split no layer, or k to split each layer over k ranks")     \
+  X(r22_with_sequence_parallel,                                                                                 \
+    "loom R22: tensor_parallel(...) and sequence_parallel(...) both split the ranks, and both splits on one "   \
+    "mesh are not supported yet: keep one, or give the other size 1 (sequence_parallel splits the tokens, "     \
+    "tensor_parallel the layers)")                                                                              \
+  X(r22_with_quantized,                                                                                         \
+    "loom R22: tensor_parallel(...) and quantized(...) are in one plan: drop quantized or tensor_parallel (a "  \
+    "quantized base's blocks are not split across ranks yet)")
 
 // Stops compilation, with the sentence of its argument (a constant loom::violation) on the first
 // error line, unless that is violation::none: a static_assert per row, each with its sentence.

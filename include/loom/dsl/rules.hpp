@@ -45,7 +45,7 @@ constexpr violation scan(std::span<const stage_kind> stages, pipeline_shape shap
   }
   bool has_strategy = false, has_seeded = false, has_lora = false, has_trainable = false;
   bool has_default_dtype = false, has_mixed_precision = false, has_recompute = false, has_pretrained = false;
-  bool has_sequence_parallel = false, has_quantized = false;
+  bool has_sequence_parallel = false, has_tensor_parallel = false, has_quantized = false;
   stage_kind strategy = stage_kind::local;
   for (std::size_t i = first; i != stages.size(); ++i) {
     const stage_kind k = stages[i];
@@ -57,6 +57,7 @@ constexpr violation scan(std::span<const stage_kind> stages, pipeline_shape shap
       if (k == stage_kind::mixed_precision) return violation::r15_mixed_precision_after_strategy;
       if (k == stage_kind::recompute) return violation::r18_recompute_after_strategy;
       if (k == stage_kind::sequence_parallel) return violation::r20_sequence_parallel_after_strategy;
+      if (k == stage_kind::tensor_parallel) return violation::r22_tensor_parallel_after_strategy;
       if (k == stage_kind::pretrained) return violation::r19_pretrained_after_strategy;
       if (k == stage_kind::quantized) return violation::r21_quantized_after_strategy;
       if (k == stage_kind::default_dtype) return violation::r17_default_dtype_not_after_model;
@@ -87,6 +88,7 @@ constexpr violation scan(std::span<const stage_kind> stages, pipeline_shape shap
       case stage_kind::quantized:
         if (has_quantized) return violation::r21_two_quantized;
         if (has_lora || has_trainable) return violation::r21_quantized_after_lora;
+        if (has_tensor_parallel) return violation::r22_with_quantized;
         has_quantized = true;
         break;
       case stage_kind::recompute:
@@ -96,6 +98,11 @@ constexpr violation scan(std::span<const stage_kind> stages, pipeline_shape shap
       case stage_kind::sequence_parallel:
         if (has_sequence_parallel) return violation::r20_two_sequence_parallels;
         has_sequence_parallel = true;
+        break;
+      case stage_kind::tensor_parallel:
+        if (has_tensor_parallel) return violation::r22_two_tensor_parallels;
+        if (has_quantized) return violation::r22_with_quantized;
+        has_tensor_parallel = true;
         break;
       case stage_kind::lora:
         if (has_lora) return violation::r6_two_loras;

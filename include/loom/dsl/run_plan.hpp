@@ -6,11 +6,13 @@
 #pragma once
 
 #include <loom/dsl/deprecated_accessors.hpp>
+#include <loom/dsl/diagnostics.hpp>
 #include <loom/dsl/plan.hpp>
 #include <loom/dsl/rules.hpp>
 #include <loom/dsl/stage_kind.hpp>
 #include <loom/dsl/stage_list.hpp>
 #include <loom/dsl/strategies.hpp>
+#include <loom/dsl/tensor_parallel.hpp>
 
 #include <optional>
 #include <string>
@@ -37,12 +39,14 @@ class run_plan : public detail::deprecated_stage_accessors<run_plan<Model>> {
  public:
   using model_type = typename Model::model_type;
 
-  // Throws plan_error with the rule's sentence when the stages break an order rule.
+  // Throws plan_error with the rule's sentence when the stages break an order rule, or the rule on
+  // stages' values together that a typed plan checks when it is made (R22).
   run_plan(const plan<Model>& model, run_stages given)
       : model_(std::get<0>(model.stages())), stages_(std::move(given.stages)), strategy_(std::move(given.strategy)) {
     std::vector<stage_kind> kinds{stage_kind::model};
     kinds.insert(kinds.end(), given.kinds.begin(), given.kinds.end());
     check_stages(kinds);
+    detail::enforce(tensor_parallel_violation(stages_));
   }
 
   [[nodiscard]] const auto& model_args() const noexcept { return model_.args; }

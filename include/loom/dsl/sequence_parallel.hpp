@@ -5,6 +5,7 @@
 // sequence for split heads. docs/sequence_parallel.md.
 #pragma once
 
+#include <loom/dsl/data_parallel.hpp>
 #include <loom/dsl/describe.hpp>
 #include <loom/dsl/diagnostics.hpp>
 #include <loom/dsl/options.hpp>
@@ -48,18 +49,11 @@ class sequence_parallel_stage : public detail::pipeable {
   sequence_parallel_options settings_;
 };
 
-// Which batches a rank reads, known before the build: the ranks of one sequence group read the same
-// ones, so under sequence_parallel(k) rank r is data-parallel rank r / k of world / k (the job says
-// the same, job.data_rank()); without the stage, the rank of the world.
-struct data_parallel_place {
-  int rank = 0;
-  int world_size = 1;
-};
+// Which batches a rank reads under sequence_parallel(k) alone: data-parallel rank r / k of world / k.
+// A plan's place, whichever stages split its world, is data_parallel(plan, rank, world_size).
 constexpr data_parallel_place data_parallel(const std::optional<sequence_parallel_stage>& stage, int rank,
                                             int world_size) noexcept {
-  const int size = stage ? static_cast<int>(stage->settings().size) : 1;
-  if (size < 1 || world_size % size != 0) return {rank, world_size};  // the build names that
-  return {rank / size, world_size / size};
+  return detail::data_parallel_in_groups(stage ? stage->settings().size : 1, rank, world_size);
 }
 
 // Constant arguments, checked while compiling: sequence_parallel(2) splits each sequence over two

@@ -16,6 +16,7 @@ enum class stage_kind : unsigned char {
   mixed_precision,
   recompute,
   sequence_parallel,
+  tensor_parallel,
   lora,
   trainable,
   local,
@@ -37,6 +38,7 @@ constexpr std::string_view name_of(stage_kind k) noexcept {
     case stage_kind::mixed_precision: return "mixed_precision";
     case stage_kind::recompute: return "recompute";
     case stage_kind::sequence_parallel: return "sequence_parallel";
+    case stage_kind::tensor_parallel: return "tensor_parallel";
     case stage_kind::lora: return "lora";
     case stage_kind::trainable: return "trainable";
     case stage_kind::local: return "local";

@@ -13,6 +13,7 @@
 #include <loom/dsl/recompute.hpp>
 #include <loom/dsl/seeded.hpp>
 #include <loom/dsl/sequence_parallel.hpp>
+#include <loom/dsl/tensor_parallel.hpp>
 #include <loom/dsl/trainable.hpp>
 
 #include <optional>
@@ -29,7 +30,7 @@ namespace loom {
 // the typed plan, the run file's plan, find<S>() and describe() follow from it.
 using plan_stage =
     std::variant<seeded_stage, default_dtype_stage, pretrained_stage, quantized_stage, mixed_precision_stage,
-                 recompute_stage, sequence_parallel_stage, lora_stage, trainable_stage>;
+                 recompute_stage, sequence_parallel_stage, tensor_parallel_stage, lora_stage, trainable_stage>;
 
 namespace detail {
 

@@ -77,6 +77,18 @@ TEST_CASE("describe the recompute stage", "[dsl][describe]") {
   STATIC_REQUIRE(!(loom::model<demo::TinyGpt>() | loom::ddp()).find<loom::recompute_stage>());
 }
 
+TEST_CASE("describe the tensor_parallel stage", "[dsl][describe]") {
+  constexpr auto plan = loom::model<demo::TinyGpt>() | loom::tensor_parallel(2) | loom::lora(8, {"q_proj"}) |
+                        loom::fsdp({.reshard_after_forward = false});
+  const std::string stages =
+      "tensor_parallel(size=2)\nlora(rank=8, alpha=8, dropout=0, targets=[q_proj], exclude=[])\n";
+  CHECK(plan.describe() ==
+        "model<demo::TinyGpt>(0 args)\n" + stages + loom::fsdp({.reshard_after_forward = false}).describe() + "\n");
+  CHECK(plan.stage_values().describe() == stages);
+  STATIC_REQUIRE(plan.find<loom::tensor_parallel_stage>()->settings().size == 2);
+  STATIC_REQUIRE(!(loom::model<demo::TinyGpt>() | loom::ddp()).find<loom::tensor_parallel_stage>());
+}
+
 TEST_CASE("a type's name, read at compile time", "[dsl][describe]") {
   STATIC_REQUIRE(loom::detail::type_name<demo::TinyGpt>() == "demo::TinyGpt");
   STATIC_REQUIRE(loom::detail::type_name<int>() == "int");

@@ -81,6 +81,12 @@ TEST_CASE("each order rule, as the first violation", "[dsl][rules]") {
   STATIC_REQUIRE(loom::first_violation_when_built(std::array{model, quantized}) ==
                  violation::r21_quantized_without_lora);
   STATIC_REQUIRE(loom::first_violation_when_built(std::array{model, quantized, lora}) == violation::none);
+  STATIC_REQUIRE(first({model, seeded, recompute, tensor_parallel, lora, fsdp}) == violation::none);
+  STATIC_REQUIRE(first({model, sequence_parallel, tensor_parallel, ddp}) == violation::none);  // R22 on values
+  STATIC_REQUIRE(first({model, tensor_parallel, lora, tensor_parallel}) == violation::r22_two_tensor_parallels);
+  STATIC_REQUIRE(first({model, ddp, tensor_parallel}) == violation::r22_tensor_parallel_after_strategy);
+  STATIC_REQUIRE(first({model, quantized, tensor_parallel, lora}) == violation::r22_with_quantized);
+  STATIC_REQUIRE(first({model, tensor_parallel, quantized, lora}) == violation::r22_with_quantized);
 }
 
 TEST_CASE("the first violation from the left wins", "[dsl][rules]") {

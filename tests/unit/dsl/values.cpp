@@ -4,7 +4,9 @@
 
 #include <catch2/catch_test_macros.hpp>
 
+#include <cstddef>
 #include <limits>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -14,6 +16,8 @@ namespace {
 using loom::violation;
 
 constexpr loom::target_list attention{"q_proj", "v_proj"};
+
+struct Model {};
 
 // Runs f, expecting plan_error with the given code; returns what() for further checks.
 template <class F>
@@ -192,6 +196,56 @@ TEST_CASE("sequence_parallel: R20's value check", "[dsl][values]") {
   CHECK(loom::sequence_parallel_stage::checked({.size = 3}).settings().size == 3);
   STATIC_REQUIRE(loom::sequence_parallel(2).settings().size == 2);
   CHECK(loom::sequence_parallel(4).describe() == "sequence_parallel(size=4)");
+}
+
+TEST_CASE("tensor_parallel: R22's value checks", "[dsl][values]") {
+  plan_error_of([] { (void)loom::tensor_parallel_stage::checked({.size = 0}); }, violation::r22_size_zero);
+  CHECK(loom::tensor_parallel_stage::checked({.size = 3}).settings().size == 3);
+  STATIC_REQUIRE(loom::tensor_parallel(2).settings().size == 2);
+  CHECK(loom::tensor_parallel(4).describe() == "tensor_parallel(size=4)");
+
+  // Both splits at once: a constant plan does not compile (tests/compile_fail), one made at run time
+  // throws where it is made; a group of one, either way, splits nothing.
+  STATIC_REQUIRE((loom::model<Model>() | loom::sequence_parallel(1) | loom::tensor_parallel(2)).values_violation() ==
+                 violation::none);
+  STATIC_REQUIRE((loom::model<Model>() | loom::sequence_parallel(2) | loom::tensor_parallel(1)).values_violation() ==
+                 violation::none);
+  const std::size_t from_a_file = 2;
+  const auto sequence = loom::sequence_parallel_stage::checked({.size = from_a_file});
+  const auto tensor = loom::tensor_parallel_stage::checked({.size = from_a_file});
+  plan_error_of([&] { (void)(loom::model<Model>() | sequence | tensor | loom::fsdp()); },
+                violation::r22_with_sequence_parallel);
+  // A closure joins the plan later, and is checked there.
+  const auto split_both = sequence | tensor;
+  plan_error_of([&] { (void)(loom::model<Model>() | split_both); }, violation::r22_with_sequence_parallel);
+  loom::stage_list stages;
+  stages.add(sequence);
+  CHECK(loom::tensor_parallel_violation(stages) == violation::none);
+  stages.add(tensor);
+  CHECK(loom::tensor_parallel_violation(stages) == violation::r22_with_sequence_parallel);
+}
+
+TEST_CASE("data_parallel: the ranks of a sequence or tensor-parallel group share a data-parallel rank",
+          "[dsl][values]") {
+  constexpr auto tensor_split = loom::model<Model>() | loom::tensor_parallel(2) | loom::fsdp();
+  STATIC_REQUIRE(loom::data_parallel(tensor_split, 5, 8).rank == 2);
+  STATIC_REQUIRE(loom::data_parallel(tensor_split, 5, 8).world_size == 4);
+  constexpr auto sequence_split = loom::model<Model>() | loom::sequence_parallel(4) | loom::tensor_parallel(1);
+  STATIC_REQUIRE(loom::data_parallel(sequence_split, 5, 8).rank == 1);
+  STATIC_REQUIRE(loom::data_parallel(sequence_split, 5, 8).world_size == 2);
+  constexpr auto unsplit = loom::model<Model>() | loom::ddp();
+  STATIC_REQUIRE(loom::data_parallel(unsplit, 5, 8).rank == 5);
+  STATIC_REQUIRE(loom::data_parallel(unsplit, 5, 8).world_size == 8);
+  // A group that does not divide the world leaves the world's place: the build names that.
+  STATIC_REQUIRE(loom::data_parallel(tensor_split, 2, 3).rank == 2);
+  STATIC_REQUIRE(loom::data_parallel(tensor_split, 2, 3).world_size == 3);
+  // A run file's stages, and the sequence_parallel stage alone (the overload of before).
+  loom::stage_list stages;
+  stages.add(loom::tensor_parallel_stage::checked({.size = 4}));
+  CHECK(loom::data_parallel(stages, 6, 8).rank == 1);
+  CHECK(loom::data_parallel(stages, 6, 8).world_size == 2);
+  STATIC_REQUIRE(loom::data_parallel(loom::sequence_parallel(2), 3, 4).rank == 1);
+  STATIC_REQUIRE(loom::data_parallel(std::nullopt, 3, 4).rank == 3);
 }
 
 TEST_CASE("dtype names: loom's and PyTorch's", "[dsl][values]") {
