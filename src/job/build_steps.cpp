@@ -9,6 +9,7 @@
 #include <loom/quant/quantized_weight.hpp>
 #include <loom/replicas/replicas.hpp>
 #include <loom/runtime/sequence_group.hpp>
+#include <loom/runtime/tensor_group.hpp>
 
 #include <ATen/ATen.h>
 
@@ -188,6 +189,27 @@ std::shared_ptr<nn::sequence_split> split_sequences(torch::nn::Module& model, st
   auto split = std::make_shared<nn::sequence_split>(std::move(group), std::move(sites), compute);
   for (std::size_t i = 0; i < found.attentions.size(); ++i) found.attentions[i].second->join(split, i);
   for (nn::SequenceImpl* sequence : found.sequences) sequence->join(split);
+  return split;
+}
+
+bool splits_layers(const stage_list& stages) {
+  const auto stage = stages.find<tensor_parallel_stage>();
+  return stage && stage->settings().size > 1;
+}
+
+std::shared_ptr<nn::tensor_split> split_layers(torch::nn::Module& model, std::string_view model_name,
+                                               const std::vector<nn::parallel_layer>& plan, const stage_list& stages,
+                                               const runtime& rt) {
+  if (!splits_layers(stages)) return nullptr;
+  const int size = static_cast<int>(stages.find<tensor_parallel_stage>()->settings().size);
+  if (const auto lora = stages.find<lora_stage>(); lora && lora->dropout() > 0) {
+    throw_error<std::invalid_argument>(
+        "tensor_parallel({}) with lora dropout {}: the ranks of a group share each layer's input, and each would "
+        "drop its own elements of it; pass lora dropout 0 with tensor_parallel",
+        size, lora->dropout());
+  }
+  auto split = std::make_shared<nn::tensor_split>(std::make_shared<tensor_group>(rt, size));
+  nn::split_layers(model, model_name, plan, split);
   return split;
 }
 

@@ -5,9 +5,11 @@
 #include <loom/lora/peft_adapter.hpp>
 #include <loom/nn/linear.hpp>
 #include <loom/nn/sequence_parallel.hpp>
+#include <loom/nn/tensor_parallel.hpp>
 #include <loom/quant/quantized_weight.hpp>
 #include <loom/runtime/failures.hpp>
 #include <loom/runtime/sequence_group.hpp>
+#include <loom/runtime/tensor_group.hpp>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -24,12 +26,16 @@ namespace detail {
 
 job_core::job_core(runtime rt, std::shared_ptr<torch::nn::Module> module, std::string model_name,
                    std::optional<lora_layers> lora, std::string plan_text, const build_decisions& decided)
-    : context_(std::make_unique<strategy_context>(std::move(rt), std::move(module), decided.policy)),
+    : context_(decided.tensor_split
+                   ? std::make_unique<strategy_context>(decided.tensor_split->group().data_parallel(),
+                                                        std::move(module), decided.policy, std::move(rt))
+                   : std::make_unique<strategy_context>(std::move(rt), std::move(module), decided.policy)),
       model_name_(std::move(model_name)),
       lora_(std::move(lora)),
       plan_text_(std::move(plan_text)),
       plan_state_(decided.plan_state.empty() ? plan_text_ : decided.plan_state),
       sequence_split_(decided.sequence_split),
+      tensor_split_(decided.tensor_split),
       identity_(decided.identity) {
   if (decided.pretrained) {
     // PEFT loads a base model from a folder: the checkpoint's, for a single file.
@@ -50,7 +56,7 @@ job_core::job_core(runtime rt, std::shared_ptr<torch::nn::Module> module, std::s
   if (!decided.constructed_whole.empty()) {
     // Said once, as well as in describe(): the memory it costs is the user's to know of.
     std::string line = fmt::format("constructed whole on every rank: {}", decided.constructed_whole);
-    if (context_->rt().rank() == 0) fmt::print(stderr, "{}\n", error_message("{}", line));
+    if (context_->world().rank() == 0) fmt::print(stderr, "{}\n", error_message("{}", line));
     context_->note(std::move(line));
   }
   if (sequence_split_) {
@@ -60,6 +66,15 @@ job_core::job_core(runtime rt, std::shared_ptr<torch::nn::Module> module, std::s
         "in all, each reading its own batches",
         counted(group.size(), "rank"), group.name(), fmt::join(group.ranks(), ", "), group.size(),
         counted(group.data_world_size(), "group")));
+  }
+  if (tensor_split_) {
+    const tensor_group& group = tensor_split_->group();
+    context_->note(fmt::format(
+        "tensor parallel: {} each parallel layer (this rank's group {}: ranks {}), each holding 1/{} of it; the "
+        "strategy runs over {} ({}: ranks {})",
+        counted(group.size(), "rank split"), group.name(), fmt::join(group.ranks(), ", "), group.size(),
+        counted(group.data_world_size(), "data-parallel rank"), group.data_parallel_name(),
+        fmt::join(group.data_parallel_ranks(), ", ")));
   }
   if (decided.quantized) {
     constexpr double mib = 1 << 20;
@@ -77,11 +92,15 @@ job_core::job_core(runtime rt, std::shared_ptr<torch::nn::Module> module, std::s
 }
 
 int job_core::data_rank() const noexcept {
-  return sequence_split_ ? sequence_split_->group().data_rank() : context_->rt().rank();
+  if (sequence_split_) return sequence_split_->group().data_rank();
+  if (tensor_split_) return tensor_split_->group().data_rank();
+  return context_->world().rank();
 }
 
 int job_core::data_world_size() const noexcept {
-  return sequence_split_ ? sequence_split_->group().data_world_size() : context_->rt().world_size();
+  if (sequence_split_) return sequence_split_->group().data_world_size();
+  if (tensor_split_) return tensor_split_->group().data_world_size();
+  return context_->world().world_size();
 }
 
 void job_core::finish_initial_values() {
@@ -133,7 +152,7 @@ void job_core::set_up(function_ref<void(strategy_context&)> setup, bool engine_c
   if (sequence_split_) {
     for (schedule_entry& entry : sequence_split_->schedule_entries()) context_->schedule().add(std::move(entry));
   }
-  verify_schedule_across_ranks(context_->schedule(), context_->rt());
+  verify_schedule_across_ranks(context_->schedule(), context_->world());
   built_schedule_ = context_->schedule();
 }
 
@@ -159,10 +178,10 @@ void job_core::run_part(pass_part part, function_ref<void()> body, function_ref<
   const bool forward = part == pass_part::forward;
   // Read from the schedule each pass: an engine may rebuild it after the first step (ddp()'s buckets).
   const std::string collectives =
-      context_->rt().is_distributed()
+      context_->world().is_distributed()
           ? entries_of(context_->schedule(), forward ? step_phase::forward : step_phase::backward)
           : std::string();
-  const part_scope in_part(context_->rt().progress(), part, collectives);
+  const part_scope in_part(context_->world().progress(), part, collectives);
   try {
     if (sequence_split_) {
       if (forward) {
@@ -174,7 +193,7 @@ void job_core::run_part(pass_part part, function_ref<void()> body, function_ref<
     body();
   } catch (...) {
     if (explain) explain(std::current_exception());
-    rethrow_as_job_failure(context_->rt(), std::current_exception(), forward ? "forward pass" : "backward pass");
+    rethrow_as_job_failure(context_->world(), std::current_exception(), forward ? "forward pass" : "backward pass");
   }
 }
 
@@ -182,7 +201,7 @@ void job_core::run_outside_pass(std::string_view during, function_ref<void()> bo
   try {
     body();
   } catch (...) {
-    rethrow_as_job_failure(context_->rt(), std::current_exception(), during);
+    rethrow_as_job_failure(context_->world(), std::current_exception(), during);
   }
 }
 
@@ -221,7 +240,7 @@ void job_core::save_adapter(const std::filesystem::path& folder, adapter_format 
   adapter.base_model_name_or_path = base_model_.string();
   adapter.base_model_class = identity_.peft_base_model_class;
   adapter.parent_library = identity_.peft_parent_library;
-  run_on_rank_zero(context_->rt(), "saving the adapter", [&] {
+  run_on_rank_zero(context_->world(), "saving the adapter", [&] {
     if (format == adapter_format::diffusers) {
       save_diffusers_lora(folder, adapter, component);
     } else {
@@ -284,7 +303,7 @@ void job_core::save_weights(const std::filesystem::path& folder, const tensor_st
   for (named_tensor& t : dequantized(whole, context_->module())) {
     if (!lora_adapter::is_adapter_parameter(t.name)) base.push_back(std::move(t));
   }
-  run_on_rank_zero(context_->rt(), "saving the weights",
+  run_on_rank_zero(context_->world(), "saving the weights",
                    [&] { loom::save_weights(folder, base, max_shard_bytes, weights_naming_); });
 }
 
@@ -308,7 +327,8 @@ void job_core::save_pretrained(const std::filesystem::path& folder, const tensor
     cast.push_back({t.name, recast ? t.tensor.to(saved->second) : t.tensor});
   }
   save_weights(folder, cast, max_shard_bytes);
-  run_on_rank_zero(context_->rt(), "copying the model's files", [&] { (void)copy_model_files(base_model_, folder); });
+  run_on_rank_zero(context_->world(), "copying the model's files",
+                   [&] { (void)copy_model_files(base_model_, folder); });
 }
 
 void job_core::zero_grad(const std::vector<at::Tensor>& parameters, bool set_to_none) {
@@ -339,7 +359,7 @@ std::string job_core::describe() const {
     if (p.requires_grad()) trainable += p.numel();
   }
   std::string text = plan_text_;
-  const runtime& rt = context_->rt();
+  const runtime& rt = context_->world();
   text += fmt::format("build: {} on {}{}, device {}\n", model_name_, counted(rt.world_size(), "rank"),
                       rt.is_distributed() ? fmt::format(" ({})", to_string(rt.backend())) : std::string(),
                       rt.device().str());

@@ -29,12 +29,21 @@ bool lora_adapter::is_adapter_parameter(std::string_view name) noexcept {
 }
 
 at::Tensor lora_adapter::add_update(at::Tensor output, const at::Tensor& input, bool training) const {
+  return add_up(std::move(output), down(input, training));
+}
+
+at::Tensor lora_adapter::down(const at::Tensor& input, bool training) const {
   namespace F = torch::nn::functional;
   const at::ScalarType type = compute_dtype.value_or(lora_A.scalar_type());
   const at::Tensor adapter_input =
       dropout > 0 ? F::dropout(input, F::DropoutFuncOptions().p(dropout).training(training)) : input;
+  return loom::linear(adapter_input.to(type), lora_A.to(type));
+}
+
+at::Tensor lora_adapter::add_up(at::Tensor output, const at::Tensor& down) const {
+  const at::ScalarType type = compute_dtype.value_or(lora_A.scalar_type());
   // In-place: the update is added to the base output in the output's dtype.
-  return output.add_(loom::linear(loom::linear(adapter_input.to(type), lora_A.to(type)), lora_B.to(type)), scaling);
+  return output.add_(loom::linear(down, lora_B.to(type)), scaling);
 }
 
 at::Tensor lora_adapter::effective_weight(const at::Tensor& weight) const {

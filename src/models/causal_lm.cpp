@@ -73,18 +73,27 @@ at::Tensor summed_cross_entropy(const at::Tensor& logits, const at::Tensor& targ
 // What the chunked loss's backward needs besides the hidden states: autograd keeps it in the node's
 // context, as a capsule.
 struct chunked_loss_state : torch::CustomClassHolder {
-  chunked_loss_state(std::function<at::Tensor(const at::Tensor&)> head_, at::Tensor targets_, std::int64_t chunk_,
-                     std::vector<at::Tensor> tensors_, loom::nn::forward_conditions conditions_)
+  chunked_loss_state(std::function<at::Tensor(const at::Tensor&)> head_, loom::nn::tensor_split* split_,
+                     at::Tensor targets_, std::int64_t chunk_, std::vector<at::Tensor> tensors_,
+                     loom::nn::forward_conditions conditions_)
       : head(std::move(head_)),
+        split(split_),
         targets(std::move(targets_)),
         chunk(chunk_),
         tensors(std::move(tensors_)),
         conditions(std::move(conditions_)) {}
   std::function<at::Tensor(const at::Tensor&)> head;  // the logits of hidden states [tokens, hidden]
-  at::Tensor targets;                                 // [tokens], int64; -100 left out
-  std::int64_t chunk;                                 // tokens a chunk, > 0
-  std::vector<at::Tensor> tensors;                    // the head's trainable tensors, as the head reads them
-  loom::nn::forward_conditions conditions;            // the generators (a LoRA adapter's dropout) and autocast
+  loom::nn::tensor_split* split;                      // the vocabulary's, under tensor_parallel; else none
+
+  // The summed cross-entropy of a chunk's logits: over the split vocabulary without gathering it.
+  [[nodiscard]] at::Tensor loss(const at::Tensor& logits, const at::Tensor& chunk_targets) const {
+    return split != nullptr ? split->summed_cross_entropy(logits, chunk_targets)
+                            : summed_cross_entropy(logits, chunk_targets);
+  }
+  at::Tensor targets;                       // [tokens], int64; -100 left out
+  std::int64_t chunk;                       // tokens a chunk, > 0
+  std::vector<at::Tensor> tensors;          // the head's trainable tensors, as the head reads them
+  loom::nn::forward_conditions conditions;  // the generators (a LoRA adapter's dropout) and autocast
 };
 
 // The head and the cross-entropy summed over hidden states [tokens, hidden], chunk by chunk, as one
@@ -101,8 +110,7 @@ struct chunked_head_loss : torch::autograd::Function<chunked_head_loss> {
     const std::int64_t tokens = hidden.size(0);
     for (std::int64_t begin = 0; begin < tokens; begin += state->chunk) {
       const std::int64_t size = std::min(state->chunk, tokens - begin);
-      total.add_(
-          summed_cross_entropy(state->head(hidden.narrow(0, begin, size)), state->targets.narrow(0, begin, size)));
+      total.add_(state->loss(state->head(hidden.narrow(0, begin, size)), state->targets.narrow(0, begin, size)));
     }
     return total;
   }
@@ -130,7 +138,7 @@ struct chunked_head_loss : torch::autograd::Function<chunked_head_loss> {
       for (std::int64_t begin = 0; begin < tokens; begin += state->chunk) {
         const std::int64_t size = std::min(state->chunk, tokens - begin);
         const at::Tensor part = hidden.narrow(0, begin, size).detach().requires_grad_(wants_hidden);
-        const at::Tensor loss = summed_cross_entropy(state->head(part), state->targets.narrow(0, begin, size));
+        const at::Tensor loss = state->loss(state->head(part), state->targets.narrow(0, begin, size));
         torch::autograd::variable_list targets;
         if (wants_hidden) targets.push_back(part);
         for (const std::size_t i : wanted) targets.push_back(state->tensors[i]);
@@ -213,10 +221,11 @@ DecoderAttentionImpl::DecoderAttentionImpl(const causal_lm_config& config, std::
 DecoderAttentionImpl::projected DecoderAttentionImpl::project(const at::Tensor& x, const at::Tensor& cos,
                                                               const at::Tensor& sin) {
   const std::int64_t batch = x.size(0), seq = x.size(1);
-  const auto heads_of = [&](const at::Tensor& y, std::int64_t count) { return y.view({batch, seq, count, head_dim_}); };
-  at::Tensor q = heads_of(q_proj(x), heads_);
-  at::Tensor k = heads_of(k_proj(x), kv_heads_);
-  const at::Tensor v = heads_of(v_proj(x), kv_heads_);
+  // As many heads as the projections give: under tensor_parallel this rank's slice of them.
+  const auto heads_of = [&](const at::Tensor& y) { return y.view({batch, seq, -1, head_dim_}); };
+  at::Tensor q = heads_of(q_proj(x));
+  at::Tensor k = heads_of(k_proj(x));
+  const at::Tensor v = heads_of(v_proj(x));
   if (q_norm) {
     q = q_norm(q);
     k = k_norm(k);
@@ -229,7 +238,7 @@ DecoderAttentionImpl::projected DecoderAttentionImpl::project(const at::Tensor& 
 
 at::Tensor DecoderAttentionImpl::forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
   const auto [q, k, v] = project(x, cos, sin);
-  return o_proj(attention(q, k, v).reshape({x.size(0), x.size(1), heads_ * head_dim_}));
+  return o_proj(attention(q, k, v).flatten(2));
 }
 
 at::Tensor DecoderAttentionImpl::forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
@@ -256,7 +265,7 @@ at::Tensor DecoderAttentionImpl::forward(const at::Tensor& x, const at::Tensor& 
   const at::Tensor attended = loom::scaled_dot_product_attention(q.transpose(1, 2), keys.transpose(1, 2),
                                                                  values.transpose(1, 2), mask, false, options.scale)
                                   .transpose(1, 2);
-  return o_proj(attended.reshape({x.size(0), seq, heads_ * head_dim_}));
+  return o_proj(attended.flatten(2));
 }
 
 DecoderMLPImpl::DecoderMLPImpl(const causal_lm_config& config)
@@ -399,14 +408,48 @@ std::vector<tied_parameter> CausalLMImpl::tied_parameters() const {
   return {{.name = "lm_head.weight", .reads = "model.embed_tokens.weight"}};
 }
 
+std::vector<loom::nn::parallel_layer> CausalLMImpl::tensor_parallel_plan() const {
+  using loom::nn::parallel_style;
+  std::vector<loom::nn::parallel_layer> plan{
+      {"model.embed_tokens", parallel_style::vocab},
+      {"model.layers.*.self_attn.q_proj", parallel_style::colwise},
+      {"model.layers.*.self_attn.k_proj", parallel_style::colwise},
+      {"model.layers.*.self_attn.v_proj", parallel_style::colwise},
+      {"model.layers.*.self_attn.o_proj", parallel_style::rowwise},
+      {"model.layers.*.mlp.gate_proj", parallel_style::colwise},
+      {"model.layers.*.mlp.up_proj", parallel_style::colwise},
+      {"model.layers.*.mlp.down_proj", parallel_style::rowwise},
+  };
+  if (config.qk_norm) {
+    plan.push_back({"model.layers.*.self_attn.q_norm", parallel_style::gradient_summed});
+    plan.push_back({"model.layers.*.self_attn.k_norm", parallel_style::gradient_summed});
+  }
+  if (lm_head) plan.push_back({"lm_head", parallel_style::colwise});
+  return plan;
+}
+
 at::Tensor CausalLMImpl::logits_of(const at::Tensor& hidden) {
-  const at::Tensor logits = lm_head ? lm_head(hidden) : loom::linear(hidden, model->embed_tokens->weight);
+  at::Tensor logits;
+  if (lm_head) {
+    logits = lm_head(hidden);
+  } else if (const auto& split = model->embed_tokens->split()) {
+    // The tied head reads this rank's rows of the table: its input enters the split whole.
+    logits = loom::linear(split->enter(hidden), model->embed_tokens->weight);
+  } else {
+    logits = loom::linear(hidden, model->embed_tokens->weight);
+  }
   if (!config.final_logit_softcapping) return logits;
   const double cap = *config.final_logit_softcapping;
   return at::tanh(logits / cap) * cap;
 }
 
-at::Tensor CausalLMImpl::forward(const at::Tensor& ids) { return logits_of(model->forward(ids)); }
+at::Tensor CausalLMImpl::whole_logits_of(const at::Tensor& hidden) {
+  const at::Tensor logits = logits_of(hidden);
+  const auto& split = model->embed_tokens->split();
+  return split ? split->gather(logits, -1) : logits;
+}
+
+at::Tensor CausalLMImpl::forward(const at::Tensor& ids) { return whole_logits_of(model->forward(ids)); }
 
 std::vector<at::Tensor> CausalLMImpl::trainable_head_tensors() const {
   std::vector<at::Tensor> tensors;
@@ -445,8 +488,9 @@ at::Tensor CausalLMImpl::forward(const at::Tensor& ids, const at::Tensor& labels
   const std::int64_t chunk =
       loss_chunk_tokens > 0 && loss_chunk_tokens < tokens ? loss_chunk_tokens : std::max<std::int64_t>(tokens, 1);
   std::vector<at::Tensor> tensors = trainable_head_tensors();
-  auto state = c10::make_intrusive<chunked_loss_state>([this](const at::Tensor& h) { return logits_of(h); }, targets,
-                                                       chunk, tensors, loom::nn::forward_conditions({flat}));
+  auto state = c10::make_intrusive<chunked_loss_state>([this](const at::Tensor& h) { return logits_of(h); },
+                                                       model->embed_tokens->split().get(), targets, chunk, tensors,
+                                                       loom::nn::forward_conditions({flat}));
   const at::Tensor summed = chunked_head_loss::apply(state, flat, at::TensorList(tensors));
   return sequence->sum(summed) / (shifted != -100).sum().to(at::kFloat);
 }
@@ -454,7 +498,7 @@ at::Tensor CausalLMImpl::forward(const at::Tensor& ids, const at::Tensor& labels
 at::Tensor CausalLMImpl::next_token_logits(const at::Tensor& ids, kv_cache& cache) {
   // The head over the last position alone: over a long prompt, a whole vocabulary's logits for every
   // token would outweigh the model.
-  return logits_of(model->forward(ids, cache).select(1, -1));
+  return whole_logits_of(model->forward(ids, cache).select(1, -1));
 }
 
 at::Tensor causal_lm_loss(const at::Tensor& logits, const at::Tensor& labels) {

@@ -4,11 +4,13 @@
 
 #include <loom/base/text.hpp>
 #include <loom/nn/deferred_init.hpp>
+#include <loom/nn/tensor_parallel.hpp>
 
 #include <ATen/ATen.h>
 #include <torch/nn/functional/embedding.h>
 #include <torch/nn/init.h>
 
+#include <optional>
 #include <stdexcept>
 
 namespace loom::nn {
@@ -52,8 +54,35 @@ void EmbeddingImpl::pretty_print(std::ostream& stream) const {
 at::Tensor EmbeddingImpl::forward(const at::Tensor& indices) {
   namespace F = torch::nn::functional;
   require_bytes(weight, "loom::nn::Embedding");
-  return F::detail::embedding(indices, weight, options.padding_idx(), options.max_norm(), options.norm_type(),
-                              options.scale_grad_by_freq(), options.sparse());
+  if (!split_) {
+    return F::detail::embedding(indices, weight, options.padding_idx(), options.max_norm(), options.norm_type(),
+                                options.scale_grad_by_freq(), options.sparse());
+  }
+  const at::Tensor mine = indices.ge(first_row_).logical_and(indices.lt(first_row_ + weight.size(0)));
+  const at::Tensor rows = at::where(mine, indices - first_row_, 0);
+  // The padding row, where this rank holds it, as torch::nn::Embedding keeps it: no gradient.
+  std::optional<std::int64_t> padding;
+  if (options.padding_idx() && *options.padding_idx() >= first_row_ &&
+      *options.padding_idx() < first_row_ + weight.size(0)) {
+    padding = *options.padding_idx() - first_row_;
+  }
+  const at::Tensor looked_up = F::detail::embedding(rows, weight, padding, options.max_norm(), options.norm_type(),
+                                                    options.scale_grad_by_freq(), options.sparse());
+  return split_->reduce(looked_up * mine.unsqueeze(-1).to(looked_up.scalar_type()));
+}
+
+void EmbeddingImpl::split_vocabulary(std::shared_ptr<tensor_split> split) {
+  if (split_) throw std::logic_error("loom::nn::Embedding is split already");
+  if (options.max_norm() || options.scale_grad_by_freq()) {
+    throw_error<std::invalid_argument>(
+        "loom::nn::Embedding with {}: tensor_parallel splits a table without one (each rank would renormalise "
+        "or count its rows alone); give the model's table none",
+        options.max_norm() ? "a max_norm" : "scale_grad_by_freq");
+  }
+  torch::NoGradGuard no_grad;
+  first_row_ = split->slice_begin(weight.size(0));
+  at::Tensor(weight).set_data(split->slice(weight, 0));
+  split_ = std::move(split);
 }
 
 }  // namespace loom::nn

@@ -4,6 +4,7 @@
 
 #include <loom/base/text.hpp>
 #include <loom/nn/deferred_init.hpp>
+#include <loom/nn/tensor_parallel.hpp>
 #include <loom/precision/linear.hpp>
 
 #include <ATen/ATen.h>
@@ -49,6 +50,7 @@ at::Tensor LinearImpl::forward(const at::Tensor& input) {
   // at::linear, as PyTorch's nn.Linear calls it: a batch of rows and the bias in one addmm, rounded
   // once (torch::nn::functional::linear adds the bias after a matmul, a second rounding in bf16);
   // in bf16 on a CPU without bf16 instructions, through the fp32 GEMM (loom/precision/linear.hpp).
+  if (split_) return split_forward(input);
   at::Tensor output;
   if (quantized_) {
     output = quant::linear(input, *quantized_, bias);
@@ -59,6 +61,50 @@ at::Tensor LinearImpl::forward(const at::Tensor& input) {
   if (!adapter_ || (merged_ && !quantized_)) return output;
   return adapter_->add_update(std::move(output), input, is_training());
 }
+
+// Colwise: the input enters whole and the output stays split; the adapter's rank-r activation, computed
+// whole on every rank, enters B's slice as the input enters the base's. Rowwise: the partial products
+// of this rank's input features are summed over the group, then the bias added; the adapter's partial
+// rank-r activation is summed before B, which every rank holds whole.
+at::Tensor LinearImpl::split_forward(const at::Tensor& input) {
+  require_bytes(weight, "loom::nn::Linear");
+  const bool update = adapter_ && !merged_;
+  if (*style_ == parallel_style::colwise) {
+    at::Tensor output = loom::linear(split_->enter(input), weight, bias);
+    if (!update) return output;
+    return adapter_->add_up(std::move(output), split_->enter(adapter_->down(input, is_training())));
+  }
+  at::Tensor output = split_->reduce(loom::linear(input, weight, {}));
+  if (bias.defined()) output = output + bias;
+  if (!update) return output;
+  return adapter_->add_up(std::move(output), split_->reduce(adapter_->down(input, is_training())));
+}
+
+void LinearImpl::split(parallel_style style, std::shared_ptr<tensor_split> split) {
+  if (split_) throw std::logic_error("loom::nn::Linear is split already");
+  if (quantized_) throw std::logic_error("loom::nn::Linear: a quantized layer cannot be split");
+  if (style != parallel_style::colwise && style != parallel_style::rowwise) {
+    throw std::logic_error("loom::nn::Linear splits colwise or rowwise");
+  }
+  torch::NoGradGuard no_grad;
+  const auto keep = [&](at::Tensor& tensor, std::int64_t dim) {
+    at::Tensor(tensor).set_data(split->slice(tensor, dim));
+  };
+  if (style == parallel_style::colwise) {
+    keep(weight, 0);
+    if (bias.defined()) keep(bias, 0);
+    if (adapter_) keep(lora_B, 0);
+    options.out_features(weight.size(0));
+  } else {
+    keep(weight, 1);
+    if (adapter_) keep(lora_A, 1);
+    options.in_features(weight.size(1));
+  }
+  split_ = std::move(split);
+  style_ = style;
+}
+
+std::optional<parallel_style> LinearImpl::parallel() const noexcept { return style_; }
 
 void LinearImpl::add_adapter(const lora_adapter_options& options) {
   if (adapter_) throw std::logic_error("loom::nn::Linear already has a LoRA adapter");

@@ -320,6 +320,24 @@ AttentionImpl::AttentionImpl(const attention_options& options) : options_(option
   }
 }
 
+void AttentionImpl::keep_heads(int k, std::string_view name) {
+  const std::int64_t heads = options_.heads, kv_heads = options_.key_value_heads();
+  if (heads % k != 0) {
+    throw_error<std::invalid_argument>(
+        "tensor_parallel({}): {} has {}, which {} ranks cannot split evenly: give a size that divides the heads "
+        "(num_attention_heads), as each rank computes heads / k of them",
+        k, name, counted(heads, "attention head"), k);
+  }
+  if (kv_heads % k != 0) {
+    throw_error<std::invalid_argument>(
+        "tensor_parallel({}): {} has {}, which {} ranks cannot split evenly: give a size that divides the "
+        "key-value heads (num_key_value_heads); tensor_parallel does not repeat key-value heads across ranks",
+        k, name, counted(kv_heads, "key-value head"), k);
+  }
+  options_.heads = heads / k;
+  options_.kv_heads = kv_heads / k;
+}
+
 void AttentionImpl::join(std::shared_ptr<sequence_split> split, std::size_t site_index) {
   split_ = std::move(split);
   site_index_ = site_index;

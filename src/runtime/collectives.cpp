@@ -116,6 +116,7 @@ std::function<void()> collectives::divided_after(const at::Tensor& sum, reduce_o
 }
 
 c10d::ReduceOp collectives::backend_op(reduce_op op) const {
+  if (op == reduce_op::max) return c10d::ReduceOp(c10d::ReduceOp::MAX);
   return c10d::ReduceOp(op == reduce_op::mean && device_ordered_ ? c10d::ReduceOp::AVG : c10d::ReduceOp::SUM);
 }
 

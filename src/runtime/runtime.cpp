@@ -27,6 +27,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cmath>
 #include <condition_variable>
@@ -339,13 +340,16 @@ struct runtime::state {
   std::unique_ptr<collectives> comm;
   std::unique_ptr<collectives> host_comm;  // set when comm's backend is not Gloo
   std::unique_ptr<heartbeat> pulse;        // after the store: stops beating before the store goes
+  // A runtime over some of the world's ranks (among): the world's, whose progress, failures and
+  // heartbeat it shares; none for the world's own.
+  std::shared_ptr<state> world;
 
   state() = default;
   state(const state&) = delete;
   state& operator=(const state&) = delete;
   // A failed job's store stays while the other ranks read why (store_hold.hpp).
   ~state() {
-    if (!store || !failures->failed()) return;
+    if (world || !store || !failures->failed()) return;
     if (!env.hosts_store()) {
       release_store(*store, env.rank);
       return;
@@ -379,6 +383,59 @@ void choose_cpp_stack_traces(const launch_env& env) {
 
 }  // namespace
 
+namespace {
+
+// What a process group is to loom: c10d's group, for components such as the Reducer, and loom's collectives.
+struct joined_group {
+  c10::intrusive_ptr<c10d::ProcessGroup> group;
+  std::unique_ptr<collectives> comm;
+  std::unique_ptr<collectives> host_comm;  // when comm's backend is not Gloo
+};
+
+// The process group of `env`'s rank and world size, meeting through `store`: Gloo for host tensors,
+// NCCL for the device's under NCCL, and loom's collectives over them, which tell `progress` of
+// their waits and name `group` for the hang check (its default: the world).
+joined_group join_process_group(const c10::intrusive_ptr<c10d::Store>& store, const launch_env& env,
+                                backend_kind backend, c10::Device device, job_progress& progress,
+                                job_failures& failures, const std::string& name, collective_group group) {
+  joined_group joined;
+  joined.group = c10::make_intrusive<c10d::ProcessGroup>(store, env.rank, env.world_size);
+  c10::intrusive_ptr<c10d::Backend> device_backend;
+  c10::intrusive_ptr<c10d::Backend> gloo;
+  try {
+    gloo = make_gloo(store, env, env.rank, env.world_size, failures);
+    joined.group->setBackend(c10::kCPU, c10d::ProcessGroup::BackendType::GLOO, gloo);
+    // Gloo over CUDA tensors (several ranks sharing a GPU): the Reducer's buckets go to Gloo too.
+    if (device.is_cuda()) joined.group->setBackend(c10::kCUDA, c10d::ProcessGroup::BackendType::GLOO, gloo);
+    device_backend = gloo;
+#ifdef LOOM_HAVE_NCCL
+    if (backend == backend_kind::nccl) {
+      device_backend = make_nccl(store, env, env.rank, env.world_size, name, device, failures);
+      joined.group->setBackend(c10::kCUDA, c10d::ProcessGroup::BackendType::NCCL, device_backend);
+    }
+#endif
+  } catch (const std::exception& error) {
+    throw_error<launch_error>("rank {} could not create the {} process group {} of {} ranks within {}: {}", env.rank,
+                              to_string(backend), name, env.world_size, seconds(env.timeout), error_text(error));
+  }
+  joined.group->setDefaultBackend(backend == backend_kind::nccl ? c10d::ProcessGroup::BackendType::NCCL
+                                                                : c10d::ProcessGroup::BackendType::GLOO);
+  joined.group->setGroupName("loom." + name);
+  // loom's own collectives take Gloo's CPU path for CUDA tensors: a copy each way, stated in docs/gpu.md.
+  const bool staged = backend == backend_kind::gloo && device.is_cuda();
+  if (backend == backend_kind::nccl) {
+    collective_group host{group.world() ? std::string("host") : group.name + ".host",
+                          group.world() ? all_ranks(env.world_size) : group.members};
+    joined.host_comm = std::make_unique<collectives>(gloo, env.rank, env.world_size, /*stage_through_host=*/false,
+                                                     &progress, std::move(host));
+  }
+  joined.comm =
+      std::make_unique<collectives>(device_backend, env.rank, env.world_size, staged, &progress, std::move(group));
+  return joined;
+}
+
+}  // namespace
+
 runtime::runtime(const launch_env& env) : state_(std::make_shared<state>()) {
   choose_cpp_stack_traces(env);
   state& s = *state_;
@@ -396,36 +453,10 @@ runtime::runtime(const launch_env& env) : state_(std::make_shared<state>()) {
 
   ignore_broken_pipes();
   s.store = rendezvous(env);
-  s.group = c10::make_intrusive<c10d::ProcessGroup>(s.store, env.rank, env.world_size);
-  c10::intrusive_ptr<c10d::Backend> device_backend;
-  c10::intrusive_ptr<c10d::Backend> gloo;
-  try {
-    gloo = make_gloo(s.store, env, env.rank, env.world_size, *s.failures);
-    s.group->setBackend(c10::kCPU, c10d::ProcessGroup::BackendType::GLOO, gloo);
-    // Gloo over CUDA tensors (several ranks sharing a GPU): the Reducer's buckets go to Gloo too.
-    if (s.device.is_cuda()) s.group->setBackend(c10::kCUDA, c10d::ProcessGroup::BackendType::GLOO, gloo);
-    device_backend = gloo;
-#ifdef LOOM_HAVE_NCCL
-    if (s.backend == backend_kind::nccl) {
-      device_backend = make_nccl(s.store, env, env.rank, env.world_size, "world", s.device, *s.failures);
-      s.group->setBackend(c10::kCUDA, c10d::ProcessGroup::BackendType::NCCL, device_backend);
-    }
-#endif
-  } catch (const std::exception& error) {
-    throw_error<launch_error>("rank {} could not create the {} process group of {} ranks within {}: {}", env.rank,
-                              to_string(s.backend), env.world_size, seconds(env.timeout), error_text(error));
-  }
-  s.group->setDefaultBackend(s.backend == backend_kind::nccl ? c10d::ProcessGroup::BackendType::NCCL
-                                                             : c10d::ProcessGroup::BackendType::GLOO);
-  s.group->setGroupName("loom.world");
-  // loom's own collectives take Gloo's CPU path for CUDA tensors: a copy each way, stated in docs/gpu.md.
-  s.comm = std::make_unique<collectives>(device_backend, env.rank, env.world_size,
-                                         /*stage_through_host=*/s.backend == backend_kind::gloo && s.device.is_cuda(),
-                                         &s.progress);
-  if (s.backend == backend_kind::nccl) {
-    s.host_comm = std::make_unique<collectives>(gloo, env.rank, env.world_size, /*stage_through_host=*/false,
-                                                &s.progress, collective_group{"host", all_ranks(env.world_size)});
-  }
+  joined_group joined = join_process_group(s.store, env, s.backend, s.device, s.progress, *s.failures, "world", {});
+  s.group = std::move(joined.group);
+  s.comm = std::move(joined.comm);
+  s.host_comm = std::move(joined.host_comm);
   s.failures->watch(s.store, s.progress);
   s.pulse = std::make_unique<heartbeat>(s.store, env, s.device, s.progress, *s.failures);
 }
@@ -440,17 +471,50 @@ std::chrono::milliseconds runtime::timeout() const noexcept { return state_->env
 const launch_env& runtime::env() const noexcept { return state_->env; }
 collectives& runtime::comm() const noexcept { return *state_->comm; }
 collectives& runtime::host_comm() const noexcept { return state_->host_comm ? *state_->host_comm : *state_->comm; }
-job_progress& runtime::progress() const noexcept { return state_->progress; }
-job_failures& runtime::failures() const noexcept { return *state_->failures; }
+job_progress& runtime::progress() const noexcept { return state_->world ? state_->world->progress : state_->progress; }
+job_failures& runtime::failures() const noexcept {
+  return state_->world ? *state_->world->failures : *state_->failures;
+}
 const c10::intrusive_ptr<c10d::ProcessGroup>& runtime::process_group() const noexcept { return state_->group; }
 const c10::intrusive_ptr<c10d::Store>& runtime::store() const noexcept { return state_->store; }
 
 std::vector<int> runtime::silent_ranks(std::chrono::milliseconds window) const {
-  return state_->pulse ? state_->pulse->silent_ranks(window) : std::vector<int>{};
+  const state& world = state_->world ? *state_->world : *state_;
+  return world.pulse ? world.pulse->silent_ranks(window) : std::vector<int>{};
 }
 
 std::vector<std::pair<int, job_position>> runtime::departed_ranks() const {
-  return state_->pulse ? state_->pulse->departed_ranks() : std::vector<std::pair<int, job_position>>{};
+  const state& world = state_->world ? *state_->world : *state_;
+  return world.pulse ? world.pulse->departed_ranks() : std::vector<std::pair<int, job_position>>{};
+}
+
+runtime::runtime(std::shared_ptr<state> made) : state_(std::move(made)) {}
+
+runtime runtime::among(const std::string& name, std::vector<int> members) const {
+  const auto place = std::find(members.begin(), members.end(), rank());
+  if (place == members.end() || !std::is_sorted(members.begin(), members.end())) {
+    throw std::logic_error("runtime::among: give this rank's group, its world ranks ascending");
+  }
+  const std::int64_t generation = is_distributed() ? next_mesh_generation(*this) : 0;
+  auto made = std::make_shared<state>();
+  state& s = *made;
+  s.world = state_->world ? state_->world : state_;
+  s.env = state_->env;
+  s.env.rank = static_cast<int>(place - members.begin());
+  s.env.world_size = static_cast<int>(members.size());
+  s.backend = state_->backend;
+  s.device = state_->device;
+  if (members.size() == 1) {
+    s.comm = std::make_unique<collectives>(nullptr, 0, 1);
+    return runtime(std::move(made));
+  }
+  s.store = c10::make_intrusive<c10d::PrefixStore>(fmt::format("loom/mesh.{}/{}", generation, name), state_->store);
+  joined_group joined = join_process_group(s.store, s.env, s.backend, s.device, progress(), failures(), name,
+                                           collective_group{name, std::move(members)});
+  s.group = std::move(joined.group);
+  s.comm = std::move(joined.comm);
+  s.host_comm = std::move(joined.host_comm);
+  return runtime(std::move(made));
 }
 
 }  // namespace loom

@@ -10,8 +10,8 @@
 namespace loom {
 
 strategy_context::strategy_context(runtime rt, std::shared_ptr<torch::nn::Module> module,
-                                   std::optional<precision_policy> precision)
-    : runtime_(std::move(rt)), module_(std::move(module)), precision_(precision) {
+                                   std::optional<precision_policy> precision, std::optional<runtime> world)
+    : runtime_(std::move(rt)), world_(std::move(world)), module_(std::move(module)), precision_(precision) {
   for (const auto& item : module_->named_parameters()) {
     if (item.value().requires_grad()) trainable_.push_back({item.key(), item.value()});
   }

@@ -92,6 +92,17 @@ std::vector<std::string_view> unquantized_modules_of() {
   return names;
 }
 
+// The layers the model splits under tensor_parallel, from its tensor_parallel_plan(), which may
+// depend on its configuration (a tied head has no lm_head of its own); none when it has none.
+template <class Module>
+std::vector<nn::parallel_layer> tensor_parallel_plan_of(const Module& module) {
+  if constexpr (requires { module.tensor_parallel_plan(); }) {
+    return module.tensor_parallel_plan();
+  } else {
+    return {};
+  }
+}
+
 // The parameters the model does not hold because they read others (a tied head's), from its
 // tied_parameters(), which depends on its configuration.
 template <class Module>
@@ -155,8 +166,12 @@ auto build_checked(const plan_value<Args, Strategy>& plan, runtime rt) {
   decided.pretrained = build_steps::open_checkpoint(plan.stages);
 
   // An engine that materialises its parameters gets them without bytes where the construction allows.
+  // Split layers are cut from the whole, built and read on every rank, as the unsplit run builds them.
+  const bool splits_layers = build_steps::splits_layers(plan.stages);
   std::shared_ptr<nn::deferred_init> deferred;
-  if constexpr (hooks::materialises_parameters<E>()) deferred = std::make_shared<nn::deferred_init>();
+  if constexpr (hooks::materialises_parameters<E>()) {
+    if (!splits_layers) deferred = std::make_shared<nn::deferred_init>();
+  }
   constructed<M> made = construct<M>(plan.model_args, seed, dtypes, lora, deferred.get());
   if (deferred) {
     switch (build_steps::judge_deferred(*deferred, *made.model.base(), seed.has_value(), decided.constructed_whole)) {
@@ -171,7 +186,8 @@ auto build_checked(const plan_value<Args, Strategy>& plan, runtime rt) {
   torch::nn::Module& model = *made.model.base();
   decided.identity.tied = tied_parameters_of(*made.model.operator->());
   if (decided.pretrained)
-    decided.pretrained_read = build_steps::load_pretrained(*decided.pretrained, model, hooks::shards_parameters<E>());
+    decided.pretrained_read =
+        build_steps::load_pretrained(*decided.pretrained, model, hooks::shards_parameters<E>() && !splits_layers);
   decided.trainable_held_in_fp32 = build_steps::set_what_trains(
       model, type_name<M>(), made.lora ? &*made.lora : nullptr, decided.identity.tied, plan.stages, dtypes.built_in);
   decided.quantized =
@@ -182,6 +198,8 @@ auto build_checked(const plan_value<Args, Strategy>& plan, runtime rt) {
       build_steps::split_sequences(model, type_name<M>(), plan.stages, rt, dtypes, decided.recomputed_units);
   build_steps::move_to_device(model, rt, deferred.get());
   build_steps::check_or_broadcast_replicas(rt, model, seed, deferred.get());
+  decided.tensor_split = build_steps::split_layers(model, type_name<M>(),
+                                                   tensor_parallel_plan_of(*made.model.operator->()), plan.stages, rt);
   decided.deferred = std::move(deferred);
   return job<M, E>(std::move(made.model), std::move(rt), std::move(made.lora), plan.text, std::move(engine), decided);
 }

@@ -9,6 +9,7 @@
 #include <loom/lora/lora.hpp>
 #include <loom/nn/deferred_init.hpp>
 #include <loom/nn/sequence_parallel.hpp>
+#include <loom/nn/tensor_parallel.hpp>
 #include <loom/precision/precision.hpp>
 #include <loom/quant/quantized_weight.hpp>
 #include <loom/runtime/runtime.hpp>
@@ -82,6 +83,19 @@ enum class deferral { stands, nothing_deferred, construct_whole };
                                                                   const stage_list& stages, const runtime& rt,
                                                                   const dtypes& types,
                                                                   const std::vector<std::string>& recomputed_units);
+
+// Whether the plan splits layers across ranks (tensor_parallel(k), k > 1): the model is then built
+// and read whole on every rank, and split once the replicas are checked.
+[[nodiscard]] bool splits_layers(const stage_list& stages);
+
+// tensor_parallel(k)'s split of the model's layers that `plan` marks (its tensor_parallel_plan()),
+// and of its attentions' heads, over groups of k consecutive ranks; none without the stage or with
+// k = 1. Throws, naming the fix, when k does not divide the world size, a head count or a split
+// dimension, when the model marks no layer, and for an adapter with dropout (each rank would draw
+// its own mask over the input that the group's ranks share).
+[[nodiscard]] std::shared_ptr<nn::tensor_split> split_layers(torch::nn::Module& model, std::string_view model_name,
+                                                             const std::vector<nn::parallel_layer>& plan,
+                                                             const stage_list& stages, const runtime& rt);
 
 // To the runtime's device; a deferred construction moves its records, not bytes it does not have.
 void move_to_device(torch::nn::Module& model, const runtime& rt, nn::deferred_init* deferred);

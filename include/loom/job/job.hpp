@@ -30,7 +30,8 @@
 
 namespace loom::nn {
 class sequence_split;
-}
+class tensor_split;
+}  // namespace loom::nn
 
 namespace loom {
 
@@ -174,6 +175,7 @@ struct build_decisions {
   std::shared_ptr<nn::deferred_init> deferred;         // the records of a construction without bytes
   std::string constructed_whole;                       // why an engine that could not have it so
   std::shared_ptr<nn::sequence_split> sequence_split;  // sequence_parallel(k)'s, k > 1; none otherwise
+  std::shared_ptr<nn::tensor_split> tensor_split;      // tensor_parallel(k)'s, k > 1; none otherwise
   std::string plan_state;  // the plan's describe_state(): what a checkpoint of the job must have been saved by
   model_identity identity;
 };
@@ -262,6 +264,7 @@ class job_core {
   collective_schedule built_schedule_;
   forward_casting casting_;
   std::shared_ptr<nn::sequence_split> sequence_split_;
+  std::shared_ptr<nn::tensor_split> tensor_split_;
   // The diffusers component that prefixes a diffusers LoRA file's keys, refused when M names none.
   [[nodiscard]] std::string_view diffusers_component(std::string_view what) const;
 
@@ -313,7 +316,7 @@ class job {
     return out.take();
   }
   [[nodiscard]] E& strategy() noexcept { return engine_; }
-  [[nodiscard]] const runtime& rt() const noexcept { return core_.context().rt(); }
+  [[nodiscard]] const runtime& rt() const noexcept { return core_.context().world(); }
   // This process's place among the job's: rank 0 is the one that prints and writes what is written
   // once. Batches are chosen by data_rank() instead, which differs under sequence_parallel.
   [[nodiscard]] int rank() const noexcept { return rt().rank(); }

@@ -41,6 +41,10 @@ struct lora_adapter : lora_adapter_options {
 
   // The fast path: `output` (the base layer's, for `input`) plus scaling · B(A(dropout(input))).
   [[nodiscard]] at::Tensor add_update(at::Tensor output, const at::Tensor& input, bool training) const;
+  // Its two halves, for a layer split across ranks, which exchanges the rank-r activation between
+  // them: A(dropout(input)) in the compute dtype, and `output` plus scaling · B(down).
+  [[nodiscard]] at::Tensor down(const at::Tensor& input, bool training) const;
+  [[nodiscard]] at::Tensor add_up(at::Tensor output, const at::Tensor& down) const;
   // The fallback path: W + scaling · B·A, differentiable in A and B.
   [[nodiscard]] at::Tensor effective_weight(const at::Tensor& weight) const;
   // W += scaling · B·A, and back, in W's dtype.

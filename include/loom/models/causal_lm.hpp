@@ -17,6 +17,7 @@
 #include <loom/nn/embedding.hpp>
 #include <loom/nn/linear.hpp>
 #include <loom/nn/sequence_parallel.hpp>
+#include <loom/nn/tensor_parallel.hpp>
 #include <loom/nn/unit.hpp>
 
 #include <ATen/core/Tensor.h>
@@ -156,7 +157,13 @@ class CausalLMImpl : public torch::nn::Module {
   explicit CausalLMImpl(const causal_lm_config& config);
   // With tie_word_embeddings, the head's weight that it reads from the embedding rather than holds.
   [[nodiscard]] std::vector<tied_parameter> tied_parameters() const;
-  // Logits [batch, seq, vocab] of token ids [batch, seq] (int64).
+  // Its layers under tensor_parallel (loom/nn/tensor_parallel.hpp), as transformers' base_model_tp_plan
+  // marks them: attention's q, k, v colwise by heads and o rowwise, the MLP's gate and up colwise and
+  // down rowwise, the embedding and the head by vocabulary (the loss computed over the split logits),
+  // and the per-head q and k norms' weights gradient_summed.
+  [[nodiscard]] std::vector<loom::nn::parallel_layer> tensor_parallel_plan() const;
+  // Logits [batch, seq, vocab] of token ids [batch, seq] (int64); under tensor_parallel gathered
+  // whole on every rank (forward(ids, labels) never gathers them).
   at::Tensor forward(const at::Tensor& ids);
   // The mean next-token cross-entropy of token ids [batch, seq] against `labels` [batch, seq] (int64;
   // position t predicts labels[t + 1], labels of -100 left out), as transformers'
@@ -188,7 +195,10 @@ class CausalLMImpl : public torch::nn::Module {
   std::int64_t loss_chunk_tokens;
 
  private:
+  // This rank's logits: under tensor_parallel its slice of the vocabulary.
   at::Tensor logits_of(const at::Tensor& hidden);
+  // The logits whole on every rank.
+  at::Tensor whole_logits_of(const at::Tensor& hidden);
   // What the head computes with and trains: lm_head's parameters, or the tied embedding, that require grad.
   [[nodiscard]] std::vector<at::Tensor> trainable_head_tensors() const;
 };

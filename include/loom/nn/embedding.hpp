@@ -8,9 +8,12 @@
 #include <torch/nn/pimpl.h>
 
 #include <cstdint>
+#include <memory>
 #include <ostream>
 
 namespace loom::nn {
+
+class tensor_split;
 
 class EmbeddingImpl : public torch::nn::Cloneable<EmbeddingImpl> {
  public:
@@ -26,8 +29,20 @@ class EmbeddingImpl : public torch::nn::Cloneable<EmbeddingImpl> {
 
   at::Tensor forward(const at::Tensor& indices);
 
+  // Keeps this rank's rows of the table under tensor_parallel (loom/nn/tensor_parallel.hpp): each
+  // rank looks up the ids in its rows, zeros elsewhere, and the lookups are summed over the group.
+  // Once, before a strategy.
+  void split_vocabulary(std::shared_ptr<tensor_split> split);
+  // The first id of this rank's rows: 0 unless split.
+  [[nodiscard]] std::int64_t first_row() const noexcept { return first_row_; }
+  [[nodiscard]] const std::shared_ptr<tensor_split>& split() const noexcept { return split_; }
+
   torch::nn::EmbeddingOptions options;
   at::Tensor weight;
+
+ private:
+  std::shared_ptr<tensor_split> split_;
+  std::int64_t first_row_ = 0;
 };
 
 TORCH_MODULE(Embedding);

@@ -11,9 +11,14 @@
 #include <torch/nn/options/linear.h>
 #include <torch/nn/pimpl.h>
 
+#include <cstdint>
+#include <memory>
 #include <optional>
 
 namespace loom::nn {
+
+class tensor_split;
+enum class parallel_style : std::uint8_t;
 
 class LinearImpl : public torch::nn::Cloneable<LinearImpl> {
  public:
@@ -42,6 +47,11 @@ class LinearImpl : public torch::nn::Cloneable<LinearImpl> {
   // base dequantized in fp32, with the adapter's update added when merged.
   [[nodiscard]] at::Tensor saved_weight(const at::Tensor& codes, const at::Tensor& statistics) const;
 
+  // Keeps this rank's slice of the layer under tensor_parallel (loom/nn/tensor_parallel.hpp): colwise
+  // its output features (and B's), rowwise its input features (and A's). Once, before a strategy.
+  void split(parallel_style style, std::shared_ptr<tensor_split> split);
+  [[nodiscard]] std::optional<parallel_style> parallel() const noexcept;
+
   // Folds scaling · B·A into weight (forward then runs the base alone), and takes it out again; a
   // quantized layer only notes it (saved_weight adds the update).
   void merge();
@@ -55,8 +65,12 @@ class LinearImpl : public torch::nn::Cloneable<LinearImpl> {
   at::Tensor lora_B;
 
  private:
+  at::Tensor split_forward(const at::Tensor& input);
+
   std::optional<lora_adapter> adapter_;
   std::optional<quant::quantized_weight> quantized_;
+  std::shared_ptr<tensor_split> split_;
+  std::optional<parallel_style> style_;
   bool merged_ = false;
 };
 

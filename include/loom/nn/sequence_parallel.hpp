@@ -26,6 +26,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace loom {
@@ -132,6 +133,9 @@ class AttentionImpl : public torch::nn::Module {
   [[nodiscard]] const attention_options& options() const noexcept { return options_; }
   // Set by build(): the plan's split and this attention's place in it.
   void join(std::shared_ptr<sequence_split> split, std::size_t site_index);
+  // Set by build() under tensor_parallel(k): this rank attends with heads / k and kv_heads / k, its
+  // slice of them (throws std::invalid_argument naming `name` when k divides either not).
+  void keep_heads(int k, std::string_view name);
 
  private:
   attention_options options_;

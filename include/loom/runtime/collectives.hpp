@@ -21,7 +21,7 @@ struct ReduceOp;
 
 namespace loom {
 
-enum class reduce_op { sum, mean };
+enum class reduce_op { sum, mean, max };
 
 // An issued collective. wait() blocks until it is done (or the backend's timeout passes, which
 // throws), then runs its completion step, e.g. copying a padded result into the caller's tensor.

@@ -11,6 +11,7 @@
 
 #include <chrono>
 #include <memory>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -63,8 +64,16 @@ class runtime {
   // The other ranks that left the job on purpose (their program ended), with where they were.
   [[nodiscard]] std::vector<std::pair<int, job_position>> departed_ranks() const;
 
+  // A runtime over `members` of the world (world ranks, ascending, this rank among them), named
+  // `name`, for what runs among them alone (a strategy over the data-parallel ranks under
+  // tensor_parallel): its rank, world size, process group and collectives are the group's; its
+  // progress, failures and heartbeat the world's. Every rank of the world calls it at once, each for
+  // its own group.
+  [[nodiscard]] runtime among(const std::string& name, std::vector<int> members) const;
+
  private:
   struct state;
+  explicit runtime(std::shared_ptr<state> made);
   std::shared_ptr<state> state_;  // shared: a runtime is a cheap handle, copies join one group
 };
 

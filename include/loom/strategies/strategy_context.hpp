@@ -1,6 +1,6 @@
 #pragma once
 // What a strategy sees of the job it runs (the definition behind the DSL's forward declaration):
-// the runtime, the built module, its trainable parameters in registration order, the plan's
+// the ranks it runs over, the job's world, the built module, its trainable parameters in registration order, the plan's
 // mixed-precision policy, and the schedule it fills in during setup.
 
 #include <loom/precision/precision.hpp>
@@ -21,9 +21,16 @@ namespace loom {
 
 class strategy_context {
  public:
-  strategy_context(runtime rt, std::shared_ptr<torch::nn::Module> module, std::optional<precision_policy> precision);
+  // `rt`: the ranks the strategy runs over; `world`: the job's, when they are fewer (tensor_parallel).
+  strategy_context(runtime rt, std::shared_ptr<torch::nn::Module> module, std::optional<precision_policy> precision,
+                   std::optional<runtime> world = std::nullopt);
 
+  // The ranks the strategy runs over, which hold the same parameters: the job's world, or under
+  // tensor_parallel(k) this rank's data-parallel group (every k-th rank), whose rank and world size
+  // are the group's.
   [[nodiscard]] const runtime& rt() const noexcept { return runtime_; }
+  // Every rank of the job: what the job itself agrees on, writes once and fails with.
+  [[nodiscard]] const runtime& world() const noexcept { return world_ ? *world_ : runtime_; }
   [[nodiscard]] torch::nn::Module& module() noexcept { return *module_; }
   [[nodiscard]] const torch::nn::Module& module() const noexcept { return *module_; }
   [[nodiscard]] const std::vector<named_tensor>& trainable() const noexcept { return trainable_; }
@@ -59,6 +66,7 @@ class strategy_context {
 
  private:
   runtime runtime_;
+  std::optional<runtime> world_;
   std::shared_ptr<torch::nn::Module> module_;
   std::vector<named_tensor> trainable_;
   std::optional<precision_policy> precision_;

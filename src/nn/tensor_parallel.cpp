@@ -1,0 +1,228 @@
+#include <loom/nn/tensor_parallel.hpp>
+
+#include <loom/base/text.hpp>
+#include <loom/nn/embedding.hpp>
+#include <loom/nn/linear.hpp>
+#include <loom/runtime/tensor_group.hpp>
+
+#include <ATen/ATen.h>
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <torch/autograd.h>
+
+#include <stdexcept>
+#include <utility>
+
+namespace loom::nn {
+
+std::string_view name_of(parallel_style style) noexcept {
+  switch (style) {
+    case parallel_style::colwise: return "colwise";
+    case parallel_style::rowwise: return "rowwise";
+    case parallel_style::vocab: return "vocab";
+    case parallel_style::gradient_summed: return "gradient_summed";
+  }
+  return {};
+}
+
+namespace {
+
+// What the group's autograd nodes keep for their backward.
+struct split_site : torch::CustomClassHolder {
+  explicit split_site(tensor_split* split_) : split(split_) {}
+  tensor_split* split;
+};
+
+at::Tensor summed(const tensor_group& group, const at::Tensor& part) {
+  at::Tensor total = part.contiguous().clone();
+  group.comm().all_reduce(total).wait();
+  return total;
+}
+
+struct enter_group : torch::autograd::Function<enter_group> {
+  static at::Tensor forward(torch::autograd::AutogradContext* context, const c10::intrusive_ptr<split_site>& site,
+                            const at::Tensor& whole) {
+    context->saved_data["site"] = c10::IValue::make_capsule(site);
+    return whole.view_as(whole);
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* context,
+                                                 const torch::autograd::variable_list& grads) {
+    const auto site = c10::static_intrusive_pointer_cast<split_site>(context->saved_data["site"].toCapsule());
+    return {at::Tensor(), summed(site->split->group(), grads[0])};
+  }
+};
+
+struct reduce_over_group : torch::autograd::Function<reduce_over_group> {
+  static at::Tensor forward(torch::autograd::AutogradContext*, const c10::intrusive_ptr<split_site>& site,
+                            const at::Tensor& partial) {
+    return summed(site->split->group(), partial);
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext*,
+                                                 const torch::autograd::variable_list& grads) {
+    return {at::Tensor(), grads[0]};
+  }
+};
+
+at::Tensor gathered(const tensor_group& group, const at::Tensor& part, std::int64_t dim) {
+  const at::Tensor moved = part.movedim(dim, 0).contiguous();
+  std::vector<std::int64_t> sizes = moved.sizes().vec();
+  sizes[0] *= group.size();
+  at::Tensor whole = at::empty(sizes, moved.options());
+  at::Tensor flat = whole.view(-1);
+  group.comm().all_gather(moved.view(-1), flat).wait();
+  return whole.movedim(0, dim);
+}
+
+struct gather_over_group : torch::autograd::Function<gather_over_group> {
+  static at::Tensor forward(torch::autograd::AutogradContext* context, const c10::intrusive_ptr<split_site>& site,
+                            const at::Tensor& part, std::int64_t dim) {
+    context->saved_data["site"] = c10::IValue::make_capsule(site);
+    context->saved_data["dim"] = dim;
+    return gathered(site->split->group(), part, dim);
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* context,
+                                                 const torch::autograd::variable_list& grads) {
+    const auto site = c10::static_intrusive_pointer_cast<split_site>(context->saved_data["site"].toCapsule());
+    return {at::Tensor(), site->split->slice(grads[0], context->saved_data["dim"].toInt()), at::Tensor()};
+  }
+};
+
+// Cross-entropy over a vocabulary split across the group: log Σ exp(z) from the group's row maxima
+// and sums, the target's logit from the rank that holds it. The gradient of each rank's logits is its
+// slice of softmax(z) - onehot(target), which needs nothing from the others.
+struct vocab_parallel_cross_entropy : torch::autograd::Function<vocab_parallel_cross_entropy> {
+  static at::Tensor forward(torch::autograd::AutogradContext* context, const c10::intrusive_ptr<split_site>& site,
+                            const at::Tensor& logits, const at::Tensor& targets) {
+    const tensor_group& group = site->split->group();
+    const at::Tensor z = logits.to(at::kFloat);
+    at::Tensor row_max = std::get<0>(z.max(-1));
+    group.comm().all_reduce(row_max, reduce_op::max).wait();
+    const at::Tensor exponentials = (z - row_max.unsqueeze(-1)).exp();
+    const at::Tensor sums = summed(group, exponentials.sum(-1));
+    const std::int64_t first = site->split->slice_begin(z.size(-1) * group.size());
+    const at::Tensor held = targets.ge(first).logical_and(targets.lt(first + z.size(-1)));
+    const at::Tensor columns = at::where(held, targets - first, 0);
+    const at::Tensor target_logits = summed(group, z.gather(-1, columns.unsqueeze(-1)).squeeze(-1) * held);
+    const at::Tensor counted_tokens = targets.ne(-100);
+    const at::Tensor losses = (sums.log() + row_max - target_logits) * counted_tokens;
+    context->save_for_backward({exponentials, sums, columns, held, counted_tokens});
+    context->saved_data["dtype"] = static_cast<std::int64_t>(logits.scalar_type());
+    return losses.sum();
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* context,
+                                                 const torch::autograd::variable_list& grads) {
+    const auto saved = context->get_saved_variables();
+    const at::Tensor &exponentials = saved[0], &sums = saved[1], &columns = saved[2], &held = saved[3],
+                     &counted_tokens = saved[4];
+    at::Tensor grad = exponentials / sums.unsqueeze(-1);
+    grad.scatter_add_(-1, columns.unsqueeze(-1), -held.unsqueeze(-1).to(grad.scalar_type()));
+    grad.mul_((grads[0] * counted_tokens).unsqueeze(-1));
+    const auto dtype = static_cast<at::ScalarType>(context->saved_data["dtype"].toInt());
+    return {at::Tensor(), grad.to(dtype), at::Tensor()};
+  }
+};
+
+// Whether a dotted module name matches a pattern whose `*` parts stand for any one part.
+bool matches(std::string_view pattern, std::string_view name) {
+  while (true) {
+    const std::size_t pattern_dot = pattern.find('.'), name_dot = name.find('.');
+    const std::string_view part = pattern.substr(0, pattern_dot), their = name.substr(0, name_dot);
+    if (part != "*" && part != their) return false;
+    if (pattern_dot == std::string_view::npos || name_dot == std::string_view::npos) {
+      return pattern_dot == std::string_view::npos && name_dot == std::string_view::npos;
+    }
+    pattern.remove_prefix(pattern_dot + 1);
+    name.remove_prefix(name_dot + 1);
+  }
+}
+
+void require_divides(int k, std::string_view model_name, std::string_view layer, std::int64_t size,
+                     std::string_view what) {
+  if (size % k == 0) return;
+  throw_error<std::invalid_argument>(
+      "tensor_parallel({}): {}'s {} has {} {}, which {} ranks cannot split evenly: give a size that divides it", k,
+      model_name, layer, size, what, k);
+}
+
+}  // namespace
+
+tensor_split::tensor_split(std::shared_ptr<tensor_group> group) : group_(std::move(group)) {}
+tensor_split::~tensor_split() = default;
+
+int tensor_split::size() const noexcept { return group_->size(); }
+int tensor_split::rank() const noexcept { return group_->rank(); }
+
+at::Tensor tensor_split::slice(const at::Tensor& whole, std::int64_t dim) const {
+  const std::int64_t part = whole.size(dim) / size();
+  return whole.narrow(dim, part * rank(), part).clone();
+}
+
+at::Tensor tensor_split::enter(const at::Tensor& whole) {
+  return enter_group::apply(c10::make_intrusive<split_site>(this), whole);
+}
+
+at::Tensor tensor_split::reduce(const at::Tensor& partial) {
+  return reduce_over_group::apply(c10::make_intrusive<split_site>(this), partial);
+}
+
+at::Tensor tensor_split::gather(const at::Tensor& part, std::int64_t dim) {
+  return gather_over_group::apply(c10::make_intrusive<split_site>(this), part, dim);
+}
+
+at::Tensor tensor_split::summed_cross_entropy(const at::Tensor& logits, const at::Tensor& targets) {
+  return vocab_parallel_cross_entropy::apply(c10::make_intrusive<split_site>(this), logits, targets);
+}
+
+void tensor_split::sum_gradient_of(at::Tensor& parameter) {
+  parameter.register_hook([this](const at::Tensor& grad) { return summed(*group_, grad); });
+}
+
+void split_layers(torch::nn::Module& model, std::string_view model_name, const std::vector<parallel_layer>& plan,
+                  const std::shared_ptr<tensor_split>& split) {
+  const int k = split->size();
+  if (plan.empty()) {
+    throw_error<std::invalid_argument>(
+        "tensor_parallel({}): {} marks no parallel layer: give it a static tensor_parallel_plan() that names its "
+        "colwise and rowwise loom::nn::Linear layers (docs/tensor_parallel.md), or leave tensor_parallel out",
+        k, model_name);
+  }
+  // The heads first: a size that does not divide them is the clearest sentence.
+  for (const auto& [name, attention] : find_sequence_modules(model).attentions) attention->keep_heads(k, name);
+  for (const parallel_layer& layer : plan) {
+    bool found = false;
+    for (const auto& item : model.named_modules("", /*include_self=*/false)) {
+      if (!matches(layer.pattern, item.key())) continue;
+      found = true;
+      const std::string& name = item.key();
+      torch::nn::Module& module = *item.value();
+      if (auto* linear = dynamic_cast<LinearImpl*>(&module);
+          linear && (layer.style == parallel_style::colwise || layer.style == parallel_style::rowwise)) {
+        const bool colwise = layer.style == parallel_style::colwise;
+        require_divides(k, model_name, name, colwise ? linear->options.out_features() : linear->options.in_features(),
+                        colwise ? "output features" : "input features");
+        linear->split(layer.style, split);
+      } else if (auto* embedding = dynamic_cast<EmbeddingImpl*>(&module);
+                 embedding && layer.style == parallel_style::vocab) {
+        require_divides(k, model_name, name, embedding->options.num_embeddings(), "rows (its vocabulary)");
+        embedding->split_vocabulary(split);
+      } else if (layer.style == parallel_style::gradient_summed) {
+        for (auto& parameter : module.parameters(/*recurse=*/false)) {
+          if (parameter.requires_grad()) split->sum_gradient_of(parameter);
+        }
+      } else {
+        throw_error<std::invalid_argument>(
+            "tensor_parallel({}): {}'s tensor_parallel_plan marks {} {}, which is a {}: mark loom::nn::Linear layers "
+            "colwise or rowwise and loom::nn::Embedding tables vocab",
+            k, model_name, name, name_of(layer.style), module.name());
+      }
+    }
+    if (!found) {
+      throw_error<std::invalid_argument>(
+          "tensor_parallel({}): {}'s tensor_parallel_plan marks {} {}, which matches no module: name modules as "
+          "the model registers them, a `*` standing for one part of the name",
+          k, model_name, layer.pattern, name_of(layer.style));
+    }
+  }
+}
+
+}  // namespace loom::nn
