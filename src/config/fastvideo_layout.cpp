@@ -97,13 +97,13 @@ class distributed_sizes {
 // The plan's stages that training.distributed gives, each a plan entry.
 struct distributed_stages {
   std::optional<json> sequence_parallel;
+  std::optional<json> tensor_parallel;
   std::optional<json> strategy;
 };
 
-// training.distributed as the plan's stages: sp_size as sequence_parallel, its strategy, FastVideo's
-// hybrid sharding (hsdp_replicate_dim copies of the model, each sharded across hsdp_shard_dim ranks)
-// as fsdp's shard_group_size, and the ranks the file is written for; tensor parallelism, which loom
-// does not have yet, is refused.
+// training.distributed as the plan's stages: sp_size as sequence_parallel, tp_size as tensor_parallel,
+// its strategy, FastVideo's hybrid sharding (hsdp_replicate_dim copies of the model, each sharded
+// across hsdp_shard_dim ranks) as fsdp's shard_group_size, and the ranks the file is written for.
 distributed_stages fastvideo_distributed(const json& distributed, fastvideo_reader& reader) {
   const std::string at = "training.distributed";
   if (!distributed.is_object()) reader.fail(at, "give {strategy: fsdp, hsdp_replicate_dim: 1, hsdp_shard_dim: 2}");
@@ -112,8 +112,11 @@ distributed_stages fastvideo_distributed(const json& distributed, fastvideo_read
   const distributed_sizes sizes(distributed, reader);
   const std::int64_t gpus = sizes.size("num_gpus", 1);
   distributed_stages stages;
-  // FastVideo reads a missing sp_size, or -1, as num_gpus: sequence parallelism over every GPU.
-  std::int64_t sp = sizes.size("sp_size", gpus, true);
+  // FastVideo's tp_size -1, like 1, splits no layer.
+  const std::int64_t tp = std::max<std::int64_t>(sizes.size("tp_size", 1, true), 1);
+  // FastVideo reads a missing sp_size, or -1, as num_gpus: sequence parallelism over every GPU. Under a
+  // tp_size above 1 a missing one is 1, as one mesh of ranks does not split both ways yet (R22).
+  std::int64_t sp = sizes.size("sp_size", tp > 1 ? 1 : gpus, true);
   if (sp == -1) sp = gpus;
   if (sizes.has("num_gpus") && gpus % sp != 0) {
     reader.fail(distributed_sizes::key_of("sp_size"),
@@ -125,9 +128,15 @@ distributed_stages fastvideo_distributed(const json& distributed, fastvideo_read
     stages.sequence_parallel = json{{"sequence_parallel", json{{"size", static_cast<std::uint64_t>(sp)}}}};
     if (sizes.has("sp_size")) reader.move_lines(distributed_sizes::key_of("sp_size"), "sequence_parallel.size");
   }
-  if (const std::int64_t tp = sizes.size("tp_size", 1, true); tp != 1 && tp != -1) {  // FastVideo's -1 is 1
+  if (sizes.has("num_gpus") && gpus % tp != 0) {
     reader.fail(distributed_sizes::key_of("tp_size"),
-                fmt::format("is {}, but loom has no tensor parallelism yet: set tp_size: 1", tp));
+                fmt::format("is {}, which does not divide num_gpus {}: give a divisor of it (each layer is split "
+                            "across tp_size of the ranks)",
+                            tp, gpus));
+  }
+  if (tp != 1) {
+    stages.tensor_parallel = json{{"tensor_parallel", json{{"size", static_cast<std::uint64_t>(tp)}}}};
+    reader.move_lines(distributed_sizes::key_of("tp_size"), "tensor_parallel.size");
   }
   const std::int64_t replicas = sizes.size("hsdp_replicate_dim", 1);
   const std::int64_t shard = sizes.size("hsdp_shard_dim", -1, true);
@@ -234,6 +243,8 @@ void translate_fastvideo(json& root, fastvideo_reader& reader) {
   };
   if (distributed.sequence_parallel)
     insert_before(std::move(*distributed.sequence_parallel), {"lora", "trainable", "strategy"});
+  if (distributed.tensor_parallel)
+    insert_before(std::move(*distributed.tensor_parallel), {"lora", "trainable", "strategy"});
   if (lora) insert_before(std::move(*lora), {"trainable", "strategy"});
   if (distributed.strategy) plan.push_back(std::move(*distributed.strategy));
   if (plan.empty()) root.erase("plan");

@@ -40,10 +40,11 @@ class fastvideo_reader {
 // FastVideo's layout, as loom's: `training` is `train` (the loop's options) with
 // `distributed.strategy` becoming the plan's strategy stage, last (FastVideo's hybrid sharding,
 // hsdp_replicate_dim × hsdp_shard_dim, is fsdp's shard_group_size, and the ranks the file asks for;
-// sequence and tensor parallelism are refused), `training.model` (the timestep density) and the
-// role's `flow_shift` becoming `flow_matching`, and a LoRA block of `models.<role>` ({enable, rank,
-// alpha, target_modules}, as FastVideo's LoraConfig reads it) becoming a lora stage, before the
-// plan's trainable or strategy stage if it has one. The keys keep the lines they were written on.
+// sp_size and tp_size are sequence_parallel and tensor_parallel, before lora), `training.model` (the
+// timestep density) and the role's `flow_shift` becoming `flow_matching`, and a LoRA block of
+// `models.<role>` ({enable, rank, alpha, target_modules}, as FastVideo's LoraConfig reads it)
+// becoming a lora stage, before the plan's trainable or strategy stage if it has one. The keys keep
+// the lines they were written on.
 void translate_fastvideo(nlohmann::ordered_json& root, fastvideo_reader& reader);
 
 }  // namespace loom::config_detail

@@ -48,9 +48,9 @@ std::string lowercase(std::string text) {
 // The objects of a run file beside its plan, each read through its options struct's fields().
 constexpr std::array<std::string_view, 2> sections{"train", "flow_matching"};
 
-const std::vector<std::string> stage_names{"seeded",          "default_dtype", "pretrained",        "quantized",
-                                           "mixed_precision", "recompute",     "sequence_parallel", "lora",
-                                           "trainable",       "strategy"};
+const std::vector<std::string> stage_names{
+    "seeded",          "default_dtype", "pretrained", "quantized", "mixed_precision", "recompute", "sequence_parallel",
+    "tensor_parallel", "lora",          "trainable",  "strategy"};
 
 // Calls each(std::type_identity<S>{}) for each strategy stage S a run file can name (run_strategy's).
 template <class F>
@@ -120,6 +120,7 @@ const std::vector<std::string>& run_file_keys() {
     add_dotted_keys<mixed_precision_options>(all, "mixed_precision");
     add_dotted_keys<recompute_options>(all, "recompute");
     add_dotted_keys<sequence_parallel_options>(all, "sequence_parallel");
+    add_dotted_keys<tensor_parallel_options>(all, "tensor_parallel");
     for (const std::string& key : lora_keys) all.push_back("lora." + key);
     for_each_strategy([&]<class S>(std::type_identity<S>) {
       for (const std::string& key : strategy_keys<S>()) all.push_back("strategy." + key);
@@ -470,6 +471,11 @@ class reader final : public config_detail::fastvideo_reader {
       if (!value.is_object()) fail(name, "give {\"size\": 2} to split each sequence across 2 ranks");
       require_keys(name, field_names<sequence_parallel_options>(), value, name);
       return sequence_parallel_stage::checked(fields<sequence_parallel_options>(value, name));
+    }
+    if (name == "tensor_parallel") {
+      if (!value.is_object()) fail(name, "give {\"size\": 2} to split each layer across 2 ranks");
+      require_keys(name, field_names<tensor_parallel_options>(), value, name);
+      return tensor_parallel_stage::checked(fields<tensor_parallel_options>(value, name));
     }
     if (name == "lora") return lora(value);
     if (name == "trainable") return trainable_stage::checked(targets("trainable", value, false));
@@ -886,12 +892,18 @@ run_file read_run_file(const std::filesystem::path& path, std::span<const std::s
   reader file(path);
   json root = file.load();
   file.apply_overrides(root, overrides);
-  run_file read{file.stages(root), file.training(root), file.flow_matching(root), file.ranks(), {}, file.take_notes()};
-  if (const auto split = read.stages.stages.find<sequence_parallel_stage>(); split && split->settings().size > 1) {
-    const auto size = static_cast<int>(std::min<std::size_t>(split->settings().size, std::numeric_limits<int>::max()));
-    read.sequence_group =
-        ranks_asked{size, file.located("sequence_parallel.size"), file.as_written("sequence_parallel.size")};
-  }
+  run_file read{file.stages(root), file.training(root), file.flow_matching(root), file.ranks(), {}, {},
+                file.take_notes()};
+  // A group size k > 1, which the job's ranks must be a multiple of, in the file's words for its key.
+  const auto group = [&file](std::size_t size, const std::string& key) -> std::optional<ranks_asked> {
+    if (size <= 1) return std::nullopt;
+    return ranks_asked{static_cast<int>(std::min<std::size_t>(size, std::numeric_limits<int>::max())),
+                       file.located(key), file.as_written(key)};
+  };
+  if (const auto split = read.stages.stages.find<sequence_parallel_stage>())
+    read.sequence_group = group(split->settings().size, "sequence_parallel.size");
+  if (const auto split = read.stages.stages.find<tensor_parallel_stage>())
+    read.tensor_group = group(split->settings().size, "tensor_parallel.size");
   return read;
 }
 
@@ -907,6 +919,13 @@ void check_world_size(const run_file& file, int world_size) {
         "multiple of {} ranks, or make {} a divisor of {}",
         file.sequence_group->asked_by, file.sequence_group->ranks, world_size, file.sequence_group->ranks,
         file.sequence_group->sizes, world_size);
+  }
+  if (file.tensor_group && world_size % file.tensor_group->ranks != 0) {
+    throw_error<run_file_error>(
+        "{}: tensor_parallel splits each layer over {} ranks, which does not divide the job's {}: launch a "
+        "multiple of {} ranks, or make {} a divisor of {}",
+        file.tensor_group->asked_by, file.tensor_group->ranks, world_size, file.tensor_group->ranks,
+        file.tensor_group->sizes, world_size);
   }
 }
 

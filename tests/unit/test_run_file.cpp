@@ -99,7 +99,9 @@ TEST_CASE("a run file breaks the rules with the compiler's sentences", "[run_fil
       "r16_output_int64", "r17_default_dtype_int32", "r17_default_dtype_twice", "r17_default_dtype_after_lora",
       "r18_two_recomputes", "r18_recompute_after_fsdp", "r18_every_zero", "r19_two_pretrained",
       "r19_pretrained_after_lora", "r19_pretrained_after_fsdp", "r21_two_quantized", "r21_quantized_before_pretrained",
-      "r21_quantized_after_lora", "r21_quantized_after_fsdp", "r21_quantized_without_lora", "r21_block_size");
+      "r21_quantized_after_lora", "r21_quantized_after_fsdp", "r21_quantized_without_lora", "r21_block_size",
+      "r22_two_tensor_parallels", "r22_tensor_parallel_after_ddp", "r22_size_zero", "r22_with_sequence_parallel",
+      "r22_with_quantized");
   CAPTURE(name);
   const fs::path file = source / "tests" / "run_files" / (name + ".json");
   try {
@@ -164,9 +166,13 @@ TEST_CASE("quantized(...) from a run file, and transformers' BitsAndBytesConfig 
 TEST_CASE("an override that adds a stage puts it where the rules want it", "[run_file]") {
   const fs::path file = source / "tests" / "run_files" / "tiny_gpt_lora_fsdp.json";
   // Each alone, and all of them: every stage a run file can add, given after a file with a strategy.
-  const std::vector<std::string> added{
-      R"(mixed_precision={"param": "bf16"})", "recompute={}", "default_dtype=fp32", "pretrained=weights/", "seeded=3",
-      R"(sequence_parallel={"size": 2})"};
+  const std::vector<std::string> added{R"(mixed_precision={"param": "bf16"})",
+                                       "recompute={}",
+                                       "default_dtype=fp32",
+                                       "pretrained=weights/",
+                                       "seeded=3",
+                                       R"(sequence_parallel={"size": 2})",
+                                       R"(tensor_parallel={"size": 1})"};
   for (const std::string& override : added) {
     CAPTURE(override);
     CHECK_NOTHROW((void)loom::read_run_stages(file, std::vector<std::string>{override}));
@@ -175,7 +181,7 @@ TEST_CASE("an override that adds a stage puts it where the rules want it", "[run
   std::vector<std::string> order;
   for (const loom::stage_kind kind : all.kinds) order.emplace_back(loom::name_of(kind));
   CHECK(order == std::vector<std::string>{"seeded", "default_dtype", "pretrained", "mixed_precision", "recompute",
-                                          "sequence_parallel", "lora", "trainable", "fsdp"});
+                                          "sequence_parallel", "tensor_parallel", "lora", "trainable", "fsdp"});
   const auto typed = loom::model<models::TinyGpt>(small) | loom::seeded(7) |
                      loom::mixed_precision({.param = loom::bf16}) | loom::recompute() |
                      loom::lora(4, {"q_proj", "v_proj"}, {.alpha = 8}) | loom::trainable({"head"}) |
@@ -212,7 +218,8 @@ TEST_CASE("a run file's own mistakes name the file, the key and the accepted for
       read("stage", R"({"plan": [{"dropout": 0.1}]})"),
       ContainsSubstring(
           "unknown stage 'dropout'; the stages after the model are seeded, default_dtype, "
-          "pretrained, quantized, mixed_precision, recompute, sequence_parallel, lora, trainable, strategy"));
+          "pretrained, quantized, mixed_precision, recompute, sequence_parallel, tensor_parallel, lora, trainable, "
+          "strategy"));
   CHECK_THROWS_WITH(read("top", R"({"plan": [], "steps": 3})"), ContainsSubstring("steps: unknown key"));
   CHECK_THROWS_WITH(read("json", "{\"plan\": [\n  {\"seeded\": }\n]}"),
                     ContainsSubstring("it is not JSON") && ContainsSubstring("line 2"));
@@ -531,9 +538,35 @@ TEST_CASE("FastVideo's training.distributed: hybrid sharding as fsdp's shard_gro
     CHECK_THROWS_WITH(read("sp-odd", "    num_gpus: 4\n    sp_size: 3\n"),
                       ContainsSubstring("training.distributed.sp_size: is 3, which does not divide num_gpus 4"));
   }
-  SECTION("what loom does not have yet, and sizes that disagree, in one sentence naming the key") {
-    CHECK_THROWS_WITH(read("tp", "    tp_size: 2\n"),
-                      ContainsSubstring("training.distributed.tp_size: is 2, but loom has no tensor parallelism yet"));
+  SECTION("tp_size is tensor_parallel, before the strategy; -1 and 1 split nothing; with it, no sp_size is 1") {
+    const auto split_size = [](const loom::run_file& file) {
+      const auto stage = file.stages.stages.find<loom::tensor_parallel_stage>();
+      return stage ? stage->settings().size : std::size_t{1};
+    };
+    const loom::run_file tp = read("tp", "    strategy: fsdp\n    num_gpus: 4\n    tp_size: 2\n");
+    CHECK(split_size(tp) == 2);
+    CHECK_FALSE(tp.stages.stages.find<loom::sequence_parallel_stage>());
+    std::vector<std::string> order;
+    for (const loom::stage_kind kind : tp.stages.kinds) order.emplace_back(loom::name_of(kind));
+    CHECK(order == std::vector<std::string>{"tensor_parallel", "fsdp"});
+    const auto typed = loom::model<models::TinyGpt>(small) | loom::tensor_parallel(2) | loom::fsdp();
+    CHECK(loom::plan_from_file(loom::model<models::TinyGpt>(small), tp).describe() == typed.describe());
+    const loom::run_file odd_world = read("tp-world", "    strategy: fsdp\n    tp_size: 2\n");
+    CHECK_NOTHROW(loom::check_world_size(odd_world, 4));
+    CHECK_THROWS_WITH(loom::check_world_size(odd_world, 3),
+                      ContainsSubstring("tp-world.yaml', line 4: training.distributed.tp_size: tensor_parallel splits "
+                                        "each layer over 2 ranks, which does not divide the job's 3: launch a multiple "
+                                        "of 2 ranks, or make training.distributed.tp_size a divisor of 3"));
+    CHECK(split_size(read("tp-every", "    num_gpus: 2\n    sp_size: 1\n    tp_size: -1\n")) == 1);
+    CHECK(split_size(read("tp-one", "    num_gpus: 2\n    sp_size: 1\n    tp_size: 1\n")) == 1);
+    CHECK_THROWS_WITH(read("tp-odd", "    num_gpus: 4\n    tp_size: 3\n"),
+                      ContainsSubstring("training.distributed.tp_size: is 3, which does not divide num_gpus 4"));
+    // Both splits, as the file asks, are R22's sentence where the plan is made.
+    const loom::run_file both = read("tp-and-sp", "    num_gpus: 4\n    sp_size: 2\n    tp_size: 2\n");
+    CHECK_THROWS_WITH(loom::plan_from_file(loom::model<models::TinyGpt>(small), both),
+                      ContainsSubstring("loom R22: tensor_parallel(...) and sequence_parallel(...) both split"));
+  }
+  SECTION("sizes that disagree, in one sentence naming the key") {
     CHECK_THROWS_WITH(read("product",
                            "    num_gpus: 8\n    sp_size: 1\n    hsdp_replicate_dim: 2\n"
                            "    hsdp_shard_dim: 2\n"),
@@ -769,6 +802,43 @@ TEST_CASE("sequence_parallel is read from run files, checked by R20 and against 
       ContainsSubstring("loom R20: sequence_parallel size is 0"));
   CHECK_THROWS_WITH(loom::read_run_stages(written("sequence-parallel-int", R"({"plan": [{"sequence_parallel": 2}]})")),
                     ContainsSubstring("sequence_parallel: give {\"size\": 2} to split each sequence across 2 ranks"));
+}
+
+TEST_CASE("tensor_parallel is read from run files, checked by R22 and against the job's ranks", "[run_file]") {
+  const fs::path file = written("tensor-parallel", R"({"plan": [{"seeded": 1}, {"tensor_parallel": {"size": 2}},
+      {"strategy": "ddp"}]})");
+  const auto typed = loom::model<models::TinyGpt>(small) | loom::seeded(1) | loom::tensor_parallel(4) | loom::ddp();
+  CHECK(loom::plan_from_file(loom::model<models::TinyGpt>(small), file,
+                             std::vector<std::string>{"tensor_parallel.size=4"})
+            .describe() == typed.describe());
+  const fs::path toml = written(
+      "tensor-parallel", "plan = [\n  { tensor_parallel = { size = 3 } },\n  { strategy = \"fsdp\" },\n]\n", ".toml");
+  const loom::run_file read = loom::read_run_file(toml);
+  CHECK(read.stages.stages.find<loom::tensor_parallel_stage>()->settings().size == 3);
+  CHECK_NOTHROW(loom::check_world_size(read, 6));
+  CHECK_THROWS_WITH(loom::check_world_size(read, 4),
+                    ContainsSubstring("tensor-parallel.toml', line 2: tensor_parallel.size: tensor_parallel splits "
+                                      "each layer over 3 ranks, which does not divide the job's 4"));
+  const fs::path yaml =
+      written("tensor-parallel", "plan:\n  - tensor_parallel: {size: 2}\n  - strategy: fsdp\n", ".yaml");
+  CHECK(loom::plan_from_file(loom::model<models::TinyGpt>(small), yaml).describe() ==
+        (loom::model<models::TinyGpt>(small) | loom::tensor_parallel(2) | loom::fsdp()).describe());
+  // A group of one splits nothing: no size for the job's ranks to divide.
+  CHECK_FALSE(loom::read_run_file(written("tensor-parallel-one", R"({"plan": [{"tensor_parallel": {"size": 1}}]})"))
+                  .tensor_group);
+  CHECK_THROWS_WITH(
+      loom::read_run_stages(written("tensor-parallel-zero", R"({"plan": [{"tensor_parallel": {"size": 0}}]})")),
+      ContainsSubstring("loom R22: tensor_parallel size is 0"));
+  CHECK_THROWS_WITH(loom::read_run_stages(written("tensor-parallel-int", R"({"plan": [{"tensor_parallel": 2}]})")),
+                    ContainsSubstring("tensor_parallel: give {\"size\": 2} to split each layer across 2 ranks"));
+  CHECK_THROWS_WITH(
+      loom::read_run_stages(written("tensor-parallel-key", R"({"plan": [{"tensor_parallel": {"degree": 2}}]})")),
+      ContainsSubstring("tensor_parallel.degree: unknown key; tensor_parallel takes size"));
+  // sequence_parallel(1) splits nothing, so it goes with tensor_parallel.
+  CHECK_NOTHROW(loom::plan_from_file(
+      loom::model<models::TinyGpt>(small),
+      written("tensor-parallel-sequence-one",
+              R"({"plan": [{"sequence_parallel": {"size": 1}}, {"tensor_parallel": {"size": 2}}]})")));
 }
 
 TEST_CASE("pretrained is read from run files; an empty path is R19's sentence", "[run_file]") {

@@ -55,14 +55,16 @@ struct run_file {
   // sequence_parallel's group size, k > 1, which the job's ranks must be a multiple of (`sizes`
   // names its key): check_world_size checks it.
   std::optional<ranks_asked> sequence_group;
+  // tensor_parallel's group size, k > 1, checked as sequence_group is.
+  std::optional<ranks_asked> tensor_group;
   // What the reader accepted but a user should hear about once (a FastVideo LoRA block with enable:
   // false), for the program to print on one rank.
   std::vector<std::string> notes;
 };
 
 // Throws run_file_error when the file is written for another number of ranks than `world_size`, or
-// splits each sequence over a group of ranks that does not divide it, in one sentence naming the keys
-// that say so; a program calls it once it knows the world's size
+// splits each sequence or each layer over a group of ranks that does not divide it, in one sentence
+// naming the keys that say so; a program calls it once it knows the world's size
 // (loom::parse_launch_env()), before it builds anything.
 void check_world_size(const run_file& file, int world_size);
 
