@@ -267,9 +267,8 @@ int run(const options& opts) {
                     opts.seq_len, k, file.sequence_group ? file.sequence_group->asked_by : "the run file's plan",
                     (opts.seq_len / k + 1) * k, k));
   }
-  // Under sequence_parallel(k) the k ranks of a group read the same batches.
-  const loom::data_parallel_place place =
-      loom::data_parallel(plan.find<loom::sequence_parallel_stage>(), env.rank, env.world_size);
+  // Under sequence_parallel(k) or tensor_parallel(k) the k ranks of a group read the same batches.
+  const loom::data_parallel_place place = loom::data_parallel(plan, env.rank, env.world_size);
   run_data data = read_data(opts, checkpoint, model_config.vocab_size, seed, place);
   loom::train_options train_options = file.train;
   const std::string folder = recipes::choose_run_folder(train_options, "lm-finetune");
@@ -285,7 +284,8 @@ int run(const options& opts) {
         }
         const double peak = train_options.lr ? train_options.lr->peak : 1e-3;
         loom::optim::AdamW optimizer(job.trainable_parameters(), torch::optim::AdamWOptions(peak).weight_decay(0.0));
-        // Each rank's share of a micro-batch's tokens: under sequence_parallel(k), 1/k of its sequences.
+        // Each rank's share of a micro-batch's tokens: a group of k ranks (sequence_parallel(k),
+        // tensor_parallel(k)) shares its sequences, 1/k each.
         train_options.tokens_per_micro_batch = opts.batch_per_rank * opts.seq_len * place.world_size / rt.world_size();
         train_options.name = "lm-finetune";
         // The model's own loss (its forward with labels): the head and the fp32 cross-entropy over

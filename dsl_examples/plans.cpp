@@ -68,6 +68,11 @@ const auto qlora = loom::model<TinyGpt>(gpt_config{}) | loom::seeded(42) | loom:
 constexpr auto deep = loom::model<TinyGpt>(gpt_config{.layers = 48}) | loom::seeded(42) | loom::lora(8) |
                       loom::recompute({.every = 2}) | loom::fsdp();
 
+// tensor_parallel: each layer split across groups of 2 consecutive ranks (Megatron-style), the rest
+// of the world data-parallel: rank r reads the batches of loom::data_parallel(plan, r, world).rank.
+constexpr auto tensor_split = loom::model<TinyGpt>(gpt_config{.layers = 24}) | loom::seeded(42) |
+                              loom::tensor_parallel(2) | loom::lora(8) | loom::fsdp();
+
 // A partial pipeline is a value too: write the adapter setup once, pipe it into several models.
 constexpr auto adapters = loom::lora(8, {"q_proj", "v_proj"}) | loom::trainable({"norm"}) | loom::ddp();
 constexpr auto small = loom::model<TinyGpt>(gpt_config{.layers = 2}) | loom::seeded(1) | adapters;
@@ -129,6 +134,7 @@ int main(int argc, char** argv) {
   print("bf16", recipes::bf16);
   print("quantized (QLoRA)", recipes::qlora);
   print("recompute", recipes::deep);
+  print("tensor_parallel", recipes::tensor_split);
   print("a reusable closure", recipes::adapters);
   print("... piped into a small model", recipes::small);
   print("... and into a large one", recipes::large);

@@ -130,10 +130,9 @@ int run(const options& opts) {
   const loom::launch_env env = loom::parse_launch_env();
   loom::check_world_size(file, env.world_size);
   check_clip_splits(first_clip, model_config, file, env.world_size, opts.data);
-  // Under sequence_parallel(k) (FastVideo's sp_size) the k ranks of a group read the same clips and
-  // draw the same noise.
-  const loom::data_parallel_place data =
-      loom::data_parallel(plan.find<loom::sequence_parallel_stage>(), env.rank, env.world_size);
+  // Under sequence_parallel(k) or tensor_parallel(k) (FastVideo's sp_size, tp_size) the k ranks of a
+  // group read the same clips and draw the same noise.
+  const loom::data_parallel_place data = loom::data_parallel(plan, env.rank, env.world_size);
   const latent_clips::sampler batches(std::vector<fs::path>(clips.begin(), split), seed, data.rank, data.world_size,
                                       opts.batch_per_rank, opts.text_len,
                                       fmt::format("the clips of --data '{}' but its last tenth", opts.data));
@@ -160,7 +159,8 @@ int run(const options& opts) {
         // FastVideo's AdamW: betas (0.9, 0.999), eps 1e-8, no weight decay unless it is asked for.
         loom::optim::AdamW optimizer(job.trainable_parameters(), torch::optim::AdamWOptions(peak).weight_decay(0.0));
         const auto [f, h, w] = patches_of(first_clip, model_config);
-        // Each rank's share of a micro-batch's tokens: under sequence_parallel(k), 1/k of its clips'.
+        // Each rank's share of a micro-batch's tokens: a group of k ranks (sequence_parallel(k),
+        // tensor_parallel(k)) shares its clips', 1/k each.
         train_options.tokens_per_micro_batch = opts.batch_per_rank * f * h * w * data.world_size / rt.world_size();
         train_options.name = "wan-finetune";
         // Its schedule on the device the levels are drawn on, and the clips copied there from pinned
