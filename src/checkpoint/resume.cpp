@@ -155,6 +155,12 @@ checkpointer::read_files checkpointer::read(const fs::path& path, const checkpoi
   const int saved_world = manifest.world_size;
   const int saved_group = manifest.shard_group_size;
   files.resharding = target.sharded && (saved_world != rt_.world_size() || saved_group != target.shard_group_size);
+  if (files.resharding && target.tensor_parallel > 1) {
+    unusable(path, fmt::format("it was saved by {} and this job has {}, and a checkpoint of tensor_parallel({}) "
+                               "resumes on as many ranks only (its slices are not resharded yet): resume it on {}",
+                               counted(saved_world, "rank"), counted(rt_.world_size(), "rank"), target.tensor_parallel,
+                               counted(saved_world, "rank")));
+  }
   const std::string fingerprint = hex(target.schedule_fingerprint);
   // A sharded schedule lists shard sizes and groups, which change with the layout.
   if (!files.resharding && manifest.schedule_fingerprint != fingerprint) {

@@ -68,6 +68,7 @@ job_core::job_core(runtime rt, std::shared_ptr<torch::nn::Module> module, std::s
         counted(group.data_world_size(), "group")));
   }
   if (tensor_split_) {
+    context_->split_by(tensor_split_);
     const tensor_group& group = tensor_split_->group();
     context_->note(fmt::format(
         "tensor parallel: {} each parallel layer (this rank's group {}: ranks {}), each holding 1/{} of it; the "
@@ -101,6 +102,17 @@ int job_core::data_world_size() const noexcept {
   if (sequence_split_) return sequence_split_->group().data_world_size();
   if (tensor_split_) return tensor_split_->group().data_world_size();
   return context_->world().world_size();
+}
+
+int job_core::tensor_parallel_size() const noexcept { return tensor_split_ ? tensor_split_->size() : 1; }
+
+void job_core::gather_split(tensor_state& state) const {
+  if (tensor_split_) tensor_split_->gather_whole(state);
+}
+
+tensor_state job_core::split_parts(tensor_state state) const {
+  if (tensor_split_) tensor_split_->keep_parts(state);
+  return state;
 }
 
 void job_core::finish_initial_values() {
@@ -236,6 +248,8 @@ void job_core::save_adapter(const std::filesystem::path& folder, adapter_format 
   const std::string_view component =
       format == adapter_format::diffusers ? diffusers_component("save_adapter") : std::string_view();
   peft_lora_adapter adapter = to_peft_adapter(lora, context_->module(), identity_.tied);
+  gather_split(adapter.tensors);
+  gather_split(adapter.module_tensors);
   adapter.task_type = identity_.peft_task_type;
   adapter.base_model_name_or_path = base_model_.string();
   adapter.base_model_class = identity_.peft_base_model_class;
@@ -256,9 +270,11 @@ void job_core::load_adapter(const std::filesystem::path& path, adapter_format fo
         "job.load_adapter(): the adapters are merged into the base weights; call "
         "job.unmerge() first");
   }
-  const peft_lora_adapter adapter = format == adapter_format::diffusers
-                                        ? load_diffusers_lora(path, diffusers_component("load_adapter"))
-                                        : load_peft_adapter(path);
+  peft_lora_adapter adapter = format == adapter_format::diffusers
+                                  ? load_diffusers_lora(path, diffusers_component("load_adapter"))
+                                  : load_peft_adapter(path);
+  adapter.tensors = split_parts(std::move(adapter.tensors));
+  adapter.module_tensors = split_parts(std::move(adapter.module_tensors));
   copy_peft_adapter_into(lora, context_->module(), adapter, path, identity_.tied);
 }
 

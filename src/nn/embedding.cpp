@@ -71,8 +71,14 @@ at::Tensor EmbeddingImpl::forward(const at::Tensor& indices) {
   return split_->reduce(looked_up * mine.unsqueeze(-1).to(looked_up.scalar_type()));
 }
 
-void EmbeddingImpl::split_vocabulary(std::shared_ptr<tensor_split> split) {
+std::optional<parallel_module::cut> EmbeddingImpl::cut_by(parallel_style style) const {
+  if (style == parallel_style::vocab) return cut{options.num_embeddings(), "rows (its vocabulary)"};
+  return std::nullopt;
+}
+
+std::vector<split_parameter> EmbeddingImpl::split(parallel_style style, std::shared_ptr<tensor_split> split) {
   if (split_) throw std::logic_error("loom::nn::Embedding is split already");
+  if (!cut_by(style)) throw std::logic_error("loom::nn::Embedding splits by vocab");
   if (options.max_norm() || options.scale_grad_by_freq()) {
     throw_error<std::invalid_argument>(
         "loom::nn::Embedding with {}: tensor_parallel splits a table without one (each rank would renormalise "
@@ -83,6 +89,7 @@ void EmbeddingImpl::split_vocabulary(std::shared_ptr<tensor_split> split) {
   first_row_ = split->slice_begin(weight.size(0));
   at::Tensor(weight).set_data(split->slice(weight, 0));
   split_ = std::move(split);
+  return {{"weight", 0}};
 }
 
 }  // namespace loom::nn

@@ -80,31 +80,36 @@ at::Tensor LinearImpl::split_forward(const at::Tensor& input) {
   return adapter_->add_up(std::move(output), split_->reduce(adapter_->down(input, is_training())));
 }
 
-void LinearImpl::split(parallel_style style, std::shared_ptr<tensor_split> split) {
+std::optional<parallel_module::cut> LinearImpl::cut_by(parallel_style style) const {
+  if (style == parallel_style::colwise) return cut{options.out_features(), "output features"};
+  if (style == parallel_style::rowwise) return cut{options.in_features(), "input features"};
+  return std::nullopt;
+}
+
+std::vector<split_parameter> LinearImpl::split(parallel_style style, std::shared_ptr<tensor_split> split) {
   if (split_) throw std::logic_error("loom::nn::Linear is split already");
   if (quantized_) throw std::logic_error("loom::nn::Linear: a quantized layer cannot be split");
-  if (style != parallel_style::colwise && style != parallel_style::rowwise) {
-    throw std::logic_error("loom::nn::Linear splits colwise or rowwise");
-  }
+  if (!cut_by(style)) throw std::logic_error("loom::nn::Linear splits colwise or rowwise");
   torch::NoGradGuard no_grad;
-  const auto keep = [&](at::Tensor& tensor, std::int64_t dim) {
+  std::vector<split_parameter> cut;
+  const auto keep = [&](at::Tensor& tensor, std::string name, std::int64_t dim) {
     at::Tensor(tensor).set_data(split->slice(tensor, dim));
+    cut.push_back({std::move(name), dim});
   };
   if (style == parallel_style::colwise) {
-    keep(weight, 0);
-    if (bias.defined()) keep(bias, 0);
-    if (adapter_) keep(lora_B, 0);
+    keep(weight, "weight", 0);
+    if (bias.defined()) keep(bias, "bias", 0);
+    if (adapter_) keep(lora_B, std::string(lora_adapter::b_name), 0);
     options.out_features(weight.size(0));
   } else {
-    keep(weight, 1);
-    if (adapter_) keep(lora_A, 1);
+    keep(weight, "weight", 1);
+    if (adapter_) keep(lora_A, std::string(lora_adapter::a_name), 1);
     options.in_features(weight.size(1));
   }
   split_ = std::move(split);
   style_ = style;
+  return cut;
 }
-
-std::optional<parallel_style> LinearImpl::parallel() const noexcept { return style_; }
 
 void LinearImpl::add_adapter(const lora_adapter_options& options) {
   if (adapter_) throw std::logic_error("loom::nn::Linear already has a LoRA adapter");

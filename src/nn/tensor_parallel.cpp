@@ -52,6 +52,20 @@ struct enter_group : torch::autograd::Function<enter_group> {
   }
 };
 
+struct sum_over_group : torch::autograd::Function<sum_over_group> {
+  static at::Tensor forward(torch::autograd::AutogradContext* context, const c10::intrusive_ptr<split_site>& site,
+                            const at::Tensor& part) {
+    context->saved_data["site"] = c10::IValue::make_capsule(site);
+    return summed(site->split->group(), part);
+  }
+  // Every rank uses the sum on its own part: each rank's gradient reaches every part.
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* context,
+                                                 const torch::autograd::variable_list& grads) {
+    const auto site = c10::static_intrusive_pointer_cast<split_site>(context->saved_data["site"].toCapsule());
+    return {at::Tensor(), summed(site->split->group(), grads[0])};
+  }
+};
+
 struct reduce_over_group : torch::autograd::Function<reduce_over_group> {
   static at::Tensor forward(torch::autograd::AutogradContext*, const c10::intrusive_ptr<split_site>& site,
                             const at::Tensor& partial) {
@@ -136,14 +150,6 @@ bool matches(std::string_view pattern, std::string_view name) {
   }
 }
 
-void require_divides(int k, std::string_view model_name, std::string_view layer, std::int64_t size,
-                     std::string_view what) {
-  if (size % k == 0) return;
-  throw_error<std::invalid_argument>(
-      "tensor_parallel({}): {}'s {} has {} {}, which {} ranks cannot split evenly: give a size that divides it", k,
-      model_name, layer, size, what, k);
-}
-
 }  // namespace
 
 tensor_split::tensor_split(std::shared_ptr<tensor_group> group) : group_(std::move(group)) {}
@@ -169,12 +175,36 @@ at::Tensor tensor_split::gather(const at::Tensor& part, std::int64_t dim) {
   return gather_over_group::apply(c10::make_intrusive<split_site>(this), part, dim);
 }
 
+at::Tensor tensor_split::sum(const at::Tensor& part) {
+  return sum_over_group::apply(c10::make_intrusive<split_site>(this), part);
+}
+
 at::Tensor tensor_split::summed_cross_entropy(const at::Tensor& logits, const at::Tensor& targets) {
   return vocab_parallel_cross_entropy::apply(c10::make_intrusive<split_site>(this), logits, targets);
 }
 
 void tensor_split::sum_gradient_of(at::Tensor& parameter) {
   parameter.register_hook([this](const at::Tensor& grad) { return summed(*group_, grad); });
+}
+
+std::optional<std::int64_t> tensor_split::split_dim(std::string_view parameter) const {
+  for (const split_parameter& cut : cut_) {
+    if (cut.name == parameter) return cut.dim;
+  }
+  return std::nullopt;
+}
+
+void tensor_split::gather_whole(std::vector<named_tensor>& tensors) const {
+  torch::NoGradGuard no_grad;
+  for (named_tensor& t : tensors) {
+    if (const auto dim = split_dim(t.name)) t.tensor = gathered(*group_, t.tensor.detach(), *dim);
+  }
+}
+
+void tensor_split::keep_parts(std::vector<named_tensor>& tensors) const {
+  for (named_tensor& t : tensors) {
+    if (const auto dim = split_dim(t.name)) t.tensor = slice(t.tensor, *dim);
+  }
 }
 
 void split_layers(torch::nn::Module& model, std::string_view model_name, const std::vector<parallel_layer>& plan,
@@ -195,25 +225,28 @@ void split_layers(torch::nn::Module& model, std::string_view model_name, const s
       found = true;
       const std::string& name = item.key();
       torch::nn::Module& module = *item.value();
-      if (auto* linear = dynamic_cast<LinearImpl*>(&module);
-          linear && (layer.style == parallel_style::colwise || layer.style == parallel_style::rowwise)) {
-        const bool colwise = layer.style == parallel_style::colwise;
-        require_divides(k, model_name, name, colwise ? linear->options.out_features() : linear->options.in_features(),
-                        colwise ? "output features" : "input features");
-        linear->split(layer.style, split);
-      } else if (auto* embedding = dynamic_cast<EmbeddingImpl*>(&module);
-                 embedding && layer.style == parallel_style::vocab) {
-        require_divides(k, model_name, name, embedding->options.num_embeddings(), "rows (its vocabulary)");
-        embedding->split_vocabulary(split);
-      } else if (layer.style == parallel_style::gradient_summed) {
+      if (layer.style == parallel_style::gradient_summed) {
         for (auto& parameter : module.parameters(/*recurse=*/false)) {
           if (parameter.requires_grad()) split->sum_gradient_of(parameter);
         }
-      } else {
+        continue;
+      }
+      auto* parallel = dynamic_cast<parallel_module*>(&module);
+      const std::optional<parallel_module::cut> cut = parallel ? parallel->cut_by(layer.style) : std::nullopt;
+      if (!cut) {
         throw_error<std::invalid_argument>(
             "tensor_parallel({}): {}'s tensor_parallel_plan marks {} {}, which is a {}: mark loom::nn::Linear layers "
-            "colwise or rowwise and loom::nn::Embedding tables vocab",
+            "colwise or rowwise, loom::nn::Embedding tables vocab, and a module of the model's own that implements "
+            "loom::nn::parallel_module with a style it takes",
             k, model_name, name, name_of(layer.style), module.name());
+      }
+      if (cut->size % k != 0) {
+        throw_error<std::invalid_argument>(
+            "tensor_parallel({}): {}'s {} has {} {}, which {} ranks cannot split evenly: give a size that divides it",
+            k, model_name, name, cut->size, cut->what, k);
+      }
+      for (split_parameter& parameter : parallel->split(layer.style, split)) {
+        split->record({name + "." + parameter.name, parameter.dim});
       }
     }
     if (!found) {

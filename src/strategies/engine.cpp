@@ -1,6 +1,8 @@
 #include <loom/strategies/engine.hpp>
 
 #include <loom/base/text.hpp>
+#include <loom/nn/tensor_parallel.hpp>
+#include <loom/runtime/tensor_group.hpp>
 
 #include <ATen/ATen.h>
 #include <torch/nn/module.h>
@@ -60,6 +62,27 @@ at::Tensor clip_local_grad_norm(const std::vector<at::Tensor>& parameters, doubl
   const at::Tensor norm = grad_norm_of(grad_norm_part(parameters, norm_type, device), norm_type);
   scale_grads_to(parameters, max_norm, norm);
   return norm;
+}
+
+at::Tensor grad_norm_part(const strategy_context& context, const std::vector<named_tensor>& parameters,
+                          double norm_type, c10::Device device) {
+  std::vector<at::Tensor> cut, copied;
+  for (const named_tensor& p : parameters) {
+    const nn::tensor_split* split = context.tensor_split();
+    (split != nullptr && !split->split_dim(p.name) ? copied : cut).push_back(p.tensor);
+  }
+  const at::Tensor cut_part = grad_norm_part(cut, norm_type, device);
+  const at::Tensor copied_part = grad_norm_part(copied, norm_type, device);
+  if (infinite(norm_type)) return at::maximum(cut_part, copied_part);
+  return cut_part + copied_part / (context.tensor_split() != nullptr ? context.tensor_split()->size() : 1);
+}
+
+void add_up_over_tensor_group(const strategy_context& context, at::Tensor& part, double norm_type) {
+  const nn::tensor_split* split = context.tensor_split();
+  if (split == nullptr) return;
+  at::Tensor flat = part.reshape({1});
+  split->group().comm().all_reduce(flat, infinite(norm_type) ? reduce_op::max : reduce_op::sum).wait();
+  part = flat.reshape({});
 }
 
 void require_no_strategy_state(std::string_view engine_name, const tensor_state& state) {

@@ -102,14 +102,14 @@ at::Tensor fsdp_engine::clip_grad_norm(strategy_context& context, double max_nor
   // Shards add up across a shard group (its replicas hold the same ones); the replicated adapters,
   // identical on every rank, count once. All of it on the device: the host reads nothing.
   const c10::Device device = context.rt().device();
-  std::vector<at::Tensor> shards;
+  std::vector<named_tensor> shards;
   state_->for_each_group([&](const param_group& group) {
-    for (const sharded_param& p : group.params()) shards.push_back(p.shard());
+    for (const sharded_param& p : group.params()) shards.push_back({p.name(), p.shard()});
   });
   // Offloaded, the shards' gradients are on the host, and so is their part of the norm; its sum
   // across the group runs on the device, as NCCL takes device tensors.
   const bool offload = state_->settings().offload;
-  at::Tensor sharded = hooks::grad_norm_part(shards, norm_type, offload ? c10::Device(at::kCPU) : device);
+  at::Tensor sharded = hooks::grad_norm_part(context, shards, norm_type, offload ? c10::Device(at::kCPU) : device);
   if (offload) sharded = to_device(sharded, device, sharded.scalar_type());
   sharded = sharded.reshape({1});
   collectives& shard_group = state_->comm();
@@ -123,9 +123,10 @@ at::Tensor fsdp_engine::clip_grad_norm(strategy_context& context, double max_nor
   }
   std::vector<at::Tensor> adapters;
   for (const named_tensor& a : state_->adapters().tensors()) adapters.push_back(a.tensor);
-  const at::Tensor replicated = hooks::grad_norm_part(adapters, norm_type, device);
-  const at::Tensor norm =
-      hooks::grad_norm_of(infinity ? at::maximum(sharded, replicated) : sharded + replicated, norm_type);
+  const at::Tensor replicated = hooks::grad_norm_part(context, state_->adapters().tensors(), norm_type, device);
+  at::Tensor part = infinity ? at::maximum(sharded, replicated) : sharded + replicated;
+  hooks::add_up_over_tensor_group(context, part, norm_type);
+  const at::Tensor norm = hooks::grad_norm_of(part, norm_type);
   if (!offload) {
     hooks::scale_grads_to(optimizer_parameters(context), max_norm, norm);
     return norm;
@@ -133,7 +134,9 @@ at::Tensor fsdp_engine::clip_grad_norm(strategy_context& context, double max_nor
   // The adapters' gradients scaled on the device, the shards' on the host, by the norm read there
   // (the host reads the device anyway before it steps the shards).
   hooks::scale_grads_to(adapters, max_norm, norm);
-  hooks::scale_grads_to(shards, max_norm, read_on_host(context.rt().progress(), norm));
+  std::vector<at::Tensor> shard_tensors;
+  for (const named_tensor& shard : shards) shard_tensors.push_back(shard.tensor);
+  hooks::scale_grads_to(shard_tensors, max_norm, read_on_host(context.rt().progress(), norm));
   return norm;
 }
 

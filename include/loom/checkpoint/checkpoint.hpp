@@ -90,6 +90,7 @@ struct checkpoint_target {
   std::string schedule;  // job.built_schedule(), one line a collective
   bool sharded = false;
   int shard_group_size = 0;             // job.shard_group_size()
+  int tensor_parallel = 1;              // job.tensor_parallel_size()
   std::function<tensor_state()> state;  // what this rank saves: its shards, or the whole
   std::function<void(const tensor_state&)> load;
   // Sharded only: this rank's shard of `name` from one whole copy's shards in another layout, or
@@ -151,11 +152,12 @@ class checkpointer {
     target.describe = job.describe();
     target.schedule_fingerprint = job.built_schedule_fingerprint();
     target.schedule = job.built_schedule().entry_lines();
-    target.sharded = Job::shards_state();
+    target.sharded = job.holds_own_state();
+    target.tensor_parallel = job.tensor_parallel_size();
     target.shard_group_size = job.shard_group_size();
-    target.state = [&job] { return Job::shards_state() ? job.local_state_dict() : job.state_dict(); };
+    target.state = [&job] { return job.holds_own_state() ? job.local_state_dict() : job.state_dict(); };
     target.load = [&job](const tensor_state& state) {
-      if constexpr (Job::shards_state()) {
+      if (job.holds_own_state()) {
         job.load_local_state_dict(state);
       } else {
         job.load_state_dict(state);

@@ -226,6 +226,14 @@ class job_core {
 
   [[nodiscard]] lora_layers& require_lora(std::string_view what);
 
+  // Under tensor_parallel: whether the plan split tensors; `state` with this rank's split ones
+  // gathered whole over its tensor group (a collective), and whole tensors cut to this rank's parts.
+  // Without the stage, nothing and `state` as it is.
+  [[nodiscard]] bool splits_tensors() const noexcept { return tensor_split_ != nullptr; }
+  [[nodiscard]] int tensor_parallel_size() const noexcept;
+  void gather_split(tensor_state& state) const;
+  [[nodiscard]] tensor_state split_parts(tensor_state state) const;
+
   // This rank's place among the ranks that read their own batches: under sequence_parallel(k) its
   // group's (rank / k of world / k), else the rank's.
   [[nodiscard]] int data_rank() const noexcept;
@@ -373,16 +381,23 @@ class job {
     return hooks::optimizer_parameters(engine_, core_.context());
   }
 
-  // Every parameter and buffer, whole, under any strategy (a sharding one gathers them); and back.
+  // Every parameter and buffer, whole, under any strategy (a sharding one gathers them, and under
+  // tensor_parallel the tensor group its split ones); and back.
   [[nodiscard]] tensor_state state_dict() {
     tensor_state state;
-    core_.run_outside_pass("state_dict()", [&] { state = hooks::full_state(engine_, core_.context()); });
+    core_.run_outside_pass("state_dict()", [&] {
+      state = hooks::full_state(engine_, core_.context());
+      core_.gather_split(state);
+    });
     return state;
   }
   // This rank's share of the parameters and buffers, not copied: everything under local() and
-  // ddp(), this rank's flat shards (and the replicated adapters) under fsdp().
+  // ddp(), this rank's flat shards (and the replicated adapters) under fsdp(); under tensor_parallel
+  // of its slices.
   [[nodiscard]] tensor_state local_state_dict() { return hooks::local_state(engine_, core_.context()); }
-  void load_state_dict(const tensor_state& state) { hooks::load_full_state(engine_, core_.context(), state); }
+  void load_state_dict(const tensor_state& state) {
+    hooks::load_full_state(engine_, core_.context(), core_.split_parts(state));
+  }
   // Takes back a local_state_dict() of this rank, saved from the same plan over as many ranks.
   void load_local_state_dict(const tensor_state& state) { hooks::load_local_state(engine_, core_.context(), state); }
   // This rank's shard of the sharded parameter `name` from its shards over another number of ranks
@@ -401,6 +416,11 @@ class job {
   [[nodiscard]] std::vector<std::string> frozen_names() const { return core_.frozen_names(); }
   // Whether each rank holds its own part of the state (fsdp) rather than a replica of the whole.
   [[nodiscard]] static constexpr bool shards_state() noexcept { return hooks::shards_parameters<E>(); }
+  // Whether this rank's state is its own (a checkpoint saves every rank's): under fsdp, and under
+  // tensor_parallel, whose ranks hold slices of the split parameters.
+  [[nodiscard]] bool holds_own_state() const noexcept { return shards_state() || core_.splits_tensors(); }
+  // The ranks each split layer is cut across: tensor_parallel's k, else 1.
+  [[nodiscard]] int tensor_parallel_size() const noexcept { return core_.tensor_parallel_size(); }
   // How many ranks' shards make up one whole copy: the first that many ranks' local_state_dict()s
   // hold every row (the world size but under hybrid sharding, fsdp's shard_group_size).
   [[nodiscard]] int shard_group_size() const { return hooks::shard_group_size(engine_, core_.context()); }
@@ -493,7 +513,7 @@ class job {
   // Loads base weights by name (the adapters are left as they are): strict, every other parameter
   // and buffer must be there and nothing else; or not, reporting what it left alone.
   weights_report load_weights(const std::filesystem::path& path, bool strict = true) {
-    const std::vector<named_tensor> weights = loom::load_weights(path);
+    const std::vector<named_tensor> weights = core_.split_parts(loom::load_weights(path));
     weights_report report;
     hooks::with_full_parameters(engine_, core_.context(), [&] {
       report = copy_weights(core_.context().module(), weights, strict, &lora_adapter::is_adapter_parameter);

@@ -2,6 +2,8 @@
 // loom::nn::Embedding: a drop-in for torch::nn::Embedding (same options, parameter name, draws and
 // lookups) whose table a sharding strategy can construct without its bytes (loom/nn/deferred_init.hpp).
 
+#include <loom/nn/tensor_parallel.hpp>
+
 #include <ATen/core/Tensor.h>
 #include <torch/nn/cloneable.h>
 #include <torch/nn/options/embedding.h>
@@ -13,9 +15,7 @@
 
 namespace loom::nn {
 
-class tensor_split;
-
-class EmbeddingImpl : public torch::nn::Cloneable<EmbeddingImpl> {
+class EmbeddingImpl : public torch::nn::Cloneable<EmbeddingImpl>, public parallel_module {
  public:
   EmbeddingImpl(std::int64_t num_embeddings, std::int64_t embedding_dim)
       : EmbeddingImpl(torch::nn::EmbeddingOptions(num_embeddings, embedding_dim)) {}
@@ -29,10 +29,11 @@ class EmbeddingImpl : public torch::nn::Cloneable<EmbeddingImpl> {
 
   at::Tensor forward(const at::Tensor& indices);
 
-  // Keeps this rank's rows of the table under tensor_parallel (loom/nn/tensor_parallel.hpp): each
-  // rank looks up the ids in its rows, zeros elsewhere, and the lookups are summed over the group.
-  // Once, before a strategy.
-  void split_vocabulary(std::shared_ptr<tensor_split> split);
+  // Keeps this rank's rows of the table under tensor_parallel (loom/nn/tensor_parallel.hpp), style
+  // vocab: each rank looks up the ids in its rows, zeros elsewhere, and the lookups are summed over
+  // the group.
+  [[nodiscard]] std::optional<cut> cut_by(parallel_style style) const override;
+  std::vector<split_parameter> split(parallel_style style, std::shared_ptr<tensor_split> split) override;
   // The first id of this rank's rows: 0 unless split.
   [[nodiscard]] std::int64_t first_row() const noexcept { return first_row_; }
   [[nodiscard]] const std::shared_ptr<tensor_split>& split() const noexcept { return split_; }

@@ -5,6 +5,7 @@
 //   y = base(x) + scaling · B(A(dropout(x))).
 
 #include <loom/lora/adapter.hpp>
+#include <loom/nn/tensor_parallel.hpp>
 #include <loom/quant/quantized_weight.hpp>
 
 #include <torch/nn/cloneable.h>
@@ -17,10 +18,7 @@
 
 namespace loom::nn {
 
-class tensor_split;
-enum class parallel_style : std::uint8_t;
-
-class LinearImpl : public torch::nn::Cloneable<LinearImpl> {
+class LinearImpl : public torch::nn::Cloneable<LinearImpl>, public parallel_module {
  public:
   LinearImpl(std::int64_t in_features, std::int64_t out_features)
       : LinearImpl(torch::nn::LinearOptions(in_features, out_features)) {}
@@ -48,9 +46,10 @@ class LinearImpl : public torch::nn::Cloneable<LinearImpl> {
   [[nodiscard]] at::Tensor saved_weight(const at::Tensor& codes, const at::Tensor& statistics) const;
 
   // Keeps this rank's slice of the layer under tensor_parallel (loom/nn/tensor_parallel.hpp): colwise
-  // its output features (and B's), rowwise its input features (and A's). Once, before a strategy.
-  void split(parallel_style style, std::shared_ptr<tensor_split> split);
-  [[nodiscard]] std::optional<parallel_style> parallel() const noexcept;
+  // its output features (and B's), rowwise its input features (and A's).
+  [[nodiscard]] std::optional<cut> cut_by(parallel_style style) const override;
+  std::vector<split_parameter> split(parallel_style style, std::shared_ptr<tensor_split> split) override;
+  [[nodiscard]] std::optional<parallel_style> parallel() const noexcept { return style_; }
 
   // Folds scaling · B·A into weight (forward then runs the base alone), and takes it out again; a
   // quantized layer only notes it (saved_weight adds the update).

@@ -8,6 +8,7 @@
 //   static std::vector<loom::nn::parallel_layer> tensor_parallel_plan();
 //
 // that build() applies when the plan has tensor_parallel(k), k > 1:
+// A module marked with a style takes part as loom::nn::parallel_module; gradient_summed takes any.
 // - colwise: a loom::nn::Linear keeps 1/k of its output features (its weight's rows and bias); its
 //   input enters whole, and its gradient is summed over the group (Megatron's f). Attention's q, k, v
 //   split by heads, an MLP's gate and up, a head by vocabulary.
@@ -22,13 +23,16 @@
 // activation between them is exchanged as the base's is. Every loom::nn::Attention keeps heads / k.
 
 #include <loom/nn/sequence_parallel.hpp>
+#include <loom/runtime/tensors.hpp>
 
 #include <ATen/core/Tensor.h>
 #include <torch/nn/module.h>
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace loom {
@@ -45,6 +49,36 @@ enum class parallel_style : std::uint8_t { colwise, rowwise, vocab, gradient_sum
 struct parallel_layer {
   std::string pattern;
   parallel_style style;
+};
+
+// A parameter a split cut: its dotted name and the dimension each rank keeps 1/k of.
+struct split_parameter {
+  std::string name;
+  std::int64_t dim;
+};
+
+class tensor_split;
+
+// A module that takes part in tensor_parallel: loom::nn::Linear and loom::nn::Embedding, and a model's
+// own (a norm over the features of a colwise projection, which sums its squares over the group).
+class parallel_module {
+ public:
+  // The dimension `style` cuts: its size and what it is ("output features"), which k must divide;
+  // none when the module takes no such style.
+  struct cut {
+    std::int64_t size;
+    std::string_view what;
+  };
+  [[nodiscard]] virtual std::optional<cut> cut_by(parallel_style style) const = 0;
+  // Keeps this rank's part for `style` (one of those cut_by describes), once, before a strategy;
+  // returns each parameter it cut, by its name on the module.
+  virtual std::vector<split_parameter> split(parallel_style style, std::shared_ptr<tensor_split> split) = 0;
+
+ protected:
+  parallel_module() = default;
+  parallel_module(const parallel_module&) = default;
+  parallel_module& operator=(const parallel_module&) = default;
+  ~parallel_module() = default;
 };
 
 // The plan's tensor group as the split layers use it, made by build() for tensor_parallel(k), k > 1.
@@ -71,6 +105,9 @@ class tensor_split {
   [[nodiscard]] at::Tensor reduce(const at::Tensor& partial);
   // Each rank's part along `dim` joined, on every rank; backward keeps this rank's part.
   [[nodiscard]] at::Tensor gather(const at::Tensor& part, std::int64_t dim);
+  // `part` summed over the group in forward and in backward: a sum over split features (a norm's
+  // squares) that every rank then uses on its own part.
+  [[nodiscard]] at::Tensor sum(const at::Tensor& part);
 
   // The summed cross-entropy of [tokens, vocab / k] logits (this rank's slice of the vocabulary)
   // against whole-vocabulary targets (-100 left out), without gathering the logits: the row maxima,
@@ -80,8 +117,19 @@ class tensor_split {
   // Sums the gradient of `parameter` over the group as autograd computes it (gradient_summed).
   void sum_gradient_of(at::Tensor& parameter);
 
+  // The model's parameters the split cut, by dotted name: each rank holds 1/k of them along `dim`;
+  // every other parameter is whole on every rank of the group.
+  void record(split_parameter cut) { cut_.push_back(std::move(cut)); }
+  [[nodiscard]] std::optional<std::int64_t> split_dim(std::string_view parameter) const;
+  // The named tensors of this rank made whole (its split ones gathered over the group), in place; a
+  // collective: every rank of the group calls it with the same names.
+  void gather_whole(std::vector<named_tensor>& tensors) const;
+  // Whole named tensors cut down to this rank's part, in place.
+  void keep_parts(std::vector<named_tensor>& tensors) const;
+
  private:
   std::shared_ptr<tensor_group> group_;
+  std::vector<split_parameter> cut_;
 };
 
 // Splits `model`'s layers by `plan` over `split`'s group, and its attentions' heads; names

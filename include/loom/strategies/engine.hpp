@@ -136,6 +136,14 @@ void scale_grads_to(const std::vector<at::Tensor>& parameters, double max_norm, 
 // The three over `parameters`, where every rank holds the same gradients: the global norm.
 at::Tensor clip_local_grad_norm(const std::vector<at::Tensor>& parameters, double max_norm, double norm_type,
                                 c10::Device device);
+// Under tensor_parallel (context.tensor_split()), an engine's part of the norm is over its ranks'
+// slices of the split parameters and copies of the others: the part of named `parameters` counts a
+// copy's 1/k (so that the tensor group's k copies count once), and add_up_over_tensor_group sums
+// the parts (for infinity, maxes them) over the group once the engine has over its own ranks.
+// Without the stage, grad_norm_part's and nothing.
+[[nodiscard]] at::Tensor grad_norm_part(const strategy_context& context, const std::vector<named_tensor>& parameters,
+                                        double norm_type, c10::Device device);
+void add_up_over_tensor_group(const strategy_context& context, at::Tensor& part, double norm_type);
 
 // Throws std::invalid_argument for a non-empty state given to an engine that keeps none.
 void require_no_strategy_state(std::string_view engine_name, const tensor_state& state);
@@ -149,8 +157,15 @@ struct hook_defaults {
   // The local norm, which the replicas agree on; the global norm before clipping, a 0-d tensor on
   // the device: the host never waits for it.
   static at::Tensor clip_grad_norm(E& engine, strategy_context& context, double max_norm, double norm_type) {
-    return clip_local_grad_norm(hooks::optimizer_parameters(engine, context), max_norm, norm_type,
-                                context.rt().device());
+    if (context.tensor_split() == nullptr) {
+      return clip_local_grad_norm(hooks::optimizer_parameters(engine, context), max_norm, norm_type,
+                                  context.rt().device());
+    }
+    at::Tensor part = grad_norm_part(context, context.trainable(), norm_type, context.rt().device());
+    add_up_over_tensor_group(context, part, norm_type);
+    const at::Tensor norm = grad_norm_of(part, norm_type);
+    scale_grads_to(hooks::optimizer_parameters(engine, context), max_norm, norm);
+    return norm;
   }
   // An engine's may throw a clearer error for what ended a forward (a unit used while sharded).
   static void explain_forward_failure(E&, strategy_context&, std::exception_ptr) {}

@@ -17,6 +17,10 @@
 #include <string_view>
 #include <vector>
 
+namespace loom::nn {
+class tensor_split;
+}
+
 namespace loom {
 
 class strategy_context {
@@ -37,6 +41,11 @@ class strategy_context {
   // The plan's mixed_precision(...), if any: an engine that casts parameters (fsdp) reads it in
   // setup; for the others the job runs the forward under autocast.
   [[nodiscard]] const std::optional<precision_policy>& precision() const noexcept { return precision_; }
+
+  // Under tensor_parallel(k): the plan's split, which cut some parameters across this rank's tensor
+  // group, the others whole on each of its ranks (a gradient norm counts those once); none otherwise.
+  [[nodiscard]] const nn::tensor_split* tensor_split() const noexcept { return tensor_split_.get(); }
+  void split_by(std::shared_ptr<nn::tensor_split> split) noexcept { tensor_split_ = std::move(split); }
 
   [[nodiscard]] collective_schedule& schedule() noexcept { return schedule_; }
   [[nodiscard]] const collective_schedule& schedule() const noexcept { return schedule_; }
@@ -70,6 +79,7 @@ class strategy_context {
   std::shared_ptr<torch::nn::Module> module_;
   std::vector<named_tensor> trainable_;
   std::optional<precision_policy> precision_;
+  std::shared_ptr<nn::tensor_split> tensor_split_;
   collective_schedule schedule_;
   std::vector<std::string> notes_;
   loom::initial_values initial_values_;
