@@ -36,6 +36,10 @@ job_core::job_core(runtime rt, std::shared_ptr<torch::nn::Module> module, std::s
       plan_state_(decided.plan_state.empty() ? plan_text_ : decided.plan_state),
       sequence_split_(decided.sequence_split),
       tensor_split_(decided.tensor_split),
+      recomputed_units_(decided.recomputed_units),
+      compute_type_(decided.policy     ? decided.policy->param
+                    : decided.built_in ? scalar_type(*decided.built_in)
+                                       : at::kFloat),
       identity_(decided.identity) {
   if (decided.pretrained) {
     // PEFT loads a base model from a folder: the checkpoint's, for a single file.
@@ -163,6 +167,11 @@ void job_core::set_up(function_ref<void(strategy_context&)> setup, bool engine_c
   setup(*context_);
   if (sequence_split_) {
     for (schedule_entry& entry : sequence_split_->schedule_entries()) context_->schedule().add(std::move(entry));
+  }
+  if (tensor_split_) {
+    for (schedule_entry& entry : tensor_split_->schedule_entries(compute_type_, recomputed_units_)) {
+      context_->schedule().add(std::move(entry));
+    }
   }
   verify_schedule_across_ranks(context_->schedule(), context_->world());
   built_schedule_ = context_->schedule();

@@ -92,4 +92,9 @@ std::vector<split_parameter> EmbeddingImpl::split(parallel_style style, std::sha
   return {{"weight", 0}};
 }
 
+std::vector<parallel_module::exchange> EmbeddingImpl::exchanges() const {
+  if (!split_) return {};
+  return {{"lookups", collective_op::all_reduce, step_phase::forward, options.embedding_dim()}};
+}
+
 }  // namespace loom::nn

@@ -131,6 +131,23 @@ void LinearImpl::hold_quantized(quant::quantized_weight parts) {
                      /*requires_grad=*/false);
 }
 
+std::vector<parallel_module::exchange> LinearImpl::exchanges() const {
+  if (!style_) return {};
+  std::vector<exchange> sent;
+  if (*style_ == parallel_style::colwise) {
+    sent.push_back({"input gradient", collective_op::all_reduce, step_phase::backward, options.in_features()});
+    if (adapter_) {
+      sent.push_back({"adapter input gradient", collective_op::all_reduce, step_phase::backward, adapter_->rank});
+    }
+  } else {
+    sent.push_back({"partial output", collective_op::all_reduce, step_phase::forward, options.out_features()});
+    if (adapter_) {
+      sent.push_back({"adapter partial output", collective_op::all_reduce, step_phase::forward, adapter_->rank});
+    }
+  }
+  return sent;
+}
+
 at::Tensor LinearImpl::saved_weight(const at::Tensor& codes, const at::Tensor& statistics) const {
   if (!quantized_) throw std::logic_error("loom::nn::Linear::saved_weight of a layer that is not quantized");
   const quant::quantized_weight whole =

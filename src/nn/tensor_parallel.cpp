@@ -10,6 +10,7 @@
 #include <fmt/ranges.h>
 #include <torch/autograd.h>
 
+#include <algorithm>
 #include <stdexcept>
 #include <utility>
 
@@ -183,6 +184,40 @@ at::Tensor tensor_split::summed_cross_entropy(const at::Tensor& logits, const at
   return vocab_parallel_cross_entropy::apply(c10::make_intrusive<split_site>(this), logits, targets);
 }
 
+void tensor_split::declare(const std::string& module, std::vector<parallel_module::exchange> exchanges) {
+  for (parallel_module::exchange& e : exchanges) declared_.push_back({module, std::move(e)});
+}
+
+std::vector<schedule_entry> tensor_split::schedule_entries(at::ScalarType compute_type,
+                                                           const std::vector<std::string>& recomputed) const {
+  const auto entry = [&](const declared& d, step_phase phase) {
+    return schedule_entry{
+        .op = d.exchange.op,
+        .phase = phase,
+        .tensors = {tensor_spec{
+            fmt::format("{} {}", d.module, d.exchange.what), {d.exchange.values_per_token}, compute_type}},
+        .group = group_->role(),
+        .per_token = true};
+  };
+  const auto in_recomputed_unit = [&](const std::string& module) {
+    return std::any_of(recomputed.begin(), recomputed.end(),
+                       [&](const std::string& unit) { return module.starts_with(unit + "."); });
+  };
+  std::vector<schedule_entry> entries;
+  for (const declared& d : declared_) {
+    if (d.exchange.phase == step_phase::forward) entries.push_back(entry(d, step_phase::forward));
+  }
+  for (auto d = declared_.rbegin(); d != declared_.rend(); ++d) {
+    if (d->exchange.phase == step_phase::forward && in_recomputed_unit(d->module)) {
+      entries.push_back(entry(*d, step_phase::recompute));
+    }
+  }
+  for (auto d = declared_.rbegin(); d != declared_.rend(); ++d) {
+    if (d->exchange.phase == step_phase::backward) entries.push_back(entry(*d, step_phase::backward));
+  }
+  return entries;
+}
+
 void tensor_split::sum_gradient_of(at::Tensor& parameter) {
   parameter.register_hook([this](const at::Tensor& grad) { return summed(*group_, grad); });
 }
@@ -248,6 +283,7 @@ void split_layers(torch::nn::Module& model, std::string_view model_name, const s
       for (split_parameter& parameter : parallel->split(layer.style, split)) {
         split->record({name + "." + parameter.name, parameter.dim});
       }
+      split->declare(name, parallel->exchanges());
     }
     if (!found) {
       throw_error<std::invalid_argument>(

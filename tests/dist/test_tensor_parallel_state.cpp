@@ -213,6 +213,27 @@ TEST_CASE("tensor_parallel: the clipped norm and the whole state are the unsplit
   check_state(loom::fsdp(), adapters, adapters ? "fsdp-lora" : "fsdp");
 }
 
+TEST_CASE("tensor_parallel's collectives are schedule entries, checked across ranks at build", "[tensor_parallel]") {
+  auto job =
+      loom::build(loom::model<loom::models::CausalLM>(small_llama()) | loom::seeded(1) |
+                      loom::lora(4, {"q_proj", "o_proj"}) | loom::recompute() | loom::tensor_parallel(2) | loom::fsdp(),
+                  world());
+  const std::string schedule = job.schedule().to_string();
+  CAPTURE(schedule);
+  // The embedding's lookups and each rowwise layer's partial output (its adapter's too) in forward,
+  // again in recompute, and each colwise layer's input gradient in backward; per token, in fp32.
+  CHECK_THAT(schedule, ContainsSubstring("all_reduce forward tensor[2] 128 B/token [model.embed_tokens lookups"));
+  CHECK_THAT(schedule,
+             ContainsSubstring("all_reduce forward tensor[2] 128 B/token [model.layers.0.self_attn.o_proj partial"));
+  CHECK_THAT(schedule, ContainsSubstring("all_reduce forward tensor[2] 16 B/token "
+                                         "[model.layers.0.self_attn.o_proj adapter partial output"));
+  CHECK_THAT(schedule, ContainsSubstring("all_reduce recompute tensor[2] 128 B/token [model.layers.1.mlp.down_proj"));
+  CHECK_THAT(schedule,
+             ContainsSubstring("all_reduce backward tensor[2] 128 B/token [model.layers.0.self_attn.q_proj input"));
+  CHECK_THAT(schedule, ContainsSubstring("all_reduce backward tensor[2] 16 B/token "
+                                         "[model.layers.0.self_attn.q_proj adapter input gradient"));
+}
+
 TEST_CASE("tensor_parallel: a checkpoint resumes bit for bit at the same layout", "[tensor_parallel]") {
   check_resume(loom::ddp(), "resume-ddp");
   check_resume(loom::fsdp(), "resume-fsdp");

@@ -273,6 +273,8 @@ class job_core {
   forward_casting casting_;
   std::shared_ptr<nn::sequence_split> sequence_split_;
   std::shared_ptr<nn::tensor_split> tensor_split_;
+  std::vector<std::string> recomputed_units_;
+  at::ScalarType compute_type_;  // what the forward computes in: the policy's param, the built dtype, or fp32
   // The diffusers component that prefixes a diffusers LoRA file's keys, refused when M names none.
   [[nodiscard]] std::string_view diffusers_component(std::string_view what) const;
 

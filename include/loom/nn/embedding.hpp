@@ -34,6 +34,8 @@ class EmbeddingImpl : public torch::nn::Cloneable<EmbeddingImpl>, public paralle
   // the group.
   [[nodiscard]] std::optional<cut> cut_by(parallel_style style) const override;
   std::vector<split_parameter> split(parallel_style style, std::shared_ptr<tensor_split> split) override;
+  // In forward, the lookups summed over the group.
+  [[nodiscard]] std::vector<exchange> exchanges() const override;
   // The first id of this rank's rows: 0 unless split.
   [[nodiscard]] std::int64_t first_row() const noexcept { return first_row_; }
   [[nodiscard]] const std::shared_ptr<tensor_split>& split() const noexcept { return split_; }

@@ -49,6 +49,9 @@ class LinearImpl : public torch::nn::Cloneable<LinearImpl>, public parallel_modu
   // its output features (and B's), rowwise its input features (and A's).
   [[nodiscard]] std::optional<cut> cut_by(parallel_style style) const override;
   std::vector<split_parameter> split(parallel_style style, std::shared_ptr<tensor_split> split) override;
+  // Colwise, in backward, the input's gradient (and the adapter's rank-r one); rowwise, in forward,
+  // the partial output (and the adapter's partial rank-r activation).
+  [[nodiscard]] std::vector<exchange> exchanges() const override;
   [[nodiscard]] std::optional<parallel_style> parallel() const noexcept { return style_; }
 
   // Folds scaling · B·A into weight (forward then runs the base alone), and takes it out again; a

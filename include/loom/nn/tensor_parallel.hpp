@@ -24,6 +24,7 @@
 
 #include <loom/nn/sequence_parallel.hpp>
 #include <loom/runtime/tensors.hpp>
+#include <loom/schedule/schedule.hpp>
 
 #include <ATen/core/Tensor.h>
 #include <torch/nn/module.h>
@@ -73,6 +74,15 @@ class parallel_module {
   // Keeps this rank's part for `style` (one of those cut_by describes), once, before a strategy;
   // returns each parameter it cut, by its name on the module.
   virtual std::vector<split_parameter> split(parallel_style style, std::shared_ptr<tensor_split> split) = 0;
+  // What a step sends over the group for the split module, one token's values each: declared in the
+  // collective schedule, and so checked across ranks before the first step.
+  struct exchange {
+    std::string what;  // "input gradient"
+    collective_op op;
+    step_phase phase;  // forward or backward; a recomputed unit's forward ones again in recompute
+    std::int64_t values_per_token;
+  };
+  [[nodiscard]] virtual std::vector<exchange> exchanges() const { return {}; }
 
  protected:
   parallel_module() = default;
@@ -117,6 +127,14 @@ class tensor_split {
   // Sums the gradient of `parameter` over the group as autograd computes it (gradient_summed).
   void sum_gradient_of(at::Tensor& parameter);
 
+  // The group's collectives of a step as the split modules declare them (loom/schedule), in the dtype
+  // the plan computes in, under the group's role ("tensor[2]"): each forward exchange in the order the
+  // modules were split, the backward ones in reverse, a recomputed unit's forward ones again before
+  // its backward. `recomputed`: the units recompute(...) chose.
+  void declare(const std::string& module, std::vector<parallel_module::exchange> exchanges);
+  [[nodiscard]] std::vector<schedule_entry> schedule_entries(at::ScalarType compute_type,
+                                                             const std::vector<std::string>& recomputed) const;
+
   // The model's parameters the split cut, by dotted name: each rank holds 1/k of them along `dim`;
   // every other parameter is whole on every rank of the group.
   void record(split_parameter cut) { cut_.push_back(std::move(cut)); }
@@ -128,8 +146,13 @@ class tensor_split {
   void keep_parts(std::vector<named_tensor>& tensors) const;
 
  private:
+  struct declared {
+    std::string module;
+    parallel_module::exchange exchange;
+  };
   std::shared_ptr<tensor_group> group_;
   std::vector<split_parameter> cut_;
+  std::vector<declared> declared_;
 };
 
 // Splits `model`'s layers by `plan` over `split`'s group, and its attentions' heads; names
