@@ -1,18 +1,18 @@
 // The same plan on any device and process group gives the same model. Usage (under loom-run):
 //   device-parity {ddp|fsdp|fsdp-eval|recompute-ddp|recompute-fsdp|lora-fsdp|bf16-ddp|bf16-fsdp|lora-bf16-fsdp|
-//                  hsdp|wan-fsdp|wan-lora-fsdp|wan-lora-bf16-fsdp|wan-sp-fsdp|fsdp-offload|lora-fsdp-offload}
+//                  hsdp|wan-fsdp|wan-lora-fsdp|wan-lora-bf16-fsdp|wan-sp-fsdp|wan-tp-fsdp|fsdp-offload|lora-fsdp-offload}
 //                  OUT.safetensors STEPS [START.safetensors]
 // trains a small TinyGpt with loom::train (SGD with momentum, accumulation, clipping; no run folder;
 // fsdp-eval: fsdp() with an evaluation every 2 steps, a forward with no backward; hsdp: hybrid
 // sharding in groups of 2 ranks; recompute-*: every block recomputed in backward; bf16-*: under
 // mixed_precision(), the lora one over a base built in bf16; wan-*: a small loom::models::Wan by flow
 // matching, LoRA on FastVideo's targets; wan-sp-fsdp: each clip split across sequence groups of 2
-// ranks; *-offload: under fsdp({.offload = true}), on a GPU only, the shards in pinned host memory) on the runtime's
-// device (LOOM_DEVICE, LOOM_BACKEND), each data-parallel rank on its own batches drawn on the CPU by (step,
-// job.data_rank()), and rank 0 writes the whole model (gathered under fsdp()) to OUT, and before training to START when
-// it is given; on CUDA each rank prints its peak allocated memory. parity.py compares two such runs from one start:
-// CUDA against CPU (scripts/gpu-check), one launched rank with its own process group against a plain single process
-// (CI).
+// ranks; wan-tp-fsdp: LoRA over layers split across tensor groups of 2 ranks (written whole); *-offload: under
+// fsdp({.offload = true}), on a GPU only, the shards in pinned host memory) on the runtime's device (LOOM_DEVICE,
+// LOOM_BACKEND), each data-parallel rank on its own batches drawn on the CPU by (step, job.data_rank()), and rank 0
+// writes the whole model (gathered under fsdp()) to OUT, and before training to START when it is given; on CUDA each
+// rank prints its peak allocated memory. parity.py compares two such runs from one start: CUDA against CPU
+// (scripts/gpu-check), one launched rank with its own process group against a plain single process (CI).
 //
 // SGD, not AdamW: its step is linear in the gradient, so the kernels' last-bit differences stay that
 // small in the weights and a difference the engine makes shows at full size. AdamW divides each
@@ -113,12 +113,12 @@ void run(const Plan& plan, Loss batch_loss, const std::filesystem::path& out, st
 
 int main(int argc, char** argv) {
   if (argc != 4 && argc != 5) {
-    fmt::print(
-        stderr,
-        "usage: device-parity "
-        "{{ddp|fsdp|fsdp-eval|recompute-ddp|recompute-fsdp|lora-fsdp|bf16-ddp|bf16-fsdp|lora-bf16-fsdp|hsdp|"
-        "wan-fsdp|wan-lora-fsdp|wan-lora-bf16-fsdp|wan-sp-fsdp|fsdp-offload|lora-fsdp-offload}} OUT.safetensors STEPS "
-        "[START.safetensors]\n");
+    fmt::print(stderr,
+               "usage: device-parity "
+               "{{ddp|fsdp|fsdp-eval|recompute-ddp|recompute-fsdp|lora-fsdp|bf16-ddp|bf16-fsdp|lora-bf16-fsdp|hsdp|"
+               "wan-fsdp|wan-lora-fsdp|wan-lora-bf16-fsdp|wan-sp-fsdp|wan-tp-fsdp|fsdp-offload|lora-fsdp-offload}} "
+               "OUT.safetensors STEPS "
+               "[START.safetensors]\n");
     return 2;
   }
   const std::string_view strategy = argv[1];
@@ -170,6 +170,8 @@ int main(int argc, char** argv) {
           steps, start);
     } else if (strategy == "wan-sp-fsdp") {
       run(wan | loom::sequence_parallel(2) | loom::fsdp(), flow, out, steps, start);
+    } else if (strategy == "wan-tp-fsdp") {
+      run(wan | wan_adapters | loom::tensor_parallel(2) | loom::fsdp(), flow, out, steps, start);
     } else {
       fmt::print(stderr, "device-parity: unknown strategy '{}'\n", strategy);
       return 2;

@@ -211,6 +211,22 @@ TEST_CASE("tensor_parallel: the clipped norm and the whole state are the unsplit
   CAPTURE(adapters);
   check_state(loom::ddp(), adapters, adapters ? "ddp-lora" : "ddp");
   check_state(loom::fsdp(), adapters, adapters ? "fsdp-lora" : "fsdp");
+  // At 4 ranks, hybrid sharding over the 2 data-parallel ranks: shards of one rank, replicated twice.
+  if (world().world_size() == 4) {
+    check_state(loom::fsdp({.shard_group_size = 1}), adapters, adapters ? "hsdp-lora" : "hsdp");
+  }
+}
+
+TEST_CASE("tensor_parallel on a world its size does not divide is refused on every rank, naming both", "[.odd-world]") {
+  REQUIRE(world().world_size() % tp != 0);
+  try {
+    (void)loom::build(
+        loom::model<loom::models::CausalLM>(small_llama()) | loom::seeded(1) | loom::tensor_parallel(2) | loom::ddp(),
+        world());
+    FAIL("built");
+  } catch (const std::exception& error) {
+    CHECK_THAT(error.what(), ContainsSubstring("tensor_parallel(2) does not divide the world of 3 ranks"));
+  }
 }
 
 TEST_CASE("tensor_parallel's collectives are schedule entries, checked across ranks at build", "[tensor_parallel]") {
