@@ -97,7 +97,10 @@ constexpr std::array workloads{"mlp-ddp",
                                "long-wan-sp4-fsdp",
                                "long-llama-fsdp",
                                "long-llama-sp2-fsdp",
-                               "long-llama-sp4-fsdp"};
+                               "long-llama-sp4-fsdp",
+                               "long-wan-tp2-fsdp",
+                               "long-wan-tp4-fsdp",
+                               "long-llama-tp2-fsdp"};
 
 // The options, or the exit code to end with (--help, a bad command line).
 std::variant<bench_options, int> parse_options(int argc, char** argv) {
@@ -279,8 +282,8 @@ struct wan_workload {
   }
 };
 
-// The long-wan-* workloads (docs/benchmarks.md, "Sequence parallelism"): the wan-* step on clips of
-// 8 frames of 64 × 64 latents, 8192 tokens, a Wan of 2 blocks built here.
+// The long-wan-* workloads (docs/benchmarks.md, "Sequence parallelism" and "Tensor parallelism"): the
+// wan-* step on clips of 8 frames of 64 × 64 latents, 8192 tokens, a Wan of 2 blocks built here.
 using long_wan_workload = wan_workload<false, torch::kFloat, 8, 64>;
 
 // A causal language model's step on `Batch` sequences of `Tokens` random ids below `Vocab` (labels = ids:
@@ -380,7 +383,8 @@ struct run_result {
   std::int64_t local_batch;
   std::int64_t tokens_per_sample;  // 0: no sequence, no tokens/s
   std::string_view optimizer;      // the implementation that ran
-  int data_ranks;                  // the ranks that read batches of their own (world / k under sequence_parallel)
+  int data_ranks;                  // the ranks that read batches of their own (world / k under sequence_parallel(k)
+                                   // or tensor_parallel(k))
 };
 
 // Where samples are sequences, their length and the tokens every rank steps through per second of the
@@ -426,7 +430,7 @@ std::int64_t local_batch(const bench_options& options) {
 }
 
 // Every step's batch, warm-up included, drawn before the steps from the anchor's generator (one per
-// data-parallel rank: the ranks of a sequence group draw the same).
+// data-parallel rank: the ranks of a sequence or tensor-parallel group draw the same).
 template <class Workload, class Job>
 std::vector<typename Workload::batch> draw_batches(const Job& job, const bench_options& options) {
   const at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(99 + job.data_rank());
@@ -638,28 +642,40 @@ void run_llama_workload(const bench_options& options) {
   throw std::logic_error(fmt::format("workload '{}' has no plan", name));
 }
 
+// The size of the split a long-* workload's name asks for ("-sp2-": 2 for `kind` "sp"), 1 for none.
+std::size_t split_size(std::string_view name, std::string_view kind) {
+  for (const std::size_t size : {2, 4}) {
+    if (name.find(fmt::format("-{}{}-", kind, size)) != std::string_view::npos) return size;
+  }
+  return 1;
+}
+
 // The long-* workloads, built here with seeded(1234), fsdp() over every rank, with and without
-// sequence_parallel(k): at 4 ranks, sp2 is 2 sequence × 2 data-parallel ranks, sp4 one group of 4.
+// sequence_parallel(k) or tensor_parallel(k): at 4 ranks, sp2 and tp2 are 2 groups × 2 data-parallel
+// ranks, sp4 and tp4 one group of 4. The unsplit long-*-fsdp has neither stage. The long Llama has
+// 2 key-value heads, which tensor_parallel(4) refuses to split, so it has no tp4.
 void run_long_workload(const bench_options& options) {
   const std::string_view name = options.workload;
-  const std::size_t split = name.find("-sp2-") != std::string_view::npos   ? 2
-                            : name.find("-sp4-") != std::string_view::npos ? 4
-                                                                           : 1;
-  const auto stage = loom::sequence_parallel_stage::checked({.size = split});
-  if (name.starts_with("long-wan-")) {
-    loom::models::wan_config config;
-    config.num_attention_heads = 4;
-    config.attention_head_dim = 32;
-    config.text_dim = 128;
-    config.freq_dim = 64;
-    config.ffn_dim = 512;
-    config.num_layers = 2;
-    return run<long_wan_workload>(loom::model<loom::models::Wan>(config) | loom::seeded(1234) | stage | loom::fsdp(),
-                                  options);
+  const auto run_split = [&](const auto& split) {
+    if (name.starts_with("long-wan-")) {
+      loom::models::wan_config config;
+      config.num_attention_heads = 4;
+      config.attention_head_dim = 32;
+      config.text_dim = 128;
+      config.freq_dim = 64;
+      config.ffn_dim = 512;
+      config.num_layers = 2;
+      return run<long_wan_workload>(loom::model<loom::models::Wan>(config) | loom::seeded(1234) | split | loom::fsdp(),
+                                    options);
+    }
+    return run<long_llama_workload>(
+        loom::model<loom::models::CausalLM>(long_llama_workload::config()) | loom::seeded(1234) | split | loom::fsdp(),
+        options);
+  };
+  if (const std::size_t tensor = split_size(name, "tp"); tensor > 1) {
+    return run_split(loom::tensor_parallel_stage::checked({.size = tensor}));
   }
-  return run<long_llama_workload>(
-      loom::model<loom::models::CausalLM>(long_llama_workload::config()) | loom::seeded(1234) | stage | loom::fsdp(),
-      options);
+  return run_split(loom::sequence_parallel_stage::checked({.size = split_size(name, "sp")}));
 }
 
 // Plans are typed, so each workload is its own plan expression.
