@@ -211,6 +211,13 @@ void job_core::run_part(pass_part part, function_ref<void()> body, function_ref<
         sequence_split_->begin_backward();
       }
     }
+    if (tensor_split_) {
+      if (forward) {
+        tensor_split_->begin_forward();
+      } else {
+        tensor_split_->begin_backward();
+      }
+    }
     body();
   } catch (...) {
     if (explain) explain(std::current_exception());

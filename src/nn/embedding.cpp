@@ -68,7 +68,7 @@ at::Tensor EmbeddingImpl::forward(const at::Tensor& indices) {
   }
   const at::Tensor looked_up = F::detail::embedding(rows, weight, padding, options.max_norm(), options.norm_type(),
                                                     options.scale_grad_by_freq(), options.sparse());
-  return split_->reduce(looked_up * mine.unsqueeze(-1).to(looked_up.scalar_type()));
+  return split_->reduce(looked_up * mine.unsqueeze(-1).to(looked_up.scalar_type()), exchange_);
 }
 
 std::optional<parallel_module::cut> EmbeddingImpl::cut_by(parallel_style style) const {

@@ -69,15 +69,16 @@ at::Tensor LinearImpl::forward(const at::Tensor& input) {
 at::Tensor LinearImpl::split_forward(const at::Tensor& input) {
   require_bytes(weight, "loom::nn::Linear");
   const bool update = adapter_ && !merged_;
+  const std::size_t base = first_exchange_, adapter = first_exchange_ + 1;
   if (*style_ == parallel_style::colwise) {
-    at::Tensor output = loom::linear(split_->enter(input), weight, bias);
+    at::Tensor output = loom::linear(split_->enter(input, base), weight, bias);
     if (!update) return output;
-    return adapter_->add_up(std::move(output), split_->enter(adapter_->down(input, is_training())));
+    return adapter_->add_up(std::move(output), split_->enter(adapter_->down(input, is_training()), adapter));
   }
-  at::Tensor output = split_->reduce(loom::linear(input, weight, {}));
+  at::Tensor output = split_->reduce(loom::linear(input, weight, {}), base);
   if (bias.defined()) output = output + bias;
   if (!update) return output;
-  return adapter_->add_up(std::move(output), split_->reduce(adapter_->down(input, is_training())));
+  return adapter_->add_up(std::move(output), split_->reduce(adapter_->down(input, is_training()), adapter));
 }
 
 std::optional<parallel_module::cut> LinearImpl::cut_by(parallel_style style) const {

@@ -11,6 +11,7 @@
 #include <torch/autograd.h>
 
 #include <algorithm>
+#include <functional>
 #include <stdexcept>
 #include <utility>
 
@@ -30,8 +31,10 @@ namespace {
 
 // What the group's autograd nodes keep for their backward.
 struct split_site : torch::CustomClassHolder {
-  explicit split_site(tensor_split* split_) : split(split_) {}
+  explicit split_site(tensor_split* split_, std::optional<std::size_t> exchange_ = std::nullopt)
+      : split(split_), exchange(exchange_) {}
   tensor_split* split;
+  std::optional<std::size_t> exchange;  // the declared exchange it is, checked as it is issued
 };
 
 at::Tensor summed(const tensor_group& group, const at::Tensor& part) {
@@ -49,6 +52,7 @@ struct enter_group : torch::autograd::Function<enter_group> {
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* context,
                                                  const torch::autograd::variable_list& grads) {
     const auto site = c10::static_intrusive_pointer_cast<split_site>(context->saved_data["site"].toCapsule());
+    if (site->exchange) site->split->check_issued(*site->exchange, /*in_backward_pass=*/true);
     return {at::Tensor(), summed(site->split->group(), grads[0])};
   }
 };
@@ -70,6 +74,7 @@ struct sum_over_group : torch::autograd::Function<sum_over_group> {
 struct reduce_over_group : torch::autograd::Function<reduce_over_group> {
   static at::Tensor forward(torch::autograd::AutogradContext*, const c10::intrusive_ptr<split_site>& site,
                             const at::Tensor& partial) {
+    if (site->exchange) site->split->check_issued(*site->exchange, /*in_backward_pass=*/false);
     return summed(site->split->group(), partial);
   }
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext*,
@@ -164,12 +169,12 @@ at::Tensor tensor_split::slice(const at::Tensor& whole, std::int64_t dim) const 
   return whole.narrow(dim, part * rank(), part).clone();
 }
 
-at::Tensor tensor_split::enter(const at::Tensor& whole) {
-  return enter_group::apply(c10::make_intrusive<split_site>(this), whole);
+at::Tensor tensor_split::enter(const at::Tensor& whole, std::optional<std::size_t> exchange) {
+  return enter_group::apply(c10::make_intrusive<split_site>(this, exchange), whole);
 }
 
-at::Tensor tensor_split::reduce(const at::Tensor& partial) {
-  return reduce_over_group::apply(c10::make_intrusive<split_site>(this), partial);
+at::Tensor tensor_split::reduce(const at::Tensor& partial, std::optional<std::size_t> exchange) {
+  return reduce_over_group::apply(c10::make_intrusive<split_site>(this, exchange), partial);
 }
 
 at::Tensor tensor_split::gather(const at::Tensor& part, std::int64_t dim) {
@@ -184,8 +189,76 @@ at::Tensor tensor_split::summed_cross_entropy(const at::Tensor& logits, const at
   return vocab_parallel_cross_entropy::apply(c10::make_intrusive<split_site>(this), logits, targets);
 }
 
-void tensor_split::declare(const std::string& module, std::vector<parallel_module::exchange> exchanges) {
-  for (parallel_module::exchange& e : exchanges) declared_.push_back({module, std::move(e)});
+std::size_t tensor_split::declare(const std::string& module, std::vector<parallel_module::exchange> exchanges) {
+  const std::size_t first = declared_.size();
+  for (parallel_module::exchange& e : exchanges) {
+    (e.phase == step_phase::forward ? forward_order_ : backward_order_).push_back(declared_.size());
+    declared_.push_back({module, std::move(e)});
+  }
+  // Backward reaches the layers in the reverse of their forward order.
+  std::sort(backward_order_.begin(), backward_order_.end(), std::greater<>());
+  return first;
+}
+
+void tensor_split::begin_forward() noexcept {
+  next_forward_ = 0;
+  in_backward_ = false;
+}
+
+void tensor_split::begin_backward() {
+  if (next_forward_ > 0 && next_forward_ < forward_order_.size()) {
+    throw_error<std::logic_error>(
+        "tensor_parallel: the forward issued {} of the {} summed outputs its split layers declare (the next was {}): "
+        "every split layer of the model runs once in each forward",
+        next_forward_, forward_order_.size(), describe(forward_order_[next_forward_], step_phase::forward));
+  }
+  next_backward_ = 0;
+  in_backward_ = true;
+}
+
+std::string tensor_split::describe(std::size_t exchange, step_phase phase) const {
+  const declared& d = declared_.at(exchange);
+  return fmt::format("{}'s {} ({} {})", d.module, d.exchange.what, to_string(d.exchange.op), to_string(phase));
+}
+
+void tensor_split::check_issued(std::size_t exchange, bool in_backward_pass) {
+  const auto refuse = [&](step_phase phase, const std::string& expected) {
+    throw_error<std::logic_error>(
+        "tensor_parallel: the model issued {} where the schedule has {}: every split layer runs once in each "
+        "forward, in the order the model registered it, so that the ranks of a group sum the same tensors",
+        describe(exchange, phase), expected);
+  };
+  if (in_backward_pass) {
+    // The last one again is allowed: a layer that ran more than once (the chunked loss's head, over
+    // each chunk).
+    const std::size_t from = next_backward_ > 0 ? next_backward_ - 1 : 0;
+    const auto found =
+        std::find(backward_order_.begin() + static_cast<std::ptrdiff_t>(from), backward_order_.end(), exchange);
+    if (found == backward_order_.end()) {
+      refuse(step_phase::backward, next_backward_ < backward_order_.size()
+                                       ? describe(backward_order_[next_backward_], step_phase::backward)
+                                       : std::string("no more in this backward"));
+    }
+    next_backward_ = static_cast<std::size_t>(found - backward_order_.begin()) + 1;
+    return;
+  }
+  if (in_backward_) {  // a recomputed unit's forward, inside backward
+    if (std::find(forward_order_.begin(), forward_order_.end(), exchange) == forward_order_.end()) {
+      refuse(step_phase::recompute, "one of the forward's");
+    }
+    return;
+  }
+  // A forward outside job.forward (a user's own call inside with_whole_module) starts over.
+  if (next_forward_ >= forward_order_.size() ||
+      (forward_order_[next_forward_] != exchange && !forward_order_.empty() && forward_order_.front() == exchange)) {
+    next_forward_ = 0;
+  }
+  if (next_forward_ >= forward_order_.size() || forward_order_[next_forward_] != exchange) {
+    refuse(step_phase::forward, next_forward_ < forward_order_.size()
+                                    ? describe(forward_order_[next_forward_], step_phase::forward)
+                                    : std::string("no more in this forward"));
+  }
+  ++next_forward_;
 }
 
 std::vector<schedule_entry> tensor_split::schedule_entries(at::ScalarType compute_type,
@@ -253,44 +326,47 @@ void split_layers(torch::nn::Module& model, std::string_view model_name, const s
   }
   // The heads first: a size that does not divide them is the clearest sentence.
   for (const auto& [name, attention] : find_sequence_modules(model).attentions) attention->keep_heads(k, name);
-  for (const parallel_layer& layer : plan) {
-    bool found = false;
-    for (const auto& item : model.named_modules("", /*include_self=*/false)) {
-      if (!matches(layer.pattern, item.key())) continue;
-      found = true;
-      const std::string& name = item.key();
-      torch::nn::Module& module = *item.value();
-      if (layer.style == parallel_style::gradient_summed) {
-        for (auto& parameter : module.parameters(/*recurse=*/false)) {
-          if (parameter.requires_grad()) split->sum_gradient_of(parameter);
-        }
-        continue;
+  // In the order the model registered its modules, which is the order of its forward's exchanges
+  // (each module's its first plan entry's).
+  std::vector<bool> matched(plan.size(), false);
+  for (const auto& item : model.named_modules("", /*include_self=*/false)) {
+    const std::string& name = item.key();
+    const auto rule = std::find_if(plan.begin(), plan.end(),
+                                   [&](const parallel_layer& layer) { return matches(layer.pattern, name); });
+    if (rule == plan.end()) continue;
+    matched[static_cast<std::size_t>(rule - plan.begin())] = true;
+    torch::nn::Module& module = *item.value();
+    if (rule->style == parallel_style::gradient_summed) {
+      for (auto& parameter : module.parameters(/*recurse=*/false)) {
+        if (parameter.requires_grad()) split->sum_gradient_of(parameter);
       }
-      auto* parallel = dynamic_cast<parallel_module*>(&module);
-      const std::optional<parallel_module::cut> cut = parallel ? parallel->cut_by(layer.style) : std::nullopt;
-      if (!cut) {
-        throw_error<std::invalid_argument>(
-            "tensor_parallel({}): {}'s tensor_parallel_plan marks {} {}, which is a {}: mark loom::nn::Linear layers "
-            "colwise or rowwise, loom::nn::Embedding tables vocab, and a module of the model's own that implements "
-            "loom::nn::parallel_module with a style it takes",
-            k, model_name, name, name_of(layer.style), module.name());
-      }
-      if (cut->size % k != 0) {
-        throw_error<std::invalid_argument>(
-            "tensor_parallel({}): {}'s {} has {} {}, which {} ranks cannot split evenly: give a size that divides it",
-            k, model_name, name, cut->size, cut->what, k);
-      }
-      for (split_parameter& parameter : parallel->split(layer.style, split)) {
-        split->record({name + "." + parameter.name, parameter.dim});
-      }
-      split->declare(name, parallel->exchanges());
+      continue;
     }
-    if (!found) {
+    auto* parallel = dynamic_cast<parallel_module*>(&module);
+    const std::optional<parallel_module::cut> cut = parallel ? parallel->cut_by(rule->style) : std::nullopt;
+    if (!cut) {
       throw_error<std::invalid_argument>(
-          "tensor_parallel({}): {}'s tensor_parallel_plan marks {} {}, which matches no module: name modules as "
-          "the model registers them, a `*` standing for one part of the name",
-          k, model_name, layer.pattern, name_of(layer.style));
+          "tensor_parallel({}): {}'s tensor_parallel_plan marks {} {}, which is a {}: mark loom::nn::Linear layers "
+          "colwise or rowwise, loom::nn::Embedding tables vocab, and a module of the model's own that implements "
+          "loom::nn::parallel_module with a style it takes",
+          k, model_name, name, name_of(rule->style), module.name());
     }
+    if (cut->size % k != 0) {
+      throw_error<std::invalid_argument>(
+          "tensor_parallel({}): {}'s {} has {} {}, which {} ranks cannot split evenly: give a size that divides it", k,
+          model_name, name, cut->size, cut->what, k);
+    }
+    for (split_parameter& parameter : parallel->split(rule->style, split)) {
+      split->record({name + "." + parameter.name, parameter.dim});
+    }
+    parallel->declared_at(split->declare(name, parallel->exchanges()));
+  }
+  for (std::size_t i = 0; i < plan.size(); ++i) {
+    if (matched[i]) continue;
+    throw_error<std::invalid_argument>(
+        "tensor_parallel({}): {}'s tensor_parallel_plan marks {} {}, which matches no module: name modules as the "
+        "model registers them, a `*` standing for one part of the name",
+        k, model_name, plan[i].pattern, name_of(plan[i].style));
   }
 }
 

@@ -79,6 +79,35 @@ struct grouped_strategy {
   void after_backward(loom::strategy_context&) const {}
 };
 
+// Two MLPs under tensor_parallel(2), each a colwise layer and a rowwise one, whose forward runs them in
+// the registered order except on the last rank, which runs the second first: its rowwise layer's sum
+// would meet the other ranks' sum of the first MLP's.
+struct swapped_mlps : torch::nn::Module {
+  explicit swapped_mlps(bool split_otherwise_ = false)
+      : split_otherwise(split_otherwise_),
+        up_a(register_module("up_a", loom::nn::Linear(8, 16))),
+        down_a(register_module("down_a", loom::nn::Linear(16, 8))),
+        up_b(register_module("up_b", loom::nn::Linear(8, 16))),
+        down_b(register_module("down_b", loom::nn::Linear(16, 8))) {}
+  // With `split_otherwise`, the last rank splits down_b by its outputs: its group's sums differ.
+  [[nodiscard]] std::vector<loom::nn::parallel_layer> tensor_parallel_plan() const {
+    using loom::nn::parallel_style;
+    return {{"up_a", parallel_style::colwise},
+            {"down_a", parallel_style::rowwise},
+            {"up_b", parallel_style::colwise},
+            {"down_b", split_otherwise && last_rank() ? parallel_style::colwise : parallel_style::rowwise}};
+  }
+  at::Tensor forward(const at::Tensor& x) {
+    if (last_rank()) {
+      const at::Tensor b = down_b(up_b(x).relu());
+      return down_a(up_a(x).relu()) + b;
+    }
+    return down_a(up_a(x).relu()) + down_b(up_b(x).relu());
+  }
+  bool split_otherwise;
+  loom::nn::Linear up_a, down_a, up_b, down_b;
+};
+
 // odd_units whose forward leaves out unit `skipped` on the last rank, or calls it through its inner
 // type (bypassing loom::nn::Unit) on every rank.
 struct unit_misuse : odd_units {
@@ -239,6 +268,23 @@ const std::map<std::string, scenario>& scenarios() {
       {"fsdp-units-differ",
        {[] { auto job = loom::build(loom::model<units_on_some_ranks>() | loom::seeded(3) | loom::fsdp(), world()); },
         "the ranks' collective schedules differ.*first difference at entry #0: rank 0 has 'all_gather forward world"}},
+      {"tensor-parallel-wrong-order",
+       {[] {
+          auto job = loom::build(loom::model<swapped_mlps>() | loom::seeded(3) | loom::tensor_parallel(2) | loom::ddp(),
+                                 world());
+          job.backward(job.forward(torch::randn({4, 8})).square().mean());
+        },
+        "tensor_parallel: the model issued down_b's partial output \\(all_reduce forward\\) where the schedule has "
+        "down_a's partial output \\(all_reduce forward\\)"}},
+      {"tensor-parallel-different-split",
+       {[] {
+          auto job = loom::build(loom::model<swapped_mlps>(/*split_otherwise=*/true) | loom::seeded(3) |
+                                     loom::tensor_parallel(2) | loom::ddp(),
+                                 world());
+        },
+        // At 2 ranks the first difference is the tensor group's sum; at 4, the data-parallel ranks' gradient
+        // buckets, which hold the slices, come first.
+        "the ranks' collective schedules differ.*first difference at entry #\\d+: rank 0 has '.*down_b"}},
       {"user-error-in-forward-ddp", {[] { user_error_in_forward(loom::ddp()); }, user_error}},
       {"user-error-in-forward-fsdp", {[] { user_error_in_forward(loom::fsdp()); }, user_error}},
       {"unused-without-option",

@@ -36,6 +36,7 @@ class EmbeddingImpl : public torch::nn::Cloneable<EmbeddingImpl>, public paralle
   std::vector<split_parameter> split(parallel_style style, std::shared_ptr<tensor_split> split) override;
   // In forward, the lookups summed over the group.
   [[nodiscard]] std::vector<exchange> exchanges() const override;
+  void declared_at(std::size_t first) override { exchange_ = first; }
   // The first id of this rank's rows: 0 unless split.
   [[nodiscard]] std::int64_t first_row() const noexcept { return first_row_; }
   [[nodiscard]] const std::shared_ptr<tensor_split>& split() const noexcept { return split_; }
@@ -46,6 +47,7 @@ class EmbeddingImpl : public torch::nn::Cloneable<EmbeddingImpl>, public paralle
  private:
   std::shared_ptr<tensor_split> split_;
   std::int64_t first_row_ = 0;
+  std::size_t exchange_ = 0;  // its lookups' place among the split's exchanges
 };
 
 TORCH_MODULE(Embedding);

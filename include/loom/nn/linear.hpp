@@ -52,6 +52,7 @@ class LinearImpl : public torch::nn::Cloneable<LinearImpl>, public parallel_modu
   // Colwise, in backward, the input's gradient (and the adapter's rank-r one); rowwise, in forward,
   // the partial output (and the adapter's partial rank-r activation).
   [[nodiscard]] std::vector<exchange> exchanges() const override;
+  void declared_at(std::size_t first) override { first_exchange_ = first; }
   [[nodiscard]] std::optional<parallel_style> parallel() const noexcept { return style_; }
 
   // Folds scaling · B·A into weight (forward then runs the base alone), and takes it out again; a
@@ -73,6 +74,7 @@ class LinearImpl : public torch::nn::Cloneable<LinearImpl>, public parallel_modu
   std::optional<quant::quantized_weight> quantized_;
   std::shared_ptr<tensor_split> split_;
   std::optional<parallel_style> style_;
+  std::size_t first_exchange_ = 0;  // its exchanges' place among the split's: the base's, then the adapter's
   bool merged_ = false;
 };
 

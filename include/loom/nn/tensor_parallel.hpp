@@ -83,6 +83,9 @@ class parallel_module {
     std::int64_t values_per_token;
   };
   [[nodiscard]] virtual std::vector<exchange> exchanges() const { return {}; }
+  // Where the split declared them: exchange i of this module is the split's exchange first + i, which
+  // the module names when it issues it (tensor_split::enter, reduce), so that it is checked.
+  virtual void declared_at(std::size_t /*first*/) {}
 
  protected:
   parallel_module() = default;
@@ -109,10 +112,10 @@ class tensor_split {
   [[nodiscard]] at::Tensor slice(const at::Tensor& whole, std::int64_t dim) const;
 
   // Megatron's f: the identity, whose backward sums the gradient over the group (where a whole
-  // activation enters split layers).
-  [[nodiscard]] at::Tensor enter(const at::Tensor& whole);
+  // activation enters split layers). `exchange`: the declared exchange it is, checked as it is issued.
+  [[nodiscard]] at::Tensor enter(const at::Tensor& whole, std::optional<std::size_t> exchange = std::nullopt);
   // Megatron's g: the partial results of split layers summed over the group; backward the identity.
-  [[nodiscard]] at::Tensor reduce(const at::Tensor& partial);
+  [[nodiscard]] at::Tensor reduce(const at::Tensor& partial, std::optional<std::size_t> exchange = std::nullopt);
   // Each rank's part along `dim` joined, on every rank; backward keeps this rank's part.
   [[nodiscard]] at::Tensor gather(const at::Tensor& part, std::int64_t dim);
   // `part` summed over the group in forward and in backward: a sum over split features (a norm's
@@ -131,7 +134,16 @@ class tensor_split {
   // the plan computes in, under the group's role ("tensor[2]"): each forward exchange in the order the
   // modules were split, the backward ones in reverse, a recomputed unit's forward ones again before
   // its backward. `recomputed`: the units recompute(...) chose.
-  void declare(const std::string& module, std::vector<parallel_module::exchange> exchanges);
+  // Returns the index of the module's first exchange.
+  std::size_t declare(const std::string& module, std::vector<parallel_module::exchange> exchanges);
+  // A forward starts from the first declared exchange of forward; its backward from the last of backward.
+  void begin_forward() noexcept;
+  void begin_backward();
+  // Throws std::logic_error, naming both, unless `exchange`, issued now in `phase` (forward, or
+  // backward for a gradient's), is the one the schedule has next: a forward's in the declared order
+  // (the order the model registered its split layers), a recomputed forward's any of the forward
+  // ones, a backward's later than the last one issued (some may be passed over, none gone back to).
+  void check_issued(std::size_t exchange, bool in_backward_pass);
   [[nodiscard]] std::vector<schedule_entry> schedule_entries(at::ScalarType compute_type,
                                                              const std::vector<std::string>& recomputed) const;
 
@@ -153,6 +165,12 @@ class tensor_split {
   std::shared_ptr<tensor_group> group_;
   std::vector<split_parameter> cut_;
   std::vector<declared> declared_;
+  std::vector<std::size_t> forward_order_;   // the forward exchanges, in order
+  std::vector<std::size_t> backward_order_;  // the backward exchanges, in the order backward issues them
+  std::size_t next_forward_ = 0;
+  std::size_t next_backward_ = 0;
+  bool in_backward_ = false;
+  [[nodiscard]] std::string describe(std::size_t exchange, step_phase phase) const;
 };
 
 // Splits `model`'s layers by `plan` over `split`'s group, and its attentions' heads; names
