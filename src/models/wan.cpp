@@ -8,6 +8,8 @@
 #include <loom/precision/precision.hpp>
 
 #include <ATen/ATen.h>
+#include <ATen/OpMathType.h>
+#include <fmt/format.h>
 #include <fmt/ranges.h>
 #include <torch/nn/init.h>
 #include <nlohmann/json.hpp>
@@ -208,7 +210,30 @@ WanRMSNormImpl::WanRMSNormImpl(std::int64_t size, double eps)
   loom::nn::initialise(weight, {[](at::Tensor& w) { w.fill_(1); }, /*draws=*/false});
 }
 
-at::Tensor WanRMSNormImpl::forward(const at::Tensor& x) { return at::rms_norm(x, {x.size(-1)}, weight, eps_); }
+at::Tensor WanRMSNormImpl::forward(const at::Tensor& x) {
+  if (!split_) return at::rms_norm(x, {x.size(-1)}, weight, eps_);
+  // at::rms_norm's arithmetic (in x's opmath type, the weight too, cast back once at the end: equal to
+  // it bit for bit in one rank), with the mean square over every rank's features.
+  const at::Tensor wide = x.to(at::toOpMathType(x.scalar_type()));
+  const std::int64_t features = x.size(-1) * split_->size();
+  const at::Tensor mean_square = split_->sum(wide.pow(2).sum(-1, /*keepdim=*/true)) / features;
+  return (wide * at::rsqrt(mean_square + eps_) * weight.to(wide.scalar_type())).to(x.scalar_type());
+}
+
+std::optional<loom::nn::parallel_module::cut> WanRMSNormImpl::cut_by(loom::nn::parallel_style style) const {
+  if (style == loom::nn::parallel_style::colwise) return cut{weight.size(0), "features"};
+  return std::nullopt;
+}
+
+std::vector<loom::nn::split_parameter> WanRMSNormImpl::split(loom::nn::parallel_style style,
+                                                             std::shared_ptr<loom::nn::tensor_split> split) {
+  if (split_) throw std::logic_error("loom::models::WanRMSNorm is split already");
+  if (!cut_by(style)) throw std::logic_error("loom::models::WanRMSNorm splits colwise");
+  torch::NoGradGuard no_grad;
+  at::Tensor(weight).set_data(split->slice(weight, 0));
+  split_ = std::move(split);
+  return {{"weight", 0}};
+}
 
 WanFP32LayerNormImpl::WanFP32LayerNormImpl(std::int64_t size, double eps)
     : weight(register_parameter("weight", loom::nn::empty({size}, at::kFloat))),
@@ -231,7 +256,7 @@ WanAttentionImpl::WanAttentionImpl(std::int64_t dim, std::int64_t heads, double 
       out_proj(linear(dim, dim)),
       norm_q(register_module("norm_q", WanRMSNorm(dim, eps))),
       norm_k(register_module("norm_k", WanRMSNorm(dim, eps))),
-      heads_(heads) {
+      head_dim_(dim / heads) {
   to_out->push_back(out_proj);
   if (attends == kind::self) {
     attention = register_module("attention", loom::nn::Attention(loom::nn::attention_options{
@@ -241,9 +266,10 @@ WanAttentionImpl::WanAttentionImpl(std::int64_t dim, std::int64_t heads, double 
 
 at::Tensor WanAttentionImpl::forward(const at::Tensor& x, const at::Tensor& context, const at::Tensor& cos,
                                      const at::Tensor& sin) {
-  at::Tensor q = norm_q(to_q(x)).unflatten(2, {heads_, -1});
-  at::Tensor k = norm_k(to_k(context)).unflatten(2, {heads_, -1});
-  const at::Tensor v = to_v(context).unflatten(2, {heads_, -1});
+  // As many heads as the projections give: under tensor_parallel this rank's slice of them.
+  at::Tensor q = norm_q(to_q(x)).unflatten(2, {-1, head_dim_});
+  at::Tensor k = norm_k(to_k(context)).unflatten(2, {-1, head_dim_});
+  const at::Tensor v = to_v(context).unflatten(2, {-1, head_dim_});
   if (cos.defined()) {
     q = rotated(q, cos, sin);
     k = rotated(k, cos, sin);
@@ -328,6 +354,25 @@ WanConditionEmbedderImpl::embedded WanConditionEmbedderImpl::forward(const at::T
   const at::Tensor temb =
       time_embedder(sinusoids.to(time_embedder->linear_1->weight.scalar_type())).to(text.scalar_type());
   return {temb, time_proj(at::silu(temb)).unflatten(1, {6, -1}), text_embedder(text)};
+}
+
+std::vector<loom::nn::parallel_layer> WanImpl::tensor_parallel_plan() const {
+  using loom::nn::parallel_style;
+  std::vector<loom::nn::parallel_layer> plan;
+  for (const std::string_view attention : {"attn1", "attn2"}) {
+    const auto layer = [attention](std::string_view name, parallel_style style) {
+      return loom::nn::parallel_layer{fmt::format("blocks.*.{}.{}", attention, name), style};
+    };
+    plan.push_back(layer("to_q", parallel_style::colwise));
+    plan.push_back(layer("to_k", parallel_style::colwise));
+    plan.push_back(layer("to_v", parallel_style::colwise));
+    plan.push_back(layer("norm_q", parallel_style::colwise));
+    plan.push_back(layer("norm_k", parallel_style::colwise));
+    plan.push_back(layer("to_out.0", parallel_style::rowwise));
+  }
+  plan.push_back({"blocks.*.ffn.net.0.proj", parallel_style::colwise});
+  plan.push_back({"blocks.*.ffn.net.2", parallel_style::rowwise});
+  return plan;
 }
 
 WanImpl::WanImpl(const wan_config& config_)

@@ -1,7 +1,8 @@
 // tensor_parallel(k) across real processes: tp 2 at 2 ranks (the whole world one group) and tp 2 ×
 // 2 data-parallel ranks at 4, for Llama with grouped-query attention (both model forms), Qwen3 (q and
-// k norms) and Gemma 3 (its tied head, sandwich norms, soft-capping, sliding window), under ddp() and
-// fsdp(), plain, with LoRA, with recompute and in bf16, in a user's own loop (torch::optim::SGD,
+// k norms), Gemma 3 (its tied head, sandwich norms, soft-capping, sliding window) and Wan (self- and
+// cross-attention, its q and k norms across heads, the feed-forward), under ddp() and fsdp(), plain,
+// with LoRA, with recompute and in bf16, in a user's own loop (torch::optim::SGD,
 // zero_grad), against the same plan without the stage on the same ranks reading the same batches:
 // every step's loss and every gradient within 1e-5 of the largest (the split one's slice of the
 // unsplit one's), and the state after ten steps; and the errors a user meets.
@@ -9,6 +10,7 @@
 
 #include <loom/loom.hpp>
 #include <loom/models/causal_lm.hpp>
+#include <loom/models/wan.hpp>
 #include <loom/nn/tensor_parallel.hpp>
 #include <loom/runtime/tensor_group.hpp>
 
@@ -65,12 +67,31 @@ loom::models::causal_lm_config small_family(loom::models::causal_lm_family famil
   return config;
 }
 
+// 4 heads of 8 features (32 in all) and a feed-forward of 40, which tp splits into 2 heads and 20 columns.
+loom::models::wan_config small_wan() {
+  loom::models::wan_config config;
+  config.num_attention_heads = 4;
+  config.attention_head_dim = 8;
+  config.in_channels = 4;
+  config.out_channels = 4;
+  config.text_dim = 16;
+  config.freq_dim = 16;
+  config.ffn_dim = 40;
+  config.num_layers = 2;
+  config.rope_max_seq_len = 32;
+  return config;
+}
+
+// The LoRA variants' adapters, over colwise and rowwise bases.
+constexpr loom::lora_stage llama_adapters = loom::lora(4, {"q_proj", "v_proj", "o_proj", "down_proj"});
+
 struct SubclassLlama : loom::models::CausalLMImpl {  // the subclass form
   using CausalLMImpl::CausalLMImpl;
 };
 
+// The model a job holds, of either form.
 template <class Job>
-loom::models::CausalLMImpl& causal_lm(Job& job) {
+auto& module_of(Job& job) {
   if constexpr (loom::detail::module_holder<std::remove_cvref_t<decltype(job.module())>>) {
     return *job.module();
   } else {
@@ -90,6 +111,20 @@ at::Tensor labels_of(const at::Tensor& ids, int step) {
   labels.index_put_({0, (step * 5) % ids.size(1)}, -100);
   labels.index_put_({1, (step * 7 + 3) % ids.size(1)}, -100);
   return labels;
+}
+
+struct video_batch {
+  at::Tensor latents, timestep, text, target;
+};
+
+// Latents of 3 or 6 frames of 4 × 4 (12 or 24 tokens after 1 × 2 × 2 patches), integer timesteps
+// (which mixed_precision's cast keeps) and 5 text states, varying by step and data rank.
+video_batch wan_batch(int step, int data_rank) {
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(5000 + 37 * static_cast<std::uint64_t>(step) +
+                                                      static_cast<std::uint64_t>(data_rank));
+  const std::int64_t frames = step % 2 == 0 ? 3 : 6;
+  return {torch::randn({2, 4, frames, 4, 4}, gen), torch::randint(0, 1000, {2}, gen, torch::kLong),
+          torch::randn({2, 5, 16}, gen), torch::randn({2, 4, frames, 4, 4}, gen)};
 }
 
 // How far `a` is from `b`, relative to b's largest magnitude.
@@ -115,7 +150,7 @@ template <class Job>
 std::map<std::string, at::Tensor> named_values(Job& job, bool grads) {
   std::map<std::string, at::Tensor> values;
   job.with_whole_module([&](auto&) {
-    for (const auto& item : causal_lm(job).named_parameters()) {
+    for (const auto& item : module_of(job).named_parameters()) {
       if (!item.value().requires_grad()) continue;
       const at::Tensor& t = grads ? item.value().grad() : item.value();
       if (t.defined()) values.emplace(item.key(), t.detach().to(at::kFloat).clone());
@@ -148,21 +183,31 @@ std::string name_of(variant v) {
   return "?";
 }
 
-// The loss of `job` on data rank `data_rank`'s batch at `step`: through forward(ids, labels), the
-// loss over the split vocabulary, or through the logits, gathered whole.
-template <class Job>
-at::Tensor loss_of(Job& job, int step, int data_rank, bool chunked) {
-  const at::Tensor ids = token_batch(step, data_rank);
-  if (chunked) return job.forward(ids, labels_of(ids, step));
-  return loom::models::causal_lm_loss(job.forward(ids), labels_of(ids, step));
+// The loss of a CausalLM job on data rank `data_rank`'s batch at `step`: through forward(ids, labels),
+// the loss over the split vocabulary, or through the logits, gathered whole.
+auto llama_loss(bool chunked) {
+  return [chunked](auto& job, int step, int data_rank) {
+    const at::Tensor ids = token_batch(step, data_rank);
+    if (chunked) return job.forward(ids, labels_of(ids, step));
+    return loom::models::causal_lm_loss(job.forward(ids), labels_of(ids, step));
+  };
 }
 
-// Ten SGD steps of the split and unsplit jobs on the same batches, in the user's own loop: each step's
-// loss, and its gradients where the strategy keeps them on the module (ddp), within `tolerance`; the
-// parameters after each step. With a `reference` (bf16's fp32 run): the split run no further from it
-// than 4 times the unsplit run is, as sequence_parallel's test bounds bf16.
-template <class Split, class Whole, class Reference>
-void check_same_training(Split& split, Whole& whole, Reference* reference, bool chunked, bool module_grads,
+// The mean squared error of a Wan job's prediction for data rank `data_rank`'s batch at `step`, in fp32.
+template <class Job>
+at::Tensor wan_loss(Job& job, int step, int data_rank) {
+  const video_batch batch = wan_batch(step, data_rank);
+  const at::Tensor predicted = job.forward(batch.latents, batch.timestep, batch.text);
+  return torch::mse_loss(predicted.to(at::kFloat), batch.target);
+}
+
+// Ten SGD steps of the split and unsplit jobs on the same batches, in the user's own loop, with the
+// loss `loss_of(job, step, data_rank)`: each step's loss, and its gradients where the strategy keeps
+// them on the module (ddp), within `tolerance`; the parameters after each step. With a `reference`
+// (bf16's fp32 run): the split run no further from it than 4 times the unsplit run is, as
+// sequence_parallel's test bounds bf16.
+template <class Split, class Whole, class Reference, class Loss>
+void check_same_training(Split& split, Whole& whole, Reference* reference, const Loss& loss_of, bool module_grads,
                          double tolerance, int steps = 10) {
   REQUIRE(split.data_rank() == world().rank() / tp);
   REQUIRE(split.data_world_size() == world().world_size() / tp);
@@ -175,12 +220,12 @@ void check_same_training(Split& split, Whole& whole, Reference* reference, bool 
   const int data_rank = world().rank() / tp;
   for (int step = 0; step < steps; ++step) {
     CAPTURE(step);
-    const at::Tensor split_loss = loss_of(split, step, data_rank, chunked);
+    const at::Tensor split_loss = loss_of(split, step, data_rank);
     split.backward(split_loss);
-    const at::Tensor whole_loss = loss_of(whole, step, data_rank, chunked);
+    const at::Tensor whole_loss = loss_of(whole, step, data_rank);
     whole.backward(whole_loss);
     if (reference != nullptr) {
-      reference->backward(loss_of(*reference, step, data_rank, chunked));
+      reference->backward(loss_of(*reference, step, data_rank));
       CHECK(difference(split_loss.detach(), whole_loss.detach()) <= 1.0 / 256);
     } else {
       CHECK(difference(split_loss.detach(), whole_loss.detach()) <= tolerance);
@@ -210,23 +255,24 @@ void check_same_training(Split& split, Whole& whole, Reference* reference, bool 
   }
 }
 
-template <class ModelStage, class Strategy>
-void check_variant(const ModelStage& model_stage, variant v, const Strategy& strategy, bool chunked, bool module_grads,
-                   int steps = 10) {
+// The split and unsplit jobs of `model_stage` for `v` and `strategy`, checked as above; `adapters` for
+// the LoRA variants.
+template <class ModelStage, class Strategy, class Loss>
+void check_variant(const ModelStage& model_stage, variant v, const Strategy& strategy, const Loss& loss_of,
+                   const loom::lora_stage& adapters, bool module_grads, int steps = 10) {
   const auto split_stage = loom::tensor_parallel_stage::checked({.size = tp});
   const auto run = [&](const auto& plan, const auto* reference_plan) {
     auto split = loom::build(plan | split_stage | strategy, world());
     auto whole = loom::build(plan | strategy, world());
     CHECK_THAT(split.describe(), ContainsSubstring("tensor parallel"));
     if (reference_plan == nullptr) {
-      check_same_training(split, whole, static_cast<decltype(whole)*>(nullptr), chunked, module_grads, 1e-5, steps);
+      check_same_training(split, whole, static_cast<decltype(whole)*>(nullptr), loss_of, module_grads, 1e-5, steps);
     } else {
       auto reference = loom::build(*reference_plan | strategy, world());
-      check_same_training(split, whole, &reference, chunked, module_grads, 1e-5, steps);
+      check_same_training(split, whole, &reference, loss_of, module_grads, 1e-5, steps);
     }
   };
   const auto seeded = model_stage | loom::seeded(7);
-  const auto adapters = loom::lora(4, {"q_proj", "v_proj", "o_proj", "down_proj"});
   using seeded_plan = std::remove_cvref_t<decltype(seeded)>;
   switch (v) {
     case variant::plain: run(seeded, static_cast<const seeded_plan*>(nullptr)); break;
@@ -245,8 +291,9 @@ TEST_CASE("Llama with tensor_parallel: the unsplit run's losses, gradients and s
   const variant v = GENERATE(variant::plain, variant::lora, variant::recompute, variant::bf16);
   const bool chunked = GENERATE(true, false);
   CAPTURE(name_of(v), chunked);
-  check_variant(loom::model<loom::models::CausalLM>(small_llama()), v, loom::ddp(), chunked, true);
-  check_variant(loom::model<SubclassLlama>(small_llama()), v, loom::fsdp(), chunked, false);
+  check_variant(loom::model<loom::models::CausalLM>(small_llama()), v, loom::ddp(), llama_loss(chunked), llama_adapters,
+                true);
+  check_variant(loom::model<SubclassLlama>(small_llama()), v, loom::fsdp(), llama_loss(chunked), llama_adapters, false);
 }
 
 TEST_CASE("Qwen3 and Gemma 3 with tensor_parallel: the unsplit run's losses, gradients and state",
@@ -254,8 +301,40 @@ TEST_CASE("Qwen3 and Gemma 3 with tensor_parallel: the unsplit run's losses, gra
   const auto family = GENERATE(loom::models::causal_lm_family::qwen3, loom::models::causal_lm_family::gemma3);
   const variant v = GENERATE(variant::plain, variant::lora);
   CAPTURE(static_cast<int>(family), name_of(v));
-  check_variant(loom::model<loom::models::CausalLM>(small_family(family)), v, loom::ddp(), true, true, 6);
-  check_variant(loom::model<loom::models::CausalLM>(small_family(family)), v, loom::fsdp(), true, false, 6);
+  check_variant(loom::model<loom::models::CausalLM>(small_family(family)), v, loom::ddp(), llama_loss(true),
+                llama_adapters, true, 6);
+  check_variant(loom::model<loom::models::CausalLM>(small_family(family)), v, loom::fsdp(), llama_loss(true),
+                llama_adapters, false, 6);
+}
+
+TEST_CASE("Wan with tensor_parallel: the unsplit run's losses, gradients and state", "[tensor_parallel]") {
+  REQUIRE(world().world_size() % tp == 0);
+  const variant v = GENERATE(variant::plain, variant::lora, variant::recompute, variant::bf16);
+  CAPTURE(name_of(v));
+  const auto model = loom::model<loom::models::Wan>(small_wan());
+  const auto adapters = loom::lora(4, {"to_q", "to_k", "to_v", "to_out.0", "ffn.net.0.proj"});
+  const auto loss = [](auto& job, int step, int data_rank) { return wan_loss(job, step, data_rank); };
+  check_variant(model, v, loom::ddp(), loss, adapters, true);
+  check_variant(model, v, loom::fsdp(), loss, adapters, false);
+}
+
+TEST_CASE("Wan's split layers: each rank holds its heads' projections and norms and its feed-forward columns",
+          "[tensor_parallel]") {
+  auto job = loom::build(
+      loom::model<loom::models::Wan>(small_wan()) | loom::seeded(1) | loom::tensor_parallel(2) | loom::ddp(), world());
+  const loom::models::WanImpl& wan = module_of(job);
+  const auto& block = wan.blocks->at<loom::models::WanTransformerBlock>(0);
+  for (const loom::models::WanAttention& attention : {block.attn1, block.attn2}) {
+    CHECK(attention->to_q->weight.size(0) == 16);
+    CHECK(attention->to_k->weight.size(0) == 16);
+    CHECK(attention->to_v->weight.size(0) == 16);
+    CHECK(attention->norm_q->weight.size(0) == 16);
+    CHECK(attention->norm_k->weight.size(0) == 16);
+    CHECK(attention->out_proj->weight.size(1) == 16);
+  }
+  CHECK(block.ffn->project_in->proj->weight.size(0) == 20);
+  CHECK(block.ffn->project_out->weight.size(1) == 20);
+  CHECK(wan.proj_out->weight.size(1) == 32);
 }
 
 TEST_CASE("tensor_parallel's groups: consecutive ranks split, the strategy runs over the rest", "[tensor_parallel]") {
@@ -266,7 +345,7 @@ TEST_CASE("tensor_parallel's groups: consecutive ranks split, the strategy runs 
   CHECK(job.world_size() == world().world_size());
   CHECK(job.data_rank() == world().rank() / 2);
   CHECK(job.data_world_size() == world().world_size() / 2);
-  const loom::models::CausalLMImpl& model = causal_lm(job);
+  const loom::models::CausalLMImpl& model = module_of(job);
   CHECK(model.model->embed_tokens->weight.size(0) == 32);
   CHECK(model.lm_head->weight.size(0) == 32);
 }
@@ -284,6 +363,18 @@ TEST_CASE("tensor_parallel's refusals name the numbers and the fix", "[tensor_pa
     } catch (const std::exception& error) {
       CHECK_THAT(error.what(), ContainsSubstring("3 key-value heads"));
       CHECK_THAT(error.what(), ContainsSubstring("num_key_value_heads"));
+    }
+  }
+  SECTION("a size that does not divide Wan's heads") {
+    loom::models::wan_config config = small_wan();
+    config.num_attention_heads = 3;
+    try {
+      (void)loom::build(
+          loom::model<loom::models::Wan>(config) | loom::seeded(1) | loom::tensor_parallel(2) | loom::ddp(), world());
+      FAIL("built");
+    } catch (const std::exception& error) {
+      CHECK_THAT(error.what(), ContainsSubstring("attn1.attention has 3 attention heads"));
+      CHECK_THAT(error.what(), ContainsSubstring("num_attention_heads"));
     }
   }
   SECTION("a size that does not divide the MLP width") {

@@ -25,6 +25,7 @@
 #include <loom/dsl/targets.hpp>
 #include <loom/nn/linear.hpp>
 #include <loom/nn/sequence_parallel.hpp>
+#include <loom/nn/tensor_parallel.hpp>
 #include <loom/nn/unit.hpp>
 
 #include <ATen/core/Tensor.h>
@@ -39,6 +40,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace loom::models {
 
@@ -91,15 +93,23 @@ class WanPatchEmbeddingImpl : public torch::nn::Module {
 TORCH_MODULE(WanPatchEmbedding);
 
 // torch.nn.RMSNorm(size, eps) with its weight: queries' and keys' norms, across all heads at once.
-class WanRMSNormImpl : public torch::nn::Module {
+// Under tensor_parallel it takes the colwise style of the projection before it: each rank keeps its
+// slice of the weight and normalises its slice of the features by the mean square over all of them,
+// its sum of squares summed over the group.
+class WanRMSNormImpl : public torch::nn::Module, public loom::nn::parallel_module {
  public:
   WanRMSNormImpl(std::int64_t size, double eps);
   at::Tensor forward(const at::Tensor& x);
+
+  [[nodiscard]] std::optional<cut> cut_by(loom::nn::parallel_style style) const override;
+  std::vector<loom::nn::split_parameter> split(loom::nn::parallel_style style,
+                                               std::shared_ptr<loom::nn::tensor_split> split) override;
 
   at::Tensor weight;
 
  private:
   double eps_;
+  std::shared_ptr<loom::nn::tensor_split> split_;  // under tensor_parallel; else none
 };
 TORCH_MODULE(WanRMSNorm);
 
@@ -137,7 +147,7 @@ class WanAttentionImpl : public torch::nn::Module {
   loom::nn::Attention attention{nullptr};  // self-attention's: no weights; none for cross-attention
 
  private:
-  std::int64_t heads_;
+  std::int64_t head_dim_;
 };
 TORCH_MODULE(WanAttention);
 
@@ -251,6 +261,13 @@ class WanImpl : public torch::nn::Module {
   // What quantized(...) leaves in full precision: diffusers' _keep_in_fp32_modules with linear layers
   // (its quantizers add them to modules_to_not_convert).
   static constexpr std::array<std::string_view, 1> unquantized_modules{"time_embedder"};
+
+  // Its layers under tensor_parallel (loom/nn/tensor_parallel.hpp), as Megatron splits a transformer
+  // block: in self- and cross-attention to_q, to_k, to_v colwise by heads and to_out.0 rowwise, the
+  // q and k norms across heads colwise with them (each rank's sum of squares summed over the group),
+  // the feed-forward's ffn.net.0.proj colwise and ffn.net.2 rowwise. The embeddings, the modulation,
+  // the layer norms and proj_out stay whole on every rank.
+  [[nodiscard]] std::vector<loom::nn::parallel_layer> tensor_parallel_plan() const;
 
   wan_config config;
   WanPatchEmbedding patch_embedding;
