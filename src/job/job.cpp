@@ -75,9 +75,9 @@ job_core::job_core(runtime rt, std::shared_ptr<torch::nn::Module> module, std::s
     context_->split_by(tensor_split_);
     const tensor_group& group = tensor_split_->group();
     context_->note(fmt::format(
-        "tensor parallel: {} each parallel layer (this rank's group {}: ranks {}), each holding 1/{} of it; the "
-        "strategy runs over {} ({}: ranks {})",
-        counted(group.size(), "rank split"), group.name(), fmt::join(group.ranks(), ", "), group.size(),
+        "tensor parallel: each parallel layer split over {} (this rank's group {}: ranks {}), each holding 1/{} of "
+        "it; the strategy runs over {} ({}: ranks {})",
+        counted(group.size(), "rank"), group.name(), fmt::join(group.ranks(), ", "), group.size(),
         counted(group.data_world_size(), "data-parallel rank"), group.data_parallel_name(),
         fmt::join(group.data_parallel_ranks(), ", ")));
   }
