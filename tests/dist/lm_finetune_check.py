@@ -3,6 +3,7 @@
 head_dim of its own, a tied head) that transformers makes here: from a
 YAML run file in FastVideo's layout, LoRA under fsdp() on 2 ranks, on an llm.c token file.
 
+- the same run under tensor_parallel(2) (tp_size) at 4 ranks gives the same losses and adapter;
 - a run preempted (SIGTERM to loom-run) and started again ends with the adapter an uninterrupted run
   writes, byte for byte; metrics.jsonl lists the steps it logged;
 - PEFT loads the adapter onto the checkpoint (warnings as errors), transformers loads the merged
@@ -74,6 +75,28 @@ def main() -> int:
             failures.append(f"metrics.jsonl logged the steps {logged}, not 1..8")
         if "lora(rank=4, alpha=8" not in done.stdout or "fsdp(" not in done.stdout:
             failures.append(f"the plan from the YAML file is not the one described:\n{done.stdout[:1500]}")
+
+        # tensor_parallel(2) at 4 ranks (FastVideo's tp_size), the same 2 data-parallel ranks reading the
+        # same batches: every step's loss within fp32 rounding of the unsplit run's, and its adapter saved
+        # whole, the unsplit run's within AdamW's amplified rounding.
+        split = root / "split"
+        four_ranks = [loom_run, "--nproc-per-node", "4", *command(split, "--training.distributed.tp_size=2")[3:]]
+        split_run = subprocess.run(four_ranks, capture_output=True, text=True)
+        if split_run.returncode != 0 or "tensor_parallel(size=2)" not in split_run.stdout:
+            failures.append(f"the tp_size 2 run failed: {split_run.stdout[-1500:]}{split_run.stderr[-1500:]}")
+        else:
+            def losses(folder: Path) -> list[float]:
+                return [json.loads(line)["loss"] for line in (folder / "metrics.jsonl").read_text().splitlines()
+                        if "loss" in json.loads(line)]
+            pairs = list(zip(losses(split), losses(straight)))
+            if len(pairs) != 8 or any(abs(a - b) > 1e-5 * abs(b) for a, b in pairs):
+                failures.append(f"tp_size 2's losses are not the unsplit run's: {pairs}")
+            from safetensors.torch import load_file
+            mine, theirs = (load_file(folder / "adapter" / "adapter_model.safetensors") for folder in (split, straight))
+            if mine.keys() != theirs.keys() or any(mine[k].shape != theirs[k].shape for k in mine):
+                failures.append("tp_size 2's adapter is not the unsplit run's tensors, whole")
+            elif any((mine[k] - theirs[k]).abs().max() > 1e-3 * theirs[k].abs().max() for k in mine):
+                failures.append("tp_size 2's adapter's values are not the unsplit run's")
 
         preempted = root / "preempted"
         run = subprocess.Popen(command(preempted), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
