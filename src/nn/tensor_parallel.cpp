@@ -320,7 +320,7 @@ void split_layers(torch::nn::Module& model, std::string_view model_name, const s
   const int k = split->size();
   if (plan.empty()) {
     throw_error<std::invalid_argument>(
-        "tensor_parallel({}): {} marks no parallel layer: give it a static tensor_parallel_plan() that names its "
+        "tensor_parallel({}): {} marks no parallel layer: give it a tensor_parallel_plan() const that names its "
         "colwise and rowwise loom::nn::Linear layers (docs/tensor_parallel.md), or leave tensor_parallel out",
         k, model_name);
   }

@@ -1,14 +1,22 @@
 #pragma once
 // Two jobs' state_dicts compared name by name, the same names in the same order: within an absolute
-// tolerance, or bit for bit.
+// tolerance, or bit for bit; and how far one tensor is from another.
 
 #include <loom/runtime/tensors.hpp>
+
+#include <algorithm>
 
 #include <ATen/ATen.h>
 
 #include <catch2/catch_test_macros.hpp>
 
 namespace loom::testing {
+
+// How far `a` is from `b`, relative to b's largest magnitude: the measure the parity tests bound.
+inline double difference(const at::Tensor& a, const at::Tensor& b) {
+  const double scale = std::max(b.abs().max().item<double>(), 1e-12);
+  return (a.to(at::kFloat) - b.to(at::kFloat)).abs().max().item<double>() / scale;
+}
 
 // `check(actual, expected)` on each pair, after the names.
 template <class Reference, class Other, class Check>

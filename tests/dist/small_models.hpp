@@ -22,6 +22,29 @@ inline models::causal_lm_config small_llama() {
   return config;
 }
 
+// `family`'s structure at the sizes of `sizes`: for Gemma 3 (q and k norms, sandwich norms, scaled
+// embeddings, GELU, soft-capping), its 3 layers local, global, local, in a window of 5 tokens, shorter
+// than the tests' sequences.
+inline models::causal_lm_config small_family(models::causal_lm_family family, const models::causal_lm_config& sizes) {
+  models::causal_lm_config config = models::causal_lm_config::for_family(family);
+  config.vocab_size = sizes.vocab_size;
+  config.hidden_size = sizes.hidden_size;
+  config.intermediate_size = sizes.intermediate_size;
+  config.num_hidden_layers = sizes.num_hidden_layers;
+  config.num_attention_heads = sizes.num_attention_heads;
+  config.num_key_value_heads = sizes.num_key_value_heads;
+  config.head_dim = sizes.head_dim;
+  if (family == models::causal_lm_family::gemma3) {
+    config.num_hidden_layers = 3;
+    config.layer_types = {models::layer_attention::sliding, models::layer_attention::full,
+                          models::layer_attention::sliding};
+    config.sliding_window = 5;
+    config.query_pre_attn_scalar = 10;
+    config.final_logit_softcapping = 8;
+  }
+  return config;
+}
+
 inline models::wan_config small_wan() {
   models::wan_config config;
   config.num_attention_heads = 2;

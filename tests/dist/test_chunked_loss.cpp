@@ -5,6 +5,7 @@
 // trained whole. Six steps of batches that differ by step and by rank, labels of -100 among them, and
 // a chunk of 5 tokens that divides none of them: every step's loss and every gradient of this rank's
 // trainable tensors (its shards under fsdp) within fp32 rounding, and the same state at the end.
+#include "same_state.hpp"
 #include "small_models.hpp"
 #include "world.hpp"
 
@@ -22,6 +23,7 @@
 #include <string_view>
 #include <utility>
 
+using loom::testing::difference;
 using loom::testing::small_llama;
 using loom::testing::world;
 
@@ -65,12 +67,6 @@ at::Tensor loss_of(Job& job, int step, bool chunked, bool split) {
   const at::Tensor logits = job.forward(ids);
   if (split) return loom::models::causal_lm_loss(logits, labels, job.module()->model->sequence);
   return loom::models::causal_lm_loss(logits, labels);
-}
-
-// How far `a` is from `b`, relative to b's largest magnitude.
-double difference(const at::Tensor& a, const at::Tensor& b) {
-  const double scale = std::max(b.abs().max().item<double>(), 1e-12);
-  return (a.to(at::kFloat) - b.to(at::kFloat)).abs().max().item<double>() / scale;
 }
 
 template <class Plan>

@@ -4,6 +4,8 @@
 // the stage on the same ranks reading the same batches: every step's loss and every gradient within fp32 rounding
 // (bf16's bound under mixed precision), ten steps ending in the same state; the schedule's all-to-alls; and the errors
 // a user meets.
+#include "same_state.hpp"
+#include "small_models.hpp"
 #include "world.hpp"
 
 #include <loom/loom.hpp>
@@ -27,6 +29,7 @@
 #include <vector>
 
 using Catch::Matchers::ContainsSubstring;
+using loom::testing::difference;
 using loom::testing::world;
 
 namespace {
@@ -55,22 +58,7 @@ loom::models::causal_lm_config small_llama() {
 // local layer, in a window shorter than the sequences, on each side of a global one: the windowed
 // mask is the whole sequence's, after the exchange.
 loom::models::causal_lm_config small_gemma() {
-  loom::models::causal_lm_config config =
-      loom::models::causal_lm_config::for_family(loom::models::causal_lm_family::gemma3);
-  const loom::models::causal_lm_config sizes = small_llama();
-  config.vocab_size = sizes.vocab_size;
-  config.hidden_size = sizes.hidden_size;
-  config.intermediate_size = sizes.intermediate_size;
-  config.num_hidden_layers = 3;
-  config.num_attention_heads = sizes.num_attention_heads;
-  config.num_key_value_heads = sizes.num_key_value_heads;
-  config.head_dim = sizes.head_dim;
-  config.layer_types = {loom::models::layer_attention::sliding, loom::models::layer_attention::full,
-                        loom::models::layer_attention::sliding};
-  config.sliding_window = 5;
-  config.query_pre_attn_scalar = 10;
-  config.final_logit_softcapping = 8;
-  return config;
+  return loom::testing::small_family(loom::models::causal_lm_family::gemma3, small_llama());
 }
 
 loom::models::wan_config small_wan() {
@@ -120,12 +108,6 @@ video_batch wan_batch(int step, int data_rank) {
   const std::int64_t frames = step % 2 == 0 ? 3 : 6;
   return {torch::randn({2, 4, frames, 4, 4}, gen), torch::randint(0, 1000, {2}, gen, torch::kLong).to(torch::kFloat),
           torch::randn({2, 5, 16}, gen), torch::randn({2, 4, frames, 4, 4}, gen)};
-}
-
-// How far `a` is from `b`, relative to b's largest magnitude.
-double difference(const at::Tensor& a, const at::Tensor& b) {
-  const double scale = std::max(b.abs().max().item<double>(), 1e-12);
-  return (a.to(at::kFloat) - b.to(at::kFloat)).abs().max().item<double>() / scale;
 }
 
 // A job stepped beside the others whose distance from the unsplit one bounds the split one's: the

@@ -6,6 +6,8 @@
 // zero_grad), against the same plan without the stage on the same ranks reading the same batches:
 // every step's loss and every gradient within 1e-5 of the largest (the split one's slice of the
 // unsplit one's), and the state after ten steps; and the errors a user meets.
+#include "same_state.hpp"
+#include "small_models.hpp"
 #include "world.hpp"
 
 #include <loom/loom.hpp>
@@ -29,6 +31,7 @@
 #include <vector>
 
 using Catch::Matchers::ContainsSubstring;
+using loom::testing::difference;
 using loom::testing::world;
 
 namespace {
@@ -48,23 +51,7 @@ loom::models::causal_lm_config small_llama() {
 }
 
 loom::models::causal_lm_config small_family(loom::models::causal_lm_family family) {
-  loom::models::causal_lm_config config = loom::models::causal_lm_config::for_family(family);
-  const loom::models::causal_lm_config sizes = small_llama();
-  config.vocab_size = sizes.vocab_size;
-  config.hidden_size = sizes.hidden_size;
-  config.intermediate_size = sizes.intermediate_size;
-  config.num_hidden_layers = sizes.num_hidden_layers;
-  config.num_attention_heads = sizes.num_attention_heads;
-  config.num_key_value_heads = sizes.num_key_value_heads;
-  config.head_dim = sizes.head_dim;
-  if (family == loom::models::causal_lm_family::gemma3) {
-    config.layer_types = {loom::models::layer_attention::sliding, loom::models::layer_attention::full,
-                          loom::models::layer_attention::sliding};
-    config.sliding_window = 5;
-    config.query_pre_attn_scalar = 10;
-    config.final_logit_softcapping = 8;
-  }
-  return config;
+  return loom::testing::small_family(family, small_llama());
 }
 
 // 4 heads of 8 features (32 in all) and a feed-forward of 40, which tp splits into 2 heads and 20 columns.
@@ -125,12 +112,6 @@ video_batch wan_batch(int step, int data_rank) {
   const std::int64_t frames = step % 2 == 0 ? 3 : 6;
   return {torch::randn({2, 4, frames, 4, 4}, gen), torch::randint(0, 1000, {2}, gen, torch::kLong),
           torch::randn({2, 5, 16}, gen), torch::randn({2, 4, frames, 4, 4}, gen)};
-}
-
-// How far `a` is from `b`, relative to b's largest magnitude.
-double difference(const at::Tensor& a, const at::Tensor& b) {
-  const double scale = std::max(b.abs().max().item<double>(), 1e-12);
-  return (a.to(at::kFloat) - b.to(at::kFloat)).abs().max().item<double>() / scale;
 }
 
 // This rank's slice of an unsplit tensor, as `split` holds it: along the one dimension whose size

@@ -3,6 +3,7 @@
 // once, as the unsplit run's does; state_dict(), save_weights and save_adapter are whole and equal
 // the unsplit run's, and what they wrote loads back split; a checkpoint resumes bit for bit at the
 // same layout.
+#include "same_state.hpp"
 #include "world.hpp"
 
 #include <loom/loom.hpp>
@@ -20,6 +21,7 @@
 #include <vector>
 
 using Catch::Matchers::ContainsSubstring;
+using loom::testing::difference;
 using loom::testing::shared_scratch;
 using loom::testing::world;
 
@@ -50,11 +52,6 @@ template <class Job>
 at::Tensor step_loss(Job& job, int step) {
   const at::Tensor ids = token_batch(step, world().rank() / tp);
   return job.forward(ids, ids);
-}
-
-double difference(const at::Tensor& a, const at::Tensor& b) {
-  const double scale = std::max(b.abs().max().item<double>(), 1e-12);
-  return (a.to(at::kFloat) - b.to(at::kFloat)).abs().max().item<double>() / scale;
 }
 
 std::map<std::string, at::Tensor> by_name(const loom::tensor_state& state) {

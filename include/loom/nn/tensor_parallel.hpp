@@ -3,9 +3,9 @@
 // group of k consecutive ranks, each rank computing its slice of every parallel layer.
 //
 // A model marks its parallel layers once, by name, as transformers' tp_plan and torchtitan's
-// parallelize_module do: a static member
+// parallelize_module do: a member, which may read the model's configuration,
 //
-//   static std::vector<loom::nn::parallel_layer> tensor_parallel_plan();
+//   std::vector<loom::nn::parallel_layer> tensor_parallel_plan() const;
 //
 // that build() applies when the plan has tensor_parallel(k), k > 1:
 // A module marked with a style takes part as loom::nn::parallel_module; gradient_summed takes any.
