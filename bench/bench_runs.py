@@ -22,7 +22,9 @@ def anchor_workload(workload: str) -> str:
 
 
 def ranks_for(workload: str) -> int:
-    if workload.endswith("-hsdp"):
+    # Hybrid sharding's 2 × 2 mesh, and the long-* workloads' 4 ranks that a sequence or tensor-parallel
+    # split divides 2 and 4 ways (bench/sequence_parallel, bench/tensor_parallel).
+    if workload.endswith("-hsdp") or workload.startswith("long-"):
         return 4
     return 2 if workload.endswith(("-ddp", "-fsdp")) else 1
 
