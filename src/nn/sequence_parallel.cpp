@@ -1,5 +1,7 @@
 #include <loom/nn/sequence_parallel.hpp>
 
+#include "group_collectives.hpp"
+
 #include <loom/base/text.hpp>
 #include <loom/precision/attention.hpp>
 #include <loom/runtime/sequence_group.hpp>
@@ -81,57 +83,31 @@ struct group_site : torch::CustomClassHolder {
   std::shared_ptr<sequence_split> split;
 };
 
-at::Tensor gathered(sequence_split& split, const at::Tensor& part, std::int64_t dim) {
-  const at::Tensor moved = part.movedim(dim, 0).contiguous();
-  std::vector<std::int64_t> sizes = moved.sizes().vec();
-  sizes[0] *= split.size();
-  at::Tensor whole = at::empty(sizes, moved.options());
-  at::Tensor flat = whole.view(-1);
-  split.group().comm().all_gather(moved.view(-1), flat).wait();
-  return whole.movedim(0, dim);
-}
-
-at::Tensor scattered(sequence_split& split, const at::Tensor& whole, std::int64_t dim) {
-  const at::Tensor moved = whole.movedim(dim, 0).contiguous();
-  std::vector<std::int64_t> sizes = moved.sizes().vec();
-  sizes[0] /= split.size();
-  at::Tensor part = at::empty(sizes, moved.options());
-  at::Tensor flat = part.view(-1);
-  split.group().comm().reduce_scatter(moved.view(-1), flat).wait();
-  return part.movedim(0, dim);
-}
-
 struct gather_sequence : torch::autograd::Function<gather_sequence> {
   static at::Tensor forward(torch::autograd::AutogradContext* context, const c10::intrusive_ptr<group_site>& site,
                             const at::Tensor& part, std::int64_t dim) {
     context->saved_data["site"] = c10::IValue::make_capsule(site);
     context->saved_data["dim"] = dim;
-    return gathered(*site->split, part, dim);
+    return gathered(site->split->group(), part, dim);
   }
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* context,
                                                  const torch::autograd::variable_list& grads) {
     const auto site = c10::static_intrusive_pointer_cast<group_site>(context->saved_data["site"].toCapsule());
-    return {at::Tensor(), scattered(*site->split, grads[0], context->saved_data["dim"].toInt()), at::Tensor()};
+    return {at::Tensor(), scattered(site->split->group(), grads[0], context->saved_data["dim"].toInt()), at::Tensor()};
   }
 };
-
-at::Tensor summed(sequence_split& split, const at::Tensor& part) {
-  at::Tensor total = part.clone();
-  split.group().comm().all_reduce(total).wait();
-  return total;
-}
 
 struct sum_over_group : torch::autograd::Function<sum_over_group> {
   static at::Tensor forward(torch::autograd::AutogradContext* context, const c10::intrusive_ptr<group_site>& site,
                             const at::Tensor& part) {
     context->saved_data["site"] = c10::IValue::make_capsule(site);
-    return summed(*site->split, part);
+    return summed(site->split->group(), part);
   }
   // Every rank of the group holds the sum, so each rank's gradient reaches every part.
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* context,
                                                  const torch::autograd::variable_list& grads) {
     const auto site = c10::static_intrusive_pointer_cast<group_site>(context->saved_data["site"].toCapsule());
-    return {at::Tensor(), summed(*site->split, grads[0])};
+    return {at::Tensor(), summed(site->split->group(), grads[0])};
   }
 };
 

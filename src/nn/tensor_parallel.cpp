@@ -1,5 +1,7 @@
 #include <loom/nn/tensor_parallel.hpp>
 
+#include "group_collectives.hpp"
+
 #include <loom/base/text.hpp>
 #include <loom/nn/embedding.hpp>
 #include <loom/nn/linear.hpp>
@@ -36,12 +38,6 @@ struct split_site : torch::CustomClassHolder {
   tensor_split* split;
   std::optional<std::size_t> exchange;  // the declared exchange it is, checked as it is issued
 };
-
-at::Tensor summed(const tensor_group& group, const at::Tensor& part) {
-  at::Tensor total = part.contiguous().clone();
-  group.comm().all_reduce(total).wait();
-  return total;
-}
 
 struct enter_group : torch::autograd::Function<enter_group> {
   static at::Tensor forward(torch::autograd::AutogradContext* context, const c10::intrusive_ptr<split_site>& site,
@@ -82,16 +78,6 @@ struct reduce_over_group : torch::autograd::Function<reduce_over_group> {
     return {at::Tensor(), grads[0]};
   }
 };
-
-at::Tensor gathered(const tensor_group& group, const at::Tensor& part, std::int64_t dim) {
-  const at::Tensor moved = part.movedim(dim, 0).contiguous();
-  std::vector<std::int64_t> sizes = moved.sizes().vec();
-  sizes[0] *= group.size();
-  at::Tensor whole = at::empty(sizes, moved.options());
-  at::Tensor flat = whole.view(-1);
-  group.comm().all_gather(moved.view(-1), flat).wait();
-  return whole.movedim(0, dim);
-}
 
 struct gather_over_group : torch::autograd::Function<gather_over_group> {
   static at::Tensor forward(torch::autograd::AutogradContext* context, const c10::intrusive_ptr<split_site>& site,
