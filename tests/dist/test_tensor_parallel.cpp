@@ -331,53 +331,44 @@ TEST_CASE("tensor_parallel's groups: consecutive ranks split, the strategy runs 
   CHECK(model.lm_head->weight.size(0) == 32);
 }
 
+// What building `plan` throws (a failed check when it builds).
+template <class Plan>
+std::string refusal(const Plan& plan) {
+  try {
+    (void)loom::build(plan, world());
+  } catch (const std::exception& error) {
+    return error.what();
+  }
+  FAIL("built");
+  return {};
+}
+
 TEST_CASE("tensor_parallel's refusals name the numbers and the fix", "[tensor_parallel]") {
+  const auto split = loom::seeded(1) | loom::tensor_parallel(2) | loom::ddp();
   SECTION("a size that does not divide the key-value heads") {
     loom::models::causal_lm_config config = small_llama();
     config.num_key_value_heads = 3;
     config.num_attention_heads = 6;
-    try {
-      (void)loom::build(
-          loom::model<loom::models::CausalLM>(config) | loom::seeded(1) | loom::tensor_parallel(2) | loom::ddp(),
-          world());
-      FAIL("built");
-    } catch (const std::exception& error) {
-      CHECK_THAT(error.what(), ContainsSubstring("3 key-value heads"));
-      CHECK_THAT(error.what(), ContainsSubstring("num_key_value_heads"));
-    }
+    const std::string message = refusal(loom::model<loom::models::CausalLM>(config) | split);
+    CHECK_THAT(message, ContainsSubstring("3 key-value heads"));
+    CHECK_THAT(message, ContainsSubstring("num_key_value_heads"));
   }
   SECTION("a size that does not divide Wan's heads") {
     loom::models::wan_config config = small_wan();
     config.num_attention_heads = 3;
-    try {
-      (void)loom::build(
-          loom::model<loom::models::Wan>(config) | loom::seeded(1) | loom::tensor_parallel(2) | loom::ddp(), world());
-      FAIL("built");
-    } catch (const std::exception& error) {
-      CHECK_THAT(error.what(), ContainsSubstring("attn1.attention has 3 attention heads"));
-      CHECK_THAT(error.what(), ContainsSubstring("num_attention_heads"));
-    }
+    const std::string message = refusal(loom::model<loom::models::Wan>(config) | split);
+    CHECK_THAT(message, ContainsSubstring("attn1.attention has 3 attention heads"));
+    CHECK_THAT(message, ContainsSubstring("num_attention_heads"));
   }
   SECTION("a size that does not divide the MLP width") {
     loom::models::causal_lm_config config = small_llama();
     config.intermediate_size = 41;
-    try {
-      (void)loom::build(
-          loom::model<loom::models::CausalLM>(config) | loom::seeded(1) | loom::tensor_parallel(2) | loom::ddp(),
-          world());
-      FAIL("built");
-    } catch (const std::exception& error) {
-      CHECK_THAT(error.what(), ContainsSubstring("mlp.gate_proj has 41 output features"));
-    }
+    CHECK_THAT(refusal(loom::model<loom::models::CausalLM>(config) | split),
+               ContainsSubstring("mlp.gate_proj has 41 output features"));
   }
   SECTION("LoRA dropout") {
-    try {
-      (void)loom::build(loom::model<loom::models::CausalLM>(small_llama()) | loom::seeded(1) |
-                            loom::lora(4, {"q_proj"}, {.dropout = 0.1}) | loom::tensor_parallel(2) | loom::ddp(),
-                        world());
-      FAIL("built");
-    } catch (const std::exception& error) {
-      CHECK_THAT(error.what(), ContainsSubstring("lora dropout"));
-    }
+    CHECK_THAT(refusal(loom::model<loom::models::CausalLM>(small_llama()) | loom::seeded(1) |
+                       loom::lora(4, {"q_proj"}, {.dropout = 0.1}) | loom::tensor_parallel(2) | loom::ddp()),
+               ContainsSubstring("lora dropout"));
   }
 }
