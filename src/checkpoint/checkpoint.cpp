@@ -6,6 +6,7 @@
 #include "layout.hpp"
 #include "manifest_detail.hpp"
 #include "optimizer_bytes.hpp"
+#include "reshard.hpp"
 
 #include <loom/base/text.hpp>
 #include <loom/io/files.hpp>
@@ -47,6 +48,8 @@ using checkpoint_detail::optimizer_key;
 using checkpoint_detail::rank_file;
 using checkpoint_detail::rank_state_key;
 using checkpoint_detail::rng_prefix;
+using checkpoint_detail::split_dims_key;
+using checkpoint_detail::split_dims_text;
 using checkpoint_detail::step_folders;
 using checkpoint_detail::step_of;
 
@@ -226,6 +229,7 @@ void checkpointer::save(const checkpoint_target& target, torch::optim::Optimizer
                                .world_size = rt_.world_size(),
                                .shard_group_size = target.sharded ? target.shard_group_size : rt_.world_size(),
                                .sharded = target.sharded,
+                               .tensor_parallel = target.tensor_parallel,
                                .all_parameters = options_.all_parameters,
                                .plan = target.plan,
                                .describe = target.describe,
@@ -240,6 +244,7 @@ void checkpointer::save(const checkpoint_target& target, torch::optim::Optimizer
   const fs::path file = partial / rank_file(rt_.rank());
   std::map<std::string, std::string> metadata{{"step", std::to_string(step)}};
   if (!rank_state.empty()) metadata.emplace(rank_state_key, rank_state);
+  if (target.tensor_parallel > 1) metadata.emplace(split_dims_key, split_dims_text(target.whole_layouts()));
   const auto write = [file, metadata = std::move(metadata)](rank_file_contents& written) {
     failpoint("checkpoint.before-shard");
     const file_digest digest = save_safetensors(file, written.tensors(), metadata);

@@ -20,11 +20,14 @@ namespace loom::checkpoint_detail {
 
 inline constexpr const char* manifest_file = "manifest.json";
 // What a rank's file holds, by name: the model's tensors under model/, the optimizer's archive, and
-// each generator's state under rng/; in its metadata, the caller's state of the rank, if any.
+// each generator's state under rng/; in its metadata, the caller's state of the rank, if any, and
+// under tensor_parallel the split tensors' dimensions.
 inline constexpr std::string_view model_prefix = "model/";
 inline constexpr const char* optimizer_key = "optimizer";
 inline constexpr std::string_view rng_prefix = "rng/";
 inline constexpr const char* rank_state_key = "rank_state";
+// Under tensor_parallel: the dimension each split tensor is cut along, {"name": dim}, in JSON.
+inline constexpr const char* split_dims_key = "split_dims";
 
 // The default generators this rank draws from: the CPU's, and its device's when that is a GPU.
 [[nodiscard]] std::vector<std::pair<std::string, at::Generator>> generators(const runtime& rt);

@@ -65,7 +65,7 @@ struct count_field {  // a whole number in [min, max], which JSON reads as unsig
   std::uint64_t min;
   std::uint64_t max;
   const char* kind;
-  bool optional = false;  // a manifest written before the field existed may lack it: then 0
+  bool optional = false;  // a manifest written before the field existed may lack it: then its default
 };
 struct flag_field {};
 struct choice_field {  // true is `yes`, false is `no`
@@ -90,6 +90,8 @@ void for_each_manifest_field(Manifest& manifest, Visit&& visit) {
   visit("shard_group_size", manifest.shard_group_size,
         count_field{1, static_cast<std::uint64_t>(std::numeric_limits<int>::max()), "a number of ranks", true});
   visit("sharded", manifest.sharded, flag_field{});
+  visit("tensor_parallel", manifest.tensor_parallel,
+        count_field{1, static_cast<std::uint64_t>(std::numeric_limits<int>::max()), "a number of ranks", true});
   visit("parameters", manifest.all_parameters, choice_field{"all", "trainable"});
   visit("plan", manifest.plan, text_field{});
   visit("describe", manifest.describe, text_field{});
@@ -256,9 +258,11 @@ checkpoint_manifest read_checkpoint_manifest(const fs::path& path) {
   }
   checkpoint_manifest read = manifest_fields(path, manifest);
   if (read.shard_group_size == 0) read.shard_group_size = read.world_size;
-  if (read.world_size % read.shard_group_size != 0) {
-    damaged(path, fmt::format("its manifest's shard_group_size {} does not divide its world_size {}",
-                              read.shard_group_size, read.world_size));
+  if (read.world_size % read.tensor_parallel != 0 ||
+      read.world_size / read.tensor_parallel % read.shard_group_size != 0) {
+    damaged(path,
+            fmt::format("its manifest's shard_group_size {} and tensor_parallel {} do not divide its world_size {}",
+                        read.shard_group_size, read.tensor_parallel, read.world_size));
   }
   read.checksummed = checksummed;
   read.files = rank_files(path, manifest, read.world_size, checksummed);

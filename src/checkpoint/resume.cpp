@@ -6,6 +6,7 @@
 #include "layout.hpp"
 #include "manifest_detail.hpp"
 #include "optimizer_bytes.hpp"
+#include "reshard.hpp"
 
 #include <loom/base/text.hpp>
 #include <loom/io/files.hpp>
@@ -36,11 +37,16 @@ using checkpoint_detail::damaged;
 using checkpoint_detail::generators;
 using checkpoint_detail::hex;
 using checkpoint_detail::load_optimizer;
+using checkpoint_detail::load_resharded_optimizer;
 using checkpoint_detail::model_prefix;
 using checkpoint_detail::optimizer_key;
 using checkpoint_detail::rank_file;
 using checkpoint_detail::rank_state_key;
+using checkpoint_detail::resharded_model;
 using checkpoint_detail::rng_prefix;
+using checkpoint_detail::saved_layout;
+using checkpoint_detail::split_dims_key;
+using checkpoint_detail::split_dims_of;
 
 // The first line where two describe() texts differ, for the message.
 std::string first_difference(const std::string& saved, const std::string& now) {
@@ -65,6 +71,13 @@ std::string first_difference(const std::string& saved, const std::string& now) {
       checkpoint.string(), problem, checkpoint.parent_path().string());
 }
 
+// An error's text to go inside another message of loom's, without its own "loom: ".
+std::string reason(const std::exception& error) {
+  std::string text = error_text(error);
+  if (std::string_view(text).starts_with(message_prefix)) text.erase(0, message_prefix.size());
+  return text;
+}
+
 }  // namespace
 
 // What one rank read of a checkpoint, checked, before anything is loaded into the job.
@@ -72,6 +85,7 @@ struct checkpointer::read_files {
   fs::path path;
   checkpoint_manifest manifest;
   bool resharding = false;
+  saved_layout saved;                  // where one whole copy of its state lies
   std::string described;               // "its file 'rank-00001.safetensors'", for a message
   std::vector<tensor_state> models;    // one a file read: this rank's, or one whole copy's
   std::vector<at::Tensor> optimizers;  // the optimizer's archive of each
@@ -154,13 +168,11 @@ checkpointer::read_files checkpointer::read(const fs::path& path, const checkpoi
   }
   const int saved_world = manifest.world_size;
   const int saved_group = manifest.shard_group_size;
-  files.resharding = target.sharded && (saved_world != rt_.world_size() || saved_group != target.shard_group_size);
-  if (files.resharding && target.tensor_parallel > 1) {
-    unusable(path, fmt::format("it was saved by {} and this job has {}, and a checkpoint of tensor_parallel({}) "
-                               "resumes on as many ranks only (its slices are not resharded yet): resume it on {}",
-                               counted(saved_world, "rank"), counted(rt_.world_size(), "rank"), target.tensor_parallel,
-                               counted(saved_world, "rank")));
-  }
+  files.saved = saved_layout::of(manifest, target.strategy_shards);
+  // Another layout of state each rank holds its own of (its shards, its slices), on either side.
+  files.resharding = (target.sharded || manifest.sharded) &&
+                     (saved_world != rt_.world_size() || saved_group != target.shard_group_size ||
+                      manifest.tensor_parallel != target.tensor_parallel);
   const std::string fingerprint = hex(target.schedule_fingerprint);
   // A sharded schedule lists shard sizes and groups, which change with the layout.
   if (!files.resharding && manifest.schedule_fingerprint != fingerprint) {
@@ -179,14 +191,9 @@ checkpointer::read_files checkpointer::read(const fs::path& path, const checkpoi
   files.note = check_trained_over(path, manifest, target);
 
   // The files this rank reads: its own, or under a replicating strategy rank 0's, or when resharding
-  // those of one whole copy: the old ranks of the first shard group (every old rank without hybrid
-  // sharding; the other groups hold the same rows).
-  std::vector<int> sources;
-  if (files.resharding) {
-    for (int rank = 0; rank < saved_group; ++rank) sources.push_back(rank);
-  } else {
-    sources.push_back(target.sharded ? rt_.rank() : 0);
-  }
+  // those of one whole copy (saved_layout; the other data-parallel ranks hold the same rows).
+  const std::vector<int> sources =
+      files.resharding ? files.saved.copy_ranks() : std::vector<int>{target.sharded ? rt_.rank() : 0};
   // Each file read once, checked against its checksum as it is read; the generators come from this
   // rank's own (below), which may be one of them.
   const auto checked = [&](int rank) {
@@ -195,9 +202,9 @@ checkpointer::read_files checkpointer::read(const fs::path& path, const checkpoi
     try {
       content = load_safetensors(path / file);
     } catch (const safetensors_error& error) {
-      damaged(path, fmt::format("its file '{}' is not what its save wrote: {}", file, error_text(error)));
+      damaged(path, fmt::format("its file '{}' is not what its save wrote: {}", file, reason(error)));
     } catch (const file_error& error) {
-      damaged(path, fmt::format("its file '{}' cannot be read: {}", file, error_text(error)));
+      damaged(path, fmt::format("its file '{}' cannot be read: {}", file, reason(error)));
     }
     const file_digest& recorded = manifest.files.at(file);
     if (manifest.checksummed && content.digest != recorded) {
@@ -213,10 +220,25 @@ checkpointer::read_files checkpointer::read(const fs::path& path, const checkpoi
       if (t.name.starts_with(rng_prefix)) files.generators.push_back(std::move(t));
     }
     const auto rank_state = content.metadata.find(rank_state_key);
-    if (saved_world == rt_.world_size() && rank_state != content.metadata.end()) files.rank_state = rank_state->second;
+    if (saved_world == rt_.world_size() && manifest.tensor_parallel == target.tensor_parallel &&
+        rank_state != content.metadata.end()) {
+      files.rank_state = rank_state->second;
+    }
   };
   for (int rank : sources) {
     safetensors_content content = checked(rank);
+    if (files.resharding && files.saved.tensor_parallel > 1 && rank == sources.front()) {
+      const auto split = content.metadata.find(split_dims_key);
+      if (split == content.metadata.end()) {
+        damaged(path, fmt::format("its file '{}' does not record which tensors tensor_parallel({}) split",
+                                  rank_file(rank).string(), files.saved.tensor_parallel));
+      }
+      try {
+        files.saved.split_dims = split_dims_of(split->second);
+      } catch (const checkpoint_error& error) {
+        damaged(path, fmt::format("its file '{}': {}", rank_file(rank).string(), reason(error)));
+      }
+    }
     std::vector<named_tensor>& tensors = content.tensors;
     tensor_state& model = files.models.emplace_back();
     for (named_tensor& t : tensors) {
@@ -232,8 +254,9 @@ checkpointer::read_files checkpointer::read(const fs::path& path, const checkpoi
     safetensors_content content = checked(own_source);
     take_own(content);
   }
-  files.described = files.resharding ? fmt::format("the files of its {} ranks", saved_group)
-                                     : fmt::format("its file '{}'", rank_file(sources.front()).string());
+  files.described = files.resharding
+                        ? fmt::format("the files of its {}", counted(static_cast<std::int64_t>(sources.size()), "rank"))
+                        : fmt::format("its file '{}'", rank_file(sources.front()).string());
   return files;
 }
 
@@ -242,19 +265,20 @@ resume_point checkpointer::load(const read_files& files, const checkpoint_target
   const auto bad = [&](const std::string& problem) { unusable(files.path, problem); };
   const bool resharding = files.resharding;
   try {
-    target.load(with_current(target, resharding ? resharded_model(target, files.models) : files.models.front()));
+    target.load(
+        with_current(target, resharding ? resharded_model(target, files.saved, files.models) : files.models.front()));
   } catch (const std::exception& error) {
-    bad(fmt::format("{} do{} not fit this model: {}", files.described, resharding ? "" : "es", error_text(error)));
+    bad(fmt::format("{} do{} not fit this model: {}", files.described, resharding ? "" : "es", reason(error)));
   }
   try {
     if (resharding) {
-      load_resharded_optimizer(target, optimizer, files.optimizers);
+      load_resharded_optimizer(target, files.saved, optimizer, files.models, files.optimizers);
     } else {
       load_optimizer(optimizer, files.optimizers.front());
     }
   } catch (const std::exception& error) {
     bad(fmt::format("{} hold{} an optimizer state that does not fit this optimizer: {}", files.described,
-                    resharding ? "" : "s", error_text(error)));
+                    resharding ? "" : "s", reason(error)));
   }
 
   // The generators: this rank's own; over another number of ranks, those of the old rank of its
@@ -271,7 +295,8 @@ resume_point checkpointer::load(const read_files& files, const checkpoint_target
           .user_state = files.manifest.user_state,
           .path = files.path,
           .rank_state = files.rank_state,
-          .world_size = files.manifest.world_size};
+          .world_size = files.manifest.world_size,
+          .tensor_parallel = files.manifest.tensor_parallel};
 }
 
 trained_over checkpointer::trained(const checkpoint_target& target) const {

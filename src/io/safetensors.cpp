@@ -241,11 +241,50 @@ at::Tensor safetensors_reader::read_rows(const entry& e, std::int64_t first, std
   if (!shape.empty()) shape.front() = count;
   at::Tensor tensor = at::empty(shape, at::TensorOptions().dtype(e.spec.dtype));
   const std::uint64_t row_bytes = rows == 0 ? 0 : (e.end - e.begin) / static_cast<std::uint64_t>(rows);
-  in_.seekg(static_cast<std::streamoff>(data_start_ + e.begin + static_cast<std::uint64_t>(first) * row_bytes));
-  in_.read(static_cast<char*>(tensor.data_ptr()), static_cast<std::streamsize>(tensor.nbytes()));
-  if (!in_) invalid(path_, fmt::format("the bytes of '{}' cannot be read", e.spec.name));
-  bytes_read_ += tensor.nbytes();
+  read_at(e, static_cast<std::uint64_t>(first) * row_bytes, tensor.data_ptr(), tensor.nbytes());
   return tensor;
+}
+
+at::Tensor safetensors_reader::read_slice_rows(const entry& e, const tensor_slice& slice, std::int64_t first,
+                                               std::int64_t count) {
+  const std::vector<std::int64_t>& whole = e.spec.shape;
+  const auto dims = static_cast<std::int64_t>(whole.size());
+  TORCH_INTERNAL_ASSERT(slice.dim >= 0 && slice.dim < dims && slice.first >= 0 && slice.count >= 0 &&
+                            slice.first + slice.count <= whole[static_cast<std::size_t>(slice.dim)],
+                        "a slice of '", e.spec.name, "' outside it");
+  if (slice.dim == 0) {
+    TORCH_INTERNAL_ASSERT(first >= 0 && count >= 0 && first + count <= slice.count, "rows [", first, ", ",
+                          first + count, ") of a slice of '", e.spec.name, "', which has ", slice.count);
+    return read_rows(e, slice.first + first, count);
+  }
+  TORCH_INTERNAL_ASSERT(first >= 0 && count >= 0 && first + count <= whole.front(), "rows [", first, ", ",
+                        first + count, ") of '", e.spec.name, "', which has ", whole.front());
+  std::vector<std::int64_t> shape = whole;
+  shape.front() = count;
+  shape[static_cast<std::size_t>(slice.dim)] = slice.count;
+  at::Tensor tensor = at::empty(shape, at::TensorOptions().dtype(e.spec.dtype));
+  // The slice is a run of contiguous bytes under each index of the dimensions before `dim`.
+  const auto element = static_cast<std::uint64_t>(c10::elementSize(e.spec.dtype));
+  std::int64_t inner = 1;
+  for (std::int64_t d = slice.dim + 1; d < dims; ++d) inner *= whole[static_cast<std::size_t>(d)];
+  std::int64_t between = 1;  // the indices of the dimensions between the rows and `dim`
+  for (std::int64_t d = 1; d < slice.dim; ++d) between *= whole[static_cast<std::size_t>(d)];
+  const std::int64_t across = whole[static_cast<std::size_t>(slice.dim)];
+  const auto run_bytes = static_cast<std::uint64_t>(slice.count * inner) * element;
+  auto* into = static_cast<char*>(tensor.data_ptr());
+  for (std::int64_t run = 0; run < count * between; ++run) {
+    const std::int64_t outer = (first + run / between) * between + run % between;
+    const auto offset = static_cast<std::uint64_t>((outer * across + slice.first) * inner) * element;
+    read_at(e, offset, into + static_cast<std::uint64_t>(run) * run_bytes, run_bytes);
+  }
+  return tensor;
+}
+
+void safetensors_reader::read_at(const entry& e, std::uint64_t offset, void* into, std::uint64_t bytes) {
+  in_.seekg(static_cast<std::streamoff>(data_start_ + e.begin + offset));
+  in_.read(static_cast<char*>(into), static_cast<std::streamsize>(bytes));
+  if (!in_) invalid(path_, fmt::format("the bytes of '{}' cannot be read", e.spec.name));
+  bytes_read_ += bytes;
 }
 
 }  // namespace io_detail

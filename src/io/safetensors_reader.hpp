@@ -5,6 +5,7 @@
 // at a time rather than all of them.
 
 #include <loom/io/checksum.hpp>
+#include <loom/io/weights.hpp>
 #include <loom/runtime/tensors.hpp>
 
 #include <cstdint>
@@ -44,6 +45,9 @@ class safetensors_reader {
   [[nodiscard]] std::uint64_t sampled_digest();
   // Rows [first, first + count) of it (its dim 0; a 0-d tensor is one row), read alone.
   [[nodiscard]] at::Tensor read_rows(const entry& e, std::int64_t first, std::int64_t count);
+  // Rows [first, first + count) of `slice` of it, read alone: one read a run of contiguous bytes.
+  [[nodiscard]] at::Tensor read_slice_rows(const entry& e, const tensor_slice& slice, std::int64_t first,
+                                           std::int64_t count);
   // The bytes read so far.
   [[nodiscard]] std::uint64_t bytes_read() const noexcept { return bytes_read_; }
 
@@ -54,6 +58,8 @@ class safetensors_reader {
   std::uint64_t bytes_read_ = 0;
   std::vector<entry> entries_;
   std::map<std::string, std::string> metadata_;
+  // Reads `bytes` at `offset` of the data into `into`.
+  void read_at(const entry& e, std::uint64_t offset, void* into, std::uint64_t bytes);
   xxh3_stream checksum_;
   std::uint64_t header_xxh3_ = 0;  // of the header's length and text
 };

@@ -86,12 +86,30 @@ struct pretrained_checkpoint::files {
 
   // Every tensor, file by file, each in the order of its bytes.
   [[nodiscard]] const std::vector<source>& tensors() const noexcept { return sources; }
+  // As read() gives them: a sliced tensor's spec is its slice's.
   [[nodiscard]] std::vector<tensor_spec> specs() const {
     std::vector<tensor_spec> specs;
-    for (const source& s : sources) specs.push_back(s.entry->spec);
+    for (const source& s : sources) {
+      tensor_spec& spec = specs.emplace_back(s.entry->spec);
+      if (const tensor_slice* slice = slice_of(spec.name))
+        spec.shape[static_cast<std::size_t>(slice->dim)] = slice->count;
+    }
     return specs;
   }
-  [[nodiscard]] static at::Tensor read(const source& s) { return s.file->read(*s.entry); }
+  [[nodiscard]] at::Tensor read(const source& s) const {
+    const tensor_slice* slice = slice_of(s.entry->spec.name);
+    if (slice == nullptr) return s.file->read(*s.entry);
+    return s.file->read_slice_rows(*s.entry, *slice, 0, slice->dim == 0 ? slice->count : s.entry->spec.shape.front());
+  }
+  [[nodiscard]] at::Tensor read_rows(const source& s, std::int64_t first, std::int64_t count) const {
+    const tensor_slice* slice = slice_of(s.entry->spec.name);
+    return slice == nullptr ? s.file->read_rows(*s.entry, first, count)
+                            : s.file->read_slice_rows(*s.entry, *slice, first, count);
+  }
+  [[nodiscard]] const tensor_slice* slice_of(const std::string& name) const {
+    const auto found = slices.find(name);
+    return found == slices.end() ? nullptr : &found->second;
+  }
 
   io_detail::safetensors_reader& open(const std::filesystem::path& file) {
     return *readers.emplace_back(std::make_unique<io_detail::safetensors_reader>(file));
@@ -146,6 +164,7 @@ struct pretrained_checkpoint::files {
   std::vector<std::unique_ptr<io_detail::safetensors_reader>> readers;
   std::vector<source> sources;
   std::map<std::string, std::size_t> by_name;
+  std::map<std::string, tensor_slice> slices;  // pretrained_checkpoint::read_slices'
 };
 
 void save_weights(const std::filesystem::path& folder, const std::vector<named_tensor>& tensors,
@@ -183,8 +202,7 @@ void save_weights(const std::filesystem::path& folder, const std::vector<named_t
 std::vector<named_tensor> load_weights(const std::filesystem::path& path) {
   const pretrained_checkpoint::files files(path);
   std::vector<named_tensor> tensors;
-  for (const auto& source : files.tensors())
-    tensors.push_back({source.entry->spec.name, pretrained_checkpoint::files::read(source)});
+  for (const auto& source : files.tensors()) tensors.push_back({source.entry->spec.name, files.read(source)});
   return tensors;
 }
 
@@ -324,14 +342,27 @@ weights_fingerprint pretrained_checkpoint::fingerprint() {
   return {path_, digest.digest().xxh3};
 }
 
-at::Tensor pretrained_checkpoint::read(const std::string& name) {
-  const files::source& source = files_->named(name);
-  return source.file->read(*source.entry);
-}
+at::Tensor pretrained_checkpoint::read(const std::string& name) { return files_->read(files_->named(name)); }
 
 at::Tensor pretrained_checkpoint::read_rows(const std::string& name, std::int64_t first, std::int64_t count) {
-  const files::source& source = files_->named(name);
-  return source.file->read_rows(*source.entry, first, count);
+  return files_->read_rows(files_->named(name), first, count);
+}
+
+void pretrained_checkpoint::read_slices(const std::map<std::string, tensor_slice>& slices) {
+  for (const auto& [name, slice] : slices) {
+    if (!holds(name)) {
+      throw_error<std::invalid_argument>("pretrained(\"{}\"): no tensor '{}' to read a slice of", path_.string(), name);
+    }
+    const std::vector<std::int64_t>& shape = files_->named(name).entry->spec.shape;
+    const auto dims = static_cast<std::int64_t>(shape.size());
+    if (slice.dim < 0 || slice.dim >= dims || slice.first < 0 || slice.count < 0 ||
+        slice.first + slice.count > shape[static_cast<std::size_t>(slice.dim)]) {
+      throw_error<std::invalid_argument>(
+          "pretrained(\"{}\"): '{}' of shape [{}] has no elements [{}, {}) along dimension {}", path_.string(), name,
+          fmt::join(shape, ", "), slice.first, slice.first + slice.count, slice.dim);
+    }
+  }
+  files_->slices = slices;
 }
 
 }  // namespace loom

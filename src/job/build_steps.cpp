@@ -14,6 +14,7 @@
 #include <ATen/ATen.h>
 
 #include <algorithm>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -47,9 +48,9 @@ deferral judge_deferred(nn::deferred_init& deferred, const torch::nn::Module& mo
   return deferred.size() == 0 ? deferral::nothing_deferred : deferral::stands;
 }
 
-bool load_pretrained(pretrained_checkpoint& checkpoint, torch::nn::Module& model, bool engine_shards) {
+bool load_pretrained(pretrained_checkpoint& checkpoint, torch::nn::Module& model, bool read_later) {
   checkpoint.check(model, &lora_adapter::is_adapter_parameter);
-  if (engine_shards) return false;
+  if (read_later) return false;
   checkpoint.copy_into(model, &lora_adapter::is_adapter_parameter);
   return true;
 }
@@ -211,6 +212,20 @@ std::shared_ptr<nn::tensor_split> split_layers(torch::nn::Module& model, std::st
   auto split = std::make_shared<nn::tensor_split>(std::make_shared<tensor_group>(rt, size));
   nn::split_layers(model, model_name, plan, split);
   return split;
+}
+
+void read_slices(pretrained_checkpoint& checkpoint, const nn::tensor_split& split) {
+  const std::vector<tensor_spec> specs = checkpoint.specs();
+  std::map<std::string, const tensor_spec*> by_name;
+  for (const tensor_spec& spec : specs) by_name.emplace(spec.name, &spec);
+  std::map<std::string, tensor_slice> slices;
+  for (const nn::split_parameter& cut : split.cut()) {
+    const auto found = by_name.find(cut.name);
+    if (found == by_name.end()) continue;  // an adapter's, which the checkpoint does not hold
+    const std::int64_t whole = found->second->shape.at(static_cast<std::size_t>(cut.dim));
+    slices.emplace(cut.name, tensor_slice{cut.dim, split.slice_begin(whole), whole / split.size()});
+  }
+  checkpoint.read_slices(slices);
 }
 
 void move_to_device(torch::nn::Module& model, const runtime& rt, nn::deferred_init* deferred) {

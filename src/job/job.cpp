@@ -119,6 +119,23 @@ tensor_state job_core::split_parts(tensor_state state) const {
   return state;
 }
 
+std::map<std::string, tensor_layout> job_core::whole_layouts() const {
+  std::map<std::string, tensor_layout> layouts;
+  for (const named_tensor& t : module_state(context_->module())) {
+    tensor_layout layout{.shape = t.tensor.sizes().vec(), .split_dim = std::nullopt};
+    if (tensor_split_) layout.split_dim = tensor_split_->split_dim(t.name);
+    if (layout.split_dim) layout.shape[static_cast<std::size_t>(*layout.split_dim)] *= tensor_split_->size();
+    layouts.emplace(t.name, std::move(layout));
+  }
+  return layouts;
+}
+
+at::Tensor job_core::split_part(const std::string& name, const at::Tensor& whole) const {
+  if (!tensor_split_) return whole;
+  const std::optional<std::int64_t> dim = tensor_split_->split_dim(name);
+  return dim ? tensor_split_->slice(whole, *dim) : whole;
+}
+
 void job_core::finish_initial_values() {
   for (std::string& line : context_->initial_values().finish()) context_->note(std::move(line));
 }

@@ -281,11 +281,14 @@ void tensor_split::sum_gradient_of(at::Tensor& parameter) {
   parameter.register_hook([this](const at::Tensor& grad) { return summed(*group_, grad); });
 }
 
-std::optional<std::int64_t> tensor_split::split_dim(std::string_view parameter) const {
-  for (const split_parameter& cut : cut_) {
-    if (cut.name == parameter) return cut.dim;
-  }
-  return std::nullopt;
+void tensor_split::record(const split_parameter& cut) {
+  cut_.push_back(cut);
+  dim_of_.insert_or_assign(cut.name, cut.dim);
+}
+
+std::optional<std::int64_t> tensor_split::split_dim(const std::string& parameter) const {
+  const auto found = dim_of_.find(parameter);
+  return found == dim_of_.end() ? std::nullopt : std::optional(found->second);
 }
 
 void tensor_split::gather_whole(std::vector<named_tensor>& tensors) const {

@@ -190,7 +190,7 @@ void train_session::prepare_run_folder() {
                                                              .resume_over_changes = options_.resume_over_changes});
 }
 
-void train_session::resume_from(const resume_point& resumed, const train_functions& functions) {
+void train_session::resume_from(const resume_point& resumed, const train_functions& functions, int tensor_parallel) {
   // Every rank resumed the same checkpoint, so every rank refuses alike.
   if (resumed.step > options_.steps) {
     throw_error<std::invalid_argument>(
@@ -206,12 +206,14 @@ void train_session::resume_from(const resume_point& resumed, const train_functio
   }
   if (functions.restore_data) {
     run_on_every_rank(rt_, "restoring the data's position", [&] {
-      if (resumed.world_size != rt_.world_size()) {
+      if (resumed.world_size != rt_.world_size() || resumed.tensor_parallel != tensor_parallel) {
+        const auto in_groups = [](int k) { return k == 1 ? std::string() : fmt::format(" in tensor_parallel({})", k); };
         throw_error<std::invalid_argument>(
-            "train: the checkpoint '{}' holds the data's position of each of its {} ranks and this run has {}: a "
-            "rank's position cannot be split or joined, so resume with {} ranks, or start afresh in another out "
-            "folder",
-            resumed.path.string(), resumed.world_size, rt_.world_size(), resumed.world_size);
+            "train: the checkpoint '{}' holds the data's position of each of its {}{} and this run has {}{}: a "
+            "rank's position cannot be split or joined, so resume with {}{}, or start afresh in another out folder",
+            resumed.path.string(), counted(resumed.world_size, "rank"), in_groups(resumed.tensor_parallel),
+            rt_.world_size(), in_groups(tensor_parallel), counted(resumed.world_size, "rank"),
+            in_groups(resumed.tensor_parallel));
       }
       if (resumed.rank_state.empty()) {
         throw_error<std::invalid_argument>(

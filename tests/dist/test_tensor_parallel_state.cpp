@@ -2,7 +2,7 @@
 // fsdp(), in a user's own loop: the clipped norm counts the split parameters' slices and the others
 // once, as the unsplit run's does; state_dict(), save_weights and save_adapter are whole and equal
 // the unsplit run's, and what they wrote loads back split; a checkpoint resumes bit for bit at the
-// same layout.
+// same layout (and in others: tensor_parallel_reshard.cpp); pretrained(...) reads each rank's slices.
 #include "same_state.hpp"
 #include "world.hpp"
 
@@ -139,6 +139,14 @@ void check_state(const Strategy& strategy, bool adapters, const std::string& nam
   }
 }
 
+// What describe()'s "weights from '…': N tensors, R of their T bytes read on this rank" says was read.
+std::int64_t bytes_read(const std::string& described) {
+  const auto end = described.find(" of their ");
+  REQUIRE(end != std::string::npos);
+  const auto begin = described.rfind(' ', end - 1) + 1;
+  return std::stoll(described.substr(begin, end - begin));
+}
+
 // Six steps in one go, and three, a checkpoint, and three more in a job built anew: the same losses
 // and the same state, bit for bit.
 template <class Strategy>
@@ -250,4 +258,37 @@ TEST_CASE("tensor_parallel's collectives are schedule entries, checked across ra
 TEST_CASE("tensor_parallel: a checkpoint resumes bit for bit at the same layout", "[tensor_parallel]") {
   check_resume(loom::ddp(), "resume-ddp");
   check_resume(loom::fsdp(), "resume-fsdp");
+}
+
+TEST_CASE("tensor_parallel: pretrained(...) reads each rank's slices of the split tensors and no more",
+          "[tensor_parallel]") {
+  const std::filesystem::path dir = shared_scratch("tensor-parallel-state", "pretrained");
+  auto source =
+      loom::build(loom::model<loom::models::CausalLM>(small_llama()) | loom::seeded(8) | loom::ddp(), world());
+  source.save_weights(dir / "weights");
+  const loom::tensor_state saved = loom::load_weights(dir / "weights");
+  const auto plan = loom::model<loom::models::CausalLM>(small_llama()) |
+                    loom::pretrained_stage::checked((dir / "weights").string()) |
+                    loom::tensor_parallel_stage::checked({.size = tp});
+  // Under ddp() a rank reads its slice of each split tensor and the others whole: to the byte.
+  auto replicated = loom::build(plan | loom::ddp(), world());
+  check_same(replicated.state_dict(), saved, 0);
+  const std::map<std::string, loom::tensor_layout> layouts = replicated.whole_layouts();
+  std::int64_t slices = 0;
+  int split_tensors = 0;
+  for (const auto& t : saved) {
+    const bool split = layouts.at(t.name).split_dim.has_value();
+    slices += static_cast<std::int64_t>(t.tensor.nbytes()) / (split ? tp : 1);
+    split_tensors += split ? 1 : 0;
+  }
+  CHECK(split_tensors > 10);  // the embedding, the attentions' and MLPs' projections and the head
+  CHECK(bytes_read(replicated.describe()) == slices);
+  // Under fsdp() a rank reads its rows of its slices: at most as much, less across 2 data-parallel ranks.
+  auto sharded = loom::build(plan | loom::fsdp(), world());
+  check_same(sharded.state_dict(), saved, 0);
+  if (world().world_size() == tp) {
+    CHECK(bytes_read(sharded.describe()) == slices);
+  } else {
+    CHECK(bytes_read(sharded.describe()) < slices);
+  }
 }

@@ -29,6 +29,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <stdexcept>
@@ -76,9 +77,11 @@ struct resume_point {
   std::string user_state;  // the JSON given to save()
   std::filesystem::path path;
   // This rank's own state given to save() (a data position); empty when the save gave none, or when
-  // the checkpoint was saved by another number of ranks (world_size), whose states are not this rank's.
+  // the checkpoint was saved by another number of ranks (world_size) or another tensor_parallel, whose
+  // states are not this rank's.
   std::string rank_state;
-  int world_size = 0;  // of the run that saved it
+  int world_size = 0;       // of the run that saved it
+  int tensor_parallel = 1;  // of the run that saved it
 };
 
 // What the checkpoint layer needs of a job; checkpointer's templates make it from one.
@@ -87,15 +90,18 @@ struct checkpoint_target {
   std::string plan;      // job.plan_state(): compared on resume
   std::string describe;  // job.describe(): recorded in the manifest
   std::uint64_t schedule_fingerprint = 0;
-  std::string schedule;  // job.built_schedule(), one line a collective
-  bool sharded = false;
+  std::string schedule;                 // job.built_schedule(), one line a collective
+  bool sharded = false;                 // job.holds_own_state(): every rank saves its own state
+  bool strategy_shards = false;         // job.shards_state(): the strategy shards each parameter's rows
   int shard_group_size = 0;             // job.shard_group_size()
   int tensor_parallel = 1;              // job.tensor_parallel_size()
   std::function<tensor_state()> state;  // what this rank saves: its shards, or the whole
   std::function<void(const tensor_state&)> load;
-  // Sharded only: this rank's shard of `name` from one whole copy's shards in another layout, or
-  // nothing when `name` is whole on every rank; and the names of the optimizer's parameters.
-  std::function<std::optional<at::Tensor>(const std::string& name, const std::vector<at::Tensor>& shards)> reshard;
+  // For a checkpoint saved in another layout: each tensor as it is whole, and this rank's part of a
+  // tensor from its whole values (job.whole_layouts(), job.local_part()).
+  std::function<std::map<std::string, tensor_layout>()> whole_layouts;
+  std::function<at::Tensor(const std::string& name, const at::Tensor& whole)> local_part;
+  // The names of the optimizer's parameters.
   std::vector<std::string> optimizer_names;
   std::vector<std::string> frozen_names;          // the parameters that do not train
   std::optional<weights_fingerprint> pretrained;  // job.pretrained_fingerprint(): recorded and compared
@@ -163,8 +169,10 @@ class checkpointer {
         job.load_state_dict(state);
       }
     };
-    target.reshard = [&job](const std::string& name, const std::vector<at::Tensor>& shards) {
-      return job.reshard_local(name, shards);
+    target.strategy_shards = job.shards_state();
+    target.whole_layouts = [&job] { return job.whole_layouts(); };
+    target.local_part = [&job](const std::string& name, const at::Tensor& whole) {
+      return job.local_part(name, whole);
     };
     target.optimizer_names = job.trainable_names();
     target.frozen_names = job.frozen_names();
@@ -197,9 +205,6 @@ class checkpointer {
   // The job's current state with what the checkpoint saved put over it: the frozen parameters a
   // checkpoint of the trainable ones left out stay as the plan built them.
   static tensor_state with_current(const checkpoint_target& target, const tensor_state& saved);
-  static tensor_state resharded_model(const checkpoint_target& target, const std::vector<tensor_state>& old_ranks);
-  static void load_resharded_optimizer(const checkpoint_target& target, torch::optim::Optimizer& optimizer,
-                                       const std::vector<at::Tensor>& old_ranks);
 
   runtime rt_;
   checkpoint_options options_;

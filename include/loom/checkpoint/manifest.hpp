@@ -29,6 +29,9 @@ struct checkpoint_manifest {
   // world_size under hybrid sharding. A manifest without it was sharded across every rank.
   int shard_group_size = 0;
   bool sharded = false;
+  // tensor_parallel's k: rank d·k + t holds slice t of each split tensor, of data-parallel rank d's
+  // rows. A manifest without it split nothing.
+  int tensor_parallel = 1;
   bool all_parameters = false;  // "all", or "trainable"
   std::string plan;
   std::string describe;

@@ -21,9 +21,12 @@ namespace loom {
 
 struct tensor_parallel_options {
   // The ranks each layer is split across (FastVideo's tp_size, torchtitan's tp degree); 1 splits nothing.
+  // A layout option: a checkpoint resumes under another size, resharded.
   std::size_t size = 1;
 
-  static constexpr auto fields() { return std::tuple{option_field{"size", &tensor_parallel_options::size}}; }
+  static constexpr auto fields() {
+    return std::tuple{option_field{"size", &tensor_parallel_options::size, option_role::layout}};
+  }
 };
 
 class tensor_parallel_stage : public detail::pipeable {
@@ -41,6 +44,10 @@ class tensor_parallel_stage : public detail::pipeable {
   [[nodiscard]] constexpr const tensor_parallel_options& settings() const noexcept { return settings_; }
   [[nodiscard]] std::string options() const { return options_text(settings_); }
   [[nodiscard]] std::string describe() const { return detail::call_text(name, options()); }
+  // Without the size, which a checkpoint may be resharded across: "tensor_parallel()".
+  [[nodiscard]] std::string describe_state() const {
+    return detail::call_text(name, options_text(settings_, /*state_only=*/true));
+  }
 
  private:
   constexpr explicit tensor_parallel_stage(const tensor_parallel_options& settings) : settings_(settings) {}

@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <map>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -61,6 +62,14 @@ struct weights_fingerprint {
   std::uint64_t digest = 0;
 };
 
+// The part of a tensor one rank of a split layer keeps (tensor_parallel): elements [first, first +
+// count) of dimension `dim`, every index of the others.
+struct tensor_slice {
+  std::int64_t dim = 0;
+  std::int64_t first = 0;
+  std::int64_t count = 0;
+};
+
 // The plan's pretrained(path): a checkpoint (a .safetensors file, an index or a folder holding
 // either, under transformers' names or diffusers') opened with every file's header read and checked and no tensor yet;
 // its tensors are read on demand, whole or by rows, so that a rank reads only what it keeps.
@@ -97,6 +106,10 @@ class pretrained_checkpoint {
   // `name` whole, or its rows [first, first + count) (dim 0; a 0-d tensor is one row), in its own dtype.
   [[nodiscard]] at::Tensor read(const std::string& name);
   [[nodiscard]] at::Tensor read_rows(const std::string& name, std::int64_t first, std::int64_t count);
+  // From now on the named tensors are their slices: specs(), check, copy_into, read and read_rows give
+  // and read the slice alone (rows of it, for read_rows), so that a rank of a split layer reads its part
+  // and no more. std::invalid_argument when a name is not in the checkpoint or a slice exceeds its tensor.
+  void read_slices(const std::map<std::string, tensor_slice>& slices);
 
  private:
   struct files;

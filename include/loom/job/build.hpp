@@ -166,7 +166,7 @@ auto build_checked(const plan_value<Args, Strategy>& plan, runtime rt) {
   decided.pretrained = build_steps::open_checkpoint(plan.stages);
 
   // An engine that materialises its parameters gets them without bytes where the construction allows.
-  // Split layers are cut from the whole, built and read on every rank, as the unsplit run builds them.
+  // Split layers are cut from the whole, built on every rank as the unsplit run builds them.
   const bool splits_layers = build_steps::splits_layers(plan.stages);
   std::shared_ptr<nn::deferred_init> deferred;
   if constexpr (hooks::materialises_parameters<E>()) {
@@ -187,7 +187,7 @@ auto build_checked(const plan_value<Args, Strategy>& plan, runtime rt) {
   decided.identity.tied = tied_parameters_of(*made.model.operator->());
   if (decided.pretrained)
     decided.pretrained_read =
-        build_steps::load_pretrained(*decided.pretrained, model, hooks::shards_parameters<E>() && !splits_layers);
+        build_steps::load_pretrained(*decided.pretrained, model, hooks::shards_parameters<E>() || splits_layers);
   decided.trainable_held_in_fp32 = build_steps::set_what_trains(
       model, type_name<M>(), made.lora ? &*made.lora : nullptr, decided.identity.tied, plan.stages, dtypes.built_in);
   decided.quantized =
@@ -200,6 +200,7 @@ auto build_checked(const plan_value<Args, Strategy>& plan, runtime rt) {
   build_steps::check_or_broadcast_replicas(rt, model, seed, deferred.get());
   decided.tensor_split = build_steps::split_layers(model, type_name<M>(),
                                                    tensor_parallel_plan_of(*made.model.operator->()), plan.stages, rt);
+  if (decided.pretrained && decided.tensor_split) build_steps::read_slices(*decided.pretrained, *decided.tensor_split);
   decided.deferred = std::move(deferred);
   return job<M, E>(std::move(made.model), std::move(rt), std::move(made.lora), plan.text, std::move(engine), decided);
 }

@@ -48,10 +48,10 @@ enum class deferral { stands, nothing_deferred, construct_whole };
 [[nodiscard]] deferral judge_deferred(nn::deferred_init& deferred, const torch::nn::Module& model, bool seeded,
                                       std::string& why);
 
-// Checks the checkpoint against the model (adapters aside). An engine that does not shard the
-// parameters gets them now; a sharding one reads each rank's part in its setup. Returns whether the
-// checkpoint was read here.
-[[nodiscard]] bool load_pretrained(pretrained_checkpoint& checkpoint, torch::nn::Module& model, bool engine_shards);
+// Checks the checkpoint against the model (adapters aside) and reads it into it, unless `read_later`:
+// a sharding engine reads each rank's part in its setup, and a model whose layers are split reads its
+// slices once split. Returns whether the checkpoint was read here.
+[[nodiscard]] bool load_pretrained(pretrained_checkpoint& checkpoint, torch::nn::Module& model, bool read_later);
 
 // Freezes what neither LoRA (its adapters and modules_to_save) nor trainable(...) names; under
 // default_dtype(...), holds the trainable parameters it built narrower in fp32. Returns how many it
@@ -85,7 +85,8 @@ enum class deferral { stands, nothing_deferred, construct_whole };
                                                                   const std::vector<std::string>& recomputed_units);
 
 // Whether the plan splits layers across ranks (tensor_parallel(k), k > 1): the model is then built
-// and read whole on every rank, and split once the replicas are checked.
+// whole on every rank and split once the replicas are checked, and pretrained(...) read after that,
+// each rank reading its slices (read_slices).
 [[nodiscard]] bool splits_layers(const stage_list& stages);
 
 // tensor_parallel(k)'s split of the model's layers that `plan` marks (its tensor_parallel_plan()),
@@ -98,6 +99,9 @@ enum class deferral { stands, nothing_deferred, construct_whole };
                                                              const stage_list& stages, const runtime& rt);
 
 // To the runtime's device; a deferred construction moves its records, not bytes it does not have.
+// pretrained(...)'s tensors that `split` cut, read as this rank's slices from now on.
+void read_slices(pretrained_checkpoint& checkpoint, const nn::tensor_split& split);
+
 void move_to_device(torch::nn::Module& model, const runtime& rt, nn::deferred_init* deferred);
 
 // With a seed every rank built the same replica, which a fingerprint checks; without, rank 0's

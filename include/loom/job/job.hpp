@@ -233,6 +233,9 @@ class job_core {
   [[nodiscard]] int tensor_parallel_size() const noexcept;
   void gather_split(tensor_state& state) const;
   [[nodiscard]] tensor_state split_parts(tensor_state state) const;
+  // Each parameter and buffer of the model, by name, as it is whole; and this rank's slice of one.
+  [[nodiscard]] std::map<std::string, tensor_layout> whole_layouts() const;
+  [[nodiscard]] at::Tensor split_part(const std::string& name, const at::Tensor& whole) const;
 
   // This rank's place among the ranks that read their own batches: under sequence_parallel(k) its
   // group's (rank / k of world / k), else the rank's.
@@ -407,6 +410,15 @@ class job {
   [[nodiscard]] std::optional<at::Tensor> reshard_local(const std::string& name,
                                                         const std::vector<at::Tensor>& shards) {
     return hooks::reshard_local(engine_, core_.context(), name, shards);
+  }
+  // Each parameter and buffer by name, as state_dict() holds it: its whole shape, and the dimension
+  // tensor_parallel cuts, if any (what a checkpoint saved in another layout is put together by).
+  [[nodiscard]] std::map<std::string, tensor_layout> whole_layouts() const { return core_.whole_layouts(); }
+  // This rank's part of the parameter or buffer `name` from its `whole` values, as
+  // local_state_dict() holds it: its slice under tensor_parallel, of that its flat shard under fsdp().
+  [[nodiscard]] at::Tensor local_part(const std::string& name, const at::Tensor& whole) {
+    const at::Tensor slice = core_.split_part(name, whole);
+    return hooks::reshard_local(engine_, core_.context(), name, std::vector<at::Tensor>{slice}).value_or(slice);
   }
   // The names of what the optimizer steps, in trainable_parameters() order.
   [[nodiscard]] std::vector<std::string> trainable_names() const {

@@ -30,6 +30,7 @@
 #include <torch/nn/module.h>
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -149,8 +150,9 @@ class tensor_split {
 
   // The model's parameters the split cut, by dotted name: each rank holds 1/k of them along `dim`;
   // every other parameter is whole on every rank of the group.
-  void record(split_parameter cut) { cut_.push_back(std::move(cut)); }
-  [[nodiscard]] std::optional<std::int64_t> split_dim(std::string_view parameter) const;
+  void record(const split_parameter& cut);
+  [[nodiscard]] const std::vector<split_parameter>& cut() const noexcept { return cut_; }
+  [[nodiscard]] std::optional<std::int64_t> split_dim(const std::string& parameter) const;
   // The named tensors of this rank made whole (its split ones gathered over the group), in place; a
   // collective: every rank of the group calls it with the same names.
   void gather_whole(std::vector<named_tensor>& tensors) const;
@@ -164,6 +166,7 @@ class tensor_split {
   };
   std::shared_ptr<tensor_group> group_;
   std::vector<split_parameter> cut_;
+  std::map<std::string, std::int64_t> dim_of_;  // cut_ by name
   std::vector<declared> declared_;
   std::vector<std::size_t> forward_order_;   // the forward exchanges, in order
   std::vector<std::size_t> backward_order_;  // the backward exchanges, in the order backward issues them

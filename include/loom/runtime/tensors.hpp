@@ -6,6 +6,7 @@
 #include <c10/core/ScalarType.h>
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -33,6 +34,13 @@ struct named_tensor {
   at::Tensor tensor;
 
   [[nodiscard]] tensor_spec spec() const;
+};
+
+// How a tensor of a model is held across the ranks of a tensor group: its whole shape, and the
+// dimension tensor_parallel cuts it along (each rank holding 1/k of it), or none: whole on each.
+struct tensor_layout {
+  std::vector<std::int64_t> shape;
+  std::optional<std::int64_t> split_dim;
 };
 
 // A module's or a strategy's state: named tensors, in a stable order.

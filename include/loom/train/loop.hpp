@@ -182,7 +182,8 @@ class train_session {
   // Continues from `resumed`: a checkpoint past options().steps is refused, naming what to do
   // (std::invalid_argument, on every rank); the steps skipped before it count, the data's position is
   // restored (through functions.restore_data, on every rank or none), and rank 0 says where it continues.
-  void resume_from(const resume_point& resumed, const train_functions& functions);
+  // `tensor_parallel`: the job's (its ranks read batches by tensor group).
+  void resume_from(const resume_point& resumed, const train_functions& functions, int tensor_parallel);
   // What loom::train saves in the manifest with step `step`'s checkpoint (JSON).
   [[nodiscard]] std::string checkpoint_state(std::int64_t step) const;
   void begin_step(std::int64_t step, torch::optim::Optimizer& optimizer);
@@ -268,7 +269,7 @@ train_result train(Job& job, torch::optim::Optimizer& optimizer, const train_fun
   if (const auto resumed = session.checkpoints_enabled() ? session.checkpoints().resume(job, optimizer)
                                                          : std::optional<resume_point>{}) {
     result.first_step = resumed->step + 1;
-    session.resume_from(*resumed, functions);
+    session.resume_from(*resumed, functions, job.tensor_parallel_size());
   }
   result.last_step = result.first_step - 1;
   session.measure_memory(optimizer);
