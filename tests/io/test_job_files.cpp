@@ -71,6 +71,32 @@ TEST_CASE("weights round trip in one file and as a sharded set with its index", 
   CHECK(same_state(source, again));
 }
 
+TEST_CASE("pretrained_checkpoint reads a slice along any dimension, whole or by rows, and only its bytes",
+          "[weights]") {
+  const fs::path folder = scratch("slices");
+  const at::Tensor cube = torch::arange(4 * 6 * 10, torch::kFloat).reshape({4, 6, 10});
+  const at::Tensor flat = torch::arange(12, torch::kDouble);
+  loom::save_weights(folder, {{"cube", cube}, {"flat", flat}});
+  loom::pretrained_checkpoint checkpoint(folder);
+  for (const auto& [dim, first, count] : {std::tuple{0, 1, 2}, {1, 2, 3}, {2, 5, 5}, {2, 0, 1}}) {
+    CAPTURE(dim, first, count);
+    checkpoint.read_slices({{"cube", loom::tensor_slice{dim, first, count}}, {"flat", {0, 4, 8}}});
+    const at::Tensor slice = cube.narrow(dim, first, count);
+    const std::uint64_t before = checkpoint.bytes_read();
+    CHECK(torch::equal(checkpoint.read("cube"), slice));
+    CHECK(checkpoint.bytes_read() - before == slice.nbytes());
+    const std::int64_t rows = slice.size(0);
+    CHECK(torch::equal(checkpoint.read_rows("cube", 1, rows - 1), slice.narrow(0, 1, rows - 1)));
+    CHECK(torch::equal(checkpoint.read_rows("flat", 2, 3), flat.narrow(0, 6, 3)));
+    const std::vector<loom::tensor_spec> specs = checkpoint.specs();
+    CHECK(specs.front().shape == slice.sizes().vec());
+  }
+  CHECK_THROWS_WITH(checkpoint.read_slices({{"cube", loom::tensor_slice{1, 4, 3}}}),
+                    ContainsSubstring("'cube' of shape [4, 6, 10] has no elements [4, 7) along dimension 1"));
+  CHECK_THROWS_WITH(checkpoint.read_slices({{"sphere", loom::tensor_slice{0, 0, 1}}}),
+                    ContainsSubstring("no tensor 'sphere' to read a slice of"));
+}
+
 TEST_CASE("a folder of diffusers' weights is read under diffusers' names, one file or an index", "[weights]") {
   auto source = loom::build(loom::model<models::TinyGpt>(small) | loom::seeded(1), one());
   const fs::path single = scratch("diffusers-single");
