@@ -1,6 +1,6 @@
 #pragma once
 // The real models at sizes a test trains in seconds on the CPU: a Llama whose 6 query heads 1, 2 and
-// 3 ranks of sequence parallelism divide, and a Wan of 2 blocks.
+// 3 ranks of sequence parallelism divide, one that tensor_parallel splits, and a Wan of 2 blocks.
 
 #include <loom/job/job.hpp>
 #include <loom/models/causal_lm.hpp>
@@ -19,6 +19,20 @@ inline models::causal_lm_config small_llama() {
   config.num_attention_heads = 6;
   config.num_key_value_heads = 2;
   config.head_dim = 4;
+  return config;
+}
+
+// A Llama whose 4 query heads, vocabulary of 64 and MLP of 24 tensor_parallel 2 and 4 divide, with
+// `key_value_heads` 2 (grouped: 4 does not divide them) or 4.
+inline models::causal_lm_config split_llama(int key_value_heads) {
+  models::causal_lm_config config;
+  config.vocab_size = 64;
+  config.hidden_size = 32;
+  config.intermediate_size = 24;
+  config.num_hidden_layers = 2;
+  config.num_attention_heads = 4;
+  config.num_key_value_heads = key_value_heads;
+  config.head_dim = 8;
   return config;
 }
 

@@ -7,6 +7,7 @@
 // batch is the same in every layout, split evenly across the data-parallel ranks (a tensor group
 // reads one part), so runs that continue in different layouts must agree (reshard_check.py
 // --tensor-parallel compares them).
+#include "small_models.hpp"
 #include "world.hpp"
 
 #include <loom/loom.hpp>
@@ -21,22 +22,10 @@
 namespace {
 
 namespace fs = std::filesystem;
+using loom::testing::split_llama;
 using loom::testing::world;
 
 constexpr std::int64_t global_rows = 12;  // 1, 2 and 4 data-parallel ranks divide it
-
-// 4 heads and 4 key-value heads, a vocabulary of 64 and an MLP of 24: tensor_parallel 1, 2 and 4 divide them.
-loom::models::causal_lm_config small_llama() {
-  loom::models::causal_lm_config config;
-  config.vocab_size = 64;
-  config.hidden_size = 32;
-  config.intermediate_size = 24;
-  config.num_hidden_layers = 2;
-  config.num_attention_heads = 4;
-  config.num_key_value_heads = 4;
-  config.head_dim = 8;
-  return config;
-}
 
 at::Tensor my_rows(std::int64_t step, int tensor_parallel) {
   auto gen = at::make_generator<at::CPUGeneratorImpl>(700 + static_cast<std::uint64_t>(step));
@@ -88,7 +77,7 @@ int main(int argc, char** argv) {
   const std::string strategy = asked.substr(0, colon);
   const int k = colon == std::string::npos ? 1 : std::stoi(asked.substr(colon + 1));
   const fs::path dir = argv[3], out = argc == 5 ? argv[4] : "";
-  const auto model = loom::model<loom::models::CausalLM>(small_llama()) | loom::seeded(9);
+  const auto model = loom::model<loom::models::CausalLM>(split_llama(4)) | loom::seeded(9);
   const auto split = loom::tensor_parallel_stage::checked({.size = static_cast<std::size_t>(k)});
   try {
     if (strategy == "ddp") return run(model | split | loom::ddp(), k, mode, dir, out);

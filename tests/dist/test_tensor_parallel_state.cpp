@@ -4,6 +4,7 @@
 // the unsplit run's, and what they wrote loads back split; a checkpoint resumes bit for bit at the
 // same layout (and in others: tensor_parallel_reshard.cpp); pretrained(...) reads each rank's slices.
 #include "same_state.hpp"
+#include "small_models.hpp"
 #include "world.hpp"
 
 #include <loom/loom.hpp>
@@ -23,23 +24,12 @@
 using Catch::Matchers::ContainsSubstring;
 using loom::testing::difference;
 using loom::testing::shared_scratch;
+using loom::testing::split_llama;
 using loom::testing::world;
 
 namespace {
 
 constexpr int tp = 2;
-
-loom::models::causal_lm_config small_llama() {
-  loom::models::causal_lm_config config;
-  config.vocab_size = 64;
-  config.hidden_size = 32;
-  config.intermediate_size = 24;
-  config.num_hidden_layers = 2;
-  config.num_attention_heads = 4;
-  config.num_key_value_heads = 2;
-  config.head_dim = 8;
-  return config;
-}
 
 at::Tensor token_batch(int step, int data_rank) {
   auto gen = at::make_generator<at::CPUGeneratorImpl>(4000 + 31 * static_cast<std::uint64_t>(step) +
@@ -97,7 +87,7 @@ void train_both(Split& split, Whole& whole, int steps) {
 template <class Strategy>
 void check_state(const Strategy& strategy, bool adapters, const std::string& name) {
   const auto split_stage = loom::tensor_parallel_stage::checked({.size = tp});
-  const auto base = loom::model<loom::models::CausalLM>(small_llama()) | loom::seeded(3);
+  const auto base = loom::model<loom::models::CausalLM>(split_llama(2)) | loom::seeded(3);
   const auto lora = loom::lora(4, {"q_proj", "v_proj", "o_proj", "down_proj"});
   const std::filesystem::path dir = shared_scratch("tensor-parallel-state", name);
   const auto run = [&](const auto& plan) {
@@ -151,7 +141,7 @@ std::int64_t bytes_read(const std::string& described) {
 // and the same state, bit for bit.
 template <class Strategy>
 void check_resume(const Strategy& strategy, const std::string& name) {
-  const auto plan = loom::model<loom::models::CausalLM>(small_llama()) | loom::seeded(5) |
+  const auto plan = loom::model<loom::models::CausalLM>(split_llama(2)) | loom::seeded(5) |
                     loom::lora(4, {"q_proj", "o_proj", "up_proj"}) | loom::tensor_parallel(2) | strategy;
   const std::filesystem::path dir = shared_scratch("tensor-parallel-state", name);
   const auto adamw = [](auto& job) {
@@ -226,7 +216,7 @@ TEST_CASE("tensor_parallel on a world its size does not divide is refused on eve
   REQUIRE(world().world_size() % tp != 0);
   try {
     (void)loom::build(
-        loom::model<loom::models::CausalLM>(small_llama()) | loom::seeded(1) | loom::tensor_parallel(2) | loom::ddp(),
+        loom::model<loom::models::CausalLM>(split_llama(2)) | loom::seeded(1) | loom::tensor_parallel(2) | loom::ddp(),
         world());
     FAIL("built");
   } catch (const std::exception& error) {
@@ -236,7 +226,7 @@ TEST_CASE("tensor_parallel on a world its size does not divide is refused on eve
 
 TEST_CASE("tensor_parallel's collectives are schedule entries, checked across ranks at build", "[tensor_parallel]") {
   auto job =
-      loom::build(loom::model<loom::models::CausalLM>(small_llama()) | loom::seeded(1) |
+      loom::build(loom::model<loom::models::CausalLM>(split_llama(2)) | loom::seeded(1) |
                       loom::lora(4, {"q_proj", "o_proj"}) | loom::recompute() | loom::tensor_parallel(2) | loom::fsdp(),
                   world());
   const std::string schedule = job.schedule().to_string();
@@ -264,10 +254,10 @@ TEST_CASE("tensor_parallel: pretrained(...) reads each rank's slices of the spli
           "[tensor_parallel]") {
   const std::filesystem::path dir = shared_scratch("tensor-parallel-state", "pretrained");
   auto source =
-      loom::build(loom::model<loom::models::CausalLM>(small_llama()) | loom::seeded(8) | loom::ddp(), world());
+      loom::build(loom::model<loom::models::CausalLM>(split_llama(2)) | loom::seeded(8) | loom::ddp(), world());
   source.save_weights(dir / "weights");
   const loom::tensor_state saved = loom::load_weights(dir / "weights");
-  const auto plan = loom::model<loom::models::CausalLM>(small_llama()) |
+  const auto plan = loom::model<loom::models::CausalLM>(split_llama(2)) |
                     loom::pretrained_stage::checked((dir / "weights").string()) |
                     loom::tensor_parallel_stage::checked({.size = tp});
   // Under ddp() a rank reads its slice of each split tensor and the others whole: to the byte.
