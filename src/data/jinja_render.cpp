@@ -238,6 +238,10 @@ bool is_number(const value& v) { return v.is<bool>() || v.is<std::int64_t>() || 
 bool is_integer(const value& v) { return v.is<bool>() || v.is<std::int64_t>(); }
 std::int64_t integer_of(const value& v) { return v.is<bool>() ? (v.as<bool>() ? 1 : 0) : v.as<std::int64_t>(); }
 double float_of(const value& v) { return v.is<double>() ? v.as<double>() : static_cast<double>(integer_of(v)); }
+// Python compares an int with a float exactly; a long double holds both exactly (64-bit mantissa or more).
+long double exact_of(const value& v) {
+  return v.is<double>() ? static_cast<long double>(v.as<double>()) : static_cast<long double>(integer_of(v));
+}
 
 const value_list& items_of(const value& v) { return *v.as<sequence_value>().items; }
 bool is_kind(const value& v, sequence_kind kind) {
@@ -346,7 +350,7 @@ std::string python_str(const value& v, const site& where) {
 bool equal(const value& a, const value& b) {
   if (is_number(a) && is_number(b)) {
     if (is_integer(a) && is_integer(b)) return integer_of(a) == integer_of(b);
-    return float_of(a) == float_of(b);
+    return exact_of(a) == exact_of(b);
   }
   if (a.data.index() != b.data.index()) return false;
   if (a.is<undefined_value>() || a.is<none_value>()) return true;
@@ -377,7 +381,7 @@ bool equal(const value& a, const value& b) {
 bool less(const value& a, const value& b, const site& where) {
   if (is_number(a) && is_number(b)) {
     if (is_integer(a) && is_integer(b)) return integer_of(a) < integer_of(b);
-    return float_of(a) < float_of(b);
+    return exact_of(a) < exact_of(b);
   }
   if (a.is<std::string>() && b.is<std::string>()) return a.as<std::string>() < b.as<std::string>();
   if (is_indexable(a) && is_indexable(b) && a.as<sequence_value>().kind == b.as<sequence_value>().kind) {
@@ -1717,11 +1721,15 @@ class renderer {
       return subject.is<undefined_value>() || subject.is<std::string>() || subject.is<sequence_value>() ||
              subject.is<dict_value>() || subject.is<loop_value>();
     }
-    if (name == "sequence")
+    if (name == "sequence") {
       return subject.is<undefined_value>() || subject.is<std::string>() || is_indexable(subject) ||
              subject.is<dict_value>();
-    if (name == "callable")
-      return subject.is<macro_value>() || subject.is<method_value>() || subject.is<function_value>();
+    }
+    if (name == "callable") {
+      // jinja2's Undefined has a __call__ (that fails): callable() holds for it
+      return subject.is<undefined_value>() || subject.is<macro_value>() || subject.is<method_value>() ||
+             subject.is<function_value>();
+    }
     where.error(fmt::format("no test named '{}'", name));
   }
 
