@@ -46,10 +46,10 @@ at::Tensor inverse_frequencies(const rope_parameters& rope, std::int64_t head_di
   return at::where(medium, smoothed, scaled).to(at::kFloat);
 }
 
-// cos and sin [tokens, head_dim] of `positions`, in fp32 whatever the model computes in, as
+// cos and sin [..., head_dim] of `positions` [...], in fp32 whatever the model computes in, as
 // transformers computes them with autocast off.
 std::pair<at::Tensor, at::Tensor> rotary_angles(const at::Tensor& positions, const at::Tensor& inv_freq) {
-  const at::Tensor freqs = at::outer(positions, inv_freq);
+  const at::Tensor freqs = positions.unsqueeze(-1) * inv_freq;
   const at::Tensor angles = at::cat({freqs, freqs}, -1);
   return {angles.cos(), angles.sin()};
 }
@@ -230,15 +230,16 @@ DecoderAttentionImpl::projected DecoderAttentionImpl::project(const at::Tensor& 
     q = q_norm(q);
     k = k_norm(k);
   }
-  // [seq, 1, head_dim]: the same angles for every head.
-  const at::Tensor c = cos.to(q.scalar_type()).unsqueeze(1);
-  const at::Tensor s = sin.to(q.scalar_type()).unsqueeze(1);
+  // [(batch,) seq, 1, head_dim]: the same angles for every head.
+  const at::Tensor c = cos.to(q.scalar_type()).unsqueeze(-2);
+  const at::Tensor s = sin.to(q.scalar_type()).unsqueeze(-2);
   return {q * c + rotate_half(q) * s, k * c + rotate_half(k) * s, v};
 }
 
-at::Tensor DecoderAttentionImpl::forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+at::Tensor DecoderAttentionImpl::forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
+                                         const std::optional<at::Tensor>& documents) {
   const auto [q, k, v] = project(x, cos, sin);
-  return o_proj(attention(q, k, v).flatten(2));
+  return o_proj(attention(q, k, v, documents).flatten(2));
 }
 
 at::Tensor DecoderAttentionImpl::forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
@@ -307,8 +308,9 @@ at::Tensor DecoderLayerImpl::around_attention(const at::Tensor& x, Attend&& atte
   return h + post_feedforward_layernorm(mlp(pre_feedforward_layernorm(h)));
 }
 
-at::Tensor DecoderLayerImpl::forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
-  return around_attention(x, [&](const at::Tensor& normed) { return self_attn->forward(normed, cos, sin); });
+at::Tensor DecoderLayerImpl::forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
+                                     const std::optional<at::Tensor>& documents) {
+  return around_attention(x, [&](const at::Tensor& normed) { return self_attn->forward(normed, cos, sin, documents); });
 }
 
 at::Tensor DecoderLayerImpl::forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
@@ -350,14 +352,32 @@ at::Tensor DecoderModelImpl::embed(const at::Tensor& ids) {
 }
 
 at::Tensor DecoderModelImpl::forward(const at::Tensor& ids) {
-  const at::Tensor mine = sequence->split(ids, 1);
   const loom::nn::token_range tokens = sequence->tokens(ids.size(1));
-  const rotary_tables tables = rotary(at::arange(tokens.begin, tokens.end, ids.options().dtype(at::kFloat)));
-  at::Tensor h = embed(mine);
+  return run_layers(ids, rotary(at::arange(tokens.begin, tokens.end, ids.options().dtype(at::kFloat))), std::nullopt);
+}
+
+at::Tensor DecoderModelImpl::forward(const at::Tensor& ids, const at::Tensor& positions) {
+  if (positions.dim() != 2 || ids.dim() != 2 || positions.sizes() != ids.sizes() ||
+      !at::isIntegralType(positions.scalar_type(), /*includeBool=*/false)) {
+    throw_error<std::invalid_argument>(
+        "CausalLM: positions {}[{}] for token ids [{}]: give each token's position in its document, integers "
+        "[batch, seq] of the same tokens, 0 where a document starts, whole on every rank",
+        c10::toString(positions.scalar_type()), fmt::join(positions.sizes(), ", "), fmt::join(ids.sizes(), ", "));
+  }
+  const at::Tensor whole = positions.to(ids.device());
+  // A document is the run of tokens from one position 0 to the next.
+  const at::Tensor documents = whole.eq(0).cumsum(1);
+  return run_layers(ids, rotary(sequence->local(whole, 1).to(at::kFloat)), documents);
+}
+
+at::Tensor DecoderModelImpl::run_layers(const at::Tensor& ids, const rotary_tables& tables,
+                                        const std::optional<at::Tensor>& documents) {
+  at::Tensor h = embed(sequence->split(ids, 1));
   for (const auto& layer : *layers) {
     auto& decoder_layer = *layer->as<DecoderLayer>();
     const bool sliding = decoder_layer.attention_kind() == layer_attention::sliding;
-    h = decoder_layer.forward(h, sliding ? tables.sliding_cos : tables.cos, sliding ? tables.sliding_sin : tables.sin);
+    h = decoder_layer.forward(h, sliding ? tables.sliding_cos : tables.cos, sliding ? tables.sliding_sin : tables.sin,
+                              documents);
   }
   return norm(h);
 }
@@ -463,7 +483,7 @@ std::vector<at::Tensor> CausalLMImpl::trainable_head_tensors() const {
   return tensors;
 }
 
-at::Tensor CausalLMImpl::forward(const at::Tensor& ids, const at::Tensor& labels) {
+void CausalLMImpl::check_loss_arguments(const at::Tensor& ids, const at::Tensor& labels) const {
   if (labels.dim() != 2 || ids.dim() != 2 || labels.sizes() != ids.sizes()) {
     throw_error<std::invalid_argument>(
         "CausalLM: labels [{}] for token ids [{}]: give labels [batch, seq] of the same tokens, whole on every rank "
@@ -475,7 +495,21 @@ at::Tensor CausalLMImpl::forward(const at::Tensor& ids, const at::Tensor& labels
         "CausalLM: loss_chunk_tokens is {}: give the tokens whose logits the loss holds at a time, or 0 for all",
         loss_chunk_tokens);
   }
-  const at::Tensor hidden = model->forward(ids);
+}
+
+at::Tensor CausalLMImpl::forward(const at::Tensor& ids, const at::Tensor& labels) {
+  check_loss_arguments(ids, labels);
+  return loss_of(model->forward(ids), labels);
+}
+
+at::Tensor CausalLMImpl::forward(const at::Tensor& ids, const at::Tensor& labels, const at::Tensor& positions) {
+  check_loss_arguments(ids, labels);
+  const at::Tensor hidden = model->forward(ids, positions);
+  // A document's first token is not the previous document's next one.
+  return loss_of(hidden, labels.masked_fill(positions.to(labels.device()).eq(0), -100));
+}
+
+at::Tensor CausalLMImpl::loss_of(const at::Tensor& hidden, const at::Tensor& labels) {
   loom::nn::Sequence& sequence = model->sequence;
   // Position t predicts labels[t + 1]; the last position predicts nothing. Under sequence_parallel
   // the labels are shifted whole, then this rank's part is taken, as causal_lm_loss takes them.

@@ -111,22 +111,30 @@ struct sum_over_group : torch::autograd::Function<sum_over_group> {
   }
 };
 
-// Attention over [batch, tokens, heads, dim] tensors, grouped-query heads repeated in order.
-at::Tensor attend(const at::Tensor& q, at::Tensor k, at::Tensor v, const attention_options& options) {
+// Attention over [batch, tokens, heads, dim] tensors, grouped-query heads repeated in order; with
+// `documents` [batch, tokens] (each token's document) a query sees only keys of its own document.
+at::Tensor attend(const at::Tensor& q, at::Tensor k, at::Tensor v, const attention_options& options,
+                  const std::optional<at::Tensor>& documents) {
   const std::int64_t heads = q.size(2), kv_heads = k.size(2);
   if (kv_heads != heads) {
     k = k.repeat_interleave(heads / kv_heads, 2);
     v = v.repeat_interleave(heads / kv_heads, 2);
   }
-  std::optional<at::Tensor> window;
-  if (options.sliding_window > 0) {
+  std::optional<at::Tensor> mask;
+  if (options.sliding_window > 0 || documents) {
     // Key j is in query i's window when i - sliding_window < j <= i (transformers' sliding mask).
     const at::Tensor positions = at::arange(q.size(1), at::TensorOptions(at::kLong).device(q.device()));
     const at::Tensor behind = positions.unsqueeze(1) - positions.unsqueeze(0);
-    window = behind.ge(0).logical_and(behind.lt(options.sliding_window));
+    at::Tensor allowed = options.causal ? behind.ge(0) : at::ones_like(behind, at::kBool);
+    if (options.sliding_window > 0) allowed = allowed.logical_and(behind.lt(options.sliding_window));
+    if (documents) {
+      const at::Tensor same = documents->unsqueeze(2).eq(documents->unsqueeze(1));  // [batch, query, key]
+      allowed = same.logical_and(allowed).unsqueeze(1);
+    }
+    mask = allowed;
   }
-  return loom::scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), window,
-                                            options.causal && !window.has_value(), options.scale)
+  return loom::scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), mask,
+                                            options.causal && !mask.has_value(), options.scale)
       .transpose(1, 2);
 }
 
@@ -319,7 +327,8 @@ void AttentionImpl::join(std::shared_ptr<sequence_split> split, std::size_t site
   site_index_ = site_index;
 }
 
-at::Tensor AttentionImpl::forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
+at::Tensor AttentionImpl::forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                  const std::optional<at::Tensor>& documents) {
   if (q.dim() != 4 || k.dim() != 4 || v.dim() != 4 || q.size(2) != options_.heads ||
       k.size(2) != options_.key_value_heads() || v.size(2) != options_.key_value_heads()) {
     throw_error<std::invalid_argument>(
@@ -327,7 +336,16 @@ at::Tensor AttentionImpl::forward(const at::Tensor& q, const at::Tensor& k, cons
         fmt::join(q.sizes(), ", "), fmt::join(k.sizes(), ", "), fmt::join(v.sizes(), ", "),
         counted(options_.heads, "head"), counted(options_.key_value_heads(), "key-value head"));
   }
-  if (!split_) return attend(q, k, v, options_);
+  const std::int64_t whole = q.size(1) * (split_ ? split_->size() : 1);
+  if (documents && (documents->dim() != 2 || documents->size(0) != q.size(0) || documents->size(1) != whole)) {
+    throw_error<std::invalid_argument>(
+        "loom::nn::Attention: documents [{}] for a batch of {} and {}: give each token's document [batch, tokens], "
+        "the whole sequence's on every rank",
+        fmt::join(documents->sizes(), ", "), q.size(0), counted(whole, "token"));
+  }
+  const std::optional<at::Tensor> on_device =
+      documents ? std::optional(documents->to(q.device())) : std::optional<at::Tensor>();
+  if (!split_) return attend(q, k, v, options_, on_device);
 
   // In the dtype autocast would attend in, so that the exchange carries what attention computes in.
   const auto compute = [&q](const at::Tensor& t) {
@@ -351,7 +369,7 @@ at::Tensor AttentionImpl::forward(const at::Tensor& q, const at::Tensor& k, cons
   const auto site = c10::make_intrusive<exchange_site>(split_, site_index_);
   const std::vector<at::Tensor> by_heads =
       to_heads_exchange::apply(site, packed).split({heads / ranks, kv_heads / ranks, kv_heads / ranks}, 2);
-  return to_sequence_exchange::apply(site, attend(by_heads[0], by_heads[1], by_heads[2], options_));
+  return to_sequence_exchange::apply(site, attend(by_heads[0], by_heads[1], by_heads[2], options_, on_device));
 }
 
 void SequenceImpl::join(std::shared_ptr<sequence_split> split) { split_ = std::move(split); }

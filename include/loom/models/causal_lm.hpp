@@ -61,8 +61,10 @@ class DecoderAttentionImpl : public torch::nn::Module {
  public:
   DecoderAttentionImpl(const causal_lm_config& config, std::int64_t layer);
   // Causal self-attention over x [batch, seq, hidden], rotary embedding cos and sin [seq, head_dim]
-  // of the same tokens (this rank's, under sequence_parallel).
-  at::Tensor forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
+  // (or [batch, seq, head_dim]) of the same tokens (this rank's, under sequence_parallel); with
+  // `documents` (loom::nn::Attention's), each token attends within its document only.
+  at::Tensor forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
+                     const std::optional<at::Tensor>& documents = std::nullopt);
   // The same for new tokens x that follow the cached ones (cos and sin of their positions): their keys
   // and values join `cache`, and each query attends to the cached keys and the new ones up to itself.
   at::Tensor forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, kv_cache::layer& cache);
@@ -97,7 +99,8 @@ TORCH_MODULE(DecoderMLP);
 class DecoderLayerImpl : public torch::nn::Module {
  public:
   DecoderLayerImpl(const causal_lm_config& config, std::int64_t layer);
-  at::Tensor forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
+  at::Tensor forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
+                     const std::optional<at::Tensor>& documents = std::nullopt);
   at::Tensor forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, kv_cache::layer& cache);
 
   [[nodiscard]] layer_attention attention_kind() const noexcept { return attention_kind_; }
@@ -121,6 +124,10 @@ class DecoderModelImpl : public torch::nn::Module {
   explicit DecoderModelImpl(const causal_lm_config& config);
   // The final hidden states [batch, seq, hidden] of token ids [batch, seq].
   at::Tensor forward(const at::Tensor& ids);
+  // Those of a packed batch: `positions` [batch, seq] (int64, whole on every rank) restart at 0 where
+  // a document starts, as transformers' position_ids of a padding-free batch; each token's rotary
+  // angle is its position in its document, and it attends within its document only.
+  at::Tensor forward(const at::Tensor& ids, const at::Tensor& positions);
   // Those of ids [batch, new] that follow the `cache`'s tokens, which they join.
   at::Tensor forward(const at::Tensor& ids, kv_cache& cache);
 
@@ -130,12 +137,15 @@ class DecoderModelImpl : public torch::nn::Module {
   loom::nn::Sequence sequence;  // no weights: where sequence_parallel splits the tokens
 
  private:
-  // The rotary tables of `positions`, fp32 [tokens, head_dim]: full-attention layers' and sliding ones'.
+  // The rotary tables of `positions`, fp32 [tokens, head_dim] (or [batch, tokens, head_dim] of
+  // [batch, tokens] positions): full-attention layers' and sliding ones'.
   struct rotary_tables {
     at::Tensor cos, sin, sliding_cos, sliding_sin;
   };
   rotary_tables rotary(const at::Tensor& positions);
   at::Tensor embed(const at::Tensor& ids);
+  // The layers and the final norm over this rank's tokens of `ids`.
+  at::Tensor run_layers(const at::Tensor& ids, const rotary_tables& tables, const std::optional<at::Tensor>& documents);
 
   // The rotary embeddings' inverse frequencies, fp32 [head_dim / 2], of full-attention layers and of
   // sliding ones: computed, not weights (as transformers' non-persistent inv_freq buffers), so they
@@ -176,6 +186,12 @@ class CausalLMImpl : public torch::nn::Module {
   // `labels` are whole on every rank and the loss is the group's, as causal_lm_loss's. Called through
   // job.forward(ids, labels), so that a sharding strategy holds the head whole for both passes.
   at::Tensor forward(const at::Tensor& ids, const at::Tensor& labels);
+  // The same loss over a packed batch: `positions` [batch, seq] (int64) restart at 0 where a document
+  // starts (transformers' position_ids with DataCollatorWithFlattening, padding_free): each document
+  // attends within itself and turns by its own positions, and its last token does not predict the next
+  // document's first. Equal, within fp32 rounding, to the documents' losses computed one by one and
+  // weighted by their labelled tokens.
+  at::Tensor forward(const at::Tensor& ids, const at::Tensor& labels, const at::Tensor& positions);
   // The logits [batch, vocab] of the token after ids [batch, new], which follow the `cache`'s tokens
   // (none in a fresh cache) and join it: a prompt, then each generated token, computes its positions
   // alone. loom::models::generate (generate.hpp) calls it without gradients, in eval mode.
@@ -199,6 +215,10 @@ class CausalLMImpl : public torch::nn::Module {
   at::Tensor logits_of(const at::Tensor& hidden);
   // The logits whole on every rank.
   at::Tensor whole_logits_of(const at::Tensor& hidden);
+  // Throws std::invalid_argument, naming the fix, for labels of other tokens than `ids`.
+  void check_loss_arguments(const at::Tensor& ids, const at::Tensor& labels) const;
+  // The loss of forward(ids, labels) from the final hidden states.
+  at::Tensor loss_of(const at::Tensor& hidden, const at::Tensor& labels);
   // What the head computes with and trains: lm_head's parameters, or the tied embedding, that require grad.
   [[nodiscard]] std::vector<at::Tensor> trainable_head_tensors() const;
 };

@@ -127,8 +127,12 @@ class AttentionImpl : public torch::nn::Module {
   explicit AttentionImpl(const attention_options& options);
 
   // q [batch, tokens, heads, head_dim], k and v [batch, tokens, kv_heads, head_dim], of this rank's
-  // tokens: the attended values [batch, tokens, heads, head_dim], computed in q's dtype.
-  at::Tensor forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v);
+  // tokens: the attended values [batch, tokens, heads, head_dim], computed in q's dtype. With
+  // `documents` [batch, whole sequence's tokens] (int64, the same on every rank of a sequence group),
+  // the sequences are packed: a query attends only to keys of its own document (a block-diagonal mask,
+  // with the causal and sliding-window ones).
+  at::Tensor forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                     const std::optional<at::Tensor>& documents = std::nullopt);
 
   [[nodiscard]] const attention_options& options() const noexcept { return options_; }
   // Set by build(): the plan's split and this attention's place in it.
