@@ -850,6 +850,14 @@ struct frame {
 
 enum class flow : std::uint8_t { normal, break_loop, continue_loop };
 
+// transformers' TemplateNamespace keeps names that start with '_' out of a namespace.
+void refuse_private_attribute(std::string_view name, const site& where) {
+  if (name.starts_with('_')) {
+    where.error(
+        fmt::format("chat templates cannot store underscore-prefixed attributes on a namespace, but got '{}'", name));
+  }
+}
+
 constexpr std::int64_t max_range = 100000;  // jinja2's sandbox refuses longer ranges
 constexpr int max_macro_depth = 200;
 
@@ -930,6 +938,7 @@ class renderer {
             at(s.line).error(
                 fmt::format("'{}' is no namespace: only a namespace's attributes can be set", s.targets.front()));
           }
+          refuse_private_attribute(s.attribute, at(s.line));
           target->as<namespace_value>().attributes->assign(s.attribute, std::move(assigned));
         } else {
           assign(s.targets, std::move(assigned), scope, s.line);
@@ -1484,6 +1493,7 @@ class renderer {
         }
         for (const auto& [name, argument] : given.keywords) entries.assign(name, argument);
         if (which == builtin_function::dict) return make_dict(std::move(entries));
+        for (const auto& entry : entries.items) refuse_private_attribute(entry.first, where);
         return namespace_value{std::make_shared<dict_entries>(std::move(entries))};
       }
       case builtin_function::raise_exception: {

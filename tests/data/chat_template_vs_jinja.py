@@ -288,6 +288,7 @@ SNIPPETS = [
     "{{ 'a.b.c' | replace('.', '') | upper | center(7) }}",
     "{% if not messages %}none{% elif messages | length == 4 %}four{% endif %}",
     "{{ 0.1 * 3 }} {{ 1 / 7 }} {{ 2.0 ** 0.5 }} {{ 1e-7 }} {{ 123e4 }} {{ 5e-324 }} {{ 1.7976931348623157e308 }}",
+    "{% set ns = namespace(_hidden=1) %}{{ ns._hidden }}", "{% set ns = namespace() %}{% set ns._x = 1 %}{{ ns }}",
     "{{ 9007199254740993 }} {{ 9007199254740993 == 9007199254740992.0 }} {{ -9223372036854775807 - 1 }}",
 ]
 
