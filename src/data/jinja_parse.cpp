@@ -529,6 +529,22 @@ class parser {
     take();
   }
 
+  // Deeply nested input would exhaust the stack of this recursive descent (and of the renderer's):
+  // jinja2 stops at Python's recursion limit, loom at a depth of its own.
+  class nesting {
+   public:
+    explicit nesting(parser& owner) : owner_(owner) {
+      if (++owner_.depth_ > max_depth) owner_.error(fmt::format("the template nests deeper than {} levels", max_depth));
+    }
+    ~nesting() { --owner_.depth_; }
+    nesting(const nesting&) = delete;
+    nesting& operator=(const nesting&) = delete;
+
+   private:
+    parser& owner_;
+  };
+  static constexpr int max_depth = 600;
+
   static expression_ptr node(expression_kind kind, int line) {
     auto made = std::make_unique<expression>();
     made->kind = kind;
@@ -583,6 +599,7 @@ class parser {
   }
 
   statement_ptr parse_statement() {
+    const nesting guard(*this);
     const token tag = current();
     if (tag.kind != token_kind::name) error(fmt::format("expected a tag's name, found {}", describe(tag)));
     if (tag.text == "for") return parse_for();
@@ -772,7 +789,10 @@ class parser {
     return made;
   }
 
-  expression_ptr parse_expression(bool with_conditional) { return with_conditional ? parse_conditional() : parse_or(); }
+  expression_ptr parse_expression(bool with_conditional) {
+    const nesting guard(*this);
+    return with_conditional ? parse_conditional() : parse_or();
+  }
 
   expression_ptr parse_conditional() {
     expression_ptr result = parse_or();
@@ -811,6 +831,7 @@ class parser {
   }
 
   expression_ptr parse_not() {
+    const nesting guard(*this);
     if (is_name("not")) {
       auto made = node(expression_kind::logical_not, take().line);
       made->operands.push_back(parse_not());
@@ -906,6 +927,7 @@ class parser {
   }
 
   expression_ptr parse_unary(bool with_filter) {
+    const nesting guard(*this);
     expression_ptr result;
     if (is_op("-") || is_op("+")) {
       const token sign = take();
@@ -1182,6 +1204,7 @@ class parser {
   std::vector<token> tokens_;
   std::size_t at_ = 0;
   const std::string& name_;
+  int depth_ = 0;
   int loop_depth_ = 0;
   int buffered_depth_ = 0;
   bool has_generation_ = false;

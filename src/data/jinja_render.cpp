@@ -1335,6 +1335,11 @@ class renderer {
       }
     }
     const auto repeat = [&](const value& sequence, std::int64_t times) -> value {
+      const std::size_t size =
+          sequence.is<std::string>() ? sequence.as<std::string>().size() : items_of(sequence).size();
+      if (times > 0 && size > 0 && static_cast<std::uint64_t>(times) > (std::uint64_t{1} << 30) / size) {
+        where.error("a repetition ('*') would make more than 2^30 bytes or items");
+      }
       if (sequence.is<std::string>()) {
         std::string text;
         for (std::int64_t k = 0; k < times; ++k) text += sequence.as<std::string>();
@@ -2155,6 +2160,19 @@ value make_list(value_list items, sequence_kind kind) {
 
 value make_dict(dict_entries entries) { return dict_value{std::make_shared<const dict_entries>(std::move(entries))}; }
 
+namespace {
+
+// Python's strings are Unicode: a string that is not valid UTF-8 has no value to give the template.
+const std::string& checked_text(const std::string& text) {
+  if (const auto bad = detail::invalid_utf8_at(text)) {
+    throw_error<chat_template_error>("a string of the input is not valid UTF-8 (byte {} of {})", *bad,
+                                     python_repr(std::string_view(detail::lossy_utf8(text))));
+  }
+  return text;
+}
+
+}  // namespace
+
 value from_json(const nlohmann::ordered_json& json) {
   switch (json.type()) {
     case nlohmann::ordered_json::value_t::null: return none_value{};
@@ -2168,7 +2186,7 @@ value from_json(const nlohmann::ordered_json& json) {
       return static_cast<std::int64_t>(number);
     }
     case nlohmann::ordered_json::value_t::number_float: return json.get<double>();
-    case nlohmann::ordered_json::value_t::string: return json.get<std::string>();
+    case nlohmann::ordered_json::value_t::string: return checked_text(json.get_ref<const std::string&>());
     case nlohmann::ordered_json::value_t::array: {
       value_list items;
       items.reserve(json.size());
@@ -2178,7 +2196,7 @@ value from_json(const nlohmann::ordered_json& json) {
     case nlohmann::ordered_json::value_t::object: {
       dict_entries entries;
       entries.items.reserve(json.size());
-      for (const auto& [key, element] : json.items()) entries.items.emplace_back(key, from_json(element));
+      for (const auto& [key, element] : json.items()) entries.items.emplace_back(checked_text(key), from_json(element));
       return make_dict(std::move(entries));
     }
     default: throw_error<chat_template_error>("the input holds binary data, which has no Python value");

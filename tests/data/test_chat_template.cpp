@@ -327,6 +327,9 @@ TEST_CASE(
                        MessageMatches(ContainsSubstring("the conversation is empty")));
   CHECK_THROWS_MATCHES(printer.render(ordered_json::parse(R"(["hi"])")), chat_template_error,
                        MessageMatches(ContainsSubstring("message 0 is a JSON string, not an object")));
+  CHECK_THROWS_MATCHES(printer.render(ordered_json::array({{{"role", "user"}, {"content", "\xe4\xbd"}}})),
+                       chat_template_error,
+                       MessageMatches(ContainsSubstring("a string of the input is not valid UTF-8 (byte 0")));
   chat_render_options reserved;
   reserved.variables = {{"messages", 1}};
   CHECK_THROWS_MATCHES(printer.render(conversation(), reserved), chat_template_error,
@@ -416,4 +419,9 @@ TEST_CASE("bad syntax is refused with its line") {
              ContainsSubstring("without a default follows one with a default"));
   CHECK_THAT(refusal("{{ 99999999999999999999 }}"), ContainsSubstring("does not fit in 64 bits"));
   CHECK_THAT(refusal("\xff{{ x }}"), ContainsSubstring("not valid UTF-8"));
+  CHECK_THAT(refusal("{{ " + std::string(5000, '(') + "1" + std::string(5000, ')') + " }}"),
+             ContainsSubstring("the template nests deeper than 600 levels"));
+  std::string deep;
+  for (int k = 0; k < 1000; ++k) deep += "{% if true %}";
+  CHECK_THAT(refusal(deep), ContainsSubstring("the template nests deeper than 600 levels"));
 }
