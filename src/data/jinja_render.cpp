@@ -445,6 +445,9 @@ bool contains(const value& container, const value& item, const site& where) {
     return std::any_of(items.begin(), items.end(), [&](const value& x) { return equal(x, item); });
   }
   if (container.is<dict_value>()) {
+    if (item.is<sequence_value>() || item.is<dict_value>()) {
+      where.error(fmt::format("unhashable type: '{}'", type_name(item)));
+    }
     return item.is<std::string>() && container.as<dict_value>().entries->find(item.as<std::string>()) != nullptr;
   }
   where.error(fmt::format("argument of type '{}' is not iterable", type_name(container)));
@@ -1193,28 +1196,35 @@ class renderer {
       return items[static_cast<std::size_t>(index)];
     }
     if (key.is<std::string>()) return attribute(subject, key.as<std::string>(), where);
-    if (subject.is<none_value>()) where.error("'NoneType' object is not subscriptable");
     return undefined_value{fmt::format("'{}' has no element {}", object_name(subject), python_repr(key, where))};
   }
 
   value slice(const expression& e, frame& scope) {
     const site where = at(e.line);
     const value subject = evaluate(*e.operands[0], scope);
+    bool bounds_are_integers = true;
     const auto bound = [&](std::size_t k) -> std::optional<std::int64_t> {
       if (e.operands[k] == nullptr) return std::nullopt;
       const value v = evaluate(*e.operands[k], scope);
       if (v.is<none_value>()) return std::nullopt;
-      if (!is_integer(v)) where.error("slice indices must be integers or None");
+      if (!is_integer(v)) {
+        bounds_are_integers = false;
+        return std::nullopt;
+      }
       return integer_of(v);
     };
     const std::optional<std::int64_t> start = bound(1);
     const std::optional<std::int64_t> stop = bound(2);
     const std::int64_t step = bound(3).value_or(1);
-    if (step == 0) where.error("slice step cannot be zero");
     if (subject.is<undefined_value>()) where.error(subject.as<undefined_value>().why);
     const bool is_text = subject.is<std::string>();
-    if (!is_text && !is_indexable(subject))
+    // jinja2 slices with Python's own subscript, not its getitem: what cannot be sliced is an error
+    if (subject.is<dict_value>()) where.error("unhashable type: 'slice'");
+    if (!is_text && !is_indexable(subject)) {
       where.error(fmt::format("'{}' object is not subscriptable", type_name(subject)));
+    }
+    if (!bounds_are_integers) where.error("slice indices must be integers or None or have an __index__ method");
+    if (step == 0) where.error("slice step cannot be zero");
 
     std::vector<std::uint32_t> points;
     if (is_text) points = code_points(subject.as<std::string>());
@@ -1376,6 +1386,9 @@ class renderer {
   // Python's printf-style str % args, for %s, %d and %%.
   std::string percent_format(const std::string& format, const value& args, const site& where) {
     const value_list items = is_kind(args, sequence_kind::tuple) ? items_of(args) : value_list{args};
+    // Python takes a non-tuple argument with __getitem__ (a list, a dict) as a mapping, which %s and %d
+    // do not use: no complaint that it went unused.
+    const bool as_mapping = !is_kind(args, sequence_kind::tuple) && (args.is<dict_value>() || is_indexable(args));
     std::string out;
     std::size_t used = 0;
     for (std::size_t k = 0; k < format.size(); ++k) {
@@ -1400,7 +1413,9 @@ class renderer {
         where.error(fmt::format("%d format: a real number is required, not {}", type_name(argument)));
       }
     }
-    if (used < items.size()) where.error("not all arguments converted during string formatting");
+    if (used < items.size() && !(used == 0 && as_mapping)) {
+      where.error("not all arguments converted during string formatting");
+    }
     return out;
   }
 
@@ -1864,6 +1879,9 @@ class renderer {
     if (name == "e" || name == "escape") {
       const bound_arguments bound(given, callee, {}, where);
       return html_escape(text_of(subject));
+    }
+    if ((name == "int" || name == "float") && subject.is<undefined_value>()) {
+      where.error(subject.as<undefined_value>().why);  // Undefined's __int__ and __float__ fail
     }
     if (name == "int") {
       const bound_arguments bound(given, callee, {"default", "base"}, where);
