@@ -52,27 +52,45 @@ bpe::bpe(std::unordered_map<std::string, std::int32_t> vocab,
   }
 }
 
-std::vector<std::int32_t> bpe::merged_word(std::string_view word) const {
+word_tokens bpe::merged_word(std::string_view word) const {
   if (settings_.ignore_merges) {
-    if (const auto whole = vocab_.find(std::string(word)); whole != vocab_.end()) return {whole->second};
+    if (const auto whole = vocab_.find(std::string(word)); whole != vocab_.end())
+      return {{whole->second}, {word.size()}};
   }
-  // The word's symbols: one per character, or its bytes' tokens, or the unknown token.
+  // The word's symbols, each with the bytes of the word it covers: one per character, or its bytes'
+  // tokens, or the unknown token. As in the library, an unknown token waits until a character of the
+  // vocabulary (or the word's end) comes, fusing with the unknown ones after it under fuse_unk: byte
+  // tokens in between go before it.
   std::vector<std::int32_t> symbols;
-  bool last_unknown = false;
+  std::vector<std::size_t> starts;  // where each symbol starts: the bytes of those before it
+  std::size_t covered = 0;
+  std::size_t unknown_length = 0;  // the waiting unknown token's bytes; 0 where none waits
+  const auto add = [&](std::int32_t id, std::size_t length) {
+    symbols.push_back(id);
+    starts.push_back(covered);
+    covered += length;
+  };
+  const auto add_waiting_unknown = [&] {
+    if (unknown_length > 0) add(*settings_.unk, unknown_length);
+    unknown_length = 0;
+  };
   for (std::size_t at = 0; at < word.size();) {
     const std::size_t length = std::min(sequence_length(static_cast<unsigned char>(word[at])), word.size() - at);
     const std::string character(word.substr(at, length));
     if (const auto found = vocab_.find(character); found != vocab_.end()) {
-      symbols.push_back(found->second);
-      last_unknown = false;
+      add_waiting_unknown();
+      add(found->second, length);
     } else if (settings_.byte_fallback && std::ranges::all_of(character, [&](char c) {
                  return byte_tokens_[static_cast<unsigned char>(c)] >= 0;
                })) {
-      for (const char c : character) symbols.push_back(byte_tokens_[static_cast<unsigned char>(c)]);
-      last_unknown = false;
+      for (const char c : character) add(byte_tokens_[static_cast<unsigned char>(c)], 1);
     } else if (settings_.unk) {
-      if (!(settings_.fuse_unk && last_unknown)) symbols.push_back(*settings_.unk);
-      last_unknown = true;
+      if (unknown_length > 0 && settings_.fuse_unk) {
+        unknown_length += length;
+      } else {
+        add_waiting_unknown();
+        unknown_length = length;
+      }
     } else {
       throw_error<std::invalid_argument>(
           "the tokenizer has no token for the character '{}' (byte offset {} of the word '{}'), no byte fallback and "
@@ -81,6 +99,7 @@ std::vector<std::int32_t> bpe::merged_word(std::string_view word) const {
     }
     at += length;
   }
+  add_waiting_unknown();
   // Merge by rank, leftmost first among equals, over a linked list of the symbols.
   const auto count = static_cast<std::int32_t>(symbols.size());
   std::vector<std::int32_t> next(symbols.size()), previous(symbols.size());
@@ -111,26 +130,31 @@ std::vector<std::int32_t> bpe::merged_word(std::string_view word) const {
     offer(previous[at]);
     offer(at);
   }
-  std::vector<std::int32_t> ids;
-  for (std::int32_t i = 0; i < count; ++i)
-    if (!gone[i]) ids.push_back(symbols[i]);
-  return ids;
+  // A merged symbol covers those from its position to the next one left: it ends where that one starts.
+  word_tokens tokens;
+  for (std::int32_t i = 0; i < count; ++i) {
+    if (gone[i]) continue;
+    if (!tokens.ids.empty()) tokens.ends.push_back(starts[i]);
+    tokens.ids.push_back(symbols[i]);
+  }
+  if (!tokens.ids.empty()) tokens.ends.push_back(covered);
+  return tokens;
 }
 
-void bpe::encode_word(std::string_view word, std::vector<std::int32_t>& ids) const {
+void bpe::encode_word(std::string_view word, word_tokens& out) const {
   if (word.size() < cached_word_bytes) {
     const std::lock_guard lock(cache_mutex_);
     if (const auto found = cache_.find(std::string(word)); found != cache_.end()) {
-      ids.insert(ids.end(), found->second.begin(), found->second.end());
+      out.ids.assign(found->second.ids.begin(), found->second.ids.end());
+      out.ends.assign(found->second.ends.begin(), found->second.ends.end());
       return;
     }
   }
-  std::vector<std::int32_t> merged = merged_word(word);
-  ids.insert(ids.end(), merged.begin(), merged.end());
+  out = merged_word(word);
   if (word.size() >= cached_word_bytes) return;
   const std::lock_guard lock(cache_mutex_);
   if (cache_.size() >= cache_limit) cache_.clear();
-  cache_.emplace(word, std::move(merged));
+  cache_.emplace(word, out);
 }
 
 }  // namespace loom::data::detail

@@ -2,8 +2,11 @@
 
 #include "utf8.hpp"
 
+#include <algorithm>
 #include <array>
+#include <cstddef>
 #include <optional>
+#include <span>
 #include <type_traits>
 #include <unordered_map>
 #include <utility>
@@ -45,9 +48,73 @@ std::string replace_all(std::string_view text, std::string_view from, std::strin
   }
 }
 
-// `text` cut by the spans the pattern matches, kept as `behavior` says.
-std::vector<piece> split(const piece& whole, const std::vector<std::pair<std::size_t, std::size_t>>& spans,
-                         split_behavior behavior, bool invert) {
+// The library's alignment rules, each the outcome of NormalizedString::transform for one edit: a
+// character that takes another's place takes its span; one inserted takes the span of the character
+// before the insertion point (every byte of a character shares one span, so that is the span of the
+// whole character).
+
+// `prefix` before the text (not empty): the prefix stands for the first character. An empty prefix
+// leaves the first character standing for nothing, at (0, 0), as the library's reinsertion of it does.
+void prepend(aligned_text& text, std::string_view prefix) {
+  if (prefix.empty()) {
+    std::fill_n(text.origins.begin(), code_point_at(text.text, 0).second, byte_span{});
+    return;
+  }
+  text.text.insert(0, prefix);
+  text.origins.insert(text.origins.begin(), prefix.size(), text.origins.front());
+}
+
+// Each span [begin, end) of `text` that `matches` gives replaced by `content`, which stands for the
+// last character it replaces.
+void replace_spans(aligned_text& text, const std::vector<std::pair<std::size_t, std::size_t>>& matches,
+                   std::string_view content) {
+  if (matches.empty()) return;
+  aligned_text out;
+  out.text.reserve(text.text.size());
+  out.origins.reserve(text.origins.size());
+  std::size_t at = 0;
+  for (const auto& [begin, end] : matches) {
+    out.text.append(text.text, at, begin - at);
+    out.origins.insert(out.origins.end(), text.origins.begin() + static_cast<std::ptrdiff_t>(at),
+                       text.origins.begin() + static_cast<std::ptrdiff_t>(begin));
+    out.text.append(content);
+    out.origins.insert(out.origins.end(), content.size(), text.origins[end - 1]);
+    at = end;
+  }
+  out.text.append(text.text, at);
+  out.origins.insert(out.origins.end(), text.origins.begin() + static_cast<std::ptrdiff_t>(at), text.origins.end());
+  text = std::move(out);
+}
+
+// The text rewritten character by character, each with its change against the text before (the
+// Unicode forms'): read as the library reads such a list, left to right over the text before.
+void transform(aligned_text& text, const std::vector<changed_character>& characters) {
+  aligned_text out;
+  out.text.reserve(text.text.size());
+  out.origins.reserve(text.origins.size());
+  std::size_t at = 0;  // the next byte of the text before that a character takes the place of
+  const auto skip_character = [&] {
+    if (at < text.text.size()) at += code_point_at(text.text, at).second;
+  };
+  for (const auto& [code_point, change] : characters) {
+    byte_span origin;
+    if (change > 0) {
+      if (at > 0) origin = text.origins[at - 1];  // else the library's (0, 0)
+    } else {
+      if (at < text.origins.size()) origin = text.origins[at];  // past the end only for a list that is not the forms'
+      skip_character();
+      for (int removed = 0; removed < -change; ++removed) skip_character();
+    }
+    const std::size_t before = out.text.size();
+    append_utf8(out.text, code_point);
+    out.origins.insert(out.origins.end(), out.text.size() - before, origin);
+  }
+  text = std::move(out);
+}
+
+// The parts of a range [0, size) that `behavior` keeps, the pattern's matches at `spans`.
+void split_range(std::size_t size, const std::vector<std::pair<std::size_t, std::size_t>>& spans,
+                 split_behavior behavior, bool invert, std::vector<std::pair<std::size_t, std::size_t>>& kept) {
   // Alternating runs: (begin, end, is_match); with invert, matches and gaps change places.
   struct run {
     std::size_t begin, end;
@@ -60,9 +127,9 @@ std::vector<piece> split(const piece& whole, const std::vector<std::pair<std::si
     runs.push_back({begin, end, !invert});
     at = end;
   }
-  if (at < whole.text.size()) runs.push_back({at, whole.text.size(), invert});
+  if (at < size) runs.push_back({at, size, invert});
 
-  std::vector<std::pair<std::size_t, std::size_t>> kept;
+  kept.clear();
   for (std::size_t i = 0; i < runs.size(); ++i) {
     const run& r = runs[i];
     switch (behavior) {
@@ -90,10 +157,40 @@ std::vector<piece> split(const piece& whole, const std::vector<std::pair<std::si
         break;
     }
   }
-  std::vector<piece> pieces;
-  for (const auto& [begin, end] : kept)
-    if (end > begin) pieces.push_back({whole.text.substr(begin, end - begin), whole.at_start && begin == 0});
-  return pieces;
+}
+
+// Each piece cut where `matches_of(piece's text)` says, kept as `behavior` says; the text stays.
+template <class Matches>
+void split(pieces& cut, Matches&& matches_of, split_behavior behavior, bool invert) {
+  std::vector<piece> out;
+  out.reserve(cut.list.size());
+  std::vector<std::pair<std::size_t, std::size_t>> kept;
+  for (const piece& p : cut.list) {
+    split_range(p.end - p.begin, matches_of(cut.text_of(p)), behavior, invert, kept);
+    for (const auto& [begin, end] : kept)
+      if (end > begin) out.push_back({p.begin + begin, p.begin + end, p.stretch});
+  }
+  cut.list = std::move(out);
+}
+
+// Each piece rewritten by `write(text, origins, out)`, which appends the new piece to `out`.
+template <class Write>
+void rewrite(pieces& cut, std::size_t size_hint, Write&& write) {
+  aligned_text out;
+  out.text.reserve(size_hint);
+  out.origins.reserve(size_hint);
+  for (piece& p : cut.list) {
+    const std::size_t begin = out.text.size();
+    write(cut.text_of(p), std::span<const byte_span>(cut.text.origins).subspan(p.begin, p.end - p.begin), out);
+    p.begin = begin;
+    p.end = out.text.size();
+  }
+  cut.text = std::move(out);
+}
+
+void append(aligned_text& out, std::string_view text, byte_span origin) {
+  out.text.append(text);
+  out.origins.insert(out.origins.end(), text.size(), origin);
 }
 
 // "<0x41>" -> 0x41.
@@ -116,66 +213,106 @@ std::optional<unsigned char> byte_token(std::string_view token) {
 
 }  // namespace
 
-void pre_tokenize(const pre_tokenizer& stage, std::vector<piece>& pieces) {
-  std::vector<piece> out;
-  for (piece& p : pieces) {
-    std::visit(
-        [&](const auto& s) {
-          using stage_type = std::decay_t<decltype(s)>;
-          if constexpr (std::is_same_v<stage_type, split_stage>) {
-            for (piece& part : split(p, s.pattern.matches(p.text), s.behavior, s.invert))
-              out.push_back(std::move(part));
-          } else if constexpr (std::is_same_v<stage_type, byte_level_stage>) {
-            if (s.add_prefix_space && !p.text.starts_with(' ')) p.text.insert(0, 1, ' ');
-            std::vector<piece> parts =
-                s.gpt2 ? split(p, s.gpt2->matches(p.text), split_behavior::isolated, false) : std::vector<piece>{p};
-            for (piece& part : parts) {
-              std::string mapped;
-              for (const char c : part.text) mapped += byte_level().to_char[static_cast<unsigned char>(c)];
-              out.push_back({std::move(mapped), part.at_start});
-            }
-          } else {
-            std::string text = replace_all(p.text, " ", s.replacement);
-            const bool prepend = s.scheme == metaspace_stage::prepend::always ||
-                                 (s.scheme == metaspace_stage::prepend::first && p.at_start);
-            if (prepend && !text.starts_with(s.replacement)) text.insert(0, s.replacement);
-            piece replaced{std::move(text), p.at_start};
-            if (!s.split) {
-              out.push_back(std::move(replaced));
-              return;
-            }
-            std::vector<std::pair<std::size_t, std::size_t>> spans;
-            for (std::size_t at = replaced.text.find(s.replacement); at != std::string::npos;
-                 at = replaced.text.find(s.replacement, at + s.replacement.size()))
-              spans.emplace_back(at, at + s.replacement.size());
-            for (piece& part : split(replaced, spans, split_behavior::merged_with_next, false))
-              out.push_back(std::move(part));
-          }
-        },
-        stage);
+aligned_text aligned_text::given(std::string_view text, std::size_t at) {
+  aligned_text out{std::string(text), {}};
+  out.origins.reserve(text.size());
+  for (std::size_t begin = 0; begin < text.size();) {
+    const std::size_t length = code_point_at(text, begin).second;
+    out.origins.insert(out.origins.end(), length, byte_span{at + begin, at + begin + length});
+    begin += length;
   }
-  pieces = std::move(out);
+  return out;
 }
 
-std::string normalize(const std::vector<normalizer>& normalizers, std::string text) {
+void pre_tokenize(const pre_tokenizer& stage, pieces& cut) {
+  std::visit(
+      [&](const auto& s) {
+        using stage_type = std::decay_t<decltype(s)>;
+        if constexpr (std::is_same_v<stage_type, split_stage>) {
+          split(
+              cut, [&](std::string_view text) { return s.pattern.matches(text); }, s.behavior, s.invert);
+        } else if constexpr (std::is_same_v<stage_type, byte_level_stage>) {
+          const bool prefix_missing = s.add_prefix_space && std::ranges::any_of(cut.list, [&](const piece& p) {
+                                        return cut.text_of(p)[0] != ' ';
+                                      });
+          if (prefix_missing) {
+            // The space stands for the piece's first character, as a prepended text does.
+            rewrite(cut, cut.text.text.size() + cut.list.size(),
+                    [](std::string_view text, std::span<const byte_span> origins, aligned_text& out) {
+                      if (text[0] != ' ') append(out, " ", origins[0]);
+                      out.text.append(text);
+                      out.origins.insert(out.origins.end(), origins.begin(), origins.end());
+                    });
+          }
+          if (s.gpt2)
+            split(
+                cut, [&](std::string_view text) { return s.gpt2->matches(text); }, split_behavior::isolated, false);
+          // Each byte becomes its printable character, which stands for what the byte stood for.
+          rewrite(cut, cut.text.text.size() * 2,
+                  [](std::string_view text, std::span<const byte_span> origins, aligned_text& out) {
+                    for (std::size_t i = 0; i < text.size(); ++i)
+                      append(out, byte_level().to_char[static_cast<unsigned char>(text[i])], origins[i]);
+                  });
+        } else {
+          // Each space becomes the replacement, which stands for the space; the replacement put before
+          // a piece stands for its first character.
+          rewrite(cut, cut.text.text.size() + cut.list.size() * s.replacement.size(),
+                  [&](std::string_view text, std::span<const byte_span> origins, aligned_text& out) {
+                    const bool at_start = origins[0].begin == 0;  // the library's offsets_original().0 == 0
+                    const bool prepend_here = s.scheme == metaspace_stage::prepend::always ||
+                                              (s.scheme == metaspace_stage::prepend::first && at_start);
+                    if (prepend_here && text[0] != ' ' && !text.starts_with(s.replacement))
+                      append(out, s.replacement, origins[0]);
+                    std::size_t kept = 0;  // the start of the run of bytes that are not spaces
+                    const auto keep_until = [&](std::size_t end) {
+                      out.text.append(text.substr(kept, end - kept));
+                      out.origins.insert(out.origins.end(), origins.begin() + static_cast<std::ptrdiff_t>(kept),
+                                         origins.begin() + static_cast<std::ptrdiff_t>(end));
+                    };
+                    for (std::size_t space = text.find(' '); space != std::string_view::npos;
+                         space = text.find(' ', space + 1)) {
+                      keep_until(space);
+                      append(out, s.replacement, origins[space]);
+                      kept = space + 1;
+                    }
+                    keep_until(text.size());
+                  });
+          if (s.split) {
+            split(
+                cut,
+                [&](std::string_view text) {
+                  std::vector<std::pair<std::size_t, std::size_t>> spans;
+                  for (std::size_t at = text.find(s.replacement); at != std::string_view::npos;
+                       at = text.find(s.replacement, at + s.replacement.size()))
+                    spans.emplace_back(at, at + s.replacement.size());
+                  return spans;
+                },
+                split_behavior::merged_with_next, false);
+          }
+        }
+      },
+      stage);
+}
+
+void normalize(const std::vector<normalizer>& normalizers, aligned_text& text) {
   for (const normalizer& n : normalizers) {
-    if (const auto* prepend = std::get_if<prepend_normalizer>(&n)) {
-      if (!text.empty()) text.insert(0, prepend->prefix);
+    if (const auto* prefix = std::get_if<prepend_normalizer>(&n)) {
+      if (!text.text.empty()) prepend(text, prefix->prefix);
     } else if (const auto* unicode = std::get_if<unicode_normalizer>(&n)) {
-      text = normalized(unicode->form, text);
+      // ASCII is in every form already.
+      if (std::any_of(text.text.begin(), text.text.end(), [](char c) { return static_cast<unsigned char>(c) >= 0x80; }))
+        transform(text, normalized_characters(unicode->form, text.text));
     } else {
       const auto& replace = std::get<replace_normalizer>(n);
-      std::string out;
-      std::size_t at = 0;
-      for (const auto& [begin, end] : replace.pattern.matches(text)) {
-        out.append(text, at, begin - at).append(replace.content);
-        at = end;
-      }
-      out.append(text, at);
-      text = std::move(out);
+      replace_spans(text, replace.pattern.matches(text.text), replace.content);
     }
   }
-  return text;
+}
+
+std::string normalize(const std::vector<normalizer>& normalizers, std::string_view text) {
+  aligned_text aligned = aligned_text::given(text, 0);
+  normalize(normalizers, aligned);
+  return std::move(aligned.text);
 }
 
 void apply_decoder(const decoder& stage, std::vector<std::string>& tokens) {

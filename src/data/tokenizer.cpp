@@ -40,6 +40,12 @@ struct added_token {
   bool normalized = false;
 };
 
+// A ByteLevel (or RobertaProcessing) post-processor's trim_offsets: each token's offsets narrowed past
+// the spaces at its ends, which the library does even when no special tokens are added.
+struct offset_trim {
+  bool add_prefix_space = false;  // then a first token's one leading space is the one the pre-tokenizer added
+};
+
 // --- reading tokenizer.json
 
 class reader {
@@ -176,6 +182,20 @@ class reader {
     }
   }
 
+  // The post-processor's offset trimming, where it has any: the special tokens it adds are the
+  // caller's (encode is add_special_tokens=False), so the other types are let be.
+  void post_processors(const json& node, std::string key, std::vector<offset_trim>& out) const {
+    if (node.is_null()) return;
+    const std::string_view type = type_of(node, key);
+    if (type == "Sequence") {
+      const json& list = list_of(node, "processors", key);
+      for (std::size_t i = 0; i < list.size(); ++i)
+        post_processors(list[i], fmt::format("{}.processors[{}]", key, i), out);
+    } else if ((type == "ByteLevel" || type == "RobertaProcessing") && node.value("trim_offsets", true)) {
+      out.push_back({.add_prefix_space = node.value("add_prefix_space", true)});
+    }
+  }
+
   [[nodiscard]] detail::bpe model(const json& node) const {
     const std::string_view type = type_of(node, "model");
     if (type != "BPE") unsupported("model.type", type, "BPE");
@@ -265,6 +285,7 @@ struct tokenizer::impl {
   std::vector<normalizer> normalizers;
   std::vector<pre_tokenizer> pre_tokenizers;
   std::vector<decoder> decoders;
+  std::vector<offset_trim> trims;
   detail::bpe model;
   std::vector<added_token> added;
   std::unordered_map<std::int32_t, std::size_t> added_by_id;
@@ -277,6 +298,9 @@ struct tokenizer::impl {
   };
   added_matcher as_given, as_normalized;
   std::vector<std::string> token_of_id;
+  // The model's own name of each id (its vocabulary's key), which an added token's content may have
+  // taken in token_of_id: what trim_offsets reads of a token the model gave.
+  std::vector<std::string_view> model_token_of_id;
   std::optional<std::int32_t> bos, eos;
 
   impl(const json& file, const std::string& name)
@@ -286,18 +310,24 @@ struct tokenizer::impl {
     read.normalizers(file.value("normalizer", json()), "normalizer", normalizers);
     read.pre_tokenizers(file.value("pre_tokenizer", json()), "pre_tokenizer", pre_tokenizers);
     read.decoders(file.value("decoder", json()), "decoder", decoders);
+    read.post_processors(file.value("post_processor", json()), "post_processor", trims);
     std::int32_t largest = -1;
     for (const auto& [token, id] : model.vocab()) largest = std::max(largest, id);
     for (const added_token& t : added) largest = std::max(largest, t.id);
     token_of_id.resize(static_cast<std::size_t>(largest + 1));
-    for (const auto& [token, id] : model.vocab()) token_of_id[static_cast<std::size_t>(id)] = token;
+    model_token_of_id.resize(token_of_id.size());
+    for (const auto& [token, id] : model.vocab()) {
+      token_of_id[static_cast<std::size_t>(id)] = token;
+      model_token_of_id[static_cast<std::size_t>(id)] = token;
+    }
     as_given.patterns.resize(added.size());
     as_normalized.patterns.resize(added.size());
     for (std::size_t i = 0; i < added.size(); ++i) {
       added_by_id[added[i].id] = i;
       token_of_id[static_cast<std::size_t>(added[i].id)] = added[i].content;
       added_matcher& pass = added[i].normalized ? as_normalized : as_given;
-      std::string pattern = added[i].normalized ? normalize(normalizers, added[i].content) : added[i].content;
+      std::string pattern =
+          added[i].normalized ? normalize(normalizers, std::string_view(added[i].content)) : added[i].content;
       if (pattern.empty()) continue;  // a token the normalizer removes whole can match nothing
       // The library names (and so decodes) a normalized token by what it matches: Llama 2's "café" is "▁café".
       token_of_id[static_cast<std::size_t>(added[i].id)] = pattern;
@@ -359,31 +389,115 @@ struct tokenizer::impl {
     return std::nullopt;
   }
 
-  // `text` split at the added tokens `pass` finds, each token's id in its place and each stretch
-  // between them handed to `between(stretch, at_start)`, at_start for one at the start of `text`.
-  template <class Between>
-  void split_at_added(const added_matcher& pass, std::string_view text, std::vector<std::int32_t>& ids,
-                      Between&& between) const {
+  // `text` split at the added tokens `pass` finds: each stretch [begin, end) between them handed to
+  // `between`, each token to `token`, in order.
+  template <class Between, class Token>
+  void split_at_added(const added_matcher& pass, std::string_view text, Between&& between, Token&& token) const {
     std::size_t at = 0;
     while (at < text.size()) {
-      const auto token = next_added(pass, text, at);
-      const std::size_t text_end = token ? token->begin : text.size();
-      if (text_end > at) between(text.substr(at, text_end - at), at == 0);
-      if (!token) break;
-      ids.push_back(added[token->index].id);
-      at = token->end;
+      const auto found = next_added(pass, text, at);
+      const std::size_t text_end = found ? found->begin : text.size();
+      if (text_end > at) between(at, text_end);
+      if (!found) break;
+      token(*found);
+      at = found->end;
     }
   }
 
-  // A stretch of the text between the tokens matched as given: normalized, searched for the
-  // normalized added tokens, the rest pre-tokenized and encoded by the model.
-  void encode_text(std::string_view text, bool at_start, std::vector<std::int32_t>& ids) const {
-    const std::string normalized = normalize(normalizers, std::string(text));
-    split_at_added(as_normalized, normalized, ids, [&](std::string_view stretch, bool first) {
-      std::vector<piece> pieces{{std::string(stretch), at_start && first}};
-      for (const pre_tokenizer& stage : pre_tokenizers) pre_tokenize(stage, pieces);
-      for (const piece& p : pieces) model.encode_word(p.text, ids);
-    });
+  // The encoding of one text as it is built: each token's id and span of the text, narrowed as the
+  // post-processor's trim_offsets narrows it.
+  struct encoding_builder {
+    const impl& core;
+    std::string_view text;
+    encoding out;
+
+    // `value`: the token as the library's encoding names it (its vocabulary entry, or for an added
+    // token the text it matched, the whitespace lstrip and rstrip took in included), whose spaces at
+    // either end trim_offsets takes off the span.
+    void add(std::int32_t id, byte_span span, std::string_view value) {
+      for (const offset_trim& trim : core.trims) span = trimmed(trim, span, value);
+      out.ids.push_back(id);
+      out.offsets.emplace_back(span.begin, span.end);
+    }
+
+    // The library counts in characters of the text: so does this, a character at a time.
+    [[nodiscard]] byte_span trimmed(const offset_trim& trim, byte_span span, std::string_view value) const {
+      const auto is_space = [](std::uint32_t c) { return c == byte_level_space || is_whitespace(c); };
+      std::size_t leading = 0, trailing = 0;  // spaces at the token's start, and at its end
+      bool all_spaces = true;
+      for (std::size_t at = 0; at < value.size();) {
+        const auto [c, length] = code_point_at(value, at);
+        const bool space = is_space(c);
+        if (space && all_spaces) ++leading;
+        all_spaces = all_spaces && space;
+        trailing = space ? trailing + 1 : 0;
+        at += length;
+      }
+      if (leading > 0) {
+        const bool first = out.ids.empty() || span.begin == 0;
+        // The one space the pre-tokenizer put before the first word was not in the text: nothing to take off.
+        if (!(first && trim.add_prefix_space && leading == 1)) {
+          std::size_t begin = span.begin;
+          for (std::size_t k = 0; k < leading && begin < text.size(); ++k) begin += code_point_at(text, begin).second;
+          span.begin = std::min(begin, span.end);
+        }
+      }
+      if (trailing > 0) {
+        std::size_t end = span.end, stepped = 0;
+        for (; stepped < trailing && end > 0; ++stepped) {
+          --end;
+          while (end > 0 && (static_cast<unsigned char>(text[end]) & 0xC0U) == 0x80U) --end;
+        }
+        if (stepped == trailing) span.end = std::max(end, span.begin);  // else the span starts too soon to lose them
+      }
+      return span;
+    }
+  };
+  // GPT-2's byte-level character for the space byte, "Ġ".
+  static constexpr std::uint32_t byte_level_space = 0x120;
+
+  // Stretch [begin, end) of the text, between the tokens matched as given: normalized, searched for
+  // the normalized added tokens, the rest pre-tokenized and encoded by the model, each token's span
+  // the span of the given text its normalized bytes stand for.
+  void encode_stretch(encoding_builder& encoding, std::size_t begin, std::size_t end) const {
+    pieces cut{aligned_text::given(encoding.text.substr(begin, end - begin), begin), {}};
+    normalize(normalizers, cut.text);
+    // The normalized added tokens, each with its span and text (taken before the pre-tokenizers
+    // rewrite the text); piece k of the normalized text is the stretch before token k.
+    struct matched {
+      std::int32_t id;
+      byte_span span;
+      std::string value;
+    };
+    std::vector<matched> tokens;
+    split_at_added(
+        as_normalized, cut.text.text,
+        [&](std::size_t stretch_begin, std::size_t stretch_end) {
+          cut.list.push_back({stretch_begin, stretch_end, tokens.size()});
+        },
+        [&](const found_token& token) {
+          tokens.push_back({added[token.index].id, cut.text.origin_of(token.begin, token.end),
+                            cut.text.text.substr(token.begin, token.end - token.begin)});
+        });
+    for (const pre_tokenizer& stage : pre_tokenizers) pre_tokenize(stage, cut);
+    std::size_t next_token = 0;
+    const auto add_tokens_before = [&](std::size_t stretch) {
+      for (; next_token < stretch; ++next_token)
+        encoding.add(tokens[next_token].id, tokens[next_token].span, tokens[next_token].value);
+    };
+    word_tokens word;
+    for (const piece& p : cut.list) {
+      add_tokens_before(p.stretch);
+      model.encode_word(cut.text_of(p), word);
+      std::size_t token_begin = p.begin;
+      for (std::size_t t = 0; t < word.ids.size(); ++t) {
+        const std::size_t token_end = p.begin + word.ends[t];
+        encoding.add(word.ids[t], cut.text.origin_of(token_begin, token_end),
+                     model_token_of_id[static_cast<std::size_t>(word.ids[t])]);
+        token_begin = token_end;
+      }
+    }
+    add_tokens_before(tokens.size());
   }
 };
 
@@ -435,16 +549,22 @@ tokenizer tokenizer::from_pretrained(const std::filesystem::path& dir) {
   return loaded;
 }
 
-std::vector<std::int32_t> tokenizer::encode(std::string_view text) const {
+std::vector<std::int32_t> tokenizer::encode(std::string_view text) const { return encode_with_offsets(text).ids; }
+
+tokenizer::encoding tokenizer::encode_with_offsets(std::string_view text) const {
   if (const std::optional<std::size_t> bad = invalid_utf8_at(text)) {
     throw_error<std::invalid_argument>(
         "the text is not valid UTF-8 at byte offset {} (byte 0x{:02X}): decode or clean it before tokenizing", *bad,
         static_cast<unsigned char>(text[*bad]));
   }
-  std::vector<std::int32_t> ids;
-  core_->split_at_added(core_->as_given, text, ids,
-                        [&](std::string_view stretch, bool at_start) { core_->encode_text(stretch, at_start, ids); });
-  return ids;
+  impl::encoding_builder built{*core_, text, {}};
+  core_->split_at_added(
+      core_->as_given, text, [&](std::size_t begin, std::size_t end) { core_->encode_stretch(built, begin, end); },
+      [&](const impl::found_token& token) {
+        built.add(core_->added[token.index].id, {token.begin, token.end},
+                  text.substr(token.begin, token.end - token.begin));
+      });
+  return std::move(built.out);
 }
 
 std::string tokenizer::decode(std::span<const std::int32_t> ids, bool skip_special_tokens) const {

@@ -4,8 +4,12 @@ as Qwen2 writes it (Llama 3's with an NFC normalizer), and SentencePiece-style B
 (the Metaspace pre-tokenizer) and Gemma (Replace alone) write it. Over hostile text (a sample of every
 Unicode general category, emoji sequences, combining marks, very long words and digit runs,
 whitespace runs, control characters, special tokens inside text, many scripts, added tokens that
-each layout's normalizer changes or finds in text it changes) every text's ids must
-equal the library's token for token, and decode(ids) its decode, with special tokens and without.
+each layout's normalizer changes or finds in text it changes, chat markup around special tokens) every
+text's ids must equal the library's token for token, and decode(ids) its decode, with special tokens
+and without; and encode_with_offsets' offsets its `.offsets`, token for token, in bytes of the UTF-8
+text (the library's are characters of the Python string), through each layout's post-processor as
+its family writes it (GPT-2's trim_offsets, Llama 3's without; and GPT-2's layout with
+add_prefix_space and a RoBERTa-style trim, which keeps the space it added).
 
     tokenizer_vs_hf.py --probe build/tests/data/tokenizer-probe [--keep DIR]
 """
@@ -18,7 +22,7 @@ import tempfile
 import unicodedata
 from pathlib import Path
 
-from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 from tokenizers import AddedToken
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -162,13 +166,75 @@ NORMALIZATION_TEXTS = [
 ]
 
 
+# The special tokens of the families' chat templates (Qwen's and Llama 3's, Mistral's, Gemma's), as
+# their files add them: special, matched in the text as given.
+CHAT_SPECIALS = ["<|im_start|>", "<|im_end|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>", "[INST]",
+                 "[/INST]", "<start_of_turn>", "<end_of_turn>"]
+# Texts for the offsets above all: rendered chats, the special tokens in them given by their byte
+# ranges, CJK, emoji, combining marks, spaces and newlines at either end and in runs, and characters
+# the SentencePiece layouts' small alphabet takes through byte fallback (a token of each byte of a
+# character, all with the character's span).
+OFFSET_TEXTS = [
+    "<|im_start|>user\nhi<|im_end|>\n",
+    "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n<|im_start|>user\nWhat's 2+2?<|im_end|>\n"
+    "<|im_start|>assistant\n4, \u4e5f\u5c31\u662f\u56db \U0001F600<|im_end|>\n",
+    "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\nBe brief.<|eot_id|><|start_header_id|>user"
+    "<|end_header_id|>\n\n  caf\u00e9 cafe\u0301?  <|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n",
+    "<s>[INST] Bonjour, \u00e7a va ? [/INST] Tr\u00e8s bien, merci ! \U0001F44B\U0001F3FD</s>",
+    "<bos><start_of_turn>user\n\u3053\u3093\u306b\u3061\u306f<end_of_turn>\n<start_of_turn>model\n"
+    "\u3084\u3042\uff01<end_of_turn>\n",
+    "<|im_start|>user  <|eot|>  hi<|im_end|><|im_start|>assistant\n<|sw|> caf\u00e9 new york<|im_end|>",
+    "<|im_end|>", "x<|im_start|>", "<|im_start|><|im_end|>", "<|im_start|> <|im_end|>", "<|im_start|>\n\n\n<|im_end|>",
+    "\u65e5\u672c\u8a9e\u306e\u30c6\u30ad\u30b9\u30c8\u3068\u4e2d\u6587\u6587\u672c\uff0c\ud55c\uad6d\uc5b4 "
+    "\ud14d\uc2a4\ud2b8\u3002",
+    "\U0001F469\U0001F3FD\u200D\U0001F4BB coding \U0001F9D1\u200D\U0001F91D\u200D\U0001F9D1 together \U0001F1EF\U0001F1F5!",
+    "S\u0302\u030C e\u0323\u0301 a\u0301\u0302\u0323 Z\u0335\u0321\u031B \u0915\u094D\u0937 \u1112\u1161\u11AB",
+    "   leading", "trailing   ", "  both  ", " \t mixed \u3000", " ", "\u3000x\u3000", " \u00e9 ",
+    "a\n\n\nb", "\n\n\n\n", "x \n\n y", "line\r\n\r\nnext\n", "\n  \n", "end\n\n",
+    "\u16A0\u16C7\u16BB\u16EB\u16D2\u16E6\u16A6 \U0001D518\U0001D52B\U0001D526 \uA66E \U0001F9EC\U0001FAE0",
+    "\u2581 \u2581\u2581x \u0120 \u0120y",
+]
+
+
 def with_added_tokens(tok: Tokenizer) -> Tokenizer:
     tok.add_tokens([AddedToken(NORMALIZED_ADDED, normalized=True),
                     AddedToken(AS_GIVEN_ADDED, normalized=False, special=False),
                     AddedToken(SPACED_ADDED, normalized=True),
                     AddedToken(FLAGGED_ADDED, normalized=True, single_word=True, lstrip=True, rstrip=True)])
     tok.add_special_tokens([AddedToken(NORMALIZED_SPECIAL, normalized=True, special=True)])
+    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in CHAT_SPECIALS])
     return tok
+
+
+def with_post_processor(layout: str, tok: Tokenizer) -> Tokenizer:
+    """The post-processor each family's tokenizer.json has; the special tokens a template adds are not
+    added here (add_special_tokens=False), so what matters is the offsets a ByteLevel one trims."""
+    bos = ("<|begin_of_text|>", tok.token_to_id("<|begin_of_text|>")) if layout in ("llama3", "qwen2") else \
+        ("<s>", tok.token_to_id("<s>")) if tok.token_to_id("<s>") is not None else None
+    template = [processors.TemplateProcessing(single=f"{bos[0]} $A", special_tokens=[bos])] if bos else []
+    if layout == "gpt2":  # GPT-2's: spaces trimmed off the offsets
+        tok.post_processor = processors.ByteLevel(add_prefix_space=False, trim_offsets=True)
+    elif layout == "gpt2-prefix":  # RoBERTa's: a space put before each piece, kept in the first token's offsets
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=True)
+        end_of_text = ("<|endoftext|>", tok.token_to_id("<|endoftext|>"))
+        tok.post_processor = processors.Sequence([
+            processors.RobertaProcessing(end_of_text, end_of_text, trim_offsets=True, add_prefix_space=True)])
+    elif layout == "llama3":  # Llama 3's: no trimming, then the BOS
+        tok.post_processor = processors.Sequence([
+            processors.ByteLevel(add_prefix_space=True, trim_offsets=False, use_regex=True)] + template)
+    elif layout == "qwen2":
+        tok.post_processor = processors.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=False)
+    else:  # Llama 2's, Mistral's and Gemma's: the BOS alone
+        tok.post_processor = template[0] if template else None
+    return tok
+
+
+def byte_offsets(text: str, offsets: list[tuple[int, int]]) -> list[list[int]]:
+    """The library's character offsets into `text` as offsets into its UTF-8 bytes."""
+    starts = [0]
+    for character in text:
+        starts.append(starts[-1] + len(character.encode("utf-8")))
+    return [[starts[begin], starts[end]] for begin, end in offsets]
 
 
 def compare(name: str, tok: Tokenizer, probe: str, folder: Path, texts: list[str]) -> int:
@@ -182,12 +248,18 @@ def compare(name: str, tok: Tokenizer, probe: str, folder: Path, texts: list[str
         return 1
     loom = json.loads(out_file.read_text())
     failures = 0
+    encodings = [tok.encode(text, add_special_tokens=False) for text in texts]
+    # The offsets of a text the library puts in NFC otherwise than the standard does are not compared:
+    # its reference ids come from the standard's NFC, a text of other characters.
+    offsets_compared = [True] * len(texts)
     if tok.normalizer is not None and "NFC" in tok.normalizer.__class__.__name__:
         reference, disagree = standard_nfc(tok, texts)
+        offsets_compared = [ids == e.ids for ids, e in zip(reference, encodings)]
         print(f"{name}: {disagree} text(s) the library puts in NFC otherwise than Unicode's data does: their ids are "
-              f"the library's on the standard's NFC")
+              f"the library's on the standard's NFC, their offsets left out")
     else:
-        reference = [tok.encode(text, add_special_tokens=False).ids for text in texts]
+        reference = [e.ids for e in encodings]
+    offset_failures, offset_tokens = 0, 0
     for i, text in enumerate(texts):
         theirs = reference[i]
         ours = loom["ids"][i]
@@ -205,10 +277,26 @@ def compare(name: str, tok: Tokenizer, probe: str, folder: Path, texts: list[str
                           f" against {theirs[at:at + 8]} ({[tok.id_to_token(t) for t in theirs[at:at + 8]]})")
                 else:
                     print(f"  decoded {got[1][:80]!r} / {got[2][:80]!r} against {expected[1][:80]!r} / {expected[2][:80]!r}")
-    tokens = sum(len(tok.encode(t, add_special_tokens=False).ids) for t in texts)
+            continue
+        if not offsets_compared[i]:
+            continue
+        theirs_offsets, ours_offsets = byte_offsets(text, encodings[i].offsets), loom["offsets"][i]
+        offset_tokens += len(theirs_offsets)
+        if ours_offsets != theirs_offsets:
+            offset_failures += 1
+            if offset_failures <= 5:
+                at = next((k for k, (a, b) in enumerate(zip(ours_offsets, theirs_offsets)) if a != b),
+                          min(len(ours_offsets), len(theirs_offsets)))
+                encoded = text.encode("utf-8")
+                print(f"{name}: text {i} {text[:80]!r}{'...' if len(text) > 80 else ''}")
+                print(f"  offsets differ at token {at} ({tok.id_to_token(theirs[at]) if at < len(theirs) else None!r}):"
+                      f" loom {ours_offsets[at:at + 4]} against {theirs_offsets[at:at + 4]}"
+                      f" ({[encoded[b:e].decode('utf-8', 'replace') for b, e in theirs_offsets[at:at + 4]]})")
+    tokens = sum(len(e.ids) for e in encodings)
     print(f"{name}: {len(texts) - failures} of {len(texts)} texts ({tokens} tokens) equal to the tokenizers library's,"
-          f" ids and decoded text")
-    return failures
+          f" ids and decoded text; offsets of {sum(offsets_compared) - offset_failures} of {sum(offsets_compared)}"
+          f" texts ({offset_tokens} tokens) equal")
+    return failures + offset_failures
 
 
 def main() -> int:
@@ -216,14 +304,21 @@ def main() -> int:
     ap.add_argument("--probe", required=True)
     ap.add_argument("--keep", type=Path, help="keep the tokenizers and outputs in this folder")
     args = ap.parse_args()
-    texts = hostile_texts() + NORMALIZATION_TEXTS
+    texts = hostile_texts() + NORMALIZATION_TEXTS + OFFSET_TEXTS
     kinds = {"gpt2": lambda: byte_level(False), "llama3": lambda: byte_level(True),
              "qwen2": qwen2, "llama2": lambda: sentencepiece("llama2"), "mistral": lambda: sentencepiece("mistral"),
              "gemma": lambda: sentencepiece("gemma")}
-    kinds = {name: (lambda make=make: with_added_tokens(make())) for name, make in kinds.items()}
+    kinds = {name: (lambda name=name, make=make: with_post_processor(name, with_added_tokens(make())))
+             for name, make in kinds.items()}
     with tempfile.TemporaryDirectory() as tmp:
         base = args.keep or Path(tmp)
-        failures = sum(compare(name, make(), args.probe, base / name, texts) for name, make in kinds.items())
+        failures = 0
+        for name, make in kinds.items():
+            tok = make()
+            failures += compare(name, tok, args.probe, base / name, texts)
+            if name == "gpt2":  # GPT-2's layout again, with a space put before each piece (RoBERTa's)
+                prefixed = with_post_processor("gpt2-prefix", Tokenizer.from_str(tok.to_str()))
+                failures += compare("gpt2-prefix", prefixed, args.probe, base / "gpt2-prefix", texts)
     return 1 if failures else 0
 
 

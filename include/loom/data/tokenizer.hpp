@@ -7,13 +7,17 @@
 // library matches them: those marked "normalized": false in the text as given, first; the others in
 // the normalizer's output. encode() is `tokenizer.encode(text, add_special_tokens=False).ids` and
 // decode() its `decode(ids, skip_special_tokens=...)`; the post-processor (a BOS the template adds)
-// is left to the caller, who knows where a document starts.
+// is left to the caller, who knows where a document starts, but for the offsets it narrows
+// (trim_offsets). encode_with_offsets() gives each token's span of the text too, the library's
+// `.offsets` (transformers' return_offsets_mapping) in bytes: which tokens cover a byte range of a
+// rendered chat, say.
 //
 // A file that asks for what this reader does not do (another model, normalizer, pre-tokenizer or
 // decoder type; BPE dropout; continuing-subword prefixes) is refused naming the key and its value.
 // Text that is not valid UTF-8 is refused naming the byte offset of the first bad sequence: the
 // `tokenizers` library takes only Unicode strings, so there is no behaviour of its to follow.
 
+#include <cstddef>
 #include <cstdint>
 #include <filesystem>
 #include <memory>
@@ -21,6 +25,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 namespace loom::data {
@@ -38,6 +43,19 @@ class tokenizer {
   ~tokenizer();
 
   [[nodiscard]] std::vector<std::int32_t> encode(std::string_view text) const;
+
+  // encode(text) with each token's byte range [begin, end) in `text`, as the tokenizers library's
+  // offsets (return_offsets_mapping) give them, in bytes of the UTF-8 input rather than characters.
+  // A token stands for the characters its normalized text came from: a byte-level or byte-fallback
+  // token cut from one character spans that whole character, as do the others cut from it; what a
+  // normalizer or pre-tokenizer inserts (Llama 2's leading "▁") spans the character it was inserted
+  // at; a composed character (NFC) spans the first of those it was composed from; an added token
+  // spans the whitespace its lstrip and rstrip took in, less what trim_offsets takes off.
+  struct encoding {
+    std::vector<std::int32_t> ids;
+    std::vector<std::pair<std::size_t, std::size_t>> offsets;  // one a token
+  };
+  [[nodiscard]] encoding encode_with_offsets(std::string_view text) const;
   [[nodiscard]] std::string decode(std::span<const std::int32_t> ids, bool skip_special_tokens = false) const;
 
   [[nodiscard]] std::optional<std::int32_t> token_to_id(std::string_view token) const;
