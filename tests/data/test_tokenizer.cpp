@@ -187,4 +187,125 @@ TEST_CASE("SentencePiece-style: Prepend and Replace, byte fallback, a fused unkn
   CHECK(tokenizer.decode(ids) == "hi \xC3\xA9");
   CHECK(tokenizer.decode(std::vector<std::int32_t>{263, 3 + 0xC3}) == "hi\xEF\xBF\xBD");  // a lone byte: U+FFFD
   CHECK(tokenizer.bos_token_id() == 1);
+  // Offsets: the "▁" put before the text stands for its first character, so "▁hi" is bytes 0..2; a
+  // space's "▁" is the space; é's two byte tokens are each the whole character, bytes 3..5.
+  const auto encoded = tokenizer.encode_with_offsets("hi \xC3\xA9");
+  CHECK(encoded.ids == ids);
+  CHECK(encoded.offsets == std::vector<std::pair<std::size_t, std::size_t>>{{0, 2}, {2, 3}, {3, 5}, {3, 5}});
+  // 😀's four bytes, four tokens, each bytes 3..7; the special token its own bytes, and the text after
+  // it (a stretch of its own) gets its own "▁", which stands for its first character.
+  const auto emoji = tokenizer.encode_with_offsets("hi \xF0\x9F\x98\x80<s>hi");
+  CHECK(emoji.ids == std::vector<std::int32_t>{263, 259, 3 + 0xF0, 3 + 0x9F, 3 + 0x98, 3 + 0x80, 1, 263});
+  CHECK(emoji.offsets == std::vector<std::pair<std::size_t, std::size_t>>{
+                             {0, 2}, {2, 3}, {3, 7}, {3, 7}, {3, 7}, {3, 7}, {7, 10}, {10, 12}});
+
+  // Mistral's layout: Metaspace in place of the normalizers, its "▁" put only before the text's start
+  // (prepend_scheme first): the same ids and offsets, but the text after a special token has no "▁".
+  json file = json::parse(std::ifstream(dir.path() / "tokenizer.json"));
+  file["normalizer"] = nullptr;
+  file["pre_tokenizer"] = {
+      {"type", "Metaspace"}, {"replacement", "\xE2\x96\x81"}, {"prepend_scheme", "first"}, {"split", false}};
+  dir.write("tokenizer.json", file);
+  const auto metaspace = loom::data::tokenizer::from_pretrained(dir.path());
+  CHECK(metaspace.encode_with_offsets("hi \xC3\xA9").offsets ==
+        std::vector<std::pair<std::size_t, std::size_t>>{{0, 2}, {2, 3}, {3, 5}, {3, 5}});
+  const auto after_special = metaspace.encode_with_offsets("hi<s>hi");
+  CHECK(after_special.ids == std::vector<std::int32_t>{263, 1, 260, 261});
+  CHECK(after_special.offsets == std::vector<std::pair<std::size_t, std::size_t>>{{0, 2}, {2, 5}, {5, 6}, {6, 7}});
+}
+
+namespace {
+
+using offsets = std::vector<std::pair<std::size_t, std::size_t>>;
+
+// encode_with_offsets' offsets of `text`, its ids checked against encode's on the way.
+offsets offsets_of(const loom::data::tokenizer& tokenizer, const std::string& text) {
+  const auto encoded = tokenizer.encode_with_offsets(text);
+  CHECK(encoded.ids == tokenizer.encode(text));
+  CHECK(encoded.offsets.size() == encoded.ids.size());
+  return encoded.offsets;
+}
+
+// The byte-level file with GPT-2's two characters for "é" (bytes 0xC3 0xA9: "Ã", "©") and an added
+// token that takes in the whitespace on either side.
+json byte_level_file_with_accent() {
+  json file = byte_level_file();
+  file["model"]["vocab"]["\xC3\x83"] = 7;  // Ã
+  file["model"]["vocab"]["\xC2\xA9"] = 8;  // ©
+  file["added_tokens"].push_back(
+      {{"id", 9}, {"content", "<|eot|>"}, {"special", true}, {"lstrip", true}, {"rstrip", true}});
+  return file;
+}
+
+}  // namespace
+
+TEST_CASE("offsets, byte-level: a token's bytes of the text; one character's byte tokens share its bytes") {
+  const folder dir;
+  dir.write("tokenizer.json", byte_level_file_with_accent());
+  const auto tokenizer = loom::data::tokenizer::from_pretrained(dir.path());
+  // "ab" "Ġab": the space is the second token's.
+  CHECK(tokenizer.encode("ab ab") == std::vector<std::int32_t>{2, 4});
+  CHECK(offsets_of(tokenizer, "ab ab") == offsets{{0, 2}, {2, 5}});
+  // The special token is its own bytes, the text after it starts at byte 15.
+  CHECK(tokenizer.encode("ab<|endoftext|>ba") == std::vector<std::int32_t>{2, 6, 1, 0});
+  CHECK(offsets_of(tokenizer, "ab<|endoftext|>ba") == offsets{{0, 2}, {2, 15}, {15, 16}, {16, 17}});
+  // é is two bytes, two byte-level tokens (Ã ©), each of them the whole character: bytes 1..3.
+  CHECK(tokenizer.encode("a\xC3\xA9") == std::vector<std::int32_t>{0, 7, 8});
+  CHECK(offsets_of(tokenizer, "a\xC3\xA9") == offsets{{0, 1}, {1, 3}, {1, 3}});
+  // lstrip and rstrip: the token takes in the space on either side.
+  CHECK(tokenizer.encode("a <|eot|> b") == std::vector<std::int32_t>{0, 9, 1});
+  CHECK(offsets_of(tokenizer, "a <|eot|> b") == offsets{{0, 1}, {1, 10}, {10, 11}});
+  CHECK(offsets_of(tokenizer, "").empty());
+}
+
+TEST_CASE("offsets, byte-level: trim_offsets takes the spaces off a token's ends") {
+  const folder dir;
+  json file = byte_level_file_with_accent();
+  file["post_processor"] = {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", true}};
+  dir.write("tokenizer.json", file);
+  const auto tokenizer = loom::data::tokenizer::from_pretrained(dir.path());
+  // "Ġab" is bytes 3..5 once its space is off.
+  CHECK(offsets_of(tokenizer, "ab ab") == offsets{{0, 2}, {3, 5}});
+  // GPT-2's pattern leaves the first of two spaces alone: "Ġ" trimmed to nothing, at its end.
+  CHECK(tokenizer.encode("ab  ab") == std::vector<std::int32_t>{2, 3, 4});
+  CHECK(offsets_of(tokenizer, "ab  ab") == offsets{{0, 2}, {3, 3}, {4, 6}});
+  // The added token's stripped spaces are trimmed off again.
+  CHECK(offsets_of(tokenizer, "a <|eot|> b") == offsets{{0, 1}, {2, 9}, {10, 11}});
+  // add_prefix_space: the first token's one leading space is the pre-tokenizer's, kept; another
+  // token's is taken off, and a first token of spaces alone keeps its start. The BOS a template adds
+  // is the caller's.
+  file["pre_tokenizer"]["add_prefix_space"] = true;
+  const json sequence_a = {{"Sequence", {{"id", "A"}, {"type_id", 0}}}};
+  file["post_processor"] = {
+      {"type", "Sequence"},
+      {"processors",
+       {{{"type", "ByteLevel"}, {"add_prefix_space", true}, {"trim_offsets", true}},
+        {{"type", "TemplateProcessing"},
+         {"single", {{{"SpecialToken", {{"id", "<|endoftext|>"}, {"type_id", 0}}}}, sequence_a}},
+         {"pair", {sequence_a, {{"Sequence", {{"id", "B"}, {"type_id", 1}}}}}},
+         {"special_tokens",
+          {{"<|endoftext|>", {{"id", "<|endoftext|>"}, {"ids", {6}}, {"tokens", {"<|endoftext|>"}}}}}}}}}};
+  dir.write("tokenizer.json", file);
+  const auto prefixed = loom::data::tokenizer::from_pretrained(dir.path());
+  CHECK(prefixed.encode("ab ab") == std::vector<std::int32_t>{4, 4});
+  CHECK(offsets_of(prefixed, "ab ab") == offsets{{0, 2}, {3, 5}});
+  CHECK(prefixed.encode(" ab") == std::vector<std::int32_t>{4});
+  CHECK(offsets_of(prefixed, " ab") == offsets{{0, 3}});
+  CHECK(prefixed.encode("  ab") == std::vector<std::int32_t>{3, 4});
+  CHECK(offsets_of(prefixed, "  ab") == offsets{{0, 0}, {2, 4}});
+}
+
+TEST_CASE("offsets through NFC: a composed character is the first character it was composed from") {
+  const folder dir;
+  json file = byte_level_file_with_accent();
+  file["normalizer"] = {{"type", "NFC"}};
+  dir.write("tokenizer.json", file);
+  const auto tokenizer = loom::data::tokenizer::from_pretrained(dir.path());
+  // "e" + U+0301 (bytes 1..3) compose into é: its tokens Ã © stand for the "e" alone, as the
+  // library's alignments have it; the accent's bytes are no token's.
+  CHECK(tokenizer.encode("e\xCC\x81") == std::vector<std::int32_t>{7, 8});
+  CHECK(offsets_of(tokenizer, "e\xCC\x81") == offsets{{0, 1}, {0, 1}});
+  CHECK(offsets_of(tokenizer,
+                   "ae\xCC\x81"
+                   "b") == offsets{{0, 1}, {1, 2}, {1, 2}, {4, 5}});
 }
