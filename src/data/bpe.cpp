@@ -1,5 +1,7 @@
 #include "bpe.hpp"
 
+#include "utf8.hpp"
+
 #include <loom/base/text.hpp>
 
 #include <fmt/format.h>
@@ -18,14 +20,6 @@ constexpr std::size_t cached_word_bytes = 256;  // longer words are not remember
 
 std::uint64_t pair_key(std::int32_t left, std::int32_t right) {
   return (static_cast<std::uint64_t>(static_cast<std::uint32_t>(left)) << 32U) | static_cast<std::uint32_t>(right);
-}
-
-// The length of the UTF-8 sequence that starts with `lead` (the text is valid UTF-8).
-std::size_t sequence_length(unsigned char lead) {
-  if (lead < 0x80U) return 1;
-  if (lead < 0xE0U) return 2;
-  if (lead < 0xF0U) return 3;
-  return 4;
 }
 
 }  // namespace
@@ -63,6 +57,8 @@ word_tokens bpe::merged_word(std::string_view word) const {
   // tokens in between go before it.
   std::vector<std::int32_t> symbols;
   std::vector<std::size_t> starts;  // where each symbol starts: the bytes of those before it
+  symbols.reserve(word.size());
+  starts.reserve(word.size());
   std::size_t covered = 0;
   std::size_t unknown_length = 0;  // the waiting unknown token's bytes; 0 where none waits
   const auto add = [&](std::int32_t id, std::size_t length) {
@@ -75,7 +71,7 @@ word_tokens bpe::merged_word(std::string_view word) const {
     unknown_length = 0;
   };
   for (std::size_t at = 0; at < word.size();) {
-    const std::size_t length = std::min(sequence_length(static_cast<unsigned char>(word[at])), word.size() - at);
+    const std::size_t length = std::min(utf8_length(static_cast<unsigned char>(word[at])), word.size() - at);
     const std::string character(word.substr(at, length));
     if (const auto found = vocab_.find(character); found != vocab_.end()) {
       add_waiting_unknown();

@@ -217,8 +217,8 @@ aligned_text aligned_text::given(std::string_view text, std::size_t at) {
   aligned_text out{std::string(text), {}};
   out.origins.reserve(text.size());
   for (std::size_t begin = 0; begin < text.size();) {
-    const std::size_t length = code_point_at(text, begin).second;
-    out.origins.insert(out.origins.end(), length, byte_span{at + begin, at + begin + length});
+    const std::size_t length = utf8_length(static_cast<unsigned char>(text[begin]));
+    for (std::size_t k = 0; k < length; ++k) out.origins.push_back({at + begin, at + begin + length});
     begin += length;
   }
   return out;

@@ -15,6 +15,10 @@ namespace loom::data::detail {
 
 // The offset of the first byte that does not start a well-formed UTF-8 sequence, if any.
 [[nodiscard]] std::optional<std::size_t> invalid_utf8_at(std::string_view text);
+// The length of the UTF-8 sequence that starts with the byte `lead` (valid UTF-8).
+[[nodiscard]] constexpr std::size_t utf8_length(unsigned char lead) {
+  return lead < 0x80U ? 1 : lead < 0xE0U ? 2 : lead < 0xF0U ? 3 : 4;
+}
 // The code point at `at` and its length (valid UTF-8).
 [[nodiscard]] std::pair<std::uint32_t, std::size_t> code_point_at(std::string_view text, std::size_t at);
 void append_utf8(std::string& out, std::uint32_t code_point);
