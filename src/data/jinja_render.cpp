@@ -1446,9 +1446,11 @@ class renderer {
       call_frame.assign(parameters[k].name, given.positional[k]);
       bound[k] = true;
     }
-    for (const auto& [name, argument] : given.keywords) {
+    for (const auto& keyword : given.keywords) {
+      const auto& [name, argument] = keyword;
+      // By the pair's member: clang before 16 captures no structured binding.
       const auto found =
-          std::find_if(parameters.begin(), parameters.end(), [&](const auto& p) { return p.name == name; });
+          std::find_if(parameters.begin(), parameters.end(), [&](const auto& p) { return p.name == keyword.first; });
       if (found == parameters.end())
         where.error(fmt::format("macro '{}' takes no keyword argument '{}'", definition.text, name));
       const auto k = static_cast<std::size_t>(found - parameters.begin());
