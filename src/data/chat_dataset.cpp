@@ -1,0 +1,521 @@
+#include <loom/base/spelling.hpp>
+#include <loom/base/text.hpp>
+#include <loom/data/chat_dataset.hpp>
+#include <loom/io/checksum.hpp>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <fstream>
+#include <limits>
+#include <random>
+#include <stdexcept>
+#include <utility>
+
+namespace loom::data {
+namespace {
+
+using nlohmann::json;
+using nlohmann::ordered_json;
+namespace fs = std::filesystem;
+
+struct source_file {
+  fs::path path;
+  std::uintmax_t size = 0;
+  std::uint64_t xxh3 = 0;  // of its bytes, as indexing read them
+};
+
+// Where a record is: its file, the byte offset of its line and the line's number from 1.
+struct record_place {
+  std::uint32_t file;
+  std::uint64_t offset;
+  std::uint64_t line;
+};
+
+bool readable_extension(const fs::path& path) { return path.extension() == ".jsonl" || path.extension() == ".json"; }
+
+std::vector<source_file> source_files(const std::vector<fs::path>& paths) {
+  if (paths.empty()) throw_error<std::invalid_argument>("chat_dataset: no paths given: name files or folders of data");
+  std::vector<source_file> files;
+  for (const fs::path& path : paths) {
+    std::error_code error;
+    if (fs::is_directory(path, error)) {
+      std::vector<fs::path> found;
+      for (const auto& entry : fs::directory_iterator(path))
+        if (entry.is_regular_file() && readable_extension(entry.path())) found.push_back(entry.path());
+      std::ranges::sort(found);
+      if (found.empty())
+        throw_error<std::invalid_argument>("chat_dataset: the folder {} has no .jsonl or .json files", path.string());
+      for (const fs::path& file : found) files.push_back({file, fs::file_size(file)});
+    } else if (fs::is_regular_file(path, error)) {
+      files.push_back({path, fs::file_size(path)});
+    } else {
+      throw_error<std::invalid_argument>("chat_dataset: {} is neither a file nor a folder: there is no such path",
+                                         path.string());
+    }
+  }
+  return files;
+}
+
+// Every non-empty line of every file, in order; each file's digest as it is read.
+std::vector<record_place> index_records(std::vector<source_file>& files) {
+  std::vector<record_place> records;
+  std::vector<char> buffer(1 << 20);
+  for (std::uint32_t f = 0; f < files.size(); ++f) {
+    std::ifstream in(files[f].path, std::ios::binary);
+    if (!in) throw_error<std::invalid_argument>("chat_dataset: cannot read {}", files[f].path.string());
+    std::uint64_t offset = 0, line = 1, line_start = 0;
+    bool line_has_text = false;
+    xxh3_stream checksum;
+    while (in) {
+      in.read(buffer.data(), static_cast<std::streamsize>(buffer.size()));
+      const auto got = static_cast<std::size_t>(in.gcount());
+      checksum.update(buffer.data(), got);
+      for (std::size_t i = 0; i < got; ++i, ++offset) {
+        const char c = buffer[i];
+        if (c == '\n') {
+          if (line_has_text) records.push_back({f, line_start, line});
+          ++line;
+          line_start = offset + 1;
+          line_has_text = false;
+        } else if (c != '\r' && c != ' ' && c != '\t') {
+          line_has_text = true;
+        }
+      }
+    }
+    if (line_has_text) records.push_back({f, line_start, line});
+    files[f].xxh3 = checksum.digest().xxh3;
+  }
+  return records;
+}
+
+// A permutation of 0..n-1 from (seed, epoch), drawn as text_dataset draws its order: Fisher-Yates over
+// mt19937_64's outputs, whose sequence the C++ standard fixes, so that the order is the same on every
+// machine (std::shuffle's is the library's own choice).
+std::vector<std::uint64_t> shuffled_order(std::uint64_t n, std::uint64_t seed, std::int64_t epoch) {
+  std::vector<std::uint64_t> order(n);
+  for (std::uint64_t i = 0; i < n; ++i) order[i] = i;
+  std::mt19937_64 generator(seed * 0x9E3779B97F4A7C15ULL + static_cast<std::uint64_t>(epoch) + 1);
+  for (std::uint64_t i = n; i > 1; --i) {
+    // An unbiased draw in [0, i): rejection above the largest multiple of i.
+    const std::uint64_t limit =
+        std::numeric_limits<std::uint64_t>::max() - std::numeric_limits<std::uint64_t>::max() % i;
+    std::uint64_t draw = generator();
+    while (draw >= limit) draw = generator();
+    std::swap(order[i - 1], order[draw % i]);
+  }
+  return order;
+}
+
+// A message of loom's without its "loom: ", to go on inside another sentence.
+std::string_view sentence_of(const std::exception& error) {
+  std::string_view text = error.what();
+  if (text.starts_with(message_prefix)) text.remove_prefix(message_prefix.size());
+  return text;
+}
+
+std::string_view loss_name(loss_on loss) { return loss == loss_on::assistant ? "assistant" : "every_token"; }
+
+}  // namespace
+
+double chat_data_summary::loss_share() const noexcept {
+  return tokens == 0 ? 0.0 : static_cast<double>(loss_tokens) / static_cast<double>(tokens);
+}
+
+double chat_data_summary::packing_efficiency() const noexcept {
+  return sequences == 0 ? 0.0 : static_cast<double>(tokens) / (static_cast<double>(sequences) * seq_len);
+}
+
+struct chat_dataset::impl {
+  const chat_template* chat = nullptr;
+  const tokenizer* tok = nullptr;
+  chat_dataset_options options;
+  std::vector<source_file> files;
+  std::vector<record_place> all;
+  std::int32_t pad = 0;
+
+  // A run of this rank's records, [start, end) in the epoch's order, made into examples and packed: a
+  // first-fit-decreasing window of pack_window records, or, packed greedily or not at all, the records
+  // of one sequence.
+  struct window {
+    std::uint64_t start = 0;
+    std::uint64_t end = 0;
+    std::vector<example> examples{};
+    std::vector<std::vector<std::size_t>> sequences{};  // indices into examples, as lay_out takes them
+  };
+
+  // The position: the epoch, where its current window starts among this rank's records, the sequences
+  // of the window given already.
+  std::int64_t epoch = 0;
+  std::uint64_t window_start = 0;
+  std::size_t sequence_in_window = 0;
+  std::int64_t sequences_in_epoch = 0;
+  std::int64_t skipped = 0;
+  // Restored into the middle of a window: its skipped records were counted before the state was saved,
+  // so building it again does not count them again.
+  bool window_skips_counted = false;
+  std::optional<window> current;
+
+  // Caches, not position: this epoch's order; the example greedy read past the end of its last sequence,
+  // which starts the next one; the open files.
+  mutable std::vector<std::uint64_t> order;
+  mutable std::int64_t order_epoch = -1;
+  struct read_ahead_example {
+    std::int64_t epoch;
+    std::uint64_t index;
+    example made;
+  };
+  mutable std::optional<read_ahead_example> carried;
+  mutable std::vector<std::ifstream> open_files;
+
+  // What a saved state must match (the files and their sizes, the options, the ranks) and the files'
+  // identity, both made once as the dataset is built.
+  json fingerprint;
+  std::string identity;
+
+  [[nodiscard]] std::uint64_t rank_records() const {
+    const auto n = static_cast<std::uint64_t>(all.size());
+    const auto r = static_cast<std::uint64_t>(options.rank), w = static_cast<std::uint64_t>(options.world_size);
+    return n / w + (r < n % w ? 1 : 0);
+  }
+
+  // The place of this rank's k-th record of `at_epoch`.
+  const record_place& place_at(std::int64_t at_epoch, std::uint64_t k) const {
+    const std::uint64_t position =
+        k * static_cast<std::uint64_t>(options.world_size) + static_cast<std::uint64_t>(options.rank);
+    if (!options.shuffle) return all[position];
+    if (order_epoch != at_epoch) {
+      order = shuffled_order(all.size(), options.seed, at_epoch);
+      order_epoch = at_epoch;
+    }
+    return all[order[position]];
+  }
+
+  // The line of `place`, read again from its file, which must be open and as large as when it was indexed.
+  std::string line_of(const record_place& place) const {
+    const source_file& file = files[place.file];
+    std::ifstream& in = open_files[place.file];
+    if (!in.is_open()) {
+      in.open(file.path, std::ios::binary);
+      if (!in) {
+        throw_error<std::runtime_error>(
+            "chat_dataset: {} cannot be read any more ({}), though it was there when the dataset was indexed: "
+            "restore it, or start the run again on the data as it is now",
+            file.path.string(), fs::exists(file.path) ? "it cannot be opened" : "it is gone");
+      }
+    }
+    std::error_code error;
+    const std::uintmax_t size_now = fs::file_size(file.path, error);
+    if (error || size_now < file.size) {
+      throw_error<std::runtime_error>(
+          "chat_dataset: {} was truncated while the run read it: it has {} bytes, and {} when it was indexed (line {} "
+          "starts at byte {}): restore it, or start the run again on the data as it is now",
+          file.path.string(), error ? 0 : size_now, file.size, place.line, place.offset);
+    }
+    in.clear();
+    in.seekg(static_cast<std::streamoff>(place.offset));
+    std::string line;
+    std::getline(in, line);
+    if (!line.empty() && line.back() == '\r') line.pop_back();
+    return line;
+  }
+
+  // Why a record has no shape chat_example reads, with the fields it has: chat_example's own sentence
+  // cannot name the option that says which fields to read.
+  [[nodiscard]] std::optional<std::string> shape_problem(const ordered_json& record) const {
+    if (!record.is_object()) return "the line is JSON but not an object of fields";
+    const chat_fields& f = options.fields;
+    if (record.contains(f.messages) || (record.contains(f.prompt) && record.contains(f.completion))) return {};
+    std::vector<std::string> keys;
+    for (const auto& [key, value] : record.items()) keys.push_back(key);
+    return fmt::format("the record has neither '{}' nor both '{}' and '{}', only {}{}; {} names the record's fields",
+                       f.messages, f.prompt, f.completion, some_of(keys), did_you_mean(f.messages, keys, "'"),
+                       options.fields_option);
+  }
+
+  // This rank's k-th record of `at_epoch` made into an example; nothing for one skip_malformed skips
+  // (counted in `skipped_here`) or one of no tokens (nothing to train on).
+  std::optional<example> example_at(std::int64_t at_epoch, std::uint64_t k, std::int64_t& skipped_here) const {
+    if (carried && carried->epoch == at_epoch && carried->index == k) {
+      example made = std::move(carried->made);
+      carried.reset();
+      return made;
+    }
+    const record_place& place = place_at(at_epoch, k);
+    const auto malformed = [&](std::string_view what) -> std::optional<example> {
+      if (!options.skip_malformed) {
+        throw_error<std::invalid_argument>("chat_dataset: {}:{}: {} ({} skips such records, counting them)",
+                                           files[place.file].path.string(), place.line, what,
+                                           options.skip_malformed_option);
+      }
+      ++skipped_here;
+      return std::nullopt;
+    };
+    const ordered_json record = ordered_json::parse(line_of(place), nullptr, /*allow_exceptions=*/false);
+    if (record.is_discarded()) return malformed("the line is not JSON");
+    if (const auto problem = shape_problem(record)) return malformed(*problem);
+    example made;
+    try {
+      made = chat_example(record, options.fields, *chat, *tok, options.loss, options.render);
+    } catch (const std::invalid_argument& error) {
+      return malformed(sentence_of(error));
+    } catch (const chat_template_error& error) {
+      return malformed(fmt::format("the chat template fails on the record: {}", sentence_of(error)));
+    }
+    if (made.ids.empty()) return std::nullopt;
+    return made;
+  }
+
+  [[nodiscard]] std::int64_t fitted(const example& e) const {
+    return std::min(static_cast<std::int64_t>(e.ids.size()), options.seq_len);
+  }
+
+  // The window of this rank's records of `at_epoch` that starts at `start`, its skipped records added to
+  // `skipped_here`.
+  window window_at(std::int64_t at_epoch, std::uint64_t start, std::int64_t& skipped_here) const {
+    const std::uint64_t count = rank_records();
+    window made{.start = start, .end = start};
+    if (options.pack && options.packing == packing_strategy::first_fit_decreasing) {
+      made.end = std::min(count, start + static_cast<std::uint64_t>(options.pack_window));
+      for (std::uint64_t k = start; k < made.end; ++k)
+        if (auto e = example_at(at_epoch, k, skipped_here)) made.examples.push_back(std::move(*e));
+      std::vector<std::int64_t> lengths;
+      for (const example& e : made.examples) lengths.push_back(static_cast<std::int64_t>(e.ids.size()));
+      made.sequences = pack(lengths, options.seq_len, options.packing);
+      return made;
+    }
+    // Greedy, or one example a sequence: the records of one sequence, and the skipped ones after them, so
+    // that the window of an epoch's last example ends at the epoch's end (epoch() turns with the last
+    // sequence). The next example, read to see that it does not fit, is carried to the next window
+    // rather than read twice.
+    std::int64_t room = options.seq_len;
+    while (made.end < count) {
+      std::optional<example> e = example_at(at_epoch, made.end, skipped_here);
+      if (!e) {
+        ++made.end;
+        continue;
+      }
+      if (!made.examples.empty() && (!options.pack || fitted(*e) > room)) {
+        carried = read_ahead_example{at_epoch, made.end, std::move(*e)};
+        break;
+      }
+      room -= fitted(*e);
+      made.examples.push_back(std::move(*e));
+      ++made.end;
+    }
+    if (!made.examples.empty()) {
+      made.sequences.emplace_back(made.examples.size());
+      for (std::size_t i = 0; i < made.examples.size(); ++i) made.sequences.back()[i] = i;
+    }
+    return made;
+  }
+
+  // On to the next window, and into the next epoch after the last.
+  void leave_window() {
+    window_start = current->end;
+    sequence_in_window = 0;
+    current.reset();
+    if (window_start < rank_records()) return;
+    if (sequences_in_epoch == 0) {
+      throw_error<std::invalid_argument>(
+          "chat_dataset: none of rank {}'s {} (of {}) made an example in epoch {}: each was skipped as malformed "
+          "({} skipped so far) or has no tokens",
+          options.rank, counted(static_cast<std::int64_t>(rank_records()), "record"), all.size(), epoch, skipped);
+    }
+    ++epoch;
+    window_start = 0;
+    sequences_in_epoch = 0;
+  }
+
+  [[nodiscard]] std::string make_identity() const {
+    std::vector<std::string> names;
+    std::uintmax_t bytes = 0;
+    xxh3_stream digest;
+    for (const source_file& f : files) {
+      const std::string name = f.path.filename().string();
+      names.push_back(name);
+      bytes += f.size;
+      digest.update(name.data(), name.size() + 1);
+      digest.update(&f.size, sizeof f.size);
+      digest.update(&f.xxh3, sizeof f.xxh3);
+    }
+    return fmt::format("{} ({}, {} bytes, digest {:016x})", some_of(names),
+                       counted(static_cast<std::int64_t>(files.size()), "file"), bytes, digest.digest().xxh3);
+  }
+
+  [[nodiscard]] json make_fingerprint() const {
+    json listed = json::array();
+    for (const source_file& f : files) listed.push_back({{"path", f.path.string()}, {"size", f.size}});
+    const chat_fields& f = options.fields;
+    const json fields = {{"messages", f.messages},     {"role", f.role},  {"content", f.content}, {"prompt", f.prompt},
+                         {"completion", f.completion}, {"roles", f.roles}};
+    // The render's values as their JSON text, keys in their given order (which the template sees).
+    const json render = {{"add_generation_prompt", options.render.add_generation_prompt},
+                         {"tools", options.render.tools.dump()},
+                         {"documents", options.render.documents.dump()},
+                         {"variables", options.render.variables.dump()}};
+    return {{"files", listed},
+            {"fields", fields},
+            {"loss", loss_name(options.loss)},
+            {"render", render},
+            {"seq_len", options.seq_len},
+            {"pack", options.pack},
+            {"packing", name_of(options.packing)},
+            {"pack_window", options.pack_window},
+            {"pad_id", pad},
+            {"seed", options.seed},
+            {"shuffle", options.shuffle},
+            {"rank", options.rank},
+            {"world_size", options.world_size},
+            {"records", all.size()},
+            {"vocab", tok->vocab_size()}};
+  }
+};
+
+chat_dataset::chat_dataset(const chat_template& chat, const tokenizer& tokenizer, chat_dataset_options options)
+    : core_(std::make_unique<impl>()) {
+  impl& c = *core_;
+  if (options.seq_len < 1)
+    throw_error<std::invalid_argument>("chat_dataset: seq_len is {}; give at least 1", options.seq_len);
+  if (options.pack_window < 1)
+    throw_error<std::invalid_argument>("chat_dataset: pack_window is {}; give at least 1", options.pack_window);
+  if (options.world_size < 1 || options.rank < 0 || options.rank >= options.world_size) {
+    throw_error<std::invalid_argument>("chat_dataset: rank {} of {} data-parallel ranks: give 0 <= rank < world_size",
+                                       options.rank, options.world_size);
+  }
+  if (options.pad_id) {
+    if (*options.pad_id < 0 || *options.pad_id >= tokenizer.vocab_size()) {
+      throw_error<std::invalid_argument>("chat_dataset: pad_id {} is not a token of the tokenizer's {}",
+                                         *options.pad_id, tokenizer.vocab_size());
+    }
+    c.pad = *options.pad_id;
+  } else if (const auto eos = tokenizer.eos_token_id()) {
+    c.pad = *eos;
+  } else {
+    throw_error<std::invalid_argument>(
+        "chat_dataset: the tokenizer has no EOS token to pad sequences with (its tokenizer_config.json names none): "
+        "give pad_id");
+  }
+  c.chat = &chat;
+  c.tok = &tokenizer;
+  c.files = source_files(options.paths);
+  c.all = index_records(c.files);
+  if (c.all.empty()) {
+    std::vector<std::string> names;
+    for (const source_file& f : c.files) names.push_back(f.path.string());
+    throw_error<std::invalid_argument>("chat_dataset: no records in {}: every line is empty", some_of(names));
+  }
+  if (c.all.size() < static_cast<std::size_t>(options.world_size)) {
+    throw_error<std::invalid_argument>("chat_dataset: {} for {} data-parallel ranks: each rank needs one at least",
+                                       counted(static_cast<std::int64_t>(c.all.size()), "record"), options.world_size);
+  }
+  c.open_files.resize(c.files.size());
+  c.options = std::move(options);
+  c.fingerprint = c.make_fingerprint();
+  c.identity = c.make_identity();
+}
+
+chat_dataset::chat_dataset(chat_dataset&&) noexcept = default;
+chat_dataset& chat_dataset::operator=(chat_dataset&&) noexcept = default;
+chat_dataset::~chat_dataset() = default;
+
+packed_sequence chat_dataset::next() {
+  impl& c = *core_;
+  while (true) {
+    if (!c.current) {
+      std::int64_t skipped_here = 0;
+      c.current = c.window_at(c.epoch, c.window_start, skipped_here);
+      if (!c.window_skips_counted) c.skipped += skipped_here;
+      c.window_skips_counted = false;
+      if (c.sequence_in_window > 0 && c.sequence_in_window >= c.current->sequences.size()) {
+        throw_error<std::invalid_argument>(
+            "chat_dataset: the restored state is damaged: it is at sequence {} of a window that has {}",
+            c.sequence_in_window, c.current->sequences.size());
+      }
+    }
+    if (c.sequence_in_window < c.current->sequences.size()) break;
+    c.leave_window();  // a window whose records were all skipped
+  }
+  packed_sequence sequence =
+      lay_out(c.current->examples, c.current->sequences[c.sequence_in_window], c.options.seq_len, c.pad);
+  ++c.sequence_in_window;
+  ++c.sequences_in_epoch;
+  if (c.sequence_in_window == c.current->sequences.size()) c.leave_window();
+  return sequence;
+}
+
+std::string chat_dataset::state() const {
+  const impl& c = *core_;
+  return json{{"dataset", c.fingerprint},
+              {"epoch", c.epoch},
+              {"records_read", c.window_start},
+              {"sequence_in_window", c.sequence_in_window},
+              {"sequences_in_epoch", c.sequences_in_epoch},
+              {"skipped_records", c.skipped}}
+      .dump();
+}
+
+void chat_dataset::restore(std::string_view state) {
+  impl& c = *core_;
+  const json saved = json::parse(state, nullptr, /*allow_exceptions=*/false);
+  if (saved.is_discarded() || !saved.is_object() || !saved.contains("dataset") || !saved["dataset"].is_object())
+    throw_error<std::invalid_argument>("chat_dataset: the state to restore is not one chat_dataset::state() wrote");
+  const json& theirs = saved["dataset"];
+  for (const auto& [key, value] : c.fingerprint.items()) {
+    if (!theirs.contains(key) || theirs[key] != value) {
+      throw_error<std::invalid_argument>(
+          "chat_dataset: the state is of another dataset: its \"{}\" is {}, this dataset's is {}: restore it with the "
+          "files, options and ranks it was saved with",
+          key, theirs.contains(key) ? theirs[key].dump() : "missing", value.dump());
+    }
+  }
+  std::int64_t epoch = 0, sequences_in_epoch = 0, skipped = 0;
+  std::uint64_t records_read = 0;
+  std::size_t sequence_in_window = 0;
+  try {
+    epoch = saved.at("epoch").get<std::int64_t>();
+    records_read = saved.at("records_read").get<std::uint64_t>();
+    sequence_in_window = saved.at("sequence_in_window").get<std::size_t>();
+    sequences_in_epoch = saved.at("sequences_in_epoch").get<std::int64_t>();
+    skipped = saved.at("skipped_records").get<std::int64_t>();
+  } catch (const json::exception& error) {
+    throw_error<std::invalid_argument>("chat_dataset: the state to restore is damaged: {}", error.what());
+  }
+  if (epoch < 0 || records_read >= c.rank_records() || sequences_in_epoch < 0 || skipped < 0)
+    throw_error<std::invalid_argument>("chat_dataset: the state to restore is damaged: its position is past the data");
+  c.epoch = epoch;
+  c.window_start = records_read;
+  c.sequence_in_window = sequence_in_window;
+  c.sequences_in_epoch = sequences_in_epoch;
+  c.skipped = skipped;
+  c.window_skips_counted = sequence_in_window > 0;
+  c.current.reset();
+}
+
+chat_data_summary chat_dataset::summary() const {
+  const impl& c = *core_;
+  chat_data_summary counts{.seq_len = c.options.seq_len};
+  for (std::uint64_t start = 0; start < c.rank_records();) {
+    const impl::window w = c.window_at(0, start, counts.skipped);
+    for (const example& e : w.examples) {
+      const std::int64_t kept = c.fitted(e);
+      ++counts.examples;
+      counts.tokens += kept;
+      counts.truncated += kept < static_cast<std::int64_t>(e.ids.size()) ? 1 : 0;
+      counts.loss_tokens +=
+          std::count_if(e.labels.begin(), e.labels.begin() + kept, [](std::int32_t label) { return label != -100; });
+    }
+    counts.sequences += static_cast<std::int64_t>(w.sequences.size());
+    start = w.end;
+  }
+  counts.padding_tokens = counts.sequences * c.options.seq_len - counts.tokens;
+  return counts;
+}
+
+const std::string& chat_dataset::identity() const noexcept { return core_->identity; }
+std::int64_t chat_dataset::epoch() const noexcept { return core_->epoch; }
+std::int64_t chat_dataset::records() const noexcept { return static_cast<std::int64_t>(core_->all.size()); }
+std::int64_t chat_dataset::skipped_records() const noexcept { return core_->skipped; }
+
+}  // namespace loom::data
