@@ -309,3 +309,32 @@ TEST_CASE("offsets through NFC: a composed character is the first character it w
                    "ae\xCC\x81"
                    "b") == offsets{{0, 1}, {1, 2}, {1, 2}, {4, 5}});
 }
+
+TEST_CASE("byte fallback without every byte token: the unknown token waits for a known character, as the library's") {
+  // é falls back to <0xC3> <0xA9>; ü (0xC3 0xBC) has no <0xBC>, so it is the unknown token, which the
+  // library adds only when a character of the vocabulary or the word's end comes: é's byte tokens go
+  // before it. Each token covers the next bytes of the word in that order (the library's Word
+  // offsets), so the unknown token's span runs over é as well.
+  const folder dir;
+  json file = {{"added_tokens", json::array()},
+               {"normalizer", nullptr},
+               {"pre_tokenizer", nullptr},
+               {"decoder", nullptr},
+               {"model",
+                {{"type", "BPE"},
+                 {"vocab", {{"<unk>", 0}, {"<0xC3>", 1}, {"<0xA9>", 2}, {"a", 3}}},
+                 {"merges", json::array()},
+                 {"unk_token", "<unk>"},
+                 {"byte_fallback", true},
+                 {"fuse_unk", true}}}};
+  dir.write("tokenizer.json", file);
+  const auto fused = loom::data::tokenizer::from_pretrained(dir.path());
+  const std::string u_umlaut = "\xC3\xBC", e_acute = "\xC3\xA9";
+  CHECK(fused.encode(u_umlaut + e_acute + u_umlaut + "a") == std::vector<std::int32_t>{1, 2, 0, 3});
+  CHECK(offsets_of(fused, u_umlaut + e_acute + u_umlaut + "a") == offsets{{0, 2}, {0, 2}, {2, 6}, {6, 7}});
+  file["model"]["fuse_unk"] = false;
+  dir.write("tokenizer.json", file);
+  const auto unfused = loom::data::tokenizer::from_pretrained(dir.path());
+  CHECK(unfused.encode(u_umlaut + u_umlaut + e_acute) == std::vector<std::int32_t>{0, 1, 2, 0});
+  CHECK(offsets_of(unfused, u_umlaut + u_umlaut + e_acute) == offsets{{0, 2}, {2, 4}, {2, 4}, {4, 6}});
+}
