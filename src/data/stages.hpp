@@ -10,7 +10,6 @@
 #include "unicode_forms.hpp"
 
 #include <cstddef>
-#include <cstdint>
 #include <optional>
 #include <string>
 #include <string_view>
