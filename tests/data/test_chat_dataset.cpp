@@ -557,3 +557,20 @@ TEST_CASE("identity: the files' names, sizes and digest, the same on every rank"
   std::ofstream(dir.path() / "a.jsonl") << text;
   CHECK(identity(0) != first);
 }
+
+TEST_CASE("the loss on every token, and the render's options passed to the template", "[chat-dataset]") {
+  const folder dir;
+  write_records(dir.path());
+  const auto tokenizer = byte_tokenizer(dir.path() / "tokenizer");
+  const auto chat = loom::data::chat_template::from_text(
+      "{{ preamble }}{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}");
+  chat_dataset_options options{.paths = {dir.path()}, .loss = loom::data::loss_on::every_token, .seq_len = 512};
+  options.render.variables["preamble"] = "[P]";
+  chat_dataset dataset(chat, tokenizer, options);
+  for (int i = 0; i < 5; ++i) {
+    for (const read_example& e : examples_in(dataset.next(), 512)) {
+      CHECK(e.text.starts_with("[P]<|im_start|>system\n"));
+      CHECK(e.labelled == e.text);
+    }
+  }
+}
