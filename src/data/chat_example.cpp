@@ -116,30 +116,43 @@ example chat_example(const ordered_json& record, const chat_fields& fields, cons
   const ordered_json& prompt = record[fields.prompt];
   const ordered_json& completion = record[fields.completion];
   if (prompt.is_string() && completion.is_string()) {
-    // Plain text, as TRL takes it: no template, the completion ended by the tokenizer's EOS.
+    // Plain text, as TRL takes it: no template; the tokenizer's BOS first where it has one (TRL encodes
+    // with the special tokens), the completion ended by its EOS unless it ends so already.
     const std::string text = prompt.get<std::string>() + completion.get<std::string>();
     example made = labelled(text, {{prompt.get<std::string>().size(), text.size()}}, tokens, loss);
-    if (const auto eos = tokens.eos_token_id()) {
+    if (const auto bos = tokens.bos_token_id()) {
+      made.ids.insert(made.ids.begin(), *bos);
+      made.labels.insert(made.labels.begin(), loss == loss_on::every_token ? *bos : -100);
+    }
+    if (const auto eos = tokens.eos_token_id(); eos && (made.ids.empty() || made.ids.back() != *eos)) {
       made.ids.push_back(*eos);
       made.labels.push_back(*eos);
     }
     return made;
   }
-  ordered_json messages = messages_of(prompt, fields, fields.prompt);
+  const ordered_json prompt_messages = messages_of(prompt, fields, fields.prompt);
+  ordered_json messages = prompt_messages;
   for (const ordered_json& message : messages_of(completion, fields, fields.completion)) messages.push_back(message);
   const rendered_chat whole = chat.render(messages, options);
   if (loss == loss_on::every_token) return labelled(whole.text, {}, tokens, loss);
-  if (chat.has_generation_blocks()) return labelled(whole.text, whole.generation, tokens, loss);
-  // The completion's part: what follows the prompt and its generation prompt.
+  // The completion's part, what follows the prompt and its generation prompt (TRL's completion-only
+  // loss), and within it the generation blocks where the template has them (its assistant-only loss).
   chat_render_options before = options;
   before.add_generation_prompt = true;
-  const std::string rendered_prompt = chat.render(messages_of(prompt, fields, fields.prompt), before).text;
+  const std::string rendered_prompt = chat.render(prompt_messages, before).text;
   if (!whole.text.starts_with(rendered_prompt)) {
     refuse(
         "the chat template renders the prompt as other than the start of the whole conversation, so the "
         "completion's tokens cannot be told: give the template {% generation %} blocks, or train on every token");
   }
-  return labelled(whole.text, {{rendered_prompt.size(), whole.text.size()}}, tokens, loss);
+  const byte_range completion_part{rendered_prompt.size(), whole.text.size()};
+  if (!chat.has_generation_blocks()) return labelled(whole.text, {completion_part}, tokens, loss);
+  std::vector<byte_range> generated;
+  for (const auto& [begin, end] : whole.generation) {
+    const byte_range kept{std::max(begin, completion_part.first), std::min(end, completion_part.second)};
+    if (kept.first < kept.second) generated.push_back(kept);
+  }
+  return labelled(whole.text, generated, tokens, loss);
 }
 
 }  // namespace loom::data

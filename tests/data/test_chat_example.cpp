@@ -10,6 +10,7 @@
 #include <catch2/matchers/catch_matchers_exception.hpp>
 #include <catch2/matchers/catch_matchers_string.hpp>
 
+#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -81,10 +82,21 @@ TEST_CASE("ShareGPT's conversations and TRL's prompt and completion", "[chat]") 
   const loom::data::example text = loom::data::chat_example(plain, {}, chat, tokens);
   CHECK(labelled_text(text) == " blue.</s>");
   CHECK(text.ids.back() == 1);
+  // A completion that ends with the EOS already gets no second one, as TRL's.
+  const ordered_json ended = ordered_json::parse(R"({"prompt": "Q", "completion": " A</s>"})");
+  const loom::data::example once = loom::data::chat_example(ended, {}, chat, tokens);
+  CHECK(labelled_text(once) == " A</s>");
+  CHECK(std::count(once.ids.begin(), once.ids.end(), 1) == 1);
 
   const ordered_json conversational = ordered_json::parse(
       R"({"prompt": [{"role": "user", "content": "Name a colour"}], "completion": [{"role": "assistant", "content": "Red"}]})");
   CHECK(labelled_text(loom::data::chat_example(conversational, {}, chat, tokens)) == "Red<|im_end|>\n");
+  // With generation blocks, only the completion's: not the prompt's assistant turns (TRL's completion-only loss).
+  const auto generating = loom::data::chat_template::from_text(chatml_generation);
+  const ordered_json turns = ordered_json::parse(R"({"prompt": [{"role": "user", "content": "Hi"},
+    {"role": "assistant", "content": "Hello!"}, {"role": "user", "content": "Bye"}],
+    "completion": [{"role": "assistant", "content": "Ciao"}]})");
+  CHECK(labelled_text(loom::data::chat_example(turns, {}, generating, tokens)) == "Ciao<|im_end|>");
 }
 
 TEST_CASE("records and templates that cannot be labelled are refused in a sentence", "[chat][errors]") {

@@ -5,11 +5,15 @@
 //
 // Records come in the shapes people store them: OpenAI's {"messages": [{"role", "content", ...}]},
 // ShareGPT's {"conversations": [{"from": "human" | "gpt" | "system", "value"}]} (chat_fields::sharegpt()),
-// and TRL's {"prompt", "completion"}, each a string (plain text, no template: the completion and the
-// tokenizer's EOS carry the loss) or a list of messages. The assistant's tokens are found by the
-// template's {% generation %} blocks where it has them (transformers' return_assistant_tokens_mask),
+// and TRL's {"prompt", "completion"}, each a string (plain text, no template: the tokenizer's BOS
+// first where it has one, the completion and its EOS, appended unless it ends with it, carry the loss)
+// or a list of messages (the completion's part after the rendered prompt and its generation prompt
+// carries it, within the template's {% generation %} blocks where it has them). The assistant's
+// tokens of a conversation are found by those blocks (transformers' return_assistant_tokens_mask),
 // else by rendering the conversation up to each assistant message: what that message adds after the
-// generation prompt is its part (its end-of-turn marker included).
+// generation prompt is its part (its end-of-turn marker included). A token is labelled when any of its
+// bytes is: one that spans a prompt's end and a completion's start carries the loss, where TRL, which
+// counts the prompt's tokens, leaves it out.
 
 #include <loom/data/chat_template.hpp>
 #include <loom/data/packing.hpp>
