@@ -161,12 +161,12 @@ struct chat_dataset::impl {
   // which starts the next one; the open files.
   mutable std::vector<std::uint64_t> order;
   mutable std::int64_t order_epoch = -1;
-  struct read_ahead_example {
+  struct carried_example {
     std::int64_t epoch;
     std::uint64_t index;
     example made;
   };
-  mutable std::optional<read_ahead_example> carried;
+  mutable std::optional<carried_example> carried;
   mutable std::vector<std::ifstream> open_files;
 
   // What a saved state must match (the files and their sizes, the options, the ranks) and the files'
@@ -297,7 +297,7 @@ struct chat_dataset::impl {
         continue;
       }
       if (!made.examples.empty() && (!options.pack || fitted(*e) > room)) {
-        carried = read_ahead_example{at_epoch, made.end, std::move(*e)};
+        carried = carried_example{at_epoch, made.end, std::move(*e)};
         break;
       }
       room -= fitted(*e);

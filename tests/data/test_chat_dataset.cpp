@@ -574,3 +574,24 @@ TEST_CASE("the loss on every token, and the render's options passed to the templ
     }
   }
 }
+
+TEST_CASE("a file that vanishes or shrinks while read is named", "[chat-dataset]") {
+  const folder dir;
+  write_records(dir.path());
+  const auto tokenizer = byte_tokenizer(dir.path() / "tokenizer");
+  const auto chat = chatml_template();
+  const fs::path data = dir.path() / "a.jsonl";
+  chat_dataset dataset(chat, tokenizer, {.paths = {data}, .seq_len = 512, .pack_window = 4, .shuffle = false});
+  (void)dataset.next();
+  fs::resize_file(data, 300);
+  CHECK_THROWS_MATCHES(
+      [&] {
+        for (int i = 0; i < 40; ++i) (void)dataset.next();
+      }(),
+      std::runtime_error,
+      MessageMatches(ContainsSubstring("a.jsonl was truncated while the run read it: it has 300 bytes")));
+  chat_dataset other(chat, tokenizer, {.paths = {dir.path() / "b.json"}, .seq_len = 512, .shuffle = false});
+  fs::remove(dir.path() / "b.json");
+  CHECK_THROWS_MATCHES(other.next(), std::runtime_error,
+                       MessageMatches(ContainsSubstring("cannot be read any more (it is gone)")));
+}
