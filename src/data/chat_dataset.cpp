@@ -1,15 +1,14 @@
 #include <loom/base/spelling.hpp>
 #include <loom/base/text.hpp>
 #include <loom/data/chat_dataset.hpp>
-#include <loom/io/checksum.hpp>
+
+#include "data_files.hpp"
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <fstream>
-#include <limits>
-#include <random>
 #include <stdexcept>
 #include <utility>
 
@@ -20,93 +19,11 @@ using nlohmann::json;
 using nlohmann::ordered_json;
 namespace fs = std::filesystem;
 
-struct source_file {
-  fs::path path;
-  std::uintmax_t size = 0;
-  std::uint64_t xxh3 = 0;  // of its bytes, as indexing read them
-};
-
+using source_file = detail::data_file;
 // Where a record is: its file, the byte offset of its line and the line's number from 1.
-struct record_place {
-  std::uint32_t file;
-  std::uint64_t offset;
-  std::uint64_t line;
-};
+using record_place = detail::line_place;
 
 bool readable_extension(const fs::path& path) { return path.extension() == ".jsonl" || path.extension() == ".json"; }
-
-std::vector<source_file> source_files(const std::vector<fs::path>& paths) {
-  if (paths.empty()) throw_error<std::invalid_argument>("chat_dataset: no paths given: name files or folders of data");
-  std::vector<source_file> files;
-  for (const fs::path& path : paths) {
-    std::error_code error;
-    if (fs::is_directory(path, error)) {
-      std::vector<fs::path> found;
-      for (const auto& entry : fs::directory_iterator(path))
-        if (entry.is_regular_file() && readable_extension(entry.path())) found.push_back(entry.path());
-      std::ranges::sort(found);
-      if (found.empty())
-        throw_error<std::invalid_argument>("chat_dataset: the folder {} has no .jsonl or .json files", path.string());
-      for (const fs::path& file : found) files.push_back({file, fs::file_size(file)});
-    } else if (fs::is_regular_file(path, error)) {
-      files.push_back({path, fs::file_size(path)});
-    } else {
-      throw_error<std::invalid_argument>("chat_dataset: {} is neither a file nor a folder: there is no such path",
-                                         path.string());
-    }
-  }
-  return files;
-}
-
-// Every non-empty line of every file, in order; each file's digest as it is read.
-std::vector<record_place> index_records(std::vector<source_file>& files) {
-  std::vector<record_place> records;
-  std::vector<char> buffer(1 << 20);
-  for (std::uint32_t f = 0; f < files.size(); ++f) {
-    std::ifstream in(files[f].path, std::ios::binary);
-    if (!in) throw_error<std::invalid_argument>("chat_dataset: cannot read {}", files[f].path.string());
-    std::uint64_t offset = 0, line = 1, line_start = 0;
-    bool line_has_text = false;
-    xxh3_stream checksum;
-    while (in) {
-      in.read(buffer.data(), static_cast<std::streamsize>(buffer.size()));
-      const auto got = static_cast<std::size_t>(in.gcount());
-      checksum.update(buffer.data(), got);
-      for (std::size_t i = 0; i < got; ++i, ++offset) {
-        const char c = buffer[i];
-        if (c == '\n') {
-          if (line_has_text) records.push_back({f, line_start, line});
-          ++line;
-          line_start = offset + 1;
-          line_has_text = false;
-        } else if (c != '\r' && c != ' ' && c != '\t') {
-          line_has_text = true;
-        }
-      }
-    }
-    if (line_has_text) records.push_back({f, line_start, line});
-    files[f].xxh3 = checksum.digest().xxh3;
-  }
-  return records;
-}
-
-// A permutation of 0..n-1 from (seed, epoch), drawn as text_dataset draws its order: Fisher-Yates over
-// mt19937_64's outputs, whose sequence the C++ standard fixes, so that the order is the same on every
-// machine (std::shuffle's is the library's own choice).
-std::vector<std::uint64_t> shuffled_order(std::uint64_t n, std::uint64_t seed, std::int64_t epoch) {
-  std::vector<std::uint64_t> order(n);
-  for (std::uint64_t i = 0; i < n; ++i) order[i] = i;
-  std::mt19937_64 generator(seed * 0x9E3779B97F4A7C15ULL + static_cast<std::uint64_t>(epoch) + 1);
-  for (std::uint64_t i = n; i > 1; --i) {
-    // An unbiased draw in [0, i): rejection above the largest multiple of i.
-    const std::uint64_t limit =
-        std::numeric_limits<std::uint64_t>::max() - std::numeric_limits<std::uint64_t>::max() % i;
-    std::uint64_t draw = generator();
-    while (draw >= limit) draw = generator();
-    std::swap(order[i - 1], order[draw % i]);
-  }
-  return order;
-}
 
 // A message of loom's without its "loom: ", to go on inside another sentence.
 std::string_view sentence_of(const std::exception& error) {
@@ -167,7 +84,7 @@ struct chat_dataset::impl {
     example made;
   };
   mutable std::optional<carried_example> carried;
-  mutable std::vector<std::ifstream> open_files;
+  mutable detail::file_reader reader{"chat_dataset"};
 
   // What a saved state must match (the files and their sizes, the options, the ranks) and the files'
   // identity, both made once as the dataset is built.
@@ -186,40 +103,14 @@ struct chat_dataset::impl {
         k * static_cast<std::uint64_t>(options.world_size) + static_cast<std::uint64_t>(options.rank);
     if (!options.shuffle) return all[position];
     if (order_epoch != at_epoch) {
-      order = shuffled_order(all.size(), options.seed, at_epoch);
+      order = detail::shuffled_order(all.size(), options.seed, at_epoch);
       order_epoch = at_epoch;
     }
     return all[order[position]];
   }
 
   // The line of `place`, read again from its file, which must be open and as large as when it was indexed.
-  std::string line_of(const record_place& place) const {
-    const source_file& file = files[place.file];
-    std::ifstream& in = open_files[place.file];
-    if (!in.is_open()) {
-      in.open(file.path, std::ios::binary);
-      if (!in) {
-        throw_error<std::runtime_error>(
-            "chat_dataset: {} cannot be read any more ({}), though it was there when the dataset was indexed: "
-            "restore it, or start the run again on the data as it is now",
-            file.path.string(), fs::exists(file.path) ? "it cannot be opened" : "it is gone");
-      }
-    }
-    std::error_code error;
-    const std::uintmax_t size_now = fs::file_size(file.path, error);
-    if (error || size_now < file.size) {
-      throw_error<std::runtime_error>(
-          "chat_dataset: {} was truncated while the run read it: it has {} bytes, and {} when it was indexed (line {} "
-          "starts at byte {}): restore it, or start the run again on the data as it is now",
-          file.path.string(), error ? 0 : size_now, file.size, place.line, place.offset);
-    }
-    in.clear();
-    in.seekg(static_cast<std::streamoff>(place.offset));
-    std::string line;
-    std::getline(in, line);
-    if (!line.empty() && line.back() == '\r') line.pop_back();
-    return line;
-  }
+  std::string line_of(const record_place& place) const { return reader.line(files[place.file], place); }
 
   // Why a record has no shape chat_example reads, with the fields it has: chat_example's own sentence
   // cannot name the option that says which fields to read.
@@ -329,19 +220,9 @@ struct chat_dataset::impl {
   }
 
   [[nodiscard]] std::string make_identity() const {
-    std::vector<std::string> names;
-    std::uintmax_t bytes = 0;
-    xxh3_stream digest;
-    for (const source_file& f : files) {
-      const std::string name = f.path.filename().string();
-      names.push_back(name);
-      bytes += f.size;
-      digest.update(name.data(), name.size() + 1);
-      digest.update(&f.size, sizeof f.size);
-      digest.update(&f.xxh3, sizeof f.xxh3);
-    }
-    return fmt::format("{} ({}, {} bytes, digest {:016x})", some_of(names),
-                       counted(static_cast<std::int64_t>(files.size()), "file"), bytes, digest.digest().xxh3);
+    std::vector<const detail::data_file*> listed;
+    for (const source_file& f : files) listed.push_back(&f);
+    return detail::identity_of(listed);
   }
 
   [[nodiscard]] json make_fingerprint() const {
@@ -399,8 +280,8 @@ chat_dataset::chat_dataset(const chat_template& chat, const tokenizer& tokenizer
   }
   c.chat = &chat;
   c.tok = &tokenizer;
-  c.files = source_files(options.paths);
-  c.all = index_records(c.files);
+  c.files = detail::listed_files(options.paths, "chat_dataset", readable_extension, ".jsonl or .json files");
+  for (std::uint32_t f = 0; f < c.files.size(); ++f) detail::index_lines(c.files[f], f, c.all, "chat_dataset");
   if (c.all.empty()) {
     std::vector<std::string> names;
     for (const source_file& f : c.files) names.push_back(f.path.string());
@@ -410,7 +291,6 @@ chat_dataset::chat_dataset(const chat_template& chat, const tokenizer& tokenizer
     throw_error<std::invalid_argument>("chat_dataset: {} for {} data-parallel ranks: each rank needs one at least",
                                        counted(static_cast<std::int64_t>(c.all.size()), "record"), options.world_size);
   }
-  c.open_files.resize(c.files.size());
   c.options = std::move(options);
   c.fingerprint = c.make_fingerprint();
   c.identity = c.make_identity();

@@ -3,6 +3,8 @@
 #include <loom/data/text_dataset.hpp>
 #include <loom/io/checksum.hpp>
 
+#include "data_files.hpp"
+
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
@@ -10,9 +12,7 @@
 #include <array>
 #include <cstring>
 #include <fstream>
-#include <limits>
 #include <optional>
-#include <random>
 #include <stdexcept>
 #include <utility>
 
@@ -24,12 +24,9 @@ namespace fs = std::filesystem;
 
 enum class file_kind { json_lines, text, tokens };
 
-struct source_file {
-  fs::path path;
-  std::uintmax_t size = 0;
+struct source_file : detail::data_file {
   file_kind kind = file_kind::json_lines;
   std::size_t token_width = 0;  // tokens: 2 (uint16) or 4 (uint32) bytes each
-  std::uint64_t xxh3 = 0;       // of its bytes, as indexing read them
 };
 
 // llm.c's token files (dev/data/data_common.py's write_datafile, dsl_examples/data/make_tokens.py):
@@ -40,11 +37,7 @@ constexpr std::size_t token_header_bytes = 256 * sizeof(std::int32_t);
 
 // Where a document is: its file, the byte offset of its line (of its first token) and the line's
 // number from 1 (the token's index).
-struct document {
-  std::uint32_t file;
-  std::uint64_t offset;
-  std::uint64_t line;
-};
+using document = detail::line_place;
 
 bool readable_extension(const fs::path& path) {
   const std::string extension = path.extension().string();
@@ -58,25 +51,11 @@ file_kind kind_of(const fs::path& path) {
 }
 
 std::vector<source_file> source_files(const std::vector<fs::path>& paths) {
-  if (paths.empty()) throw_error<std::invalid_argument>("text_dataset: no paths given: name files or folders of data");
   std::vector<source_file> files;
-  for (const fs::path& path : paths) {
-    std::error_code error;
-    if (fs::is_directory(path, error)) {
-      std::vector<fs::path> found;
-      for (const auto& entry : fs::directory_iterator(path))
-        if (entry.is_regular_file() && readable_extension(entry.path())) found.push_back(entry.path());
-      std::ranges::sort(found);
-      if (found.empty())
-        throw_error<std::invalid_argument>("text_dataset: the folder {} has no .jsonl, .json, .txt or .bin files",
-                                           path.string());
-      for (const fs::path& file : found) files.push_back({file, fs::file_size(file), kind_of(file)});
-    } else if (fs::is_regular_file(path, error)) {
-      files.push_back({path, fs::file_size(path), kind_of(path)});
-    } else {
-      throw_error<std::invalid_argument>("text_dataset: {} is neither a file nor a folder: there is no such path",
-                                         path.string());
-    }
+  for (detail::data_file& listed :
+       detail::listed_files(paths, "text_dataset", readable_extension, ".jsonl, .json, .txt or .bin files")) {
+    const file_kind kind = kind_of(listed.path);
+    files.push_back({std::move(listed), kind, 0});
   }
   return files;
 }
@@ -122,54 +101,14 @@ void index_token_file(source_file& file, std::uint32_t index, std::int32_t eos, 
 // Every non-empty line of every text file, every document of every token file, in order.
 std::vector<document> index_documents(std::vector<source_file>& files, std::int32_t eos) {
   std::vector<document> documents;
-  std::vector<char> buffer(1 << 20);
   for (std::uint32_t f = 0; f < files.size(); ++f) {
     if (files[f].kind == file_kind::tokens) {
       index_token_file(files[f], f, eos, documents);
       continue;
     }
-    std::ifstream in(files[f].path, std::ios::binary);
-    if (!in) throw_error<std::invalid_argument>("text_dataset: cannot read {}", files[f].path.string());
-    std::uint64_t offset = 0, line = 1, line_start = 0;
-    bool line_has_text = false;
-    xxh3_stream checksum;
-    while (in) {
-      in.read(buffer.data(), static_cast<std::streamsize>(buffer.size()));
-      const auto got = static_cast<std::size_t>(in.gcount());
-      checksum.update(buffer.data(), got);
-      for (std::size_t i = 0; i < got; ++i, ++offset) {
-        const char c = buffer[i];
-        if (c == '\n') {
-          if (line_has_text) documents.push_back({f, line_start, line});
-          ++line;
-          line_start = offset + 1;
-          line_has_text = false;
-        } else if (c != '\r' && c != ' ' && c != '\t') {
-          line_has_text = true;
-        }
-      }
-    }
-    if (line_has_text) documents.push_back({f, line_start, line});
-    files[f].xxh3 = checksum.digest().xxh3;
+    detail::index_lines(files[f], f, documents, "text_dataset");
   }
   return documents;
-}
-
-// A permutation of 0..n-1 from (seed, epoch): Fisher-Yates over mt19937_64's outputs, whose sequence the
-// C++ standard fixes (std::shuffle and the distributions it would use are the library's own choice).
-std::vector<std::uint64_t> shuffled_order(std::uint64_t n, std::uint64_t seed, std::int64_t epoch) {
-  std::vector<std::uint64_t> order(n);
-  for (std::uint64_t i = 0; i < n; ++i) order[i] = i;
-  std::mt19937_64 generator(seed * 0x9E3779B97F4A7C15ULL + static_cast<std::uint64_t>(epoch) + 1);
-  for (std::uint64_t i = n; i > 1; --i) {
-    // An unbiased draw in [0, i): rejection above the largest multiple of i.
-    const std::uint64_t limit =
-        std::numeric_limits<std::uint64_t>::max() - std::numeric_limits<std::uint64_t>::max() % i;
-    std::uint64_t draw = generator();
-    while (draw >= limit) draw = generator();
-    std::swap(order[i - 1], order[draw % i]);
-  }
-  return order;
 }
 
 }  // namespace
@@ -191,7 +130,7 @@ struct text_dataset::impl {
 
   std::vector<std::uint64_t> order;  // this epoch's order of all documents
   std::int64_t order_epoch = -1;
-  std::vector<std::ifstream> open_files;
+  detail::file_reader reader{"text_dataset"};
 
   [[nodiscard]] std::uint64_t rank_documents() const {
     const auto n = static_cast<std::uint64_t>(all.size());
@@ -201,7 +140,7 @@ struct text_dataset::impl {
 
   const document& document_at(std::uint64_t k) {
     if (order_epoch != epoch) {
-      order = options.shuffle ? shuffled_order(all.size(), options.seed, epoch) : std::vector<std::uint64_t>{};
+      order = options.shuffle ? detail::shuffled_order(all.size(), options.seed, epoch) : std::vector<std::uint64_t>{};
       order_epoch = epoch;
     }
     const std::uint64_t position =
@@ -209,48 +148,14 @@ struct text_dataset::impl {
     return all[options.shuffle ? order[position] : position];
   }
 
-  // `doc`'s file, open, and as large as when it was indexed.
-  std::ifstream& checked_file(const document& doc) {
-    const source_file& file = files[doc.file];
-    std::ifstream& in = open_files[doc.file];
-    if (!in.is_open()) {
-      in.open(file.path, std::ios::binary);
-      if (!in) {
-        throw_error<std::runtime_error>(
-            "text_dataset: {} cannot be read any more ({}), though it was there when the dataset was indexed: "
-            "restore it, or start the run again on the data as it is now",
-            file.path.string(), fs::exists(file.path) ? "it cannot be opened" : "it is gone");
-      }
-    }
-    std::error_code error;
-    const std::uintmax_t size_now = fs::file_size(file.path, error);
-    if (error || size_now < file.size) {
-      throw_error<std::runtime_error>(
-          "text_dataset: {} was truncated while the run read it: it has {} bytes, and {} when it was indexed (line {} "
-          "starts at byte {}): restore it, or start the run again on the data as it is now",
-          file.path.string(), error ? 0 : size_now, file.size, doc.line, doc.offset);
-    }
-    return in;
-  }
-
   // The line of `doc`, read again from its file.
-  std::string line_of(const document& doc) {
-    std::ifstream& in = checked_file(doc);
-    in.clear();
-    in.seekg(static_cast<std::streamoff>(doc.offset));
-    std::string line;
-    std::getline(in, line);
-    if (!line.empty() && line.back() == '\r') line.pop_back();
-    return line;
-  }
+  std::string line_of(const document& doc) { return reader.line(files[doc.file], doc); }
 
   // A token file's document: its tokens up to the next EOS or the file's end, each checked against
   // the tokenizer's vocabulary.
   std::vector<std::int32_t> tokens_of(const document& doc) {
-    std::ifstream& in = checked_file(doc);
     const source_file& file = files[doc.file];
-    in.clear();
-    in.seekg(static_cast<std::streamoff>(doc.offset));
+    std::ifstream& in = reader.checked(file, doc);
     std::vector<std::int32_t> ids;
     for (std::uint64_t index = doc.line;; ++index) {
       std::uint32_t id = 0;
@@ -334,19 +239,9 @@ struct text_dataset::impl {
   std::string identity;
 
   [[nodiscard]] std::string make_identity() const {
-    std::vector<std::string> names;
-    std::uintmax_t bytes = 0;
-    xxh3_stream digest;
-    for (const source_file& f : files) {
-      const std::string name = f.path.filename().string();
-      names.push_back(name);
-      bytes += f.size;
-      digest.update(name.data(), name.size() + 1);
-      digest.update(&f.size, sizeof f.size);
-      digest.update(&f.xxh3, sizeof f.xxh3);
-    }
-    return fmt::format("{} ({}, {} bytes, digest {:016x})", some_of(names),
-                       counted(static_cast<std::int64_t>(files.size()), "file"), bytes, digest.digest().xxh3);
+    std::vector<const detail::data_file*> listed;
+    for (const source_file& f : files) listed.push_back(&f);
+    return detail::identity_of(listed);
   }
 
   [[nodiscard]] json make_fingerprint() const {
@@ -388,7 +283,6 @@ text_dataset::text_dataset(const tokenizer& tokenizer, text_dataset_options opti
                                        counted(static_cast<std::int64_t>(c.all.size()), "document"),
                                        options.world_size);
   }
-  c.open_files.resize(c.files.size());
   c.options = std::move(options);
   c.fingerprint = c.make_fingerprint();
   c.identity = c.make_identity();
