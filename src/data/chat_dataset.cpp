@@ -237,6 +237,7 @@ struct chat_dataset::impl {
                          {"documents", options.render.documents.dump()},
                          {"variables", options.render.variables.dump()}};
     return {{"files", listed},
+            {"template", fmt::format("{:016x}", chat->digest())},
             {"fields", fields},
             {"loss", loss_name(options.loss)},
             {"render", render},

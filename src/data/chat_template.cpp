@@ -1,5 +1,6 @@
 #include <loom/base/text.hpp>
 #include <loom/data/chat_template.hpp>
+#include <loom/io/checksum.hpp>
 
 #include "jinja.hpp"
 #include "utf8.hpp"
@@ -21,6 +22,7 @@ using nlohmann::ordered_json;
 
 struct chat_template::impl {
   jinja::program tree;
+  std::uint64_t digest = 0;  // of the text, then of the special tokens
   // tokenizer_config.json's special tokens: what transformers passes as its special_tokens_map.
   std::vector<std::pair<std::string, jinja::value>> special_tokens;
 };
@@ -95,6 +97,9 @@ chat_template chat_template::from_text(std::string source, std::string name) {
   }
   auto core = std::make_unique<impl>();
   core->tree = jinja::parse(source, std::move(name));
+  xxh3_stream text;
+  text.update(source.data(), source.size());
+  core->digest = text.digest().xxh3;
   return chat_template(std::move(core));
 }
 
@@ -151,11 +156,18 @@ chat_template chat_template::from_pretrained(const std::filesystem::path& dir) {
     if (const auto entry = config.find(key); entry != config.end()) {
       if (const ordered_json* text = token_text(*entry)) {
         loaded.core_->special_tokens.emplace_back(std::string(key), text->get<std::string>());
+        const std::string named = fmt::format("{}={}", key, text->get<std::string>());
+        xxh3_stream digest;
+        digest.update(&loaded.core_->digest, sizeof loaded.core_->digest);
+        digest.update(named.data(), named.size() + 1);
+        loaded.core_->digest = digest.digest().xxh3;
       }
     }
   }
   return loaded;
 }
+
+std::uint64_t chat_template::digest() const noexcept { return core_->digest; }
 
 rendered_chat chat_template::render(const ordered_json& messages, const chat_render_options& options) const {
   if (!options.variables.is_object()) {

@@ -374,6 +374,12 @@ TEST_CASE("a state of other files, options or ranks is refused, naming what diff
   other = options;
   other.paths = {dir.path() / "a.jsonl"};
   refused(other, "its \"files\" is");
+  // Another template: its text's digest differs.
+  const auto other_template =
+      loom::data::chat_template::from_text("{% for m in messages %}[{{ m.role }}] {{ m.content }}\n{% endfor %}");
+  chat_dataset templated(other_template, tokenizer, options);
+  CHECK_THROWS_MATCHES(templated.restore(state), std::invalid_argument,
+                       MessageMatches(ContainsSubstring("its \"template\" is")));
   CHECK_THROWS_MATCHES(dataset.restore("{}"), std::invalid_argument,
                        MessageMatches(ContainsSubstring("not one chat_dataset::state() wrote")));
   json damaged = json::parse(state);

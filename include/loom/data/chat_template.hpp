@@ -18,6 +18,7 @@
 #include <nlohmann/json.hpp>
 
 #include <cstddef>
+#include <cstdint>
 #include <filesystem>
 #include <memory>
 #include <stdexcept>
@@ -71,6 +72,9 @@ class chat_template {
   [[nodiscard]] rendered_chat render(const nlohmann::ordered_json& messages,
                                      const chat_render_options& options = {}) const;
   [[nodiscard]] bool has_generation_blocks() const noexcept;
+  // XXH3-64 of the template's text and the special tokens read with it: what a dataset's saved position
+  // records of the template, so that a resume with another one is refused.
+  [[nodiscard]] std::uint64_t digest() const noexcept;
 
   struct impl;
 
