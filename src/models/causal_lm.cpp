@@ -352,8 +352,10 @@ at::Tensor DecoderModelImpl::embed(const at::Tensor& ids) {
 }
 
 at::Tensor DecoderModelImpl::forward(const at::Tensor& ids) {
+  // The split first: it agrees on the batch's shape across the group and names a length it cannot split.
+  const at::Tensor mine = sequence->split(ids, 1);
   const loom::nn::token_range tokens = sequence->tokens(ids.size(1));
-  return run_layers(ids, rotary(at::arange(tokens.begin, tokens.end, ids.options().dtype(at::kFloat))), std::nullopt);
+  return run_layers(mine, rotary(at::arange(tokens.begin, tokens.end, ids.options().dtype(at::kFloat))), std::nullopt);
 }
 
 at::Tensor DecoderModelImpl::forward(const at::Tensor& ids, const at::Tensor& positions) {
@@ -364,15 +366,16 @@ at::Tensor DecoderModelImpl::forward(const at::Tensor& ids, const at::Tensor& po
         "[batch, seq] of the same tokens, 0 where a document starts, whole on every rank",
         c10::toString(positions.scalar_type()), fmt::join(positions.sizes(), ", "), fmt::join(ids.sizes(), ", "));
   }
+  const at::Tensor mine = sequence->split(ids, 1);
   const at::Tensor whole = positions.to(ids.device());
   // A document is the run of tokens from one position 0 to the next.
   const at::Tensor documents = whole.eq(0).cumsum(1);
-  return run_layers(ids, rotary(sequence->local(whole, 1).to(at::kFloat)), documents);
+  return run_layers(mine, rotary(sequence->local(whole, 1).to(at::kFloat)), documents);
 }
 
-at::Tensor DecoderModelImpl::run_layers(const at::Tensor& ids, const rotary_tables& tables,
+at::Tensor DecoderModelImpl::run_layers(const at::Tensor& mine, const rotary_tables& tables,
                                         const std::optional<at::Tensor>& documents) {
-  at::Tensor h = embed(sequence->split(ids, 1));
+  at::Tensor h = embed(mine);
   for (const auto& layer : *layers) {
     auto& decoder_layer = *layer->as<DecoderLayer>();
     const bool sliding = decoder_layer.attention_kind() == layer_attention::sliding;

@@ -144,8 +144,9 @@ class DecoderModelImpl : public torch::nn::Module {
   };
   rotary_tables rotary(const at::Tensor& positions);
   at::Tensor embed(const at::Tensor& ids);
-  // The layers and the final norm over this rank's tokens of `ids`.
-  at::Tensor run_layers(const at::Tensor& ids, const rotary_tables& tables, const std::optional<at::Tensor>& documents);
+  // The layers and the final norm over `mine`, this rank's tokens (Sequence::split's).
+  at::Tensor run_layers(const at::Tensor& mine, const rotary_tables& tables,
+                        const std::optional<at::Tensor>& documents);
 
   // The rotary embeddings' inverse frequencies, fp32 [head_dim / 2], of full-attention layers and of
   // sliding ones: computed, not weights (as transformers' non-persistent inv_freq buffers), so they
