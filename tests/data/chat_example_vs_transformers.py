@@ -58,16 +58,8 @@ TEMPLATES = HERE / "chat_templates"
 LLAMA3_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
                   r"|\s*[\r\n]+|\s+(?!\S)|\s+")
 
-UNICODE = [
-    "你好，世界！今天天气很好。これは日本語です。안녕하세요",
-    "👍🏽 👨‍👩‍👧‍👦 🏳️‍🌈 🇫🇷🇩🇪 1️⃣ — emoji, flags and keycaps",
-    "e\u0301 a\u0308\u0323 Ẓ̵̡̢̛͎̘ combining marks " + "x" + "\u0301" * 12,
-    "مرحبا بالعالم، كيف حالك؟ שלום עולם \u200fRTL\u200e mixed",
-    "\u3000ideographic space and nbsp\u00a0inside\u2003 ",
-    "  leading and trailing whitespace\n\n",
-    "tabs\tand\nnewlines\r\nand a quote ' and a \" and a backslash \\",
-    "Ελληνικά Кириллица देवनागरी ไทย",
-]
+sys.path.insert(0, str(HERE))
+from chat_template_vs_jinja import UNICODE  # noqa: E402 - the same Unicode-heavy messages as the template check's
 
 TOOLS = [
     {"type": "function", "function": {
