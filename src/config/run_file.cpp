@@ -46,7 +46,7 @@ std::string lowercase(std::string text) {
 }
 
 // The objects of a run file beside its plan, each read through its options struct's fields().
-constexpr std::array<std::string_view, 2> sections{"train", "flow_matching"};
+constexpr std::array<std::string_view, 3> sections{"train", "flow_matching", "chat"};
 
 const std::vector<std::string> stage_names{
     "seeded",          "default_dtype", "pretrained", "quantized", "mixed_precision", "recompute", "sequence_parallel",
@@ -127,6 +127,7 @@ const std::vector<std::string>& run_file_keys() {
     });
     add_dotted_keys<train_options>(all, "train");
     add_dotted_keys<flow_matching_options>(all, "flow_matching");
+    add_dotted_keys<data::chat_options>(all, "chat");
     return all;
   }();
   return keys;
@@ -363,7 +364,7 @@ class reader final : public config_detail::fastvideo_reader {
 
  public:
   // Applies each override, in order, to the file's tree: "train.<key>=value" to its "train" object,
-  // "flow_matching.<key>=value" to its "flow_matching" object, the others to its "plan" list
+  // "flow_matching.<key>=value" and "chat.<key>=value" to their objects, the others to its "plan" list
   // ("lora.rank=16", "strategy=fsdp", "seeded=7"). The value is JSON when it parses as JSON, a string
   // otherwise.
   //
@@ -688,7 +689,7 @@ class reader final : public config_detail::fastvideo_reader {
       }
       fail(where, fmt::format("give one of \"{}\"{}", fmt::join(names, "\", \""), did_you_mean(text, names)));
     } else if constexpr (std::is_same_v<T, std::filesystem::path>) {
-      if (!value.is_string()) fail(where, "give a folder as a string");
+      if (!value.is_string()) fail(where, "give a path as a string");
       target = value.get<std::string>();
     } else if constexpr (std::is_same_v<T, decay_shape>) {
       const std::string shape = value.is_string() ? value.get<std::string>() : "";
@@ -759,8 +760,8 @@ class reader final : public config_detail::fastvideo_reader {
     const auto dot = key.find('.');
     const std::string stage = key.substr(0, dot);
     if (std::find(stage_names.begin(), stage_names.end(), stage) == stage_names.end()) {
-      fail(key, fmt::format("unknown key; an override names a stage, a stage's key or a key of train or "
-                            "flow_matching, as docs/run_files.md lists them{}",
+      fail(key, fmt::format("unknown key; an override names a stage, a stage's key or a key of train, "
+                            "flow_matching or chat, as docs/run_files.md lists them{}",
                             did_you_mean(key, run_file_keys())));
     }
     json* entry = nullptr;
@@ -822,7 +823,8 @@ class reader final : public config_detail::fastvideo_reader {
       if (key != "plan" && std::find(sections.begin(), sections.end(), key) == sections.end()) {
         std::vector<std::string> known{"plan"};
         known.insert(known.end(), run_file_keys().begin(), run_file_keys().end());
-        fail(key, fmt::format("unknown key; a run file has \"plan\", \"train\" and \"flow_matching\" (a YAML one may "
+        fail(key, fmt::format("unknown key; a run file has \"plan\", \"train\", \"flow_matching\" and \"chat\" (a YAML "
+                              "one may "
                               "have FastVideo's \"models\" and \"training\" instead){}",
                               did_you_mean(key, known)));
       }
@@ -871,6 +873,21 @@ class reader final : public config_detail::fastvideo_reader {
     return options;
   }
 
+  // An instruction-tuning recipe's options from the tree's "chat" object, if it has one.
+  std::optional<data::chat_options> chat(const json& root) const {
+    if (!root.contains("chat")) return std::nullopt;
+    const json& value = root["chat"];
+    if (!value.is_object()) fail("chat", "give its options as an object, e.g. {\"packing\": true}");
+    require_keys("chat", field_names<data::chat_options>(), value, "chat");
+    const data::chat_options options = fields<data::chat_options>(value, "chat");
+    if (options.pack_window < 1) {
+      fail("chat.pack_window", fmt::format("is {}; give the number of records first-fit decreasing packs together, at "
+                                           "least 1 ({} by default)",
+                                           options.pack_window, data::chat_options{}.pack_window));
+    }
+    return options;
+  }
+
  private:
   // A key set by an override is no longer the file's: its messages name no line.
   void forget_line(const std::string& key) {
@@ -892,7 +909,7 @@ run_file read_run_file(const std::filesystem::path& path, std::span<const std::s
   reader file(path);
   json root = file.load();
   file.apply_overrides(root, overrides);
-  run_file read{file.stages(root), file.training(root), file.flow_matching(root), file.ranks(), {}, {},
+  run_file read{file.stages(root), file.training(root), file.flow_matching(root), file.chat(root), file.ranks(), {}, {},
                 file.take_notes()};
   // A group size k > 1, which the job's ranks must be a multiple of, in the file's words for its key.
   const auto group = [&file](std::size_t size, const std::string& key) -> std::optional<ranks_asked> {

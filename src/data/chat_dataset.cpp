@@ -125,9 +125,16 @@ struct chat_dataset::impl {
                        options.fields_option);
   }
 
-  // This rank's k-th record of `at_epoch` made into an example; nothing for one skip_malformed skips
-  // (counted in `skipped_here`) or one of no tokens (nothing to train on).
-  std::optional<example> example_at(std::int64_t at_epoch, std::uint64_t k, std::int64_t& skipped_here) const {
+  // The records a window leaves out, by why.
+  struct left_out {
+    std::int64_t malformed = 0;     // skip_malformed skipped them
+    std::int64_t without_loss = 0;  // no token after its first carries loss once cut to seq_len
+  };
+
+  // This rank's k-th record of `at_epoch` made into an example; nothing for one skip_malformed skips,
+  // one of no tokens, or one whose loss is all past seq_len (nothing to train on: a micro-batch of only
+  // such examples would have no loss to average), counted in `left`.
+  std::optional<example> example_at(std::int64_t at_epoch, std::uint64_t k, left_out& left) const {
     if (carried && carried->epoch == at_epoch && carried->index == k) {
       example made = std::move(carried->made);
       carried.reset();
@@ -140,7 +147,7 @@ struct chat_dataset::impl {
                                            files[place.file].path.string(), place.line, what,
                                            options.skip_malformed_option);
       }
-      ++skipped_here;
+      ++left.malformed;
       return std::nullopt;
     };
     const ordered_json record = ordered_json::parse(line_of(place), nullptr, /*allow_exceptions=*/false);
@@ -155,6 +162,13 @@ struct chat_dataset::impl {
       return malformed(fmt::format("the chat template fails on the record: {}", sentence_of(error)));
     }
     if (made.ids.empty()) return std::nullopt;
+    // The forward takes no loss at an example's first token: its label would be predicted from the
+    // example before it in the sequence.
+    const auto labels_kept = made.labels.begin() + fitted(made);
+    if (std::all_of(made.labels.begin() + 1, labels_kept, [](std::int32_t label) { return label == -100; })) {
+      ++left.without_loss;
+      return std::nullopt;
+    }
     return made;
   }
 
@@ -163,14 +177,14 @@ struct chat_dataset::impl {
   }
 
   // The window of this rank's records of `at_epoch` that starts at `start`, its skipped records added to
-  // `skipped_here`.
-  window window_at(std::int64_t at_epoch, std::uint64_t start, std::int64_t& skipped_here) const {
+  // `left`.
+  window window_at(std::int64_t at_epoch, std::uint64_t start, left_out& left) const {
     const std::uint64_t count = rank_records();
     window made{.start = start, .end = start};
     if (options.pack && options.packing == packing_strategy::first_fit_decreasing) {
       made.end = std::min(count, start + static_cast<std::uint64_t>(options.pack_window));
       for (std::uint64_t k = start; k < made.end; ++k)
-        if (auto e = example_at(at_epoch, k, skipped_here)) made.examples.push_back(std::move(*e));
+        if (auto e = example_at(at_epoch, k, left)) made.examples.push_back(std::move(*e));
       std::vector<std::int64_t> lengths;
       for (const example& e : made.examples) lengths.push_back(static_cast<std::int64_t>(e.ids.size()));
       made.sequences = pack(lengths, options.seq_len, options.packing);
@@ -182,7 +196,7 @@ struct chat_dataset::impl {
     // rather than read twice.
     std::int64_t room = options.seq_len;
     while (made.end < count) {
-      std::optional<example> e = example_at(at_epoch, made.end, skipped_here);
+      std::optional<example> e = example_at(at_epoch, made.end, left);
       if (!e) {
         ++made.end;
         continue;
@@ -211,7 +225,7 @@ struct chat_dataset::impl {
     if (sequences_in_epoch == 0) {
       throw_error<std::invalid_argument>(
           "chat_dataset: none of rank {}'s {} (of {}) made an example in epoch {}: each was skipped as malformed "
-          "({} skipped so far) or has no tokens",
+          "({} skipped so far), has no tokens, or carries no loss within seq_len",
           options.rank, counted(static_cast<std::int64_t>(rank_records()), "record"), all.size(), epoch, skipped);
     }
     ++epoch;
@@ -254,6 +268,24 @@ struct chat_dataset::impl {
             {"vocab", tok->vocab_size()}};
   }
 };
+
+std::string_view name_of(record_format format) noexcept {
+  return format == record_format::openai ? "openai" : "sharegpt";
+}
+
+chat_fields fields_of(record_format format) {
+  return format == record_format::openai ? chat_fields{} : chat_fields::sharegpt();
+}
+
+chat_dataset_options chat_options::applied_to(chat_dataset_options options) const {
+  options.fields = fields_of(format);
+  options.loss = loss;
+  options.pack = pack;
+  options.packing = packing;
+  options.pack_window = pack_window;
+  options.skip_malformed = skip_malformed;
+  return options;
+}
 
 chat_dataset::chat_dataset(const chat_template& chat, const tokenizer& tokenizer, chat_dataset_options options)
     : core_(std::make_unique<impl>()) {
@@ -305,9 +337,9 @@ packed_sequence chat_dataset::next() {
   impl& c = *core_;
   while (true) {
     if (!c.current) {
-      std::int64_t skipped_here = 0;
-      c.current = c.window_at(c.epoch, c.window_start, skipped_here);
-      if (!c.window_skips_counted) c.skipped += skipped_here;
+      impl::left_out left;
+      c.current = c.window_at(c.epoch, c.window_start, left);
+      if (!c.window_skips_counted) c.skipped += left.malformed;
       c.window_skips_counted = false;
       if (c.sequence_in_window > 0 && c.sequence_in_window >= c.current->sequences.size()) {
         throw_error<std::invalid_argument>(
@@ -377,8 +409,9 @@ void chat_dataset::restore(std::string_view state) {
 chat_data_summary chat_dataset::summary() const {
   const impl& c = *core_;
   chat_data_summary counts{.seq_len = c.options.seq_len};
+  impl::left_out left;
   for (std::uint64_t start = 0; start < c.rank_records();) {
-    const impl::window w = c.window_at(0, start, counts.skipped);
+    const impl::window w = c.window_at(0, start, left);
     for (const example& e : w.examples) {
       const std::int64_t kept = c.fitted(e);
       ++counts.examples;
@@ -391,6 +424,8 @@ chat_data_summary chat_dataset::summary() const {
     start = w.end;
   }
   counts.padding_tokens = counts.sequences * c.options.seq_len - counts.tokens;
+  counts.skipped = left.malformed;
+  counts.without_loss = left.without_loss;
   return counts;
 }
 

@@ -89,6 +89,8 @@ example labelled(const std::string& text, const std::vector<byte_range>& ranges,
 
 }  // namespace
 
+std::string_view name_of(loss_on loss) noexcept { return loss == loss_on::assistant ? "assistant" : "every_token"; }
+
 chat_fields chat_fields::sharegpt() {
   chat_fields fields;
   fields.messages = "conversations";

@@ -103,7 +103,8 @@ chat_template chat_template::from_text(std::string source, std::string name) {
   return chat_template(std::move(core));
 }
 
-chat_template chat_template::from_pretrained(const std::filesystem::path& dir) {
+chat_template chat_template::from_pretrained(const std::filesystem::path& dir,
+                                             const std::filesystem::path& template_file) {
   const std::filesystem::path config_path = dir / "tokenizer_config.json";
   const std::filesystem::path file_path = dir / "chat_template.jinja";
   ordered_json config = ordered_json::object();
@@ -119,7 +120,14 @@ chat_template chat_template::from_pretrained(const std::filesystem::path& dir) {
   // As transformers does, chat_template.jinja takes priority over the config's entry.
   std::string source;
   std::string name;
-  if (std::filesystem::exists(file_path)) {
+  if (!template_file.empty()) {
+    if (!std::filesystem::is_regular_file(template_file)) {
+      throw_error<chat_template_error>("the chat template file {} does not exist: give a Jinja file",
+                                       template_file.string());
+    }
+    source = read_file(template_file);
+    name = template_file.filename().string();
+  } else if (std::filesystem::exists(file_path)) {
     source = read_file(file_path);
     name = file_path.filename().string();
   } else if (const auto entry = config.find("chat_template"); entry != config.end() && !entry->is_null()) {

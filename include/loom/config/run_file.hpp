@@ -11,6 +11,7 @@
 //   auto plan = loom::plan_from_file(loom::model<TinyGpt>(config), file);
 //   std::visit([&](auto& job) { train(job, file.train); }, loom::build(plan, loom::runtime::from_env()));
 
+#include <loom/data/chat_dataset.hpp>
 #include <loom/dsl/run_plan.hpp>
 #include <loom/train/flow_matching.hpp>
 #include <loom/train/loop.hpp>
@@ -42,13 +43,15 @@ struct ranks_asked {
 // object, and a flow-matching recipe's options of its "flow_matching" object, with `overrides`
 // applied on top, in order: "lora.rank=16", "strategy=fsdp", "strategy.bucket_cap_mb=50", "seeded=7"
 // to the stages, "train.steps=100", "train.lr.peak=3e-4" to the loop, "flow_matching.flow_shift=5"
-// to flow matching. Unknown keys, wrong types and a strategy loom does not have are
+// to flow matching, "chat.packing=false" to chat data. Unknown keys, wrong types and a strategy loom does not have are
 // run_file_errors; a stage's value out of range is the DSL's plan_error with its rule's sentence,
 // and a loop's option that train() would refuse is a run_file_error now, before anything is built.
 struct run_file {
   run_stages stages;
   train_options train;
   std::optional<flow_matching_options> flow_matching;
+  // How an instruction-tuning recipe reads its chat records, from the file's "chat" object (lm-finetune --chat).
+  std::optional<data::chat_options> chat;
   // The ranks the file is written for, when it says (FastVideo's hsdp_replicate_dim × hsdp_shard_dim,
   // or num_gpus): check_world_size compares them with the job's.
   std::optional<ranks_asked> ranks;

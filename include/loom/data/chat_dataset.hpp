@@ -21,13 +21,17 @@
 #include <loom/data/chat_template.hpp>
 #include <loom/data/packing.hpp>
 #include <loom/data/tokenizer.hpp>
+#include <loom/dsl/options.hpp>
 
+#include <array>
 #include <cstdint>
 #include <filesystem>
 #include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
+#include <tuple>
+#include <type_traits>
 #include <vector>
 
 namespace loom::data {
@@ -43,7 +47,8 @@ struct chat_dataset_options {
   loss_on loss = loss_on::assistant;
   // Passed to every render of the template: tools, documents, variables (enable_thinking, ...).
   chat_render_options render{};
-  // The length of every sequence next() gives; an example longer than this is cut to it.
+  // The length of every sequence next() gives; an example longer than this is cut to it, and left out
+  // when no token of it after the first carries loss then (chat_data_summary::without_loss).
   std::int64_t seq_len = 2048;
   // Several examples a sequence (each from position 0, attending within itself); false: one example a
   // sequence, the rest padding.
@@ -69,6 +74,42 @@ struct chat_dataset_options {
   std::string skip_malformed_option = "skip_malformed";
 };
 
+// The record shapes a run file names: OpenAI's messages (TRL's prompt/completion read with them) and
+// ShareGPT's conversations.
+enum class record_format { openai, sharegpt };
+[[nodiscard]] std::string_view name_of(record_format format) noexcept;
+constexpr std::array<record_format, 2> values_of(std::type_identity<record_format>) noexcept {
+  return {record_format::openai, record_format::sharegpt};
+}
+[[nodiscard]] chat_fields fields_of(record_format format);
+
+// What a run file's "chat" object sets (docs/run_files.md), in TRL's SFTConfig words where it has them;
+// the defaults are chat_dataset_options'.
+struct chat_options {
+  // A Jinja file, or a folder with a tokenizer_config.json, whose template replaces the checkpoint's
+  // (empty: the checkpoint's own).
+  std::filesystem::path chat_template_path{};
+  record_format format = record_format::openai;
+  loss_on loss = chat_dataset_options{}.loss;
+  bool pack = chat_dataset_options{}.pack;
+  packing_strategy packing = chat_dataset_options{}.packing;
+  std::int64_t pack_window = chat_dataset_options{}.pack_window;
+  bool skip_malformed = chat_dataset_options{}.skip_malformed;
+
+  static constexpr auto fields() {
+    return std::tuple{option_field{"chat_template_path", &chat_options::chat_template_path},
+                      option_field{"format", &chat_options::format},
+                      option_field{"loss_on", &chat_options::loss},
+                      option_field{"packing", &chat_options::pack},
+                      option_field{"packing_strategy", &chat_options::packing},
+                      option_field{"pack_window", &chat_options::pack_window},
+                      option_field{"skip_malformed", &chat_options::skip_malformed}};
+  }
+
+  // `options` with these set: its fields, loss, packing and skip_malformed.
+  [[nodiscard]] chat_dataset_options applied_to(chat_dataset_options options) const;
+};
+
 // What one epoch of a rank's data comes to, for a recipe to print before it trains.
 struct chat_data_summary {
   std::int64_t examples = 0;        // records made into examples (an example of no tokens is left out)
@@ -78,6 +119,10 @@ struct chat_data_summary {
   std::int64_t padding_tokens = 0;  // sequences * seq_len - tokens
   std::int64_t truncated = 0;       // examples longer than seq_len, cut to it
   std::int64_t skipped = 0;         // malformed records skipped (skip_malformed)
+  // Records left out because no token after their first carries loss once cut to seq_len (the
+  // assistant's reply lies past the cut): they would teach nothing, and a micro-batch of them alone
+  // would have no loss to average.
+  std::int64_t without_loss = 0;
   std::int64_t seq_len = 0;
 
   // The share of the examples' tokens that carry loss.

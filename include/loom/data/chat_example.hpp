@@ -21,8 +21,11 @@
 
 #include <nlohmann/json.hpp>
 
+#include <array>
 #include <map>
 #include <string>
+#include <string_view>
+#include <type_traits>
 
 namespace loom::data {
 
@@ -44,6 +47,11 @@ struct chat_fields {
 
 // Where the loss goes.
 enum class loss_on { assistant, every_token };
+// "assistant" and "every_token": how run files and messages name them.
+[[nodiscard]] std::string_view name_of(loss_on loss) noexcept;
+constexpr std::array<loss_on, 2> values_of(std::type_identity<loss_on>) noexcept {
+  return {loss_on::assistant, loss_on::every_token};
+}
 
 // The tokens of `record` and their labels: its assistant's (or completion's) tokens labelled with
 // themselves, the others -100; every token under loss_on::every_token. std::invalid_argument, in one

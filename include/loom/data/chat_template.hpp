@@ -57,8 +57,10 @@ class chat_template {
   // tokenizer_config.json's "chat_template" (a string, or a list of {name, template}: the one named
   // "default"), else chat_template.jinja beside it; the special tokens that tokenizer_config.json
   // names (bos, eos, unk, sep, pad, cls, mask: strings or {"content": ...}) become variables of every
-  // render, as transformers passes its special_tokens_map.
-  [[nodiscard]] static chat_template from_pretrained(const std::filesystem::path& dir);
+  // render, as transformers passes its special_tokens_map. With `template_file`, a Jinja file's text
+  // replaces the folder's template (TRL's chat_template_path) and the special tokens are still the folder's.
+  [[nodiscard]] static chat_template from_pretrained(const std::filesystem::path& dir,
+                                                     const std::filesystem::path& template_file = {});
   // A template's text; `name` is how errors name it.
   [[nodiscard]] static chat_template from_text(std::string source, std::string name = "chat_template");
 

@@ -9,10 +9,12 @@
 // a new sequence when the next example does not fit: torchtune's). An example longer than the
 // sequence is cut to it, as TRL truncates to max_length before packing.
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <span>
 #include <string_view>
+#include <type_traits>
 #include <vector>
 
 namespace loom::data {
@@ -21,6 +23,9 @@ enum class packing_strategy { first_fit_decreasing, greedy };
 // "first_fit_decreasing" or "greedy"; std::invalid_argument naming both for another.
 [[nodiscard]] packing_strategy packing_strategy_named(std::string_view name);
 [[nodiscard]] std::string_view name_of(packing_strategy strategy) noexcept;
+constexpr std::array<packing_strategy, 2> values_of(std::type_identity<packing_strategy>) noexcept {
+  return {packing_strategy::first_fit_decreasing, packing_strategy::greedy};
+}
 
 // Which examples each sequence of `capacity` tokens holds, by index into `lengths`, in the order
 // they are laid out. Deterministic: ties keep the examples' order. Every example is in exactly one
