@@ -541,6 +541,36 @@ TEST_CASE("ShareGPT's conversations, TRL's prompt and completion, and examples l
   CHECK(summary.loss_tokens == 7 + 14 + 122);
 }
 
+TEST_CASE("a record whose loss lies past seq_len is left out and counted: it would teach nothing", "[chat-dataset]") {
+  const folder dir;
+  const auto tokenizer = byte_tokenizer(dir.path() / "tokenizer");
+  const auto chat = chatml_template();
+  {
+    std::ofstream out(dir.path() / "long-prompts.jsonl");
+    for (const int length : {200, 20, 300, 30}) {
+      const json messages = json::array(
+          {{{"role", "user"}, {"content", std::string(length, 'q')}}, {{"role", "assistant"}, {"content", "A"}}});
+      out << json{{"messages", messages}}.dump() << "\n";
+    }
+  }
+  for (const bool pack : {true, false}) {
+    CAPTURE(pack);
+    chat_dataset dataset(
+        chat, tokenizer,
+        {.paths = {dir.path() / "long-prompts.jsonl"}, .seq_len = 128, .pack = pack, .shuffle = false});
+    const loom::data::chat_data_summary summary = dataset.summary();
+    CHECK(summary.without_loss == 2);
+    CHECK(summary.examples == 2);
+    CHECK(summary.truncated == 0);
+    // Every sequence of an epoch carries loss: none is made of cut prompts alone.
+    for (std::int64_t k = 0; k < summary.sequences; ++k) {
+      const packed_sequence sequence = dataset.next();
+      CHECK(std::count_if(sequence.labels.begin(), sequence.labels.end(), [](auto l) { return l != -100; }) > 0);
+    }
+    CHECK(dataset.epoch() == 1);
+  }
+}
+
 TEST_CASE("identity: the files' names, sizes and digest, the same on every rank", "[chat-dataset]") {
   const folder dir;
   write_records(dir.path());

@@ -272,8 +272,8 @@ TEST_CASE("an unknown key, stage or override names the keys it is close to", "[r
   CHECK_THROWS_WITH(read("override-steps", R"({"train": {"steps": 3}})", {"steps=100"}),
                     ContainsSubstring("the override steps=100 (over run file '") &&
                         ContainsSubstring("override-steps.json'): steps: unknown key; an override names a stage, a "
-                                          "stage's key or a key of train or flow_matching, as docs/run_files.md "
-                                          "lists them (did you mean 'train.steps'?)"));
+                                          "stage's key or a key of train, flow_matching or chat, as "
+                                          "docs/run_files.md lists them (did you mean 'train.steps'?)"));
   CHECK_THROWS_WITH(read("override-out", R"({"train": {"steps": 3}})", {"out=/tmp/run"}),
                     ContainsSubstring("the override out=/tmp/run (over run file '") &&
                         ContainsSubstring("(did you mean 'train.out'?)"));
@@ -467,7 +467,8 @@ TEST_CASE("FastVideo's LoRA block: enable, rank, alpha, target_modules, as its L
     CHECK_THROWS_WITH(read("both", "train:\n  steps: 3\ntraining:\n  steps: 4\n"),
                       ContainsSubstring("training: the file has train too"));
     CHECK_THROWS_WITH(read("top", "data:\n  path: x\n"),
-                      ContainsSubstring("data: unknown key; a run file has \"plan\", \"train\" and \"flow_matching\""));
+                      ContainsSubstring("data: unknown key; a run file has \"plan\", \"train\", \"flow_matching\" and "
+                                        "\"chat\""));
     CHECK_THROWS_WITH(read("syntax", "plan:\n  - seeded: [1\n"), ContainsSubstring("it is not YAML"));
   }
   SECTION("a rule is broken with the compiler's sentence") {
@@ -583,6 +584,54 @@ TEST_CASE("FastVideo's training.distributed: hybrid sharding as fsdp's shard_gro
                       ContainsSubstring("training.distributed.pin_cpu_memory: unknown key; training.distributed takes "
                                         "strategy, num_gpus, hsdp_replicate_dim, hsdp_shard_dim, sp_size, tp_size"));
   }
+}
+
+TEST_CASE("chat data's options: the chat object in every layout, its overrides, and its refusals", "[run_file]") {
+  CHECK_FALSE(loom::read_run_file(written("chat-none", R"({"plan": []})")).chat.has_value());
+  const loom::run_file defaults = loom::read_run_file(written("chat-empty", R"({"chat": {}})"));
+  REQUIRE(defaults.chat.has_value());
+  const loom::data::chat_dataset_options dataset_defaults;
+  CHECK(defaults.chat->pack == dataset_defaults.pack);
+  CHECK(defaults.chat->packing == dataset_defaults.packing);
+  CHECK(defaults.chat->pack_window == dataset_defaults.pack_window);
+  CHECK(defaults.chat->loss == loom::data::loss_on::assistant);
+  CHECK(defaults.chat->chat_template_path.empty());
+
+  const loom::run_file yaml =
+      loom::read_run_file(written("chat-yaml",
+                                  "chat:\n  format: sharegpt\n  loss_on: every_token\n  packing_strategy: greedy\n"
+                                  "  chat_template_path: /tmp/t.jinja\ntraining:\n  steps: 3\n",
+                                  ".yaml"),
+                          std::vector<std::string>{"chat.packing=false", "chat.pack_window=7"});
+  REQUIRE(yaml.chat.has_value());
+  CHECK(yaml.chat->format == loom::data::record_format::sharegpt);
+  CHECK(yaml.chat->loss == loom::data::loss_on::every_token);
+  CHECK(yaml.chat->packing == loom::data::packing_strategy::greedy);
+  CHECK_FALSE(yaml.chat->pack);
+  CHECK(yaml.chat->pack_window == 7);
+  CHECK(yaml.chat->chat_template_path == "/tmp/t.jinja");
+  CHECK(yaml.train.steps == 3);
+  const loom::data::chat_dataset_options applied = yaml.chat->applied_to({.seq_len = 64});
+  CHECK(applied.fields.messages == "conversations");
+  CHECK(applied.seq_len == 64);
+  CHECK_FALSE(applied.pack);
+
+  const loom::run_file toml = loom::read_run_file(written("chat-toml", "[chat]\npacking = false\n", ".toml"));
+  CHECK_FALSE(toml.chat->pack);
+
+  CHECK_THROWS_WITH(loom::read_run_file(written("chat-format", "chat:\n  format: alpaca\n", ".yaml")),
+                    ContainsSubstring(", line 2: chat.format: give one of \"openai\", \"sharegpt\""));
+  CHECK_THROWS_WITH(
+      loom::read_run_file(written("chat-key", R"({"chat": {"packing_strategy": "ffd", "pakcing": true}})")),
+      ContainsSubstring("chat.pakcing: unknown key; chat takes") && ContainsSubstring("(did you mean 'packing'?)"));
+  CHECK_THROWS_WITH(loom::read_run_file(written("chat-strategy", R"({"chat": {"packing_strategy": "ffd"}})")),
+                    ContainsSubstring("chat.packing_strategy: give one of \"first_fit_decreasing\", \"greedy\""));
+  CHECK_THROWS_WITH(
+      loom::read_run_file(written("chat-window", R"({"chat": {}})"), std::vector<std::string>{"chat.pack_window=0"}),
+      ContainsSubstring("chat.pack_window: is 0; give the number of records first-fit decreasing "
+                        "packs together, at least 1 (1000 by default)"));
+  CHECK_THROWS_WITH(loom::read_run_file(written("chat-object", R"({"chat": true})")),
+                    ContainsSubstring("chat: give its options as an object"));
 }
 
 TEST_CASE("flow matching's options: loom's flow_matching, or FastVideo's training.model and the role's flow_shift",
