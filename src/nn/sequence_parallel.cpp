@@ -111,24 +111,57 @@ struct sum_over_group : torch::autograd::Function<sum_over_group> {
   }
 };
 
+// In the dtype autocast would attend in, so that a kernel called directly computes what SDPA would.
+at::Tensor in_compute_type(const at::Tensor& t) {
+  return at::autocast::is_autocast_enabled(t.device().type())
+             ? t.to(at::autocast::get_autocast_dtype(t.device().type()))
+             : t;
+}
+
+// Whether ATen's flash kernel takes these: CUDA, fp16 or bf16, a head size it was built for.
+bool flash_takes(const at::Tensor& q) {
+  const at::ScalarType type = in_compute_type(q).scalar_type();
+  const std::int64_t head_dim = q.size(3);
+  return q.is_cuda() && (type == at::kHalf || type == at::kBFloat16) && head_dim % 8 == 0 && head_dim <= 256;
+}
+
+// Packed attention through the variable-length flash kernel: the batch's rows laid end to end, each
+// document a sequence of its own, grouped-query heads as they are (the kernel serves each key-value
+// head to its query heads in order), the sliding window as the kernel's left window.
+at::Tensor attend_varlen(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                         const attention_options& options, const packed_documents& documents) {
+  const std::int64_t batch = q.size(0), tokens = q.size(1);
+  const auto flat = [&](const at::Tensor& t) {
+    return in_compute_type(t).reshape({batch * tokens, t.size(2), t.size(3)});
+  };
+  // The kernel's window: the keys this many tokens behind and ahead of the query, -1 for all of them.
+  const std::int64_t behind = options.sliding_window > 0 ? options.sliding_window - 1 : -1;
+  const std::int64_t ahead = options.sliding_window > 0 ? 0 : -1;
+  const auto attended = at::_flash_attention_forward(
+      flat(q), flat(k), flat(v), documents.offsets, documents.offsets, documents.longest, documents.longest,
+      /*dropout_p=*/0.0, options.causal, /*return_debug_mask=*/false, options.scale, behind, ahead);
+  return std::get<0>(attended).view({batch, tokens, q.size(2), q.size(3)});
+}
+
 // Attention over [batch, tokens, heads, dim] tensors, grouped-query heads repeated in order; with
-// `documents` [batch, tokens] (each token's document) a query sees only keys of its own document.
+// `documents` a query sees only keys of its own document.
 at::Tensor attend(const at::Tensor& q, at::Tensor k, at::Tensor v, const attention_options& options,
-                  const std::optional<at::Tensor>& documents) {
+                  const packed_documents* documents) {
+  if (documents != nullptr && flash_takes(q)) return attend_varlen(q, k, v, options, *documents);
   const std::int64_t heads = q.size(2), kv_heads = k.size(2);
   if (kv_heads != heads) {
     k = k.repeat_interleave(heads / kv_heads, 2);
     v = v.repeat_interleave(heads / kv_heads, 2);
   }
   std::optional<at::Tensor> mask;
-  if (options.sliding_window > 0 || documents) {
+  if (options.sliding_window > 0 || documents != nullptr) {
     // Key j is in query i's window when i - sliding_window < j <= i (transformers' sliding mask).
     const at::Tensor positions = at::arange(q.size(1), at::TensorOptions(at::kLong).device(q.device()));
     const at::Tensor behind = positions.unsqueeze(1) - positions.unsqueeze(0);
     at::Tensor allowed = options.causal ? behind.ge(0) : at::ones_like(behind, at::kBool);
     if (options.sliding_window > 0) allowed = allowed.logical_and(behind.lt(options.sliding_window));
-    if (documents) {
-      const at::Tensor same = documents->unsqueeze(2).eq(documents->unsqueeze(1));  // [batch, query, key]
+    if (documents != nullptr) {
+      const at::Tensor same = documents->ids.unsqueeze(2).eq(documents->ids.unsqueeze(1));  // [batch, query, key]
       allowed = same.logical_and(allowed).unsqueeze(1);
     }
     mask = allowed;
@@ -322,13 +355,24 @@ void AttentionImpl::keep_heads(int k, std::string_view name) {
   options_.kv_heads = kv_heads / k;
 }
 
+packed_documents packed_documents::from_positions(const at::Tensor& positions, c10::Device device) {
+  const at::Tensor host = positions.to(at::kCPU, at::kLong).contiguous();
+  at::Tensor starts = host.eq(0);
+  starts.select(1, 0).fill_(true);
+  const at::Tensor first_tokens = starts.flatten().nonzero().flatten();
+  const at::Tensor offsets = at::cat({first_tokens, at::full({1}, host.numel(), at::kLong)});
+  const std::int64_t longest =
+      host.numel() == 0 ? 0 : (offsets.slice(0, 1) - offsets.slice(0, 0, -1)).max().item<std::int64_t>();
+  return {.ids = starts.cumsum(1).to(device), .offsets = offsets.to(at::kInt).to(device), .longest = longest};
+}
+
 void AttentionImpl::join(std::shared_ptr<sequence_split> split, std::size_t site_index) {
   split_ = std::move(split);
   site_index_ = site_index;
 }
 
 at::Tensor AttentionImpl::forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                                  const std::optional<at::Tensor>& documents) {
+                                  const packed_documents* documents) {
   if (q.dim() != 4 || k.dim() != 4 || v.dim() != 4 || q.size(2) != options_.heads ||
       k.size(2) != options_.key_value_heads() || v.size(2) != options_.key_value_heads()) {
     throw_error<std::invalid_argument>(
@@ -337,22 +381,17 @@ at::Tensor AttentionImpl::forward(const at::Tensor& q, const at::Tensor& k, cons
         counted(options_.heads, "head"), counted(options_.key_value_heads(), "key-value head"));
   }
   const std::int64_t whole = q.size(1) * (split_ ? split_->size() : 1);
-  if (documents && (documents->dim() != 2 || documents->size(0) != q.size(0) || documents->size(1) != whole)) {
+  if (documents != nullptr &&
+      (documents->ids.dim() != 2 || documents->ids.size(0) != q.size(0) || documents->ids.size(1) != whole)) {
     throw_error<std::invalid_argument>(
         "loom::nn::Attention: documents [{}] for a batch of {} and {}: give each token's document [batch, tokens], "
-        "the whole sequence's on every rank",
-        fmt::join(documents->sizes(), ", "), q.size(0), counted(whole, "token"));
+        "the whole sequence's on every rank (packed_documents::from_positions)",
+        fmt::join(documents->ids.sizes(), ", "), q.size(0), counted(whole, "token"));
   }
-  const std::optional<at::Tensor> on_device =
-      documents ? std::optional(documents->to(q.device())) : std::optional<at::Tensor>();
-  if (!split_) return attend(q, k, v, options_, on_device);
+  if (!split_) return attend(q, k, v, options_, documents);
 
   // In the dtype autocast would attend in, so that the exchange carries what attention computes in.
-  const auto compute = [&q](const at::Tensor& t) {
-    return at::autocast::is_autocast_enabled(q.device().type())
-               ? t.to(at::autocast::get_autocast_dtype(q.device().type()))
-               : t;
-  };
+  const auto compute = [](const at::Tensor& t) { return in_compute_type(t); };
   const std::int64_t ranks = split_->size(), batch = q.size(0), tokens = q.size(1), dim = q.size(3);
   const std::int64_t heads = options_.heads, kv_heads = split_->kv_heads_sent(site_index_);
   at::Tensor key = compute(k), value = compute(v);
@@ -369,7 +408,7 @@ at::Tensor AttentionImpl::forward(const at::Tensor& q, const at::Tensor& k, cons
   const auto site = c10::make_intrusive<exchange_site>(split_, site_index_);
   const std::vector<at::Tensor> by_heads =
       to_heads_exchange::apply(site, packed).split({heads / ranks, kv_heads / ranks, kv_heads / ranks}, 2);
-  return to_sequence_exchange::apply(site, attend(by_heads[0], by_heads[1], by_heads[2], options_, on_device));
+  return to_sequence_exchange::apply(site, attend(by_heads[0], by_heads[1], by_heads[2], options_, documents));
 }
 
 void SequenceImpl::join(std::shared_ptr<sequence_split> split) { split_ = std::move(split); }

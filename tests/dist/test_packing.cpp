@@ -18,7 +18,9 @@
 #include <catch2/catch_test_macros.hpp>
 #include <catch2/generators/catch_generators.hpp>
 
+#include <algorithm>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <string>
 #include <vector>
@@ -139,6 +141,20 @@ TEST_CASE("a packed batch's documents attend and learn as they do one by one", "
   check_packed(base | loom::tensor_parallel(2) | loom::ddp(), base | loom::ddp());
 }
 
+TEST_CASE("packed_documents: each token's document, and the documents' offsets laid end to end", "[packing]") {
+  const packed_batch batch = packed();
+  const auto documents = loom::nn::packed_documents::from_positions(batch.positions, at::kCPU);
+  // Rows {5, 7} and {4, 3, 5} of 12: the documents start at 0, 5, 12, 16 and 19, and the batch ends at 24.
+  CHECK(at::equal(documents.offsets, at::tensor({0, 5, 12, 16, 19, 24}, at::kInt)));
+  CHECK(documents.longest == 7);
+  CHECK(at::equal(documents.ids[1], at::tensor({1, 1, 1, 1, 2, 2, 2, 3, 3, 3, 3, 3}, at::kLong)));
+  // A row that does not start at position 0 still starts a document.
+  const at::Tensor continued = at::tensor({3, 4, 0, 1, 2}, at::kLong).unsqueeze(0);
+  const auto rest = loom::nn::packed_documents::from_positions(continued, at::kCPU);
+  CHECK(at::equal(rest.offsets, at::tensor({0, 2, 5}, at::kInt)));
+  CHECK(rest.longest == 3);
+}
+
 TEST_CASE("positions that are not the token ids' are refused, naming the fix", "[packing]") {
   auto job = loom::build(loom::model<loom::models::CausalLM>(small_llama()) | loom::seeded(5) | loom::ddp(), world());
   const at::Tensor ids = torch::randint(64, {2, 8}, torch::kLong);
@@ -147,5 +163,55 @@ TEST_CASE("positions that are not the token ids' are refused, naming the fix", "
     FAIL("accepted");
   } catch (const std::exception& error) {
     CHECK(std::string(error.what()).find("give each token's position in its document") != std::string::npos);
+  }
+}
+
+// On a GPU (scripts/gpu-check runs this case there; skipped without CUDA): in bf16 a packed batch goes
+// through ATen's variable-length flash kernel, each document a sequence of its own (grouped-query
+// heads as they are, Gemma 3's sliding window as the kernel's window), and its documents' losses and
+// the gradient of their sum are those of the documents run one by one, within bf16 rounding.
+TEST_CASE("on CUDA in bf16, packed documents attend through the variable-length flash kernel as they do alone",
+          "[cuda]") {
+  if (!at::hasCUDA()) SKIP("no CUDA device");
+  const bool gemma = GENERATE(false, true);
+  CAPTURE(gemma);
+  auto sizes = small_llama();
+  sizes.head_dim = 16;  // flash attention's head sizes are multiples of 8
+  const auto config = gemma ? small_family(loom::models::causal_lm_family::gemma3, sizes) : sizes;
+  torch::manual_seed(5);
+  loom::models::CausalLM model(config);
+  model->to(at::Device(at::kCUDA, 0), at::kBFloat16);
+  const packed_batch batch = packed();
+  const auto cuda = [](const at::Tensor& t) { return t.to(at::Device(at::kCUDA, 0)); };
+  const auto gradients = [&](const std::function<at::Tensor()>& loss) {
+    model->zero_grad();
+    loss().backward();
+    std::map<std::string, at::Tensor> found;
+    for (const auto& named : model->named_parameters())
+      found.emplace(named.key(), named.value().grad().to(at::kFloat).cpu());
+    return found;
+  };
+  std::int64_t targets = 0;
+  for (const document& d : batch.documents) {
+    CAPTURE(d.row, d.first, d.length);
+    const at::Tensor alone = model->forward(cuda(ids_of(batch, d)), cuda(ids_of(batch, d)));
+    const at::Tensor in_pack = model->forward(cuda(batch.ids), cuda(labels_of(batch, d)), cuda(batch.positions));
+    CHECK(difference(in_pack.to(at::kFloat).cpu(), alone.to(at::kFloat).cpu()) <= 2e-2);
+    targets += d.length - 1;
+  }
+  const auto packed_gradients = gradients([&] {
+    return model->forward(cuda(batch.ids), cuda(batch.ids), cuda(batch.positions)) * static_cast<double>(targets);
+  });
+  const auto separate_gradients = gradients([&] {
+    at::Tensor sum = at::zeros({}, at::TensorOptions().device(at::kCUDA));
+    for (const document& d : batch.documents) {
+      sum = sum + model->forward(cuda(ids_of(batch, d)), cuda(ids_of(batch, d))) * static_cast<double>(d.length - 1);
+    }
+    return sum;
+  });
+  for (const auto& [name, gradient] : packed_gradients) {
+    CAPTURE(name);
+    const double scale = std::max(1.0, separate_gradients.at(name).abs().max().item<double>());
+    CHECK(difference(gradient, separate_gradients.at(name)) <= 5e-2 * scale);
   }
 }

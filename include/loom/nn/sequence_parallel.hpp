@@ -18,6 +18,7 @@
 #include <loom/schedule/schedule.hpp>
 
 #include <ATen/core/Tensor.h>
+#include <c10/core/Device.h>
 #include <torch/nn/module.h>
 #include <torch/nn/pimpl.h>
 
@@ -46,6 +47,21 @@ struct attention_options {
   std::int64_t sliding_window = 0;  // causal only: > 0, each query sees this many tokens, itself the last
 
   [[nodiscard]] std::int64_t key_value_heads() const noexcept { return kv_heads == 0 ? heads : kv_heads; }
+};
+
+// A packed batch's documents as attention takes them (docs/models.md, "Packed batches"), made once a
+// forward rather than by every layer: each token's document, for the block-diagonal mask, and the
+// same in flash attention's variable-length form, for ATen's kernel on CUDA: where each document
+// starts in the batch's tokens laid end to end (cu_seqlens) and the longest's length.
+struct packed_documents {
+  at::Tensor ids;            // [batch, tokens] int64: each token's document, numbered within its row
+  at::Tensor offsets;        // [documents + 1] int32: each document's first token, then the batch's tokens
+  std::int64_t longest = 0;  // tokens in the longest document
+
+  // From positions [batch, tokens] that restart at 0 where a document starts (a row's first token
+  // starts one whatever its position), on `device`. The positions are read on the host, where a
+  // batch's come from: from a device they cost one copy back.
+  [[nodiscard]] static packed_documents from_positions(const at::Tensor& positions, c10::Device device);
 };
 
 // The tokens [begin, end) of a whole sequence that this rank keeps.
@@ -128,11 +144,13 @@ class AttentionImpl : public torch::nn::Module {
 
   // q [batch, tokens, heads, head_dim], k and v [batch, tokens, kv_heads, head_dim], of this rank's
   // tokens: the attended values [batch, tokens, heads, head_dim], computed in q's dtype. With
-  // `documents` [batch, whole sequence's tokens] (int64, the same on every rank of a sequence group),
-  // the sequences are packed: a query attends only to keys of its own document (a block-diagonal mask,
-  // with the causal and sliding-window ones).
+  // `documents` (of the whole sequence, the same on every rank of a sequence group), the sequences are
+  // packed: a query attends only to keys of its own document. On the CPU, and for dtypes or head
+  // sizes flash attention does not take, that is a block-diagonal mask with the causal and
+  // sliding-window ones, through SDPA; on CUDA in fp16 or bf16 (autocast's included), ATen's
+  // variable-length flash kernel over the documents laid end to end, no mask made.
   at::Tensor forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                     const std::optional<at::Tensor>& documents = std::nullopt);
+                     const packed_documents* documents = nullptr);
 
   [[nodiscard]] const attention_options& options() const noexcept { return options_; }
   // Set by build(): the plan's split and this attention's place in it.
