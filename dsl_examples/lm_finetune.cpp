@@ -153,12 +153,14 @@ struct run_data {
   }
 };
 
-// How --chat reads --data: the run file's chat options, the folder whose template is the default, and
-// the multiple an unpacked micro-batch's length is rounded up to (a sequence group's size).
+// How --chat reads --data: the run file's chat options, the folder whose template is the default, the
+// multiple an unpacked micro-batch's length is rounded up to (a sequence group's size), and whether
+// this rank prints the data's summary.
 struct chat_reading {
   loom::data::chat_options options;
   fs::path tokenizer_folder;
   std::int64_t multiple = 1;
+  bool summarize = false;
 };
 
 // The tokenizer of --tokenizer or the checkpoint, checked against the checkpoint's vocabulary.
@@ -195,7 +197,7 @@ void read_chat(const options& opts, const chat_reading& chat, run_data& data, st
                                 : loom::data::chat_template::from_pretrained(chat.tokenizer_folder, asked));
     data.chat_template_source = fmt::format("chat.chat_template_path '{}'", asked.string());
   }
-  const auto chat_of = [&](const std::vector<fs::path>& paths, bool shuffle) {
+  const auto chat_of = [&](const std::vector<fs::path>& paths, bool shuffle, bool summarize) {
     loom::data::chat_dataset_options dataset = chat.options.applied_to({.paths = paths,
                                                                         .seq_len = opts.seq_len,
                                                                         .seed = seed,
@@ -207,10 +209,10 @@ void read_chat(const options& opts, const chat_reading& chat, run_data& data, st
     dataset.skip_malformed = dataset.skip_malformed || opts.skip_malformed;
     return std::make_unique<recipes::chat_batches>(
         loom::data::chat_dataset(*data.chat_template, *data.tokenizer, std::move(dataset)), opts.batch_per_rank,
-        chat.options.pack, chat.multiple);
+        chat.options.pack, chat.multiple, summarize);
   };
-  data.chat = chat_of(opts.data, /*shuffle=*/true);
-  if (!opts.eval_data.empty()) data.held_out = chat_of(opts.eval_data, /*shuffle=*/false)->next();
+  data.chat = chat_of(opts.data, /*shuffle=*/true, chat.summarize);
+  if (!opts.eval_data.empty()) data.held_out = chat_of(opts.eval_data, /*shuffle=*/false, false)->next();
 }
 
 run_data read_data(const options& opts, const fs::path& checkpoint, std::int64_t vocab_size, std::uint64_t seed,
@@ -286,8 +288,7 @@ std::string sample(Job& job, const loom::data::tokenizer& tokenizer, const std::
 // full the sequences are.
 std::string chat_summary(const options& opts, const run_data& data, const loom::train_options& train,
                          const std::string& reads, const std::string& held_out) {
-  const loom::data::chat_dataset& dataset = data.chat->dataset();
-  const loom::data::chat_data_summary epoch = dataset.summary();
+  const loom::data::chat_data_summary& epoch = data.chat->summary().value();
   std::string notes;
   if (epoch.truncated > 0) notes += fmt::format(", {} cut to --seq-len", loom::counted(epoch.truncated, "example"));
   if (epoch.without_loss > 0) {
@@ -299,7 +300,7 @@ std::string chat_summary(const options& opts, const run_data& data, const loom::
   return fmt::format(
       "data: {} in --data{}, rendered with {}; rank 0's epoch: {}, {} tokens, {:.1f}% of them carrying loss{}; {}\n"
       "data: {}, {:.2f} epochs",
-      loom::counted(dataset.records(), "chat record"), held_out, data.chat_template_source,
+      loom::counted(data.chat->records(), "chat record"), held_out, data.chat_template_source,
       loom::counted(epoch.examples, "example"), epoch.tokens, 100 * epoch.loss_share(), notes,
       data.chat->packed()
           ? fmt::format("packed into {} of {} tokens, {:.1f}% of their tokens the examples' (packing efficiency)",
@@ -372,7 +373,8 @@ int run(const options& opts) {
     const auto split = plan.find<loom::sequence_parallel_stage>();
     chat = chat_reading{.options = file.chat.value_or(loom::data::chat_options{}),
                         .tokenizer_folder = opts.tokenizer.empty() ? checkpoint : fs::path(opts.tokenizer),
-                        .multiple = split ? static_cast<std::int64_t>(split->settings().size) : 1};
+                        .multiple = split ? static_cast<std::int64_t>(split->settings().size) : 1,
+                        .summarize = env.rank == 0};
   } else if (file.chat) {
     throw std::invalid_argument(fmt::format(
         "run file '{}' has a \"chat\" object, which says how --chat reads chat records: add --chat to read --data "
@@ -430,11 +432,10 @@ int run(const options& opts) {
                      skipped > 0 ? fmt::format(", skipping {} malformed lines", skipped) : std::string());
         }
         if (data.chat && rt.rank() == 0) {
-          const loom::data::chat_dataset& dataset = data.chat->dataset();
-          fmt::print("data: rank 0 reads on in epoch {} of its chat records (from 0){}\n", dataset.epoch(),
-                     dataset.skipped_records() > 0
-                         ? fmt::format(", skipping {}", loom::counted(dataset.skipped_records(), "malformed record"))
-                         : std::string());
+          const auto [epochs, skipped] = data.chat->read_so_far();
+          fmt::print(
+              "data: rank 0 read {:.2f} epochs of its chat records{}\n", epochs,
+              skipped > 0 ? fmt::format(", skipping {}", loom::counted(skipped, "malformed record")) : std::string());
         }
         if (result.outcome == loom::train_outcome::preempted) return loom::resumable_exit_code;
         recipes::save_adapter_if_adapted(job, plan, train_options.out / "adapter");

@@ -371,18 +371,7 @@ std::string chat_dataset::state() const {
 
 void chat_dataset::restore(std::string_view state) {
   impl& c = *core_;
-  const json saved = json::parse(state, nullptr, /*allow_exceptions=*/false);
-  if (saved.is_discarded() || !saved.is_object() || !saved.contains("dataset") || !saved["dataset"].is_object())
-    throw_error<std::invalid_argument>("chat_dataset: the state to restore is not one chat_dataset::state() wrote");
-  const json& theirs = saved["dataset"];
-  for (const auto& [key, value] : c.fingerprint.items()) {
-    if (!theirs.contains(key) || theirs[key] != value) {
-      throw_error<std::invalid_argument>(
-          "chat_dataset: the state is of another dataset: its \"{}\" is {}, this dataset's is {}: restore it with the "
-          "files, options and ranks it was saved with",
-          key, theirs.contains(key) ? theirs[key].dump() : "missing", value.dump());
-    }
-  }
+  const json saved = detail::saved_state_of(state, c.fingerprint, "chat_dataset");
   std::int64_t epoch = 0, sequences_in_epoch = 0, skipped = 0;
   std::uint64_t records_read = 0;
   std::size_t sequence_in_window = 0;

@@ -130,4 +130,20 @@ std::string file_reader::line(const data_file& file, const line_place& place) {
   return text;
 }
 
+nlohmann::json saved_state_of(std::string_view state, const nlohmann::json& fingerprint, std::string_view who) {
+  nlohmann::json saved = nlohmann::json::parse(state, nullptr, /*allow_exceptions=*/false);
+  if (saved.is_discarded() || !saved.is_object() || !saved.contains("dataset") || !saved["dataset"].is_object())
+    throw_error<std::invalid_argument>("{}: the state to restore is not one {}::state() wrote", who, who);
+  const nlohmann::json& theirs = saved["dataset"];
+  for (const auto& [key, value] : fingerprint.items()) {
+    if (!theirs.contains(key) || theirs[key] != value) {
+      throw_error<std::invalid_argument>(
+          "{}: the state is of another dataset: its \"{}\" is {}, this dataset's is {}: restore it with the files, "
+          "options and ranks it was saved with",
+          who, key, theirs.contains(key) ? theirs[key].dump() : "missing", value.dump());
+    }
+  }
+  return saved;
+}
+
 }  // namespace loom::data::detail

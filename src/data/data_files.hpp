@@ -4,6 +4,8 @@
 // order; and a line read again, from a file that must still be as large as when it was indexed.
 // `who` ("text_dataset") starts every refusal, as the dataset's own do.
 
+#include <nlohmann/json.hpp>
+
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
@@ -41,6 +43,12 @@ void index_lines(data_file& file, std::uint32_t index, std::vector<line_place>& 
 // What the data is, for loom::train's data_identity: "a.jsonl, b.jsonl (2 files, 5120 bytes, digest
 // 3c1e…)", from the files' names, sizes and digests; where they lie does not count.
 [[nodiscard]] std::string identity_of(std::span<const data_file* const> files);
+
+// `state` read back as `who`'s saved position of this very dataset: each key of `fingerprint` (the
+// files, options and ranks) as the state's "dataset" object holds it. std::invalid_argument, in one
+// sentence, for text that is not a state of `who`, or naming the first key that differs.
+[[nodiscard]] nlohmann::json saved_state_of(std::string_view state, const nlohmann::json& fingerprint,
+                                            std::string_view who);
 
 // A permutation of 0..n-1 from (seed, epoch): Fisher-Yates over mt19937_64's outputs, whose sequence
 // the C++ standard fixes (std::shuffle and the distributions it would use are the library's own

@@ -4,19 +4,25 @@
 
 namespace loom::data {
 
-read_ahead::read_ahead(text_dataset dataset, std::size_t depth)
+template <class Dataset>
+basic_read_ahead<Dataset>::basic_read_ahead(Dataset dataset, std::size_t depth)
     : dataset_(std::move(dataset)), depth_(depth == 0 ? 1 : depth), state_(dataset_.state()) {
   start();
 }
 
-read_ahead::~read_ahead() { stop(); }
+template <class Dataset>
+basic_read_ahead<Dataset>::~basic_read_ahead() {
+  stop();
+}
 
-void read_ahead::start() {
+template <class Dataset>
+void basic_read_ahead<Dataset>::start() {
   stopping_ = false;
   reader_ = std::thread([this] { read(); });
 }
 
-void read_ahead::stop() {
+template <class Dataset>
+void basic_read_ahead<Dataset>::stop() {
   {
     const std::lock_guard lock(mutex_);
     stopping_ = true;
@@ -27,7 +33,8 @@ void read_ahead::stop() {
 
 // The reader: fills ready_ up to depth_ sequences, each with the dataset's state after it; an error
 // is queued in its place and ends the reading.
-void read_ahead::read() {
+template <class Dataset>
+void basic_read_ahead<Dataset>::read() {
   for (;;) {
     {
       std::unique_lock lock(mutex_);
@@ -36,7 +43,7 @@ void read_ahead::read() {
     }
     item next_item;
     try {
-      next_item.sequence = dataset_.next();
+      next_item.read = dataset_.next();
       next_item.state_after = dataset_.state();
     } catch (...) {
       next_item.error = std::current_exception();
@@ -51,7 +58,8 @@ void read_ahead::read() {
   }
 }
 
-std::vector<std::int32_t> read_ahead::next() {
+template <class Dataset>
+typename basic_read_ahead<Dataset>::sequence basic_read_ahead<Dataset>::next() {
   std::unique_lock lock(mutex_);
   changed_.wait(lock, [&] { return !ready_.empty(); });
   if (ready_.front().error) std::rethrow_exception(ready_.front().error);  // kept: every later call says it again
@@ -60,17 +68,22 @@ std::vector<std::int32_t> read_ahead::next() {
   state_ = std::move(taken.state_after);
   lock.unlock();
   changed_.notify_all();
-  return std::move(taken.sequence);
+  return std::move(taken.read);
 }
 
-std::string read_ahead::state() const {
+template <class Dataset>
+std::string basic_read_ahead<Dataset>::state() const {
   const std::lock_guard lock(mutex_);
   return state_;
 }
 
-const std::string& read_ahead::identity() const noexcept { return dataset_.identity(); }
+template <class Dataset>
+const std::string& basic_read_ahead<Dataset>::identity() const noexcept {
+  return dataset_.identity();
+}
 
-void read_ahead::restore(std::string_view state) {
+template <class Dataset>
+void basic_read_ahead<Dataset>::restore(std::string_view state) {
   stop();
   ready_.clear();
   dataset_.restore(state_);  // what was read ahead is dropped: back to the position next() left
@@ -83,5 +96,8 @@ void read_ahead::restore(std::string_view state) {
   state_ = dataset_.state();
   start();
 }
+
+template class basic_read_ahead<text_dataset>;
+template class basic_read_ahead<chat_dataset>;
 
 }  // namespace loom::data

@@ -315,18 +315,7 @@ std::string text_dataset::state() const {
 
 void text_dataset::restore(std::string_view state) {
   impl& c = *core_;
-  const json saved = json::parse(state, nullptr, /*allow_exceptions=*/false);
-  if (saved.is_discarded() || !saved.is_object() || !saved.contains("dataset"))
-    throw_error<std::invalid_argument>("text_dataset: the state to restore is not one text_dataset::state() wrote");
-  const json& mine = c.fingerprint;
-  for (const auto& [key, value] : mine.items()) {
-    if (!saved["dataset"].contains(key) || saved["dataset"][key] != value) {
-      throw_error<std::invalid_argument>(
-          "text_dataset: the state is of another dataset: its \"{}\" is {}, this dataset's is {}: restore it with the "
-          "files, options and ranks it was saved with",
-          key, saved["dataset"].contains(key) ? saved["dataset"][key].dump() : "missing", value.dump());
-    }
-  }
+  const json saved = detail::saved_state_of(state, c.fingerprint, "text_dataset");
   try {
     c.epoch = saved.at("epoch").get<std::int64_t>();
     c.read_in_epoch = saved.at("documents_read").get<std::uint64_t>();

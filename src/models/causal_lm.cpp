@@ -237,7 +237,7 @@ DecoderAttentionImpl::projected DecoderAttentionImpl::project(const at::Tensor& 
 }
 
 at::Tensor DecoderAttentionImpl::forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
-                                         const nn::packed_documents* documents) {
+                                         const std::optional<nn::packed_documents>& documents) {
   const auto [q, k, v] = project(x, cos, sin);
   return o_proj(attention(q, k, v, documents).flatten(2));
 }
@@ -309,7 +309,7 @@ at::Tensor DecoderLayerImpl::around_attention(const at::Tensor& x, Attend&& atte
 }
 
 at::Tensor DecoderLayerImpl::forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
-                                     const nn::packed_documents* documents) {
+                                     const std::optional<nn::packed_documents>& documents) {
   return around_attention(x, [&](const at::Tensor& normed) { return self_attn->forward(normed, cos, sin, documents); });
 }
 
@@ -355,7 +355,7 @@ at::Tensor DecoderModelImpl::forward(const at::Tensor& ids) {
   // The split first: it agrees on the batch's shape across the group and names a length it cannot split.
   const at::Tensor mine = sequence->split(ids, 1);
   const loom::nn::token_range tokens = sequence->tokens(ids.size(1));
-  return run_layers(mine, rotary(at::arange(tokens.begin, tokens.end, ids.options().dtype(at::kFloat))), nullptr);
+  return run_layers(mine, rotary(at::arange(tokens.begin, tokens.end, ids.options().dtype(at::kFloat))), std::nullopt);
 }
 
 at::Tensor DecoderModelImpl::forward(const at::Tensor& ids, const at::Tensor& positions) {
@@ -369,12 +369,12 @@ at::Tensor DecoderModelImpl::forward(const at::Tensor& ids, const at::Tensor& po
   const at::Tensor mine = sequence->split(ids, 1);
   const at::Tensor whole = positions.to(ids.device());
   // A document is the run of tokens from one position 0 to the next.
-  const nn::packed_documents documents = nn::packed_documents::from_positions(positions, ids.device());
-  return run_layers(mine, rotary(sequence->local(whole, 1).to(at::kFloat)), &documents);
+  return run_layers(mine, rotary(sequence->local(whole, 1).to(at::kFloat)),
+                    nn::packed_documents::from_positions(positions, ids.device()));
 }
 
 at::Tensor DecoderModelImpl::run_layers(const at::Tensor& mine, const rotary_tables& tables,
-                                        const nn::packed_documents* documents) {
+                                        const std::optional<nn::packed_documents>& documents) {
   at::Tensor h = embed(mine);
   for (const auto& layer : *layers) {
     auto& decoder_layer = *layer->as<DecoderLayer>();

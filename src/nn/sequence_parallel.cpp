@@ -4,6 +4,7 @@
 
 #include <loom/base/text.hpp>
 #include <loom/precision/attention.hpp>
+#include <loom/runtime/host_reads.hpp>
 #include <loom/runtime/sequence_group.hpp>
 
 #include <ATen/ATen.h>
@@ -146,21 +147,21 @@ at::Tensor attend_varlen(const at::Tensor& q, const at::Tensor& k, const at::Ten
 // Attention over [batch, tokens, heads, dim] tensors, grouped-query heads repeated in order; with
 // `documents` a query sees only keys of its own document.
 at::Tensor attend(const at::Tensor& q, at::Tensor k, at::Tensor v, const attention_options& options,
-                  const packed_documents* documents) {
-  if (documents != nullptr && flash_takes(q)) return attend_varlen(q, k, v, options, *documents);
+                  const std::optional<packed_documents>& documents) {
+  if (documents && flash_takes(q)) return attend_varlen(q, k, v, options, *documents);
   const std::int64_t heads = q.size(2), kv_heads = k.size(2);
   if (kv_heads != heads) {
     k = k.repeat_interleave(heads / kv_heads, 2);
     v = v.repeat_interleave(heads / kv_heads, 2);
   }
   std::optional<at::Tensor> mask;
-  if (options.sliding_window > 0 || documents != nullptr) {
+  if (options.sliding_window > 0 || documents) {
     // Key j is in query i's window when i - sliding_window < j <= i (transformers' sliding mask).
     const at::Tensor positions = at::arange(q.size(1), at::TensorOptions(at::kLong).device(q.device()));
     const at::Tensor behind = positions.unsqueeze(1) - positions.unsqueeze(0);
     at::Tensor allowed = options.causal ? behind.ge(0) : at::ones_like(behind, at::kBool);
     if (options.sliding_window > 0) allowed = allowed.logical_and(behind.lt(options.sliding_window));
-    if (documents != nullptr) {
+    if (documents) {
       const at::Tensor same = documents->ids.unsqueeze(2).eq(documents->ids.unsqueeze(1));  // [batch, query, key]
       allowed = same.logical_and(allowed).unsqueeze(1);
     }
@@ -356,14 +357,17 @@ void AttentionImpl::keep_heads(int k, std::string_view name) {
 }
 
 packed_documents packed_documents::from_positions(const at::Tensor& positions, c10::Device device) {
-  const at::Tensor host = positions.to(at::kCPU, at::kLong).contiguous();
+  // A batch's positions come from the host; from a device, this is a read outside the job's steps.
+  const at::Tensor host = read_on_host_uncounted(positions).to(at::kLong).contiguous();
   at::Tensor starts = host.eq(0);
   starts.select(1, 0).fill_(true);
   const at::Tensor first_tokens = starts.flatten().nonzero().flatten();
   const at::Tensor offsets = at::cat({first_tokens, at::full({1}, host.numel(), at::kLong)});
   const std::int64_t longest =
-      host.numel() == 0 ? 0 : (offsets.slice(0, 1) - offsets.slice(0, 0, -1)).max().item<std::int64_t>();
-  return {.ids = starts.cumsum(1).to(device), .offsets = offsets.to(at::kInt).to(device), .longest = longest};
+      host.numel() == 0 ? 0 : host_value<std::int64_t>((offsets.slice(0, 1) - offsets.slice(0, 0, -1)).max());
+  return {.ids = to_device(starts.cumsum(1), device, at::kLong),
+          .offsets = to_device(offsets, device, at::kInt),
+          .longest = longest};
 }
 
 void AttentionImpl::join(std::shared_ptr<sequence_split> split, std::size_t site_index) {
@@ -372,7 +376,7 @@ void AttentionImpl::join(std::shared_ptr<sequence_split> split, std::size_t site
 }
 
 at::Tensor AttentionImpl::forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                                  const packed_documents* documents) {
+                                  const std::optional<packed_documents>& documents) {
   if (q.dim() != 4 || k.dim() != 4 || v.dim() != 4 || q.size(2) != options_.heads ||
       k.size(2) != options_.key_value_heads() || v.size(2) != options_.key_value_heads()) {
     throw_error<std::invalid_argument>(
@@ -381,7 +385,7 @@ at::Tensor AttentionImpl::forward(const at::Tensor& q, const at::Tensor& k, cons
         counted(options_.heads, "head"), counted(options_.key_value_heads(), "key-value head"));
   }
   const std::int64_t whole = q.size(1) * (split_ ? split_->size() : 1);
-  if (documents != nullptr &&
+  if (documents &&
       (documents->ids.dim() != 2 || documents->ids.size(0) != q.size(0) || documents->ids.size(1) != whole)) {
     throw_error<std::invalid_argument>(
         "loom::nn::Attention: documents [{}] for a batch of {} and {}: give each token's document [batch, tokens], "

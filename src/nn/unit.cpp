@@ -30,7 +30,8 @@ std::vector<at::Tensor> trainable_parameters(torch::nn::Module& unit) {
 void fail_not_replayable(const std::type_info& block) {
   throw_error<std::invalid_argument>(
       "recompute(): a unit of type loom::nn::Unit<{}> cannot be recomputed: its forward must take tensors, "
-      "std::optional tensors or plain values (numbers, enums), and return a tensor or a std::tuple of tensors; "
+      "std::optional tensors, plain values (numbers, enums) or constant inputs (loom/nn/unit.hpp), and return a "
+      "tensor or a std::tuple of tensors; "
       "change its signature, or choose other units with recompute({{.every = k}})",
       c10::demangle(block.name()));
 }

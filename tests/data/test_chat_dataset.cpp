@@ -6,6 +6,7 @@
 // any sequence's state gives the uninterrupted run's sequences after it (mid-window, across epochs, with
 // skipped records); ShareGPT's and TRL's shapes; and each refusal's sentence.
 #include <loom/data/chat_dataset.hpp>
+#include <loom/data/read_ahead.hpp>
 
 #include "byte_tokenizer.hpp"
 #include "scratch_folder.hpp"
@@ -630,4 +631,30 @@ TEST_CASE("a file that vanishes or shrinks while read is named", "[chat-dataset]
   fs::remove(dir.path() / "b.json");
   CHECK_THROWS_MATCHES(other.next(), std::runtime_error,
                        MessageMatches(ContainsSubstring("cannot be read any more (it is gone)")));
+}
+
+TEST_CASE("read ahead on a thread, a chat dataset gives its sequences and positions in order", "[chat-dataset]") {
+  const folder dir;
+  write_records(dir.path());
+  const auto tokenizer = byte_tokenizer(dir.path() / "tokenizer");
+  const auto chat = chatml_template();
+  const chat_dataset_options options{.paths = {dir.path()}, .seq_len = 256, .pack_window = 16, .seed = 3};
+  chat_dataset direct(chat, tokenizer, options);
+  loom::data::basic_read_ahead<chat_dataset> ahead(chat_dataset(chat, tokenizer, options), /*depth=*/3);
+  std::string after_five;
+  for (int n = 0; n < 40; ++n) {
+    const packed_sequence expected = direct.next();
+    const packed_sequence read = ahead.next();
+    REQUIRE(read.ids == expected.ids);
+    CHECK(read.labels == expected.labels);
+    CHECK(read.positions == expected.positions);
+    CHECK(ahead.state() == direct.state());  // after the sequence taken, not after those read ahead
+    if (n == 4) after_five = ahead.state();
+  }
+  CHECK(ahead.identity() == direct.identity());
+  ahead.restore(after_five);
+  direct.restore(after_five);
+  CHECK(ahead.next().ids == direct.next().ids);
+  CHECK_THROWS_WITH(ahead.restore("{}"), ContainsSubstring("not one chat_dataset::state() wrote"));
+  CHECK(ahead.next().ids == direct.next().ids);  // a state refused leaves the reading where it was
 }

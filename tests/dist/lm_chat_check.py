@@ -16,15 +16,15 @@ make_chat_data.py's conversations and ChatML template, from dsl_examples/configs
 """
 from __future__ import annotations
 
-import filecmp
 import json
 import math
 import re
-import signal
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
+
+from preempted_run import preempted_and_resumed
 
 SHORT = ["--train.steps=6", "--train.log_every=1", "--train.eval_every=3", "--train.checkpoint_every=100",
          "--seq-len", "256", "--batch-size", "2"]
@@ -83,20 +83,7 @@ def main() -> int:
                             f"{every.stdout[:1500]}{every.stderr[-800:]}")
 
         preempted = root / "preempted"
-        run = subprocess.Popen(command(preempted), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        for line in run.stdout:
-            if re.search(r"lm-finetune step +2/6", line):
-                break
-        run.send_signal(signal.SIGTERM)
-        rest = run.stdout.read()
-        if run.wait() != 75:
-            failures.append(f"SIGTERM did not end the run resumable (75): {rest[-1500:]}")
-        resumed = subprocess.run(command(preempted), capture_output=True, text=True)
-        if resumed.returncode != 0 or "resum" not in resumed.stdout.lower():
-            failures.append(f"the relaunch did not resume: {resumed.stdout[-1500:]}{resumed.stderr[-1500:]}")
-        for name in ("adapter_model.safetensors", "adapter_config.json"):
-            if not filecmp.cmp(straight / "adapter" / name, preempted / "adapter" / name, shallow=False):
-                failures.append(f"the resumed run's {name} differs from the uninterrupted run's")
+        failures += preempted_and_resumed(command(preempted), r"lm-finetune step +2/6", preempted, straight)
 
         padded = subprocess.run(command(root / "padded", "--chat.packing=false", "--train.steps=2"),
                                 capture_output=True, text=True)

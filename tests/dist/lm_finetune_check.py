@@ -15,15 +15,14 @@ YAML run file in FastVideo's layout, LoRA under fsdp() on 2 ranks, on an llm.c t
 """
 from __future__ import annotations
 
-import filecmp
 import json
-import re
-import signal
 import subprocess
 import sys
 import tempfile
 import warnings
 from pathlib import Path
+
+from preempted_run import preempted_and_resumed
 
 RUN_FILE = """\
 # FastVideo's layout: the LoRA block of the model's role, the strategy under training.distributed.
@@ -99,20 +98,7 @@ def main() -> int:
                 failures.append("tp_size 2's adapter's values are not the unsplit run's")
 
         preempted = root / "preempted"
-        run = subprocess.Popen(command(preempted), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        for line in run.stdout:
-            if re.search(r"lm-finetune step +3/8", line):
-                break
-        run.send_signal(signal.SIGTERM)
-        rest = run.stdout.read()
-        if run.wait() != 75:
-            failures.append(f"SIGTERM did not end the run resumable (75): {rest[-1500:]}")
-        resumed = subprocess.run(command(preempted), capture_output=True, text=True)
-        if resumed.returncode != 0 or "resum" not in resumed.stdout.lower():
-            failures.append(f"the relaunch did not resume: {resumed.stdout[-1500:]}{resumed.stderr[-1500:]}")
-        for name in ("adapter_model.safetensors", "adapter_config.json"):
-            if not filecmp.cmp(straight / "adapter" / name, preempted / "adapter" / name, shallow=False):
-                failures.append(f"the resumed run's {name} differs from the uninterrupted run's")
+        failures += preempted_and_resumed(command(preempted), r"lm-finetune step +3/8", preempted, straight)
 
         import torch
         from peft import PeftModel

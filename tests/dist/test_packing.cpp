@@ -1,10 +1,11 @@
 // A packed batch, several documents to a row with positions that restart at 0 where each starts,
 // against its documents run one by one by the same plan without the split: at 1 rank, and at 2 under
 // ddp(), sequence_parallel(2) (whose all-to-alls attend over the whole sequence, boundaries and all)
-// and tensor_parallel(2); for Llama with grouped-query attention and Gemma 3, whose sliding window of 5
-// is shorter than some documents. Each document's loss, computed in the packed batch with the other
-// documents' labels left out, is its own; the packed loss weighted by its labelled tokens and one SGD
-// step from it are those of the documents' losses summed, within fp32 rounding.
+// and tensor_parallel(2), and with recompute() (under fsdp() at 2); for Llama with grouped-query
+// attention and Gemma 3, whose sliding window of 5 is shorter than some documents. Each document's
+// loss, computed in the packed batch with the other documents' labels left out, is its own; the
+// packed loss weighted by its labelled tokens and one SGD step from it are those of the documents'
+// losses summed, within fp32 rounding.
 #include "same_state.hpp"
 #include "small_models.hpp"
 #include "world.hpp"
@@ -133,10 +134,13 @@ TEST_CASE("a packed batch's documents attend and learn as they do one by one", "
   const auto base = loom::model<loom::models::CausalLM>(config) | loom::seeded(5);
   if (world().world_size() == 1) {
     check_packed(base | loom::local(), base | loom::local());
+    // Recomputed layers take the documents again in backward, as they are.
+    check_packed(base | loom::recompute() | loom::local(), base | loom::local());
     return;
   }
   REQUIRE(world().world_size() == 2);
   check_packed(base | loom::ddp(), base | loom::ddp());
+  check_packed(base | loom::recompute() | loom::fsdp(), base | loom::ddp());
   check_packed(base | loom::sequence_parallel(2) | loom::ddp(), base | loom::ddp());
   check_packed(base | loom::tensor_parallel(2) | loom::ddp(), base | loom::ddp());
 }

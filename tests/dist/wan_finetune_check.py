@@ -15,14 +15,13 @@ random latents: from a YAML run file in FastVideo's layout, LoRA on FastVideo's 
 """
 from __future__ import annotations
 
-import filecmp
 import json
-import re
-import signal
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
+
+from preempted_run import preempted_and_resumed
 
 RUN_FILE = """\
 # FastVideo's layout: the model's role with its LoRA block and flow_shift, the parallel sizes under
@@ -101,21 +100,7 @@ def main() -> int:
                     failures.append(f"at {ranks} rank(s) the run did not say '{expected}':\n{done.stdout[:2000]}")
 
         straight, preempted = root / "straight-2", root / "preempted"
-        run = subprocess.Popen(command(2, 1, 2, preempted), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                               text=True)
-        for line in run.stdout:
-            if re.search(r"wan-finetune step +3/12", line):
-                break
-        run.send_signal(signal.SIGTERM)
-        rest = run.stdout.read()
-        if run.wait() != 75:
-            failures.append(f"SIGTERM did not end the run resumable (75): {rest[-1500:]}")
-        resumed = subprocess.run(command(2, 1, 2, preempted), capture_output=True, text=True)
-        if resumed.returncode != 0 or "resumed from" not in resumed.stdout:
-            failures.append(f"the relaunch did not resume: {resumed.stdout[-1500:]}{resumed.stderr[-1500:]}")
-        for name in ("adapter_model.safetensors", "adapter_config.json"):
-            if not filecmp.cmp(straight / "adapter" / name, preempted / "adapter" / name, shallow=False):
-                failures.append(f"the resumed run's {name} differs from the uninterrupted run's")
+        failures += preempted_and_resumed(command(2, 1, 2, preempted), r"wan-finetune step +3/12", preempted, straight)
         if losses(straight, "eval_loss")[-1] != losses(preempted, "eval_loss")[-1]:
             failures.append("the resumed run's last validation loss differs from the uninterrupted run's")
 

@@ -64,7 +64,7 @@ class DecoderAttentionImpl : public torch::nn::Module {
   // (or [batch, seq, head_dim]) of the same tokens (this rank's, under sequence_parallel); with
   // `documents` (loom::nn::Attention's), each token attends within its document only.
   at::Tensor forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
-                     const nn::packed_documents* documents = nullptr);
+                     const std::optional<nn::packed_documents>& documents = std::nullopt);
   // The same for new tokens x that follow the cached ones (cos and sin of their positions): their keys
   // and values join `cache`, and each query attends to the cached keys and the new ones up to itself.
   at::Tensor forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, kv_cache::layer& cache);
@@ -100,7 +100,7 @@ class DecoderLayerImpl : public torch::nn::Module {
  public:
   DecoderLayerImpl(const causal_lm_config& config, std::int64_t layer);
   at::Tensor forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
-                     const nn::packed_documents* documents = nullptr);
+                     const std::optional<nn::packed_documents>& documents = std::nullopt);
   at::Tensor forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, kv_cache::layer& cache);
 
   [[nodiscard]] layer_attention attention_kind() const noexcept { return attention_kind_; }
@@ -145,7 +145,8 @@ class DecoderModelImpl : public torch::nn::Module {
   rotary_tables rotary(const at::Tensor& positions);
   at::Tensor embed(const at::Tensor& ids);
   // The layers and the final norm over `mine`, this rank's tokens (Sequence::split's).
-  at::Tensor run_layers(const at::Tensor& mine, const rotary_tables& tables, const nn::packed_documents* documents);
+  at::Tensor run_layers(const at::Tensor& mine, const rotary_tables& tables,
+                        const std::optional<nn::packed_documents>& documents);
 
   // The rotary embeddings' inverse frequencies, fp32 [head_dim / 2], of full-attention layers and of
   // sliding ones: computed, not weights (as transformers' non-persistent inv_freq buffers), so they

@@ -58,6 +58,10 @@ struct packed_documents {
   at::Tensor offsets;        // [documents + 1] int32: each document's first token, then the batch's tokens
   std::int64_t longest = 0;  // tokens in the longest document
 
+  // A recomputed unit copies it and passes it again as it is (loom/nn/unit.hpp): nothing in it is
+  // differentiated.
+  using constant_input = void;
+
   // From positions [batch, tokens] that restart at 0 where a document starts (a row's first token
   // starts one whatever its position), on `device`. The positions are read on the host, where a
   // batch's come from: from a device they cost one copy back.
@@ -150,7 +154,7 @@ class AttentionImpl : public torch::nn::Module {
   // sliding-window ones, through SDPA; on CUDA in fp16 or bf16 (autocast's included), ATen's
   // variable-length flash kernel over the documents laid end to end, no mask made.
   at::Tensor forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                     const packed_documents* documents = nullptr);
+                     const std::optional<packed_documents>& documents = std::nullopt);
 
   [[nodiscard]] const attention_options& options() const noexcept { return options_; }
   // Set by build(): the plan's split and this attention's place in it.

@@ -9,8 +9,10 @@
 // Unit<B> is a B: it takes B's constructor arguments and registers nothing of its own (parameter
 // names and seeded draws are B's). Under local() and ddp() it is transparent, but for recompute(...):
 // a unit chosen to recompute runs its forward keeping no activations and again in backward
-// (loom/nn/recompute.hpp). A unit that recomputes takes tensors, std::optional tensors and plain
-// values (numbers, enums) as its forward's arguments, and returns a tensor or a std::tuple of them.
+// (loom/nn/recompute.hpp). A unit that recomputes takes tensors, std::optional tensors, plain
+// values (numbers, enums) and constant inputs (a type with `using constant_input = void;`, whose
+// tensors are never differentiated: a packed batch's documents; or an optional one) as its
+// forward's arguments, and returns a tensor or a std::tuple of them.
 
 #include <loom/nn/recompute.hpp>
 
@@ -105,11 +107,22 @@ inline constexpr bool is_tensor = std::is_same_v<std::remove_cvref_t<T>, at::Ten
 template <class T>
 inline constexpr bool is_optional_tensor = std::is_same_v<std::remove_cvref_t<T>, std::optional<at::Tensor>>;
 
+// A value whose tensors are not differentiated, which a recomputation copies and passes again as it
+// is: a type that says so with `using constant_input = void;`, or an optional one.
+template <class T>
+concept marked_constant = requires {
+  typename T::constant_input;
+};
+template <class T>
+inline constexpr bool is_constant_input = marked_constant<T>;
+template <class T>
+inline constexpr bool is_constant_input<std::optional<T>> = marked_constant<T>;
+
 // An argument a recomputation can pass again: a tensor (its detached copy), or a copy of a value.
 template <class T>
 inline constexpr bool replayable_argument =
     is_tensor<T> || is_optional_tensor<T> || std::is_arithmetic_v<std::remove_cvref_t<T>> ||
-    std::is_enum_v<std::remove_cvref_t<T>>;
+    std::is_enum_v<std::remove_cvref_t<T>> || is_constant_input<std::remove_cvref_t<T>>;
 
 template <class R>
 inline constexpr bool replayable_result = is_tensor<R> && !std::is_reference_v<R>;
