@@ -24,7 +24,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from make_text_data import paragraphs  # noqa: E402
+from make_text_data import byte_level_bpe, paragraphs  # noqa: E402
 
 SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 CHAT_TEMPLATE = (
@@ -57,8 +57,6 @@ def main() -> None:
     ap.add_argument("--licences", type=Path, default=Path("/usr/share/common-licenses"))
     args = ap.parse_args()
 
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-
     documents = paragraphs(args.licences)
     if not documents:
         sys.exit(f"make_chat_data: no text in {args.licences}")
@@ -70,13 +68,8 @@ def main() -> None:
                 if keep(i):
                     f.write(json.dumps(record, ensure_ascii=False) + "\n")
 
-    tokenizer = Tokenizer(models.BPE())
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tokenizer.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=args.vocab, special_tokens=SPECIAL,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
     words = [message["content"] for record in records for message in record["messages"]]
-    tokenizer.train_from_iterator(words + ["system", "user", "assistant"], trainer)
+    tokenizer = byte_level_bpe(words + ["system", "user", "assistant"], args.vocab, SPECIAL)
     folder = args.out / "tokenizer"
     folder.mkdir(exist_ok=True)
     tokenizer.save(str(folder / "tokenizer.json"))

@@ -34,14 +34,25 @@ def paragraphs(licences: Path) -> list[tuple[str, str]]:
     return found
 
 
+def byte_level_bpe(texts, vocab: int, special_tokens: list[str]):
+    """A byte-level BPE (GPT-2's layout) of `vocab` ids, `special_tokens` among them, trained on `texts`."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab, special_tokens=special_tokens,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tokenizer.train_from_iterator(texts, trainer)
+    return tokenizer
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("out", type=Path)
     ap.add_argument("--vocab", type=int, default=512)
     ap.add_argument("--licences", type=Path, default=Path("/usr/share/common-licenses"))
     args = ap.parse_args()
-
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
     documents = paragraphs(args.licences)
     if not documents:
@@ -54,12 +65,7 @@ def main() -> None:
             for source, text in part:
                 f.write(json.dumps({"text": text, "source": source}, ensure_ascii=False) + "\n")
 
-    tokenizer = Tokenizer(models.BPE())
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tokenizer.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=args.vocab, special_tokens=[END_OF_TEXT],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    tokenizer.train_from_iterator((text for _, text in train), trainer)
+    tokenizer = byte_level_bpe((text for _, text in train), args.vocab, [END_OF_TEXT])
     folder = args.out / "tokenizer"
     folder.mkdir(exist_ok=True)
     tokenizer.save(str(folder / "tokenizer.json"))
