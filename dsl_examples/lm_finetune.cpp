@@ -144,7 +144,7 @@ struct run_data {
   std::unique_ptr<loom::data::chat_template> chat_template;
   std::unique_ptr<recipes::text_batches> text;
   std::unique_ptr<recipes::chat_batches> chat;
-  std::string chat_template_source;  // "the checkpoint's chat template", as the summary names it
+  std::string chat_template_source;  // "the chat template of 'DIR'", as the summary names the template
   recipes::chat_batch held_out;      // ids alone for a token file or text; undefined: no evaluation
 
   [[nodiscard]] recipes::chat_batch batch(std::int64_t index) {
