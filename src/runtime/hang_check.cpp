@@ -61,6 +61,14 @@ bool hang_watch::due(const progress_snapshot& mine) const noexcept {
          (mine.unfinished && mine.unfinished_for >= after_);
 }
 
+bool hang_watch::waits_on_lost_host(const progress_snapshot& mine, clock::time_point lost_at,
+                                    clock::time_point now) const noexcept {
+  constexpr int host = 0;
+  const bool waits_on_host = (mine.waiting != wait_kind::none && mine.group.includes(host)) ||
+                             (mine.unfinished && mine.unfinished->group.includes(host));
+  return rank_ != host && waits_on_host && now - lost_at >= silence_;
+}
+
 void hang_watch::reset() noexcept {
   beats_.clear();
   published_since_.reset();

@@ -8,6 +8,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <optional>
 #include <string>
 
 namespace loom {
@@ -42,6 +43,7 @@ heartbeat::heartbeat(const c10::intrusive_ptr<c10d::Store>& store, const launch_
       progress_(tracker),
       failures_(failures),
       hang_check_(env.hang_check),
+      rank0_hosts_store_(!env.agent_store),
       overdue_(overdue_after(env.timeout)) {
   store_->set(progress_key(rank_), bytes(encode_progress(0, progress_.snapshot())));
   thread_ = std::thread([this] { beat_until_stopped(); });
@@ -68,8 +70,17 @@ void heartbeat::beat_until_stopped() {
   if (!device_.is_cpu()) c10::impl::getDeviceGuardImpl(device_.type())->setDevice(device_);
   hang_watch watch(rank_, hang_check_, silence, overdue_);
   std::int64_t beat = 0;
+  std::optional<hang_watch::clock::time_point> store_lost_at;
   std::unique_lock lock(mutex_);
   while (!wake_.wait_for(lock, interval, [this] { return stopping_; })) {
+    if (store_lost_at) {
+      // Gloo does not always see a killed rank's connections close: the store's loss is the sign.
+      if (watch.waits_on_lost_host(progress_.snapshot(), *store_lost_at, hang_watch::clock::now())) {
+        failures_.break_connections();
+        return;
+      }
+      continue;
+    }
     try {
       const progress_snapshot mine = progress_.snapshot();
       store_->set(progress_key(rank_), bytes(encode_progress(++beat, mine)));
@@ -85,7 +96,9 @@ void heartbeat::beat_until_stopped() {
       if (auto error = watch.look(mine, peers, published, hang_watch::clock::now()))
         failures_.stop_hung_job(*store_, *error, watch.blamed());
     } catch (const std::exception&) {
-      return;  // the store is gone, and with it everyone who could listen
+      // The store is gone, and with it everyone who could listen: where rank 0 hosted it, rank 0 too.
+      if (hang_check_.count() == 0 || !rank0_hosts_store_) return;
+      store_lost_at = hang_watch::clock::now();
     }
   }
 }

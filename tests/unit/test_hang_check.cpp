@@ -285,6 +285,27 @@ TEST_CASE("a wait in a group is judged by the group's members alone", "[hang_che
   CHECK_FALSE(watch(elsewhere, mine, {peer(1, 2, replicate)}, 20).error);
 }
 
+TEST_CASE("without the store, a wait on rank 0 ends a silence after the loss", "[hang_check]") {
+  const hang_watch check(1, after, silence, overdue);
+  const auto lost = hang_watch::clock::time_point{} + 1h;
+  const progress_snapshot world_wait = waiting_on(4, "all_reduce Float[8]", {2, pass_part::backward, 4}, 1s);
+  CHECK_FALSE(check.waits_on_lost_host(world_wait, lost, lost + silence - 1ms));
+  CHECK(check.waits_on_lost_host(world_wait, lost, lost + silence));
+  // Computing, or waiting in a group without rank 0, is not hopeless: the job may still end well.
+  CHECK_FALSE(check.waits_on_lost_host(computing({2, pass_part::backward, 4}), lost, lost + 1min));
+  progress_snapshot replicate = world_wait;
+  replicate.group = {"replicate.1", {1, 3}};
+  CHECK_FALSE(check.waits_on_lost_host(replicate, lost, lost + 1min));
+  replicate.group = {"replicate.0", {0, 1}};
+  CHECK(check.waits_on_lost_host(replicate, lost, lost + 1min));
+  // Under NCCL the host does not wait: an unfinished collective over the world is the wait.
+  const progress_snapshot device_wait =
+      with_unfinished(computing({2, pass_part::backward, 4}), {4, "all_reduce Float[8]", {}}, 3s);
+  CHECK(check.waits_on_lost_host(device_wait, lost, lost + silence));
+  // Rank 0 does not wait on itself.
+  CHECK_FALSE(hang_watch(0, after, silence, overdue).waits_on_lost_host(world_wait, lost, lost + 1min));
+}
+
 TEST_CASE("a failure a peer published trips it, quoted, once the failed rank had a silence to exit", "[hang_check]") {
   hang_watch check(1, after, silence, overdue);
   // A rank that is merely past this one would trip it at once: the failure takes precedence, and waits.

@@ -11,6 +11,9 @@
 // - its oldest unfinished collective, number n of a group, is about to reach the transport's timeout,
 //   and a live peer of the group has issued fewer than n over it: the peer is named, where the
 //   transport (NCCL's watchdog, Gloo's timeout) would name only this rank's own operation.
+// And without the store: once rank 0, which hosts it, is gone, a wait over a group with rank 0 in it
+// that lasts a silence past the loss can never end (waits_on_lost_host), however the transport
+// notices the death, or fails to.
 // A peer that is merely slow (still computing, at or before this rank's point) never trips it before
 // the transport's timeout would end the job, nor does a rank that computes for a long time: only
 // waits are checked. docs/reliability.md.
@@ -60,6 +63,12 @@ class hang_watch {
   // that a collective completing just then is not taken for a hang.
   [[nodiscard]] std::optional<std::string> look(const progress_snapshot& mine, std::span<const peer_record> peers,
                                                 const std::optional<std::string>& published, clock::time_point now);
+
+  // The rendezvous store went unreachable at `lost_at`: rank 0, which hosts it, is gone. Whether this
+  // rank's wait at `now` can never end: a wait, or an unfinished collective, over a group with rank 0
+  // in it, lasting a silence past the loss (what rank 0 sent before it left arrives well within it).
+  [[nodiscard]] bool waits_on_lost_host(const progress_snapshot& mine, clock::time_point lost_at,
+                                        clock::time_point now) const noexcept;
 
   // This rank is not waiting (any more): forget what the looks saw.
   void reset() noexcept;
