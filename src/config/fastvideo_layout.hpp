@@ -43,8 +43,12 @@ class fastvideo_reader {
 // sp_size and tp_size are sequence_parallel and tensor_parallel, before lora), `training.model` (the
 // timestep density) and the role's `flow_shift` becoming `flow_matching`, and a LoRA block of
 // `models.<role>` ({enable, rank, alpha, target_modules}, as FastVideo's LoraConfig reads it)
-// becoming a lora stage, before the plan's trainable or strategy stage if it has one. The keys keep
-// the lines they were written on.
+// becoming a lora stage, before the plan's trainable or strategy stage if it has one. FastVideo's
+// trainer's blocks map too: init_from (pretrained), training.data (data, seeded), training.optimizer
+// (train.lr, optimizer), training.loop and training.checkpoint (train), callbacks (train.clip_norm,
+// ema, train.eval_every, sampling) and pipeline.flow_shift (sampling.shift); the keys loom reads
+// without effect are notes, the others it refuses naming them (docs/run_files.md, "FastVideo's
+// keys"). The keys keep the lines they were written on.
 void translate_fastvideo(nlohmann::ordered_json& root, fastvideo_reader& reader);
 
 }  // namespace loom::config_detail
