@@ -37,6 +37,7 @@ namespace {
 namespace fs = std::filesystem;
 using json = nlohmann::json;
 using checkpoint_detail::archive_bytes;
+using checkpoint_detail::averages_prefix;
 using checkpoint_detail::commit_checkpoint;
 using checkpoint_detail::frozen_archive;
 using checkpoint_detail::generators;
@@ -69,7 +70,7 @@ void require_json(const std::string& user_state) {
 // optimizer's archive of copies of its state, serialised by the writing thread (or now, for an
 // optimizer whose state copied_state() does not know).
 struct rank_file_contents {
-  std::vector<named_tensor> model;
+  std::vector<named_tensor> model;  // and the averages, after it
   std::variant<std::monostate, at::Tensor, torch::serialize::OutputArchive> optimizer;
   std::vector<named_tensor> generators;
 
@@ -99,6 +100,12 @@ rank_file_contents rank_file_of(const runtime& rt, const checkpoint_target& targ
       if (all_parameters || !frozen.contains(t.name)) {
         const bool stage = copied || !t.tensor.is_cpu();
         contents.model.push_back({std::string(model_prefix) + t.name, stage ? staging.stage(t.tensor) : t.tensor});
+      }
+    }
+    if (target.averages) {
+      // Updated in place by the next steps: staged always.
+      for (const named_tensor& t : target.averages()) {
+        contents.model.push_back({std::string(averages_prefix) + t.name, staging.stage(t.tensor)});
       }
     }
     if (auto archive = copied ? frozen_archive(optimizer, staging) : std::nullopt) {

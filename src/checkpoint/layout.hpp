@@ -19,10 +19,12 @@
 namespace loom::checkpoint_detail {
 
 inline constexpr const char* manifest_file = "manifest.json";
-// What a rank's file holds, by name: the model's tensors under model/, the optimizer's archive, and
-// each generator's state under rng/; in its metadata, the caller's state of the rank, if any, and
+// What a rank's file holds, by name: the model's tensors under model/, a moving average of the
+// trainable ones under ema/ when the run keeps one, the optimizer's archive, and each generator's
+// state under rng/; in its metadata, the caller's state of the rank, if any, and
 // under tensor_parallel the split tensors' dimensions.
 inline constexpr std::string_view model_prefix = "model/";
+inline constexpr std::string_view averages_prefix = "ema/";
 inline constexpr const char* optimizer_key = "optimizer";
 inline constexpr std::string_view rng_prefix = "rng/";
 inline constexpr const char* rank_state_key = "rank_state";

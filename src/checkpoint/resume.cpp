@@ -33,6 +33,7 @@ namespace {
 
 namespace fs = std::filesystem;
 using checkpoint_detail::checkpoint_damage;
+using checkpoint_detail::averages_prefix;
 using checkpoint_detail::damaged;
 using checkpoint_detail::generators;
 using checkpoint_detail::hex;
@@ -88,6 +89,7 @@ struct checkpointer::read_files {
   saved_layout saved;                  // where one whole copy of its state lies
   std::string described;               // "its file 'rank-00001.safetensors'", for a message
   std::vector<tensor_state> models;    // one a file read: this rank's, or one whole copy's
+  std::vector<tensor_state> averages;  // the moving average of the weights in each (empty: none)
   std::vector<at::Tensor> optimizers;  // the optimizer's archive of each
   std::vector<named_tensor> generators;
   std::string rank_state;           // this rank's, from its own file, when the world size is the saved one
@@ -241,8 +243,12 @@ checkpointer::read_files checkpointer::read(const fs::path& path, const checkpoi
     }
     std::vector<named_tensor>& tensors = content.tensors;
     tensor_state& model = files.models.emplace_back();
+    tensor_state& averages = files.averages.emplace_back();
     for (named_tensor& t : tensors) {
       if (t.name.starts_with(model_prefix)) model.push_back({t.name.substr(model_prefix.size()), std::move(t.tensor)});
+      if (t.name.starts_with(averages_prefix)) {
+        averages.push_back({t.name.substr(averages_prefix.size()), std::move(t.tensor)});
+      }
       if (t.name == optimizer_key) files.optimizers.push_back(std::move(t.tensor));
     }
     if (files.optimizers.size() != files.models.size()) {
@@ -269,6 +275,18 @@ resume_point checkpointer::load(const read_files& files, const checkpoint_target
         with_current(target, resharding ? resharded_model(target, files.saved, files.models) : files.models.front()));
   } catch (const std::exception& error) {
     bad(fmt::format("{} do{} not fit this model: {}", files.described, resharding ? "" : "es", reason(error)));
+  }
+  if (target.load_averages) {
+    if (files.averages.front().empty()) {
+      bad("it holds no moving average of the weights (it was saved by a run without ema); resume it without ema, "
+          "or start the averaged run afresh");
+    }
+    try {
+      target.load_averages(resharding ? resharded_model(target, files.saved, files.averages) : files.averages.front());
+    } catch (const std::exception& error) {
+      bad(fmt::format("the moving average of the weights in {} does not fit this model: {}", files.described,
+                      reason(error)));
+    }
   }
   try {
     if (resharding) {

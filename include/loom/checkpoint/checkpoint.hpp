@@ -26,6 +26,7 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <concepts>
 #include <cstdint>
 #include <filesystem>
 #include <functional>
@@ -105,6 +106,17 @@ struct checkpoint_target {
   std::vector<std::string> optimizer_names;
   std::vector<std::string> frozen_names;          // the parameters that do not train
   std::optional<weights_fingerprint> pretrained;  // job.pretrained_fingerprint(): recorded and compared
+  // A moving average of the trainable parameters kept beside them (loom/train/ema.hpp), laid out as
+  // they are on this rank; both empty when the run keeps none.
+  std::function<tensor_state()> averages;
+  std::function<void(const tensor_state&)> load_averages;
+};
+
+// What a checkpointer saves of a moving average of the weights (loom::ema).
+template <class Averages>
+concept saved_averages = requires(Averages& averages, const tensor_state& state) {
+  { averages.state() } -> std::same_as<tensor_state>;
+  averages.load(state);
 };
 
 class checkpointer {
@@ -132,6 +144,18 @@ class checkpointer {
   template <class Job>
   std::optional<resume_point> resume(Job& job, torch::optim::Optimizer& optimizer) {
     return resume(target_of(job), optimizer);
+  }
+
+  // The same, with a moving average of the weights (loom::ema) saved beside them and resumed, this
+  // rank's part of it as of the weights. A checkpoint saved without one is refused by the resume.
+  template <class Job, saved_averages Averages>
+  void save(Job& job, torch::optim::Optimizer& optimizer, Averages& averages, std::int64_t step,
+            const std::string& user_state = "{}", const std::string& rank_state = {}) {
+    save(with_averages(target_of(job), averages), optimizer, step, user_state, rank_state);
+  }
+  template <class Job, saved_averages Averages>
+  std::optional<resume_point> resume(Job& job, torch::optim::Optimizer& optimizer, Averages& averages) {
+    return resume(with_averages(target_of(job), averages), optimizer);
   }
 
   // Every rank calls it at each step boundary while an asynchronous save may be in flight
@@ -177,6 +201,13 @@ class checkpointer {
     target.optimizer_names = job.trainable_names();
     target.frozen_names = job.frozen_names();
     target.pretrained = job.pretrained_fingerprint();
+    return target;
+  }
+
+  template <saved_averages Averages>
+  static checkpoint_target with_averages(checkpoint_target target, Averages& averages) {
+    target.averages = [&averages] { return averages.state(); };
+    target.load_averages = [&averages](const tensor_state& state) { averages.load(state); };
     return target;
   }
 

@@ -24,6 +24,7 @@
 #include <loom/runtime/failpoints.hpp>
 #include <loom/runtime/host_reads.hpp>
 #include <loom/runtime/runtime.hpp>
+#include <loom/train/ema.hpp>
 #include <loom/train/lr_schedule.hpp>
 
 #include <ATen/TensorOperators.h>
@@ -39,6 +40,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 namespace loom {
@@ -127,6 +129,10 @@ struct train_functions {
   std::function<at::Tensor(std::int64_t step, int micro)> loss{};
   // This rank's mean loss on its part of the held-out set (called without gradients); optional.
   std::function<at::Tensor()> eval_loss{};
+  // Called on every rank at each evaluation's step (eval_every), after eval_loss, without gradients
+  // and with the weights' average in place when the run keeps one: sampling from the model, say;
+  // optional.
+  std::function<void(std::int64_t step)> validate{};
   // Called on every rank after each optimizer step (zero_grad included), with the step's mean loss
   // over the ranks and this rank's wall time of the whole step; optional.
   std::function<void(const step_report&)> on_step{};
@@ -260,14 +266,20 @@ class train_session {
   std::unique_ptr<signal_handlers> handlers_;
 };
 
+namespace detail {
+
+// loom::train, with the weights' moving average or without (`averages` null).
 template <class Job>
-train_result train(Job& job, torch::optim::Optimizer& optimizer, const train_functions& functions,
-                   const train_options& options) {
+train_result train_loop(Job& job, torch::optim::Optimizer& optimizer, ema* averages, const train_functions& functions,
+                        const train_options& options) {
   check_train_functions(functions);
   train_session session(job.rt(), options);
   train_result result;
-  if (const auto resumed = session.checkpoints_enabled() ? session.checkpoints().resume(job, optimizer)
-                                                         : std::optional<resume_point>{}) {
+  const auto resume = [&] {
+    checkpointer& checkpoints = session.checkpoints();
+    return averages ? checkpoints.resume(job, optimizer, *averages) : checkpoints.resume(job, optimizer);
+  };
+  if (const auto resumed = session.checkpoints_enabled() ? resume() : std::optional<resume_point>{}) {
     result.first_step = resumed->step + 1;
     session.resume_from(*resumed, functions, job.tensor_parallel_size());
   }
@@ -300,6 +312,7 @@ train_result train(Job& job, torch::optim::Optimizer& optimizer, const train_fun
       if (session.end_step(step, norm, /*report=*/static_cast<bool>(functions.on_step))) {
         failpoint("step.optimizer");
         optimizer.step();
+        if (averages) averages->update(step);
       }
       job.zero_grad(options.set_to_none);
       if (functions.on_step) {
@@ -311,16 +324,24 @@ train_result train(Job& job, torch::optim::Optimizer& optimizer, const train_fun
       }
       if (step == result.first_step) session.measure_memory(optimizer);
       result.last_step = step;
-      if (functions.eval_loss && session.eval_due(step)) {
+      if ((functions.eval_loss || functions.validate) && session.eval_due(step)) {
         const c10::NoGradGuard no_grad;
-        session.record_eval(step, functions.eval_loss());
+        const std::optional<ema::weights_swap> averaged =
+            averages ? std::optional<ema::weights_swap>(std::in_place, *averages) : std::nullopt;
+        if (functions.eval_loss) session.record_eval(step, functions.eval_loss());
+        if (functions.validate) functions.validate(step);
       }
       if (session.checkpoints_enabled()) {
         checkpointer& checkpoints = session.checkpoints();
         checkpoints.poll();
         if (session.checkpoint_due(step) || session.preempted()) {
-          checkpoints.save(job, optimizer, step, session.checkpoint_state(step),
-                           functions.data_state ? functions.data_state() : std::string());
+          const std::string state = session.checkpoint_state(step);
+          const std::string data = functions.data_state ? functions.data_state() : std::string();
+          if (averages) {
+            checkpoints.save(job, optimizer, *averages, step, state, data);
+          } else {
+            checkpoints.save(job, optimizer, step, state, data);
+          }
         }
       }
       if (session.preempted()) {
@@ -336,6 +357,23 @@ train_result train(Job& job, torch::optim::Optimizer& optimizer, const train_fun
   result.last_loss = session.last_loss();
   session.summarize(result);
   return result;
+}
+
+}  // namespace detail
+
+template <class Job>
+train_result train(Job& job, torch::optim::Optimizer& optimizer, const train_functions& functions,
+                   const train_options& options) {
+  return detail::train_loop(job, optimizer, nullptr, functions, options);
+}
+
+// The same, keeping `averages` (loom::ema) of the weights: updated after each optimizer step, the
+// weights during each evaluation, and saved and resumed with every checkpoint. Save the averaged
+// weights after it with averages.swapped_in().
+template <class Job>
+train_result train(Job& job, torch::optim::Optimizer& optimizer, ema& averages, const train_functions& functions,
+                   const train_options& options) {
+  return detail::train_loop(job, optimizer, &averages, functions, options);
 }
 
 }  // namespace loom
