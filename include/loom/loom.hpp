@@ -22,6 +22,8 @@
 #include <loom/strategies/ddp.hpp>
 #include <loom/strategies/fsdp.hpp>
 #include <loom/strategies/local.hpp>
+#include <loom/train/ema.hpp>
+#include <loom/train/euler_sampler.hpp>
 #include <loom/train/flow_matching.hpp>
 #include <loom/train/loop.hpp>
 #include <loom/train/lr_schedule.hpp>

@@ -62,14 +62,19 @@ std::optional<option_problem> flow_matching_options::problem() const {
     return option_problem{"num_train_timesteps",
                           fmt::format("is {}; give the schedule's number of levels, e.g. 1000", num_train_timesteps)};
   }
+  if (!(training_cfg_rate >= 0 && training_cfg_rate <= 1)) {
+    return option_problem{"training_cfg_rate",
+                          fmt::format("is {}; give a probability in [0, 1] (0: never drop the text)", training_cfg_rate)};
+  }
   return std::nullopt;
 }
 
 std::string flow_matching_options::describe() const {
   return fmt::format(
       "weighting_scheme={}, logit_mean={}, logit_std={}, mode_scale={}, flow_shift={}, "
-      "num_train_timesteps={}",
-      to_string(weighting_scheme), logit_mean, logit_std, mode_scale, flow_shift, num_train_timesteps);
+      "num_train_timesteps={}, precondition_outputs={}, training_cfg_rate={}",
+      to_string(weighting_scheme), logit_mean, logit_std, mode_scale, flow_shift, num_train_timesteps,
+      precondition_outputs, training_cfg_rate);
 }
 
 double shifted_sigma(double sigma, double flow_shift) noexcept {
@@ -134,6 +139,7 @@ flow_matching_inputs flow_matching::noise(const at::Tensor& x0, at::Generator& g
   const at::Tensor sigma = inputs.sigmas.to(x0.scalar_type()).view(per_sample);
   inputs.noisy = (1.0 - sigma) * x0 + sigma * epsilon;
   inputs.velocity = (epsilon - x0).to(at::kFloat);
+  if (options_.precondition_outputs) inputs.clean = x0.to(at::kFloat);
   return inputs;
 }
 
@@ -143,7 +149,36 @@ at::Tensor flow_matching::loss(const at::Tensor& prediction, const flow_matching
         "flow_matching: the prediction has shape [{}], the velocity [{}]: the model must return one value a latent",
         fmt::join(prediction.sizes(), ", "), fmt::join(inputs.velocity.sizes(), ", "));
   }
+  if (inputs.clean.defined()) {
+    // FastVideo's order and dtypes: σ in the latents' (as it noised them), x̂0 as the operands
+    // promote, then the error in fp32.
+    std::vector<std::int64_t> per_sample(static_cast<std::size_t>(prediction.dim()), 1);
+    per_sample.front() = prediction.size(0);
+    const at::Tensor sigma = inputs.sigmas.to(inputs.noisy.scalar_type()).view(per_sample);
+    const at::Tensor predicted_clean = inputs.noisy - prediction * sigma;
+    return at::mse_loss(predicted_clean.to(at::kFloat), inputs.clean);
+  }
   return at::mse_loss(prediction.to(at::kFloat), inputs.velocity);
+}
+
+at::Tensor flow_matching::dropped_text(const at::Tensor& text, const at::Tensor& unconditional,
+                                       at::Generator& generator) const {
+  const bool fits = text.dim() >= 1 && unconditional.dim() == text.dim() &&
+                    (unconditional.size(0) == 1 || unconditional.size(0) == text.size(0)) &&
+                    unconditional.sizes().slice(1) == text.sizes().slice(1);
+  if (!fits) {
+    throw_error<std::invalid_argument>(
+        "flow_matching: the unconditional text states have shape [{}] and the batch's [{}]: give the negative or "
+        "empty prompt's states as [1, ...] or [B, ...] with the batch's other sizes",
+        fmt::join(unconditional.sizes(), ", "), fmt::join(text.sizes(), ", "));
+  }
+  if (options_.training_cfg_rate == 0) return text;
+  const at::Tensor draws =
+      at::rand({text.size(0)}, generator, at::TensorOptions().dtype(at::kFloat).device(generator.device()));
+  std::vector<std::int64_t> per_sample(static_cast<std::size_t>(text.dim()), 1);
+  per_sample.front() = text.size(0);
+  const at::Tensor dropped = to_device(draws < options_.training_cfg_rate, text.device(), at::kBool).view(per_sample);
+  return at::where(dropped, unconditional.to(text.scalar_type()), text);
 }
 
 at::Generator step_generator(std::uint64_t seed, std::int64_t step, int rank, int micro, c10::Device device) {

@@ -197,11 +197,74 @@ TEST_CASE("options out of range are refused naming the option; the loss refuses 
   CHECK(loom::timestep_density_named("logit_normal") == loom::timestep_density::logit_normal);
   CHECK_FALSE(loom::timestep_density_named("lognorm").has_value());
   CHECK(loom::flow_matching_options{}.describe() ==
-        "weighting_scheme=uniform, logit_mean=0, logit_std=1, mode_scale=1, flow_shift=3, num_train_timesteps=1000");
+        "weighting_scheme=uniform, logit_mean=0, logit_std=1, mode_scale=1, flow_shift=3, num_train_timesteps=1000, "
+        "precondition_outputs=false, training_cfg_rate=0");
+  CHECK_THROWS_WITH(loom::flow_matching({.training_cfg_rate = -0.1}),
+                    ContainsSubstring("training_cfg_rate is -0.1; give a probability in [0, 1]"));
 
   const loom::flow_matching method({});
   at::Generator generator = at::make_generator<at::CPUGeneratorImpl>(1);
   const loom::flow_matching_inputs inputs = method.noise(at::zeros({2, 3}), generator);
   CHECK_THROWS_WITH(loom::flow_matching::loss(at::zeros({2, 4}), inputs),
                     ContainsSubstring("the prediction has shape [2, 4], the velocity [2, 3]"));
+}
+
+TEST_CASE("precondition_outputs: FastVideo's x0 form, mse(x_sigma - sigma * v, x0), in the latents' dtype then fp32",
+          "[flow_matching]") {
+  const at::Tensor x0 = (at::arange(24, at::kFloat).reshape({4, 2, 3}) - 11.5) / 8;
+  const at::Tensor prediction = at::linspace(-1, 1, 24, at::kFloat).reshape({4, 2, 3});
+  for (const at::ScalarType dtype : {at::kFloat, at::kBFloat16}) {
+    CAPTURE(dtype);
+    at::Generator a = at::make_generator<at::CPUGeneratorImpl>(7);
+    at::Generator b = at::make_generator<at::CPUGeneratorImpl>(7);
+    const loom::flow_matching velocity_form({.flow_shift = 3});
+    const loom::flow_matching x0_form({.flow_shift = 3, .precondition_outputs = true});
+    const loom::flow_matching_inputs plain = velocity_form.noise(x0.to(dtype), a);
+    const loom::flow_matching_inputs in = x0_form.noise(x0.to(dtype), b);
+    // The same draws either way: only the loss differs.
+    CHECK(at::equal(plain.noisy, in.noisy));
+    CHECK_FALSE(plain.clean.defined());
+    // FastVideo (fastvideo/train/methods/fine_tuning/finetune.py): its sigmas in the latents' dtype
+    // (get_sigmas(..., dtype=latents.dtype)), pred_x0 = noisy - prediction * sigmas, then
+    // mse(pred_x0.float(), latents.float()).
+    const at::Tensor model_pred = prediction.to(dtype);
+    const at::Tensor pred_x0 = in.noisy - model_pred * in.sigmas.to(dtype).view({4, 1, 1});
+    const at::Tensor expected = at::mse_loss(pred_x0.to(at::kFloat), x0.to(dtype).to(at::kFloat));
+    CHECK(at::equal(loom::flow_matching::loss(model_pred, in), expected));
+    CHECK_FALSE(at::equal(loom::flow_matching::loss(model_pred, in), loom::flow_matching::loss(model_pred, plain)));
+    CHECK(at::equal(loom::flow_matching::loss(model_pred, plain),
+                    at::mse_loss(model_pred.to(at::kFloat), plain.velocity)));
+  }
+}
+
+TEST_CASE("training_cfg_rate drops each sample's text to the unconditional states with that probability",
+          "[flow_matching]") {
+  const std::int64_t batch = 4000;
+  const at::Tensor text = at::arange(1, batch + 1, at::kFloat).view({batch, 1, 1}).expand({batch, 3, 2}).contiguous();
+  const at::Tensor unconditional = at::full({1, 3, 2}, -7.0F);
+  const loom::flow_matching never({});
+  at::Generator generator = at::make_generator<at::CPUGeneratorImpl>(11);
+  CHECK(never.dropped_text(text, unconditional, generator).is_same(text));  // and nothing drawn
+  for (const double rate : {0.1, 0.5, 1.0}) {
+    CAPTURE(rate);
+    const loom::flow_matching method({.training_cfg_rate = rate});
+    at::Generator draws = at::make_generator<at::CPUGeneratorImpl>(11);
+    at::Generator same = at::make_generator<at::CPUGeneratorImpl>(11);
+    const at::Tensor dropped = method.dropped_text(text, unconditional, draws);
+    // Sample i is dropped exactly where the i-th U[0, 1) draw falls below the rate, wholly.
+    const at::Tensor expected_drop = at::rand({batch}, same) < rate;
+    const at::Tensor is_dropped = (dropped == -7.0F).all(2).all(1);
+    const at::Tensor kept = (dropped == text).all(2).all(1);
+    CHECK(at::equal(is_dropped, expected_drop));
+    CHECK(at::equal(kept, expected_drop.logical_not()));
+    const double share = is_dropped.to(at::kDouble).mean().item<double>();
+    CHECK(share == Approx(rate).margin(0.025));
+  }
+  // Per-sample unconditional states ([B, ...]) are taken row by row.
+  const loom::flow_matching always({.training_cfg_rate = 1.0});
+  at::Generator g = at::make_generator<at::CPUGeneratorImpl>(3);
+  const at::Tensor rows = at::randn({2, 3, 2});
+  CHECK(at::equal(always.dropped_text(text.narrow(0, 0, 2), rows, g), rows));
+  CHECK_THROWS_WITH(always.dropped_text(text, at::zeros({1, 4, 2}), g),
+                    ContainsSubstring("the unconditional text states have shape [1, 4, 2] and the batch's [4000, 3, 2]"));
 }

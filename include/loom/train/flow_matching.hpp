@@ -49,6 +49,13 @@ struct flow_matching_options {
   // σ' = flow_shift · σ / (1 + (flow_shift − 1) · σ): above 1, more of the draws land at high noise.
   double flow_shift = 3.0;
   std::int64_t num_train_timesteps = 1000;
+  // FastVideo's x0-prediction form of the loss: the prediction v̂ read as x̂0 = x_σ − σ v̂ and
+  // compared with x0, rather than v̂ with the velocity.
+  bool precondition_outputs = false;
+  // FastVideo's training_cfg_rate: the probability with which a sample's text states are replaced
+  // by the unconditional ones (dropped_text), so the model also learns the unconditional velocity
+  // that classifier-free guidance needs.
+  double training_cfg_rate = 0.0;
 
   // What a run file's "flow_matching" object sets (FastVideo's training.model and flow_shift).
   static constexpr auto fields() {
@@ -57,7 +64,9 @@ struct flow_matching_options {
                       option_field{"logit_std", &flow_matching_options::logit_std},
                       option_field{"mode_scale", &flow_matching_options::mode_scale},
                       option_field{"flow_shift", &flow_matching_options::flow_shift},
-                      option_field{"num_train_timesteps", &flow_matching_options::num_train_timesteps}};
+                      option_field{"num_train_timesteps", &flow_matching_options::num_train_timesteps},
+                      option_field{"precondition_outputs", &flow_matching_options::precondition_outputs},
+                      option_field{"training_cfg_rate", &flow_matching_options::training_cfg_rate}};
   }
 
   // The first field out of range, if any ("flow_shift", "is 0; give a positive shift").
@@ -75,6 +84,9 @@ struct flow_matching_inputs {
   at::Tensor timesteps;  // [B]: σ · num_train_timesteps, the model's timestep
   at::Tensor sigmas;     // [B]
   at::Tensor velocity;   // ε − x0, fp32: what the model is trained to predict
+  // With precondition_outputs: x0, fp32, which the prediction read as x̂0 = x_σ − σ v̂ is compared
+  // with; undefined otherwise.
+  at::Tensor clean{};
 };
 
 class flow_matching {
@@ -97,8 +109,15 @@ class flow_matching {
   [[nodiscard]] at::Tensor levels(const at::Tensor& u) const;
   // For clean latents x0 [B, ...]: draws ε like x0, then B levels, from `generator`, in FastVideo's order.
   [[nodiscard]] flow_matching_inputs noise(const at::Tensor& x0, at::Generator& generator) const;
-  // The mean squared error between the prediction and the velocity, in fp32.
+  // The mean squared error between the prediction and the velocity, in fp32; with
+  // precondition_outputs (inputs.clean defined) between x̂0 = x_σ − σ v̂ and x0, as FastVideo computes it.
   [[nodiscard]] static at::Tensor loss(const at::Tensor& prediction, const flow_matching_inputs& inputs);
+  // training_cfg_rate's dropout: `text` [B, ...] with each sample's states replaced by
+  // `unconditional` ([1, ...] or [B, ...]: the negative or empty prompt's) where a draw from
+  // `generator` (B values of U[0, 1), after noise()'s) falls below the rate; `text` itself at a rate of 0,
+  // which draws nothing.
+  [[nodiscard]] at::Tensor dropped_text(const at::Tensor& text, const at::Tensor& unconditional,
+                                        at::Generator& generator) const;
 
  private:
   flow_matching_options options_;

@@ -1,0 +1,76 @@
+#pragma once
+// The Euler flow-matching sampler, as diffusers' FlowMatchEulerDiscreteScheduler and WanPipeline's
+// loop run it (docs/training.md, "Validation"): from noise x at σ = 1, each of the steps predicts
+// the velocity v̂ at (x, t) and moves x by (σ_next − σ) v̂; with classifier-free guidance the
+// prediction is v̂_uncond + scale · (v̂_text − v̂_uncond), the unconditional one from the negative
+// prompt's text states.
+//
+//   const loom::flow_euler_sampler sampler({.num_inference_steps = 50, .shift = 3, .guidance_scale = 5});
+//   at::Tensor latents = sampler.sample(
+//       [&](const at::Tensor& x, const at::Tensor& t, const at::Tensor& text) { return job.forward(x, t, text); },
+//       noise, text, negative_text, at::kBFloat16);
+//
+// The levels, the guidance and each step are computed in diffusers' dtypes and order of operations,
+// so that over the same model the latents are diffusers', bit for bit.
+
+#include <loom/dsl/options.hpp>
+#include <loom/train/lr_schedule.hpp>  // option_problem
+
+#include <ATen/core/Tensor.h>
+#include <c10/core/ScalarType.h>
+
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+#include <tuple>
+
+namespace loom {
+
+// FastVideo's validation names: validation_sampling_steps, the pipeline's flow_shift and
+// validation_guidance_scale.
+struct flow_euler_sampler_options {
+  std::int64_t num_inference_steps = 50;
+  double shift = 3.0;
+  double guidance_scale = 5.0;  // at most 1: no guidance (one model call a step)
+  std::int64_t num_train_timesteps = 1000;
+
+  static constexpr auto fields() {
+    return std::tuple{option_field{"num_inference_steps", &flow_euler_sampler_options::num_inference_steps},
+                      option_field{"shift", &flow_euler_sampler_options::shift},
+                      option_field{"guidance_scale", &flow_euler_sampler_options::guidance_scale},
+                      option_field{"num_train_timesteps", &flow_euler_sampler_options::num_train_timesteps}};
+  }
+  // The first field out of range, if any.
+  [[nodiscard]] std::optional<option_problem> problem() const;
+  [[nodiscard]] std::string describe() const;
+};
+
+class flow_euler_sampler {
+ public:
+  // The model's velocity at latents `x` (in the model's dtype), timesteps `t` ([B], fp32) and text
+  // states `text`.
+  using velocity_model = std::function<at::Tensor(const at::Tensor& x, const at::Tensor& t, const at::Tensor& text)>;
+
+  // Throws std::invalid_argument naming the first option out of range.
+  explicit flow_euler_sampler(const flow_euler_sampler_options& options);
+
+  [[nodiscard]] const flow_euler_sampler_options& options() const noexcept { return options_; }
+  // The steps' levels σ, fp32, num_inference_steps of them then 0, and their timesteps σ · N (fp32):
+  // set_timesteps' with shift, the shifted schedule's ends spaced evenly then shifted again.
+  [[nodiscard]] const at::Tensor& sigmas() const noexcept { return sigmas_; }
+  [[nodiscard]] const at::Tensor& timesteps() const noexcept { return timesteps_; }
+  [[nodiscard]] bool guided() const noexcept { return options_.guidance_scale > 1; }
+
+  // Samples from `noise` [B, ...] (fp32, at σ = 1) with `text` and, when guided, `negative_text`
+  // states, the model called in `model_dtype`. Returns the latents in the model's output dtype, as
+  // the scheduler's step casts them. Runs on the noise's device; reads nothing on the host.
+  [[nodiscard]] at::Tensor sample(const velocity_model& model, const at::Tensor& noise, const at::Tensor& text,
+                                  const at::Tensor& negative_text, at::ScalarType model_dtype) const;
+
+ private:
+  flow_euler_sampler_options options_;
+  at::Tensor sigmas_, timesteps_;
+};
+
+}  // namespace loom
