@@ -307,8 +307,12 @@ WanTransformerBlockImpl::WanTransformerBlockImpl(const wan_config& config)
 at::Tensor WanTransformerBlockImpl::forward(const at::Tensor& x, const at::Tensor& text,
                                             const at::Tensor& timestep_proj, const at::Tensor& cos,
                                             const at::Tensor& sin) {
-  // The modulations, the norms and the gated sums in fp32, each result cast back to x's dtype.
-  const std::vector<at::Tensor> modulation = (scale_shift_table + timestep_proj.to(at::kFloat)).chunk(6, 1);
+  // The modulations, the norms and the gated sums in fp32, each result cast back to x's dtype. A
+  // token's own modulations ([B, S, 6, dim]) lose their chunked axis to line up with x's tokens.
+  std::vector<at::Tensor> modulation = (scale_shift_table + timestep_proj.to(at::kFloat)).chunk(6, -2);
+  if (timestep_proj.dim() == 4) {
+    for (at::Tensor& each : modulation) each = each.squeeze(-2);
+  }
   const at::Tensor &shift = modulation[0], &scale = modulation[1], &gate = modulation[2];
   const at::Tensor &ffn_shift = modulation[3], &ffn_scale = modulation[4], &ffn_gate = modulation[5];
   const at::ScalarType type = x.scalar_type();
@@ -343,17 +347,20 @@ WanConditionEmbedderImpl::WanConditionEmbedderImpl(const wan_config& config)
 
 WanConditionEmbedderImpl::embedded WanConditionEmbedderImpl::forward(const at::Tensor& timestep,
                                                                      const at::Tensor& text) {
-  // Timesteps(freq_dim, flip_sin_to_cos=True, downscale_freq_shift=0), in fp32.
+  // Timesteps(freq_dim, flip_sin_to_cos=True, downscale_freq_shift=0), in fp32, of each timestep; per
+  // token, of the flattened [B · S] as diffusers computes them, then [B, S, freq_dim].
+  const at::Tensor flat = timestep.flatten();
   const std::int64_t half = freq_dim_ / 2;
   const at::Tensor exponent =
       at::arange(0, half, timestep.options().dtype(at::kFloat)) * -std::log(timestep_max_period) / half;
-  const at::Tensor angles = timestep.unsqueeze(1).to(at::kFloat) * exponent.exp().unsqueeze(0);
+  const at::Tensor angles = flat.unsqueeze(1).to(at::kFloat) * exponent.exp().unsqueeze(0);
   at::Tensor sinusoids = at::cat({angles.cos(), angles.sin()}, -1);
   if (freq_dim_ % 2 != 0) sinusoids = at::pad(sinusoids, {0, 1});
+  if (timestep.dim() == 2) sinusoids = sinusoids.unflatten(0, {timestep.size(0), timestep.size(1)});
 
   const at::Tensor temb =
       time_embedder(sinusoids.to(time_embedder->linear_1->weight.scalar_type())).to(text.scalar_type());
-  return {temb, time_proj(at::silu(temb)).unflatten(1, {6, -1}), text_embedder(text)};
+  return {temb, time_proj(at::silu(temb)).unflatten(-1, {6, -1}), text_embedder(text)};
 }
 
 std::vector<loom::nn::parallel_layer> WanImpl::tensor_parallel_plan() const {
@@ -395,15 +402,11 @@ at::Tensor WanImpl::forward(const at::Tensor& latents, const at::Tensor& timeste
         "loom::models::Wan: the latents are {}-dimensional: give them as [batch, channels, frames, height, width]",
         latents.dim());
   }
-  if (timestep.dim() == 2) {
+  if (timestep.dim() != 1 && timestep.dim() != 2) {
     throw_error<std::invalid_argument>(
-        "loom::models::Wan: the timestep is [{}]: per-token timesteps (Wan 2.2 TI2V's expand_timesteps) are not "
-        "supported; give one timestep a sample, [batch]",
-        fmt::join(timestep.sizes(), ", "));
-  }
-  if (timestep.dim() != 1) {
-    throw_error<std::invalid_argument>("loom::models::Wan: the timestep is {}-dimensional: give one a sample, [batch]",
-                                       timestep.dim());
+        "loom::models::Wan: the timestep is {}-dimensional: give one a sample, [batch], or one a token, [batch, "
+        "patches] (Wan 2.2 TI2V's expand_timesteps)",
+        timestep.dim());
   }
   if (text.dim() != 3) {
     throw_error<std::invalid_argument>(
@@ -420,16 +423,32 @@ at::Tensor WanImpl::forward(const at::Tensor& latents, const at::Tensor& timeste
         "rope_max_seq_len = {} rotary positions: give smaller latents or a config with a larger rope_max_seq_len",
         frames, height, width, config.rope_max_seq_len);
   }
+  const bool per_token = timestep.dim() == 2;
+  if (per_token && (timestep.size(0) != batch || timestep.size(1) != frames * height * width)) {
+    throw_error<std::invalid_argument>(
+        "loom::models::Wan: the timesteps are [{}], one a token, but the latents make {} × {} patches ({}x{}x{}): "
+        "give [{}, {}], as WanPipeline's expand_timesteps makes them",
+        fmt::join(timestep.sizes(), ", "), batch, frames * height * width, frames, height, width, batch,
+        frames * height * width);
+  }
   at::Tensor x = sequence->split(patch_embedding(latents).flatten(2).transpose(1, 2), 1).contiguous();
   const auto [grid_cos, grid_sin] = grid_cos_sin(config.attention_head_dim, frames, height, width, latents.device());
   const at::Tensor cos = sequence->local(grid_cos, 0), sin = sequence->local(grid_sin, 0);
 
-  const WanConditionEmbedderImpl::embedded condition = condition_embedder(timestep, text);
+  WanConditionEmbedderImpl::embedded condition = condition_embedder(timestep, text);
+  if (per_token) {
+    // A token's modulations go with it: this rank's tokens' under sequence parallelism.
+    condition.temb = sequence->local(condition.temb, 1);
+    condition.timestep_proj = sequence->local(condition.timestep_proj, 1);
+  }
   for (const auto& block : *blocks) {
     x = block->as<WanTransformerBlock>()->forward(x, condition.text, condition.timestep_proj, cos, sin);
   }
 
-  const std::vector<at::Tensor> shift_scale = (scale_shift_table + condition.temb.unsqueeze(1)).chunk(2, 1);
+  std::vector<at::Tensor> shift_scale = (scale_shift_table + condition.temb.unsqueeze(-2)).chunk(2, -2);
+  if (per_token) {
+    for (at::Tensor& each : shift_scale) each = each.squeeze(-2);
+  }
   x = (fp32_layer_norm(x, config.eps) * (1 + shift_scale[1]) + shift_scale[0]).to(x.scalar_type());
   // Each patch's p_t·p_h·p_w·out_channels values back into the video, channel last within a patch.
   return sequence->whole(proj_out(x), 1)

@@ -101,13 +101,18 @@ struct video_batch {
   at::Tensor latents, timestep, text, target;
 };
 
-// Latents of 3 or 6 frames of 4 × 4 (12 or 24 tokens after 1 × 2 × 2 patches).
+// Latents of 3 or 6 frames of 4 × 4 (12 or 24 tokens after 1 × 2 × 2 patches); every third step a
+// timestep a token (Wan 2.2 TI2V's expand_timesteps), each token its own, which a rank's tokens take
+// with them.
 video_batch wan_batch(int step, int data_rank) {
   auto gen = at::make_generator<at::CPUGeneratorImpl>(5000 + 37 * static_cast<std::uint64_t>(step) +
                                                       static_cast<std::uint64_t>(data_rank));
   const std::int64_t frames = step % 2 == 0 ? 3 : 6;
-  return {torch::randn({2, 4, frames, 4, 4}, gen), torch::randint(0, 1000, {2}, gen, torch::kLong).to(torch::kFloat),
-          torch::randn({2, 5, 16}, gen), torch::randn({2, 4, frames, 4, 4}, gen)};
+  const at::Tensor latents = torch::randn({2, 4, frames, 4, 4}, gen);
+  const std::vector<std::int64_t> timesteps =
+      step % 3 == 2 ? std::vector<std::int64_t>{2, frames * 4} : std::vector<std::int64_t>{2};
+  const at::Tensor timestep = torch::randint(0, 1000, timesteps, gen, torch::kLong).to(torch::kFloat);
+  return {latents, timestep, torch::randn({2, 5, 16}, gen), torch::randn({2, 4, frames, 4, 4}, gen)};
 }
 
 // A job stepped beside the others whose distance from the unsplit one bounds the split one's: the

@@ -15,7 +15,9 @@ diffusers' fp32 velocity must be at most twice that of diffusers' own model in b
 The configurations: odd head counts and sizes, an odd freq_dim (its sinusoids padded), patches of one
 frame over several frames, patches of two frames with frames, height and width that are not whole
 patches (diffusers drops the remainder), with and without the cross-attention's norm, out_channels
-of their own and null (in_channels), and a checkpoint sharded over several files with an index.
+of their own and null (in_channels), a checkpoint sharded over several files with an index, and Wan
+2.2 TI2V-5B's 48 channels with a timestep a token (WanPipeline's expand_timesteps, the first frame's
+tokens at 0).
 """
 from __future__ import annotations
 
@@ -38,7 +40,24 @@ CONFIGS = {
     "sharded": (dict(patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=14, in_channels=4, out_channels=4,
                      text_dim=16, freq_dim=16, ffn_dim=40, num_layers=3, cross_attn_norm=True, rope_max_seq_len=32),
                 1, (2, 4, 4), 9),
+    # Wan 2.2 TI2V-5B's shape: 48 latent channels, and a timestep a token (expand_timesteps).
+    "ti2v-expand-timesteps": (dict(patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=12, in_channels=48,
+                                   out_channels=48, text_dim=16, freq_dim=16, ffn_dim=32, num_layers=2,
+                                   cross_attn_norm=True, rope_max_seq_len=16),
+                              2, (3, 4, 6), 5),
 }
+
+
+def per_token_timesteps(latents, timestep, patch_size):
+    """WanPipeline's expand_timesteps (diffusers/pipelines/wan/pipeline_wan.py): one timestep a patch,
+    [batch, F/p_t · H/p_h · W/p_w], made as the image-to-video case makes them, the first frame's
+    tokens at 0 (it is given) and the others at the sample's timestep."""
+    import torch
+
+    mask = torch.ones(latents.shape, dtype=torch.float32)
+    mask[:, :, 0] = 0
+    _, p_h, p_w = patch_size
+    return torch.stack([(mask[b][0][:, ::p_h, ::p_w] * timestep[b]).flatten() for b in range(latents.shape[0])])
 FP32_TOLERANCE = 1e-5
 
 
@@ -71,6 +90,8 @@ def make(folder: Path) -> None:
         inputs = torch.Generator().manual_seed(7 + index)
         latents = torch.randn(batch, config["in_channels"], *grid, generator=inputs)
         timestep = torch.rand(batch, generator=inputs) * 1000
+        if "expand-timesteps" in name:
+            timestep = per_token_timesteps(latents, timestep, config["patch_size"])
         text = torch.randn(batch, text_length, config["text_dim"], generator=inputs)
         # In bf16 as the pipeline runs it: loaded with torch_dtype (what diffusers keeps in fp32 stays
         # fp32), the latents and text states in bf16, the timestep as it is.

@@ -177,9 +177,9 @@ TORCH_MODULE(WanFeedForward);
 class WanTransformerBlockImpl : public torch::nn::Module {
  public:
   explicit WanTransformerBlockImpl(const wan_config& config);
-  // x [B, S, dim] after self-attention (modulated and gated by timestep_proj [B, 6, dim] and the
-  // block's scale_shift_table), cross-attention to text [B, L, dim] and the feed-forward (modulated
-  // and gated); cos and sin are the rotary embedding's.
+  // x [B, S, dim] after self-attention (modulated and gated by timestep_proj [B, 6, dim], or
+  // [B, S, 6, dim] a token's own, and the block's scale_shift_table), cross-attention to text
+  // [B, L, dim] and the feed-forward (modulated and gated); cos and sin are the rotary embedding's.
   at::Tensor forward(const at::Tensor& x, const at::Tensor& text, const at::Tensor& timestep_proj,
                      const at::Tensor& cos, const at::Tensor& sin);
 
@@ -219,10 +219,11 @@ class WanConditionEmbedderImpl : public torch::nn::Module {
  public:
   explicit WanConditionEmbedderImpl(const wan_config& config);
   struct embedded {
-    at::Tensor temb;           // [B, dim], in text's dtype
-    at::Tensor timestep_proj;  // [B, 6, dim]
+    at::Tensor temb;           // [B, dim], or [B, S, dim] for per-token timesteps; in text's dtype
+    at::Tensor timestep_proj;  // [B, 6, dim], or [B, S, 6, dim]
     at::Tensor text;           // [B, L, dim]
   };
+  // For a timestep a sample [B], or a timestep a token [B, S] (Wan 2.2 TI2V's expand_timesteps).
   embedded forward(const at::Tensor& timestep, const at::Tensor& text);
 
   WanTimeEmbedder time_embedder;
@@ -249,9 +250,10 @@ class WanImpl : public torch::nn::Module {
   // config made in code.
   explicit WanImpl(const wan_config& config);
   // The velocity [B, out_channels, F, H, W] (frames, height and width rounded down to whole patches)
-  // for latents [B, in_channels, F, H, W], one timestep a sample [B] (integer or floating), and the
-  // text encoder's states [B, L, text_dim]: diffusers' forward with return_dict=False. Per-token
-  // timesteps [B, S] (Wan 2.2 TI2V) are refused, as is a patch grid beyond rope_max_seq_len.
+  // for latents [B, in_channels, F, H, W], one timestep a sample [B] (integer or floating) or one a
+  // token [B, S] with S the patches F/p_t · H/p_h · W/p_w (Wan 2.2 TI2V's expand_timesteps, as
+  // WanPipeline makes them), and the text encoder's states [B, L, text_dim]: diffusers' forward with
+  // return_dict=False. A patch grid beyond rope_max_seq_len is refused.
   at::Tensor forward(const at::Tensor& latents, const at::Tensor& timestep, const at::Tensor& text);
 
   // FastVideo's Wan names the attention's output projection `to_out` (its name mapping turns
