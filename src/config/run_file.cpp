@@ -46,7 +46,8 @@ std::string lowercase(std::string text) {
 }
 
 // The objects of a run file beside its plan, each read through its options struct's fields().
-constexpr std::array<std::string_view, 3> sections{"train", "flow_matching", "chat"};
+constexpr std::array<std::string_view, 7> sections{"train",    "flow_matching", "ema", "sampling",
+                                                   "data",     "optimizer",     "chat"};
 
 const std::vector<std::string> stage_names{
     "seeded",          "default_dtype", "pretrained", "quantized", "mixed_precision", "recompute", "sequence_parallel",
@@ -127,6 +128,10 @@ const std::vector<std::string>& run_file_keys() {
     });
     add_dotted_keys<train_options>(all, "train");
     add_dotted_keys<flow_matching_options>(all, "flow_matching");
+    add_dotted_keys<ema_options>(all, "ema");
+    add_dotted_keys<flow_euler_sampler_options>(all, "sampling");
+    add_dotted_keys<run_data_options>(all, "data");
+    add_dotted_keys<adamw_run_options>(all, "optimizer");
     add_dotted_keys<data::chat_options>(all, "chat");
     return all;
   }();
@@ -364,18 +369,20 @@ class reader final : public config_detail::fastvideo_reader {
 
  public:
   // Applies each override, in order, to the file's tree: "train.<key>=value" to its "train" object,
-  // "flow_matching.<key>=value" and "chat.<key>=value" to their objects, the others to its "plan" list
+  // "flow_matching.<key>=value", "ema.<key>=value", "sampling.<key>=value", "data.<key>=value",
+  // "optimizer.<key>=value" and "chat.<key>=value" to their objects, the others to its "plan" list
   // ("lora.rank=16", "strategy=fsdp", "seeded=7"). The value is JSON when it parses as JSON, a string
   // otherwise.
   //
   // A YAML file also takes keys in FastVideo's spelling ("training.distributed.sp_size=2",
-  // "models.transformer.lora.rank=32"), set where the file would write them before its layout is
+  // "models.transformer.lora.rank=32", "callbacks.ema.decay=0.999"), set where the file would write them before its layout is
   // translated, so that they are checked as the file's own keys are.
   void apply_overrides(json& root, std::span<const std::string> overrides) {
     std::vector<std::pair<std::string, json>> in_loom_spelling;
     for (const std::string& text : overrides) {
       auto [key, value] = parsed_override(text);
-      if (!key.starts_with("training.") && !key.starts_with("models.")) {
+      if (!key.starts_with("training.") && !key.starts_with("models.") && !key.starts_with("callbacks.") &&
+          !key.starts_with("pipeline.") && !key.starts_with("method.")) {
         in_loom_spelling.emplace_back(std::move(key), std::move(value));
         continue;
       }
@@ -688,7 +695,7 @@ class reader final : public config_detail::fastvideo_reader {
         names.emplace_back(name_of(each));
       }
       fail(where, fmt::format("give one of \"{}\"{}", fmt::join(names, "\", \""), did_you_mean(text, names)));
-    } else if constexpr (std::is_same_v<T, std::filesystem::path>) {
+    } else if constexpr (std::is_same_v<typename optional_of<T>::type, std::filesystem::path>) {
       if (!value.is_string()) fail(where, "give a path as a string");
       target = value.get<std::string>();
     } else if constexpr (std::is_same_v<T, decay_shape>) {
@@ -761,7 +768,7 @@ class reader final : public config_detail::fastvideo_reader {
     const std::string stage = key.substr(0, dot);
     if (std::find(stage_names.begin(), stage_names.end(), stage) == stage_names.end()) {
       fail(key, fmt::format("unknown key; an override names a stage, a stage's key or a key of train, "
-                            "flow_matching or chat, as docs/run_files.md lists them{}",
+                            "flow_matching, ema, sampling, data, optimizer or chat, as docs/run_files.md lists them{}",
                             did_you_mean(key, run_file_keys())));
     }
     json* entry = nullptr;
@@ -823,9 +830,10 @@ class reader final : public config_detail::fastvideo_reader {
       if (key != "plan" && std::find(sections.begin(), sections.end(), key) == sections.end()) {
         std::vector<std::string> known{"plan"};
         known.insert(known.end(), run_file_keys().begin(), run_file_keys().end());
-        fail(key, fmt::format("unknown key; a run file has \"plan\", \"train\", \"flow_matching\" and \"chat\" (a YAML "
-                              "one may "
-                              "have FastVideo's \"models\" and \"training\" instead){}",
+        fail(key, fmt::format("unknown key; a run file has \"plan\", \"train\", \"flow_matching\", \"ema\", "
+                              "\"sampling\", \"data\", \"optimizer\" and \"chat\" (a YAML one may have "
+                              "FastVideo's \"models\", \"method\", \"training\", \"callbacks\" and \"pipeline\" "
+                              "instead){}",
                               did_you_mean(key, known)));
       }
     }
@@ -861,15 +869,16 @@ class reader final : public config_detail::fastvideo_reader {
     return options;
   }
 
-  // A flow-matching recipe's options from the tree's "flow_matching" object, if it has one.
-  std::optional<flow_matching_options> flow_matching(const json& root) const {
-    if (!root.contains("flow_matching")) return std::nullopt;
-    const json& value = root["flow_matching"];
-    if (!value.is_object())
-      fail("flow_matching", "give its options as an object, e.g. {\"weighting_scheme\": \"logit_normal\"}");
-    require_keys("flow_matching", field_names<flow_matching_options>(), value, "flow_matching");
-    const flow_matching_options options = fields<flow_matching_options>(value, "flow_matching");
-    if (const auto found = options.problem()) fail("flow_matching." + found->option, found->problem);
+  // The options of the tree's object `name`, if it has one, each checked by the struct's problem():
+  // a flow-matching recipe's ("flow_matching"), the weights' average ("ema").
+  template <class Options>
+  std::optional<Options> checked_section(const json& root, const std::string& name, std::string_view example) const {
+    if (!root.contains(name)) return std::nullopt;
+    const json& value = root[name];
+    if (!value.is_object()) fail(name, fmt::format("give its options as an object, e.g. {}", example));
+    require_keys(name, field_names<Options>(), value, name);
+    const Options options = fields<Options>(value, name);
+    if (const auto found = options.problem()) fail(name + "." + found->option, found->problem);
     return options;
   }
 
@@ -909,7 +918,17 @@ run_file read_run_file(const std::filesystem::path& path, std::span<const std::s
   reader file(path);
   json root = file.load();
   file.apply_overrides(root, overrides);
-  run_file read{file.stages(root), file.training(root), file.flow_matching(root), file.chat(root), file.ranks(), {}, {},
+  run_file read{file.stages(root),
+                file.training(root),
+                file.checked_section<flow_matching_options>(root, "flow_matching", R"({"weighting_scheme": "logit_normal"})"),
+                file.checked_section<ema_options>(root, "ema", R"({"decay": 0.999})"),
+                file.checked_section<flow_euler_sampler_options>(root, "sampling", R"({"num_inference_steps": 50})"),
+                file.checked_section<run_data_options>(root, "data", R"({"path": "clips/", "batch_size": 1})"),
+                file.checked_section<adamw_run_options>(root, "optimizer", R"({"weight_decay": 0.01})"),
+                file.chat(root),
+                file.ranks(),
+                {},
+                {},
                 file.take_notes()};
   // A group size k > 1, which the job's ranks must be a multiple of, in the file's words for its key.
   const auto group = [&file](std::size_t size, const std::string& key) -> std::optional<ranks_asked> {
@@ -922,6 +941,24 @@ run_file read_run_file(const std::filesystem::path& path, std::span<const std::s
   if (const auto split = read.stages.stages.find<tensor_parallel_stage>())
     read.tensor_group = group(split->settings().size, "tensor_parallel.size");
   return read;
+}
+
+std::optional<option_problem> run_data_options::problem() const {
+  if (path && path->empty()) return option_problem{"path", "is empty; give the folder the recipe reads its examples from"};
+  if (batch_size && *batch_size < 1)
+    return option_problem{"batch_size", fmt::format("is {}; give the examples per rank and micro-batch, 1 or more", *batch_size)};
+  return std::nullopt;
+}
+
+std::optional<option_problem> adamw_run_options::problem() const {
+  // torch's AdamW checks the same ranges, once the model is built; a run file hears of them first.
+  for (const auto& [name, beta] : {std::pair{"beta1", beta1}, std::pair{"beta2", beta2}}) {
+    if (!(beta >= 0.0 && beta < 1.0)) return option_problem{name, fmt::format("is {}; give a beta in [0, 1)", beta)};
+  }
+  if (!(eps >= 0.0)) return option_problem{"eps", fmt::format("is {}; give a non-negative epsilon, e.g. 1e-8", eps)};
+  if (!(weight_decay >= 0.0))
+    return option_problem{"weight_decay", fmt::format("is {}; give a non-negative decay, e.g. 0.01", weight_decay)};
+  return std::nullopt;
 }
 
 void check_world_size(const run_file& file, int world_size) {

@@ -272,7 +272,7 @@ TEST_CASE("an unknown key, stage or override names the keys it is close to", "[r
   CHECK_THROWS_WITH(read("override-steps", R"({"train": {"steps": 3}})", {"steps=100"}),
                     ContainsSubstring("the override steps=100 (over run file '") &&
                         ContainsSubstring("override-steps.json'): steps: unknown key; an override names a stage, a "
-                                          "stage's key or a key of train, flow_matching or chat, as "
+                                          "stage's key or a key of train, flow_matching, ema, sampling, data, optimizer or chat, as "
                                           "docs/run_files.md lists them (did you mean 'train.steps'?)"));
   CHECK_THROWS_WITH(read("override-out", R"({"train": {"steps": 3}})", {"out=/tmp/run"}),
                     ContainsSubstring("the override out=/tmp/run (over run file '") &&
@@ -466,9 +466,9 @@ TEST_CASE("FastVideo's LoRA block: enable, rank, alpha, target_modules, as its L
                       ContainsSubstring("LoRA is enabled for models.a too; loom trains one model"));
     CHECK_THROWS_WITH(read("both", "train:\n  steps: 3\ntraining:\n  steps: 4\n"),
                       ContainsSubstring("training: the file has train too"));
-    CHECK_THROWS_WITH(read("top", "data:\n  path: x\n"),
-                      ContainsSubstring("data: unknown key; a run file has \"plan\", \"train\", \"flow_matching\" and "
-                                        "\"chat\""));
+    CHECK_THROWS_WITH(read("top", "dataset:\n  path: x\n"),
+                      ContainsSubstring("dataset: unknown key; a run file has \"plan\", \"train\", \"flow_matching\", "
+                                        "\"ema\", \"sampling\", \"data\", \"optimizer\" and \"chat\""));
     CHECK_THROWS_WITH(read("syntax", "plan:\n  - seeded: [1\n"), ContainsSubstring("it is not YAML"));
   }
   SECTION("a rule is broken with the compiler's sentence") {
@@ -580,8 +580,8 @@ TEST_CASE("FastVideo's training.distributed: hybrid sharding as fsdp's shard_gro
                                         "hsdp_shard_dim shard the model, as fsdp does"));
     CHECK_THROWS_WITH(read("size-type", "    hsdp_shard_dim: 0\n"),
                       ContainsSubstring("training.distributed.hsdp_shard_dim: give a whole number of GPUs, or -1"));
-    CHECK_THROWS_WITH(read("unknown", "    pin_cpu_memory: true\n"),
-                      ContainsSubstring("training.distributed.pin_cpu_memory: unknown key; training.distributed takes "
+    CHECK_THROWS_WITH(read("unknown", "    pin_memory: true\n"),
+                      ContainsSubstring("training.distributed.pin_memory: unknown key; training.distributed takes "
                                         "strategy, num_gpus, hsdp_replicate_dim, hsdp_shard_dim, sp_size, tp_size"));
   }
 }
@@ -661,10 +661,32 @@ TEST_CASE("flow matching's options: loom's flow_matching, or FastVideo's trainin
                         "or \"mode\""));
   CHECK_THROWS_WITH(loom::read_run_file(written("flow-shift", "models:\n  transformer:\n    flow_shift: 0\n", ".yaml")),
                     ContainsSubstring(", line 3: models.transformer.flow_shift: is 0; give a positive shift"));
+  CHECK(loom::read_run_file(written("flow-x0", "training:\n  model:\n    precondition_outputs: true\n", ".yaml"))
+            .flow_matching->precondition_outputs);
   CHECK_THROWS_WITH(
-      loom::read_run_file(written("flow-key", "training:\n  model:\n    precondition_outputs: true\n", ".yaml")),
-      ContainsSubstring("training.model.precondition_outputs: unknown key; training.model takes "
-                        "weighting_scheme, logit_mean, logit_std, mode_scale"));
+      loom::read_run_file(written("flow-key", "training:\n  model:\n    precondition: true\n", ".yaml")),
+      ContainsSubstring("training.model.precondition: unknown key; training.model takes "
+                        "weighting_scheme, logit_mean, logit_std, mode_scale, precondition_outputs"));
+  CHECK_THROWS_WITH(loom::read_run_file(written("flow-cfg", R"({"flow_matching": {"training_cfg_rate": 1.5}})")),
+                    ContainsSubstring("flow_matching.training_cfg_rate: is 1.5; give a probability in [0, 1]"));
+  const loom::run_file averaged =
+      loom::read_run_file(written("ema", R"({"ema": {"decay": 0.99, "start_step": 10}})"), std::vector<std::string>{"ema.decay=0.995"});
+  REQUIRE(averaged.ema);
+  CHECK(averaged.ema->decay == 0.995);
+  CHECK(averaged.ema->start_step == 10);
+  CHECK_FALSE(loom::read_run_file(written("ema-none", R"({"plan": []})")).ema.has_value());
+  const loom::run_file sampled = loom::read_run_file(
+      written("sampling", R"({"sampling": {"num_inference_steps": 20, "guidance_scale": 6}})"));
+  REQUIRE(sampled.sampling);
+  CHECK(sampled.sampling->num_inference_steps == 20);
+  CHECK(sampled.sampling->guidance_scale == 6);
+  CHECK(sampled.sampling->shift == 3);
+  CHECK_THROWS_WITH(loom::read_run_file(written("sampling-steps", R"({"sampling": {"num_inference_steps": 0}})")),
+                    ContainsSubstring("sampling.num_inference_steps: is 0; give the number of sampling steps"));
+  CHECK_THROWS_WITH(loom::read_run_file(written("ema-decay", R"({"ema": {"decay": 1}})")),
+                    ContainsSubstring("ema.decay: is 1; give a decay in [0, 1)"));
+  CHECK_THROWS_WITH(loom::read_run_file(written("ema-key", R"({"ema": {"decay_rate": 0.9}})")),
+                    ContainsSubstring("ema.decay_rate: unknown key"));
   CHECK_THROWS_WITH(loom::read_run_file(written("flow-override", R"({"plan": []})"),
                                         std::vector<std::string>{"flow_matching.shift=3"}),
                     ContainsSubstring("the override flow_matching.shift=3 (over run file"));

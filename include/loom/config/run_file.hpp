@@ -13,14 +13,18 @@
 
 #include <loom/data/chat_dataset.hpp>
 #include <loom/dsl/run_plan.hpp>
+#include <loom/train/ema.hpp>
+#include <loom/train/euler_sampler.hpp>
 #include <loom/train/flow_matching.hpp>
 #include <loom/train/loop.hpp>
 
+#include <cstdint>
 #include <filesystem>
 #include <optional>
 #include <span>
 #include <stdexcept>
 #include <string>
+#include <tuple>
 #include <vector>
 
 namespace loom {
@@ -38,18 +42,59 @@ struct ranks_asked {
   std::string sizes;     // the keys whose value it is: "hsdp_replicate_dim × hsdp_shard_dim"
 };
 
+// Where a recipe reads its examples, and how many, from a run file's "data" object (FastVideo's
+// training.data: data_path, train_batch_size); what it leaves out is the program's (--data,
+// --batch-size).
+struct run_data_options {
+  std::optional<std::filesystem::path> path;
+  std::optional<std::int64_t> batch_size;  // examples per rank and micro-batch
+
+  static constexpr auto fields() {
+    return std::tuple{option_field{"path", &run_data_options::path},
+                      option_field{"batch_size", &run_data_options::batch_size}};
+  }
+  [[nodiscard]] std::optional<option_problem> problem() const;
+};
+
+// AdamW's options beside its rate (the rate is train.lr's), from a run file's "optimizer" object
+// (FastVideo's training.optimizer: betas, weight_decay). The defaults are torch's AdamW's, but for
+// weight_decay, 0 as FastVideo's unless it is asked for.
+struct adamw_run_options {
+  double beta1 = 0.9;
+  double beta2 = 0.999;
+  double eps = 1e-8;
+  double weight_decay = 0.0;
+
+  static constexpr auto fields() {
+    return std::tuple{option_field{"beta1", &adamw_run_options::beta1}, option_field{"beta2", &adamw_run_options::beta2},
+                      option_field{"eps", &adamw_run_options::eps},
+                      option_field{"weight_decay", &adamw_run_options::weight_decay}};
+  }
+  [[nodiscard]] std::optional<option_problem> problem() const;
+};
+
 // A run file read once (TOML, JSON or YAML, by its extension; YAML also in FastVideo's layout,
 // docs/run_files.md): the stages of its "plan" list, in order, the loop's options of its "train"
 // object, and a flow-matching recipe's options of its "flow_matching" object, with `overrides`
 // applied on top, in order: "lora.rank=16", "strategy=fsdp", "strategy.bucket_cap_mb=50", "seeded=7"
 // to the stages, "train.steps=100", "train.lr.peak=3e-4" to the loop, "flow_matching.flow_shift=5"
-// to flow matching, "chat.packing=false" to chat data. Unknown keys, wrong types and a strategy loom does not have are
+// to flow matching, "ema.decay=0.999" to the weights' average, "sampling.guidance_scale=5" to the
+// sampler, "chat.packing=false" to chat data. Unknown keys, wrong types and a strategy loom does not have are
 // run_file_errors; a stage's value out of range is the DSL's plan_error with its rule's sentence,
 // and a loop's option that train() would refuse is a run_file_error now, before anything is built.
 struct run_file {
   run_stages stages;
   train_options train;
   std::optional<flow_matching_options> flow_matching;
+  // A moving average of the trained weights (loom::ema), from the file's "ema" object.
+  std::optional<ema_options> ema;
+  // How a flow-matching recipe samples at each evaluation (loom::flow_euler_sampler), from the file's
+  // "sampling" object.
+  std::optional<flow_euler_sampler_options> sampling;
+  // The recipe's data, from the file's "data" object.
+  std::optional<run_data_options> data;
+  // AdamW's betas, eps and weight decay, from the file's "optimizer" object.
+  std::optional<adamw_run_options> optimizer;
   // How an instruction-tuning recipe reads its chat records, from the file's "chat" object (lm-finetune --chat).
   std::optional<data::chat_options> chat;
   // The ranks the file is written for, when it says (FastVideo's hsdp_replicate_dim × hsdp_shard_dim,
