@@ -1,10 +1,13 @@
 // wan-finetune: LoRA fine-tuning of a diffusers Wan checkpoint (WanTransformer3DModel, text to video)
 // by flow matching as FastVideo's fine-tune method trains it (loom/train/flow_matching.hpp), under
-// loom::train, from a run file in FastVideo's YAML layout (or TOML or JSON), on precomputed latents
-// and text states (dsl_examples/data/make_wan_latents.py). The checkpoint is the plan's pretrained
-// stage, its config.json the model. Checkpoints, resume, preemption, validation and metrics are
-// loom::train's; the adapter is written at the end in PEFT's format, and with --merged the weights
-// with the adapters merged in, as diffusers reads them. README.md has a run.
+// loom::train, from a run file in FastVideo's YAML layout (its example configs as they are, or TOML or
+// JSON), on precomputed latents and text states: loom's clip files (dsl_examples/data/
+// make_wan_latents.py) or FastVideo's Parquet dataset. The checkpoint is the plan's pretrained stage,
+// its config.json the model. Checkpoints, resume, preemption, evaluation and metrics are loom::train's;
+// with the file's ema the weights' average is kept, evaluated and saved on asking; with its sampling
+// each evaluation samples the held-out clips (loom/train/euler_sampler.hpp). The adapter is written at
+// the end in PEFT's format, and with --merged the weights with the adapters merged in, as diffusers
+// reads them. README.md has a run.
 //
 //   build/loom-run --nproc-per-node 2 -- build/dsl_examples/wan-finetune
 //       --config dsl_examples/configs/wan_finetune.yaml --pretrained DIR --data clips/ [--out DIR]
@@ -14,6 +17,7 @@
 #include "common/command_line.hpp"
 #include "common/run_folder.hpp"
 #include "models/latent_clips.hpp"
+#include "models/video_clips.hpp"
 
 #include <loom/config/run_file.hpp>
 #include <loom/loom.hpp>
@@ -21,6 +25,9 @@
 #include <loom/optim/adamw.hpp>
 #include <loom/precision/precision.hpp>
 #include <loom/runtime/host_reads.hpp>
+#include <loom/io/safetensors.hpp>
+#include <loom/train/ema.hpp>
+#include <loom/train/euler_sampler.hpp>
 #include <loom/train/flow_matching.hpp>
 
 #include <fmt/core.h>
@@ -30,6 +37,8 @@
 #include <algorithm>
 #include <array>
 #include <filesystem>
+#include <map>
+#include <optional>
 #include <string>
 #include <variant>
 #include <vector>
@@ -40,10 +49,12 @@ namespace {
 
 struct options {
   recipes::run_file_arguments run_file;
-  std::string data;
-  std::int64_t batch_per_rank = 1;
+  std::string data;                            // else the run file's data.path
+  std::optional<std::int64_t> batch_per_rank;  // else the run file's data.batch_size, else 1
   std::int64_t text_len = 512;
   bool merged = false;
+  bool save_ema = false;
+  std::string negative_text;
 };
 
 std::variant<options, int> parse(int argc, char** argv) {
@@ -56,16 +67,24 @@ std::variant<options, int> parse(int argc, char** argv) {
   parsed.run_file.add_folders_to(app);
   app.add_option("--data", parsed.data,
                  "a folder of clips, one .safetensors file each (vae_latent, text_embedding; "
-                 "dsl_examples/data/make_wan_latents.py); its last tenth is held out")
-      ->required();
-  app.add_option("--batch-size", parsed.batch_per_rank, "clips per rank and micro-batch")
-      ->capture_default_str()
+                 "dsl_examples/data/make_wan_latents.py), or FastVideo's Parquet dataset (a folder of *.parquet "
+                 "files as its preprocessing writes them); its last tenth is held out. Default: the run file's "
+                 "data.path (FastVideo's training.data.data_path)");
+  app.add_option("--batch-size", parsed.batch_per_rank,
+                 "clips per rank and micro-batch (default: the run file's data.batch_size, FastVideo's "
+                 "train_batch_size, else 1)")
       ->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 20));
   app.add_option("--text-len", parsed.text_len, "text states per clip, padded with zeros or cut (Wan's T5: 512)")
       ->capture_default_str()
       ->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 20));
   app.add_flag("--merged", parsed.merged,
                "also write the weights with the adapters merged in, for diffusers (WanTransformer3DModel)");
+  app.add_flag("--save-ema", parsed.save_ema,
+               "with the run file's ema: also write the adapter of the weights' average, as adapter-ema/, and with "
+               "--merged write merged-ema/ (the average merged in) in place of merged/");
+  app.add_option("--negative-text", parsed.negative_text,
+                 "a .safetensors file whose text_embedding [L, D] is the negative prompt's text states, for the "
+                 "sampling's classifier-free guidance (default: zeros, what training_cfg_rate trains as unconditional)");
   if (const auto exit_code = recipes::parse_command_line(app, argc, argv)) return *exit_code;
   return parsed;
 }
@@ -110,6 +129,40 @@ void check_clip_splits(const latent_clips::batch& clip, const loom::models::wan_
       file.sequence_group->asked_by, file.sequence_group->sizes, fmt::join(fitting, " or "), world_size, k));
 }
 
+// The negative prompt's text states [1, text_len, D] for guidance: the file's text_embedding padded
+// or cut as a clip's are, or zeros, what training_cfg_rate drops the text to.
+at::Tensor negative_text_states(const std::string& file, std::int64_t text_len, std::int64_t text_dim) {
+  if (file.empty()) return at::zeros({1, text_len, text_dim}, at::kFloat);
+  const at::Tensor text = latent_clips::load_text(file, text_len);
+  if (text.size(1) != text_dim) {
+    throw std::invalid_argument(fmt::format("--negative-text '{}' has text states {} wide; the model's text_dim is {}",
+                                            file, text.size(1), text_dim));
+  }
+  return text.unsqueeze(0);
+}
+
+// One sampled clip's latents, and what a reader checks first: their statistics.
+void write_sample(const fs::path& file, const at::Tensor& latents) {
+  const at::Tensor values = loom::read_on_host_uncounted(latents.to(at::kFloat));
+  const auto stat = [](const at::Tensor& value) { return fmt::format("{:.6g}", loom::host_value<double>(value)); };
+  loom::save_safetensors(file, {{"latents", values.contiguous()}},
+                         {{"mean", stat(values.mean())},
+                          {"std", stat(values.std())},
+                          {"min", stat(values.min())},
+                          {"max", stat(values.max())}});
+}
+
+// The weights with the adapters merged in, as diffusers reads them (diffusion_pytorch_model.safetensors
+// and the checkpoint's config.json). The last thing a run does: the base keeps the adapters folded in.
+template <class Job, class Plan>
+void save_merged(Job& job, const Plan& plan, const fs::path& folder) {
+  if (plan.template find<loom::lora_stage>()) job.merge();
+  job.save_pretrained(folder);
+  if (job.rt().rank() == 0) {
+    fmt::print("saved {} (diffusers' format: WanTransformer3DModel.from_pretrained)\n", folder.string());
+  }
+}
+
 int run(const options& opts) {
   // Everything from the files is checked before a process group or a model exists.
   const std::string& config = opts.run_file.config;
@@ -119,28 +172,38 @@ int run(const options& opts) {
   const loom::models::wan_config model_config = loom::models::wan_config::from_pretrained(checkpoint);
   const loom::flow_matching_options matching = file.flow_matching.value_or(loom::flow_matching_options{});
   (void)loom::flow_matching(matching);  // its options checked before a model exists
-  const std::vector<fs::path> clips = latent_clips::clip_files(opts.data);
-  const latent_clips::batch first_clip = latent_clips::load_clip(clips.front(), opts.text_len);
-  check_clip_fits(first_clip, clips.front(), model_config, checkpoint);
-  const std::size_t held = std::max<std::size_t>(1, clips.size() / 10);
-  const auto split = clips.end() - static_cast<std::ptrdiff_t>(held);
+  const std::optional<loom::flow_euler_sampler> sampler =
+      file.sampling ? std::optional<loom::flow_euler_sampler>(std::in_place, *file.sampling) : std::nullopt;
+  if (opts.save_ema && !file.ema) {
+    throw std::invalid_argument(
+        "--save-ema writes the weights' average, and the run file keeps none: give it an ema object "
+        "(ema = {decay = 0.999}, or FastVideo's callbacks.ema), or leave --save-ema out");
+  }
+  const std::string data_path = !opts.data.empty() ? opts.data : file.data && file.data->path ? file.data->path->string() : "";
+  if (data_path.empty()) {
+    throw std::invalid_argument(
+        "no clips: give --data DIR, or data.path in the run file (FastVideo's training.data.data_path)");
+  }
+  const std::int64_t batch_per_rank =
+      opts.batch_per_rank.value_or(file.data && file.data->batch_size ? *file.data->batch_size : 1);
+  const std::string described = fmt::format("--data '{}'", data_path);
   const auto plan = loom::plan_from_file(loom::model<loom::models::Wan>(model_config), file);
   const auto seeded = plan.find<loom::seeded_stage>();
   const std::uint64_t seed = seeded ? seeded->seed() : 0;
   const loom::launch_env env = loom::parse_launch_env();
   loom::check_world_size(file, env.world_size);
-  check_clip_splits(first_clip, model_config, file, env.world_size, opts.data);
   // Under sequence_parallel(k) or tensor_parallel(k) (FastVideo's sp_size, tp_size) the k ranks of a
   // group read the same clips and draw the same noise.
   const loom::data_parallel_place data = loom::data_parallel(plan, env.rank, env.world_size);
-  const latent_clips::sampler batches(std::vector<fs::path>(clips.begin(), split), seed, data.rank, data.world_size,
-                                      opts.batch_per_rank, opts.text_len,
-                                      fmt::format("the clips of --data '{}' but its last tenth", opts.data));
-  const latent_clips::sampler held_out(std::vector<fs::path>(split, clips.end()), seed, data.rank, data.world_size, 1,
-                                       opts.text_len, fmt::format("the last tenth of --data '{}'", opts.data));
+  video_clips::source clips(data_path, seed, data, batch_per_rank, opts.text_len, described);
+  const latent_clips::batch first_clip = clips.first();
+  check_clip_fits(first_clip, data_path, model_config, checkpoint);
+  check_clip_splits(first_clip, model_config, file, env.world_size, data_path);
+  const std::size_t held = clips.held_out_clips();
   // A base held in bf16 takes bf16 inputs, as FastVideo casts its batch to the training dtype.
   const auto built_in = plan.find<loom::default_dtype_stage>();
   const at::ScalarType input_dtype = built_in ? loom::scalar_type(built_in->type()) : at::kFloat;
+  const at::Tensor negative = negative_text_states(opts.negative_text, opts.text_len, model_config.text_dim);
   loom::train_options train_options = file.train;
   const std::string folder = recipes::choose_run_folder(train_options, "wan-finetune");
   if (env.rank == 0) fmt::print("{}\n", folder);
@@ -153,55 +216,108 @@ int run(const options& opts) {
           for (const std::string& note : file.notes) fmt::print("{}\n", note);
           fmt::print("{}\n", job.describe());
           fmt::print("flow matching: {}\n", matching.describe());
-          fmt::print("data: {} clips to train on, {} held out, from {}\n\n", clips.size() - held, held, opts.data);
+          if (file.ema) fmt::print("ema: {}\n", file.ema->describe());
+          if (sampler) {
+            fmt::print("sampling at each evaluation: {}; negative prompt: {}\n", sampler->options().describe(),
+                       opts.negative_text.empty() ? "zeros" : opts.negative_text);
+          }
+          fmt::print("data: {} clips to train on, {} held out, from {} ({})\n\n", clips.training_clips(), held, data_path,
+                     clips.parquet() ? "FastVideo's Parquet dataset" : "clip files");
         }
         const double peak = train_options.lr ? train_options.lr->peak : 1e-4;
-        // FastVideo's AdamW: betas (0.9, 0.999), eps 1e-8, no weight decay unless it is asked for.
-        loom::optim::AdamW optimizer(job.trainable_parameters(), torch::optim::AdamWOptions(peak).weight_decay(0.0));
+        // FastVideo's AdamW: betas (0.9, 0.999), eps 1e-8, no weight decay unless the file's optimizer asks.
+        const loom::adamw_run_options adamw = file.optimizer.value_or(loom::adamw_run_options{});
+        loom::optim::AdamW optimizer(job.trainable_parameters(), torch::optim::AdamWOptions(peak)
+                                                                     .betas({adamw.beta1, adamw.beta2})
+                                                                     .eps(adamw.eps)
+                                                                     .weight_decay(adamw.weight_decay));
+        if (rt.rank() == 0) {
+          fmt::print("optimizer: AdamW(lr={}, betas=({}, {}), eps={}, weight_decay={})\n", peak, adamw.beta1,
+                     adamw.beta2, adamw.eps, adamw.weight_decay);
+        }
         const auto [f, h, w] = patches_of(first_clip, model_config);
         // Each rank's share of a micro-batch's tokens: a group of k ranks (sequence_parallel(k),
         // tensor_parallel(k)) shares its clips', 1/k each.
-        train_options.tokens_per_micro_batch = opts.batch_per_rank * f * h * w * data.world_size / rt.world_size();
+        train_options.tokens_per_micro_batch = batch_per_rank * f * h * w * data.world_size / rt.world_size();
+        train_options.data_identity = clips.identity();
         train_options.name = "wan-finetune";
         // Its schedule on the device the levels are drawn on, and the clips copied there from pinned
         // memory: a step reads nothing on the host.
         const loom::flow_matching method(matching, rt.device());
-        const auto loss_of = [&](const latent_clips::batch& clips_of, at::Generator& draws) {
+        const at::Tensor unconditional =
+            loom::to_device(at::zeros({1, opts.text_len, model_config.text_dim}), rt.device(), input_dtype);
+        const auto loss_of = [&](const latent_clips::batch& clips_of, at::Generator& draws, bool training) {
           const loom::flow_matching_inputs inputs =
               method.noise(loom::to_device(clips_of.latents, rt.device(), input_dtype), draws);
-          const at::Tensor text = loom::to_device(clips_of.text, rt.device(), input_dtype);
+          at::Tensor text = loom::to_device(clips_of.text, rt.device(), input_dtype);
+          // FastVideo's training_cfg_rate drops the text to zeros; held-out losses keep it.
+          if (training) text = method.dropped_text(text, unconditional, draws);
           return loom::flow_matching::loss(job.forward(inputs.noisy, inputs.timesteps, text), inputs);
         };
-        const loom::train_result result = loom::train(
-            job, optimizer,
-            {.loss =
-                 [&](std::int64_t step, int micro) {
-                   at::Generator draws = loom::step_generator(seed, step, data.rank, micro, rt.device());
-                   return loss_of(batches.at((step - 1) * train_options.accumulate + micro), draws);
-                 },
+        std::optional<loom::ema> averages;
+        if (file.ema) averages.emplace(job, *file.ema);
+        const at::Tensor negative_states = loom::to_device(negative, rt.device(), input_dtype);
+        // Each rank samples its share of the held-out clips from fixed noise, the same at every
+        // evaluation, and writes those it holds first (the rank first in its group, where a group
+        // of ranks shares its clips).
+        const int group_size = rt.world_size() / data.world_size;
+        const auto validate = [&](std::int64_t step) {
+          const auto [share, indices] = clips.held_out_share();
+          const fs::path folder = train_options.out / "validation" / fmt::format("step-{:08}", step);
+          for (std::size_t i = 0; i < indices.size(); ++i) {
+            const auto clip = static_cast<std::int64_t>(i);
+            at::Generator fixed = loom::step_generator(seed, -1, static_cast<int>(indices[i]), 0);
+            const at::Tensor noise = at::randn(share.latents.narrow(0, clip, 1).sizes(), fixed, at::kFloat);
+            const at::Tensor latents = sampler->sample(
+                [&](const at::Tensor& x, const at::Tensor& t, const at::Tensor& text) { return job.forward(x, t, text); },
+                loom::to_device(noise, rt.device(), at::kFloat),
+                loom::to_device(share.text.narrow(0, clip, 1), rt.device(), input_dtype), negative_states,
+                input_dtype);
+            const bool first_holder = static_cast<std::size_t>(data.rank) + i * static_cast<std::size_t>(data.world_size) <
+                                      held;
+            if (first_holder && rt.rank() % group_size == 0) {
+              fs::create_directories(folder);
+              write_sample(folder / fmt::format("clip-{:04}.safetensors", indices[i]), latents);
+            }
+          }
+          if (rt.rank() == 0) fmt::print("step {}: sampled the held-out clips into {}\n", step, folder.string());
+        };
+        const loom::train_functions functions{
+            .loss =
+                [&](std::int64_t step, int micro) {
+                  at::Generator draws = loom::step_generator(seed, step, data.rank, micro, rt.device());
+                  return loss_of(clips.next((step - 1) * train_options.accumulate + micro), draws, true);
+                },
              // The same noise and levels at every evaluation: step 0, which no training step is, and
              // each held-out clip's index in place of the rank.
              .eval_loss =
                  [&] {
-                   const auto [share, indices] = held_out.held_out_share();
+                   const auto [share, indices] = clips.held_out_share();
                    at::Tensor sum = at::zeros({}, at::TensorOptions().device(rt.device()));
                    for (std::size_t i = 0; i < indices.size(); ++i) {
                      at::Generator draws = loom::step_generator(seed, 0, static_cast<int>(indices[i]), 0, rt.device());
                      const auto clip = static_cast<std::int64_t>(i);
-                     sum += loss_of({share.latents.narrow(0, clip, 1), share.text.narrow(0, clip, 1)}, draws);
+                     sum += loss_of({share.latents.narrow(0, clip, 1), share.text.narrow(0, clip, 1)}, draws, false);
                    }
                    return sum / static_cast<double>(indices.size());
-                 }},
-            train_options);
+                 },
+            .validate = sampler ? std::function<void(std::int64_t)>(validate) : nullptr,
+            // The Parquet dataset reads in order: its position goes into every checkpoint.
+            .data_state = clips.parquet() ? std::function<std::string()>([&] { return clips.state(); }) : nullptr,
+            .restore_data = clips.parquet()
+                                ? std::function<void(const std::string&)>([&](const std::string& at) { clips.restore(at); })
+                                : nullptr};
+        const loom::train_result result = averages ? loom::train(job, optimizer, *averages, functions, train_options)
+                                                   : loom::train(job, optimizer, functions, train_options);
         if (result.outcome == loom::train_outcome::preempted) return loom::resumable_exit_code;
         recipes::save_adapter_if_adapted(job, plan, train_options.out / "adapter");
-        if (opts.merged) {
-          const fs::path merged = train_options.out / "merged";
-          if (plan.find<loom::lora_stage>()) job.merge();
-          job.save_pretrained(merged);  // diffusion_pytorch_model.safetensors and the checkpoint's config.json
-          if (rt.rank() == 0) {
-            fmt::print("saved {} (diffusers' format: WanTransformer3DModel.from_pretrained)\n", merged.string());
-          }
+        // Merging changes the base, so one merged model is written: the average's with --save-ema.
+        if (opts.save_ema) {
+          const auto in_place = averages->swapped_in();
+          recipes::save_adapter_if_adapted(job, plan, train_options.out / "adapter-ema");
+          if (opts.merged) save_merged(job, plan, train_options.out / "merged-ema");
+        } else if (opts.merged) {
+          save_merged(job, plan, train_options.out / "merged");
         }
         return 0;
       },

@@ -51,25 +51,42 @@ inline std::vector<std::filesystem::path> clip_files(const std::filesystem::path
   return files;
 }
 
+namespace detail {
+
+// The `dims`-dimensional tensor `name` of a clip file's `content`, fp32; refused naming the file.
+inline at::Tensor clip_tensor(const loom::safetensors_content& content, const std::filesystem::path& file,
+                              const std::string& name, std::int64_t dims) {
+  const auto found = std::find_if(content.tensors.begin(), content.tensors.end(),
+                                  [&](const loom::named_tensor& each) { return each.name == name; });
+  if (found == content.tensors.end() || found->tensor.dim() != dims) {
+    throw std::invalid_argument(fmt::format(
+        "clip '{}' has no {}-dimensional '{}': a clip holds vae_latent [C, F, H, W] and text_embedding [L, D]",
+        file.string(), dims, name));
+  }
+  return found->tensor.to(at::kFloat);
+}
+
+// Text states [L, D] padded with zeros, or cut, to `text_len` tokens.
+inline at::Tensor padded_text(const at::Tensor& text, std::int64_t text_len) {
+  const std::int64_t kept = std::min(text.size(0), text_len);
+  at::Tensor padded = at::zeros({text_len, text.size(1)}, at::kFloat);
+  padded.narrow(0, 0, kept).copy_(text.narrow(0, 0, kept));
+  return padded;
+}
+
+}  // namespace detail
+
 // One clip: its latents and its text states padded or cut to `text_len` tokens; a file without
 // FastVideo's two tensors, or with other shapes, is refused naming it.
 inline batch load_clip(const std::filesystem::path& file, std::int64_t text_len) {
   const loom::safetensors_content content = loom::load_safetensors(file);
-  const auto tensor = [&](const std::string& name, std::int64_t dims) {
-    const auto found = std::find_if(content.tensors.begin(), content.tensors.end(),
-                                    [&](const loom::named_tensor& each) { return each.name == name; });
-    if (found == content.tensors.end() || found->tensor.dim() != dims) {
-      throw std::invalid_argument(fmt::format(
-          "clip '{}' has no {}-dimensional '{}': a clip holds vae_latent [C, F, H, W] and text_embedding [L, D]",
-          file.string(), dims, name));
-    }
-    return found->tensor.to(at::kFloat);
-  };
-  const at::Tensor text = tensor("text_embedding", 2);
-  const std::int64_t kept = std::min(text.size(0), text_len);
-  at::Tensor padded = at::zeros({text_len, text.size(1)}, at::kFloat);
-  padded.narrow(0, 0, kept).copy_(text.narrow(0, 0, kept));
-  return {tensor("vae_latent", 4), padded};
+  return {detail::clip_tensor(content, file, "vae_latent", 4),
+          detail::padded_text(detail::clip_tensor(content, file, "text_embedding", 2), text_len)};
+}
+
+// A file's text states alone (text_embedding [L, D], a negative prompt's), padded or cut as a clip's.
+inline at::Tensor load_text(const std::filesystem::path& file, std::int64_t text_len) {
+  return detail::padded_text(detail::clip_tensor(loom::load_safetensors(file), file, "text_embedding", 2), text_len);
 }
 
 // Clips as batches: each rank's share of an epoch, in an order drawn from (seed, epoch).

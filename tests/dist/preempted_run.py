@@ -11,9 +11,12 @@ import subprocess
 from pathlib import Path
 
 
-def preempted_and_resumed(command: list[str], stop_at: str, out: Path, straight: Path) -> list[str]:
+def preempted_and_resumed(command: list[str], stop_at: str, out: Path, straight: Path,
+                          same: tuple[str, ...] = ("adapter/adapter_model.safetensors",
+                                                   "adapter/adapter_config.json")) -> list[str]:
     """Runs `command` (writing into `out`), stops it by SIGTERM when a line matches `stop_at`, runs it
-    again, and returns what went wrong: the exit status, no resume, an adapter file unlike `straight`'s."""
+    again, and returns what went wrong: the exit status, no resume, a file of `same` (paths in the run
+    folder) unlike `straight`'s."""
     failures = []
     run = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     for line in run.stdout:
@@ -26,7 +29,7 @@ def preempted_and_resumed(command: list[str], stop_at: str, out: Path, straight:
     resumed = subprocess.run(command, capture_output=True, text=True)
     if resumed.returncode != 0 or "resumed from" not in resumed.stdout:
         failures.append(f"the relaunch did not resume: {resumed.stdout[-1500:]}{resumed.stderr[-1500:]}")
-    for name in ("adapter_model.safetensors", "adapter_config.json"):
-        if not filecmp.cmp(straight / "adapter" / name, out / "adapter" / name, shallow=False):
+    for name in same:
+        if not (out / name).is_file() or not filecmp.cmp(straight / name, out / name, shallow=False):
             failures.append(f"the resumed run's {name} differs from the uninterrupted run's")
     return failures
