@@ -20,12 +20,12 @@
 #include "models/video_clips.hpp"
 
 #include <loom/config/run_file.hpp>
+#include <loom/io/safetensors.hpp>
 #include <loom/loom.hpp>
 #include <loom/models/wan.hpp>
 #include <loom/optim/adamw.hpp>
 #include <loom/precision/precision.hpp>
 #include <loom/runtime/host_reads.hpp>
-#include <loom/io/safetensors.hpp>
 #include <loom/train/ema.hpp>
 #include <loom/train/euler_sampler.hpp>
 #include <loom/train/flow_matching.hpp>
@@ -82,9 +82,10 @@ std::variant<options, int> parse(int argc, char** argv) {
   app.add_flag("--save-ema", parsed.save_ema,
                "with the run file's ema: also write the adapter of the weights' average, as adapter-ema/, and with "
                "--merged write merged-ema/ (the average merged in) in place of merged/");
-  app.add_option("--negative-text", parsed.negative_text,
-                 "a .safetensors file whose text_embedding [L, D] is the negative prompt's text states, for the "
-                 "sampling's classifier-free guidance (default: zeros, what training_cfg_rate trains as unconditional)");
+  app.add_option(
+      "--negative-text", parsed.negative_text,
+      "a .safetensors file whose text_embedding [L, D] is the negative prompt's text states, for the "
+      "sampling's classifier-free guidance (default: zeros, what training_cfg_rate trains as unconditional)");
   if (const auto exit_code = recipes::parse_command_line(app, argc, argv)) return *exit_code;
   return parsed;
 }
@@ -179,7 +180,9 @@ int run(const options& opts) {
         "--save-ema writes the weights' average, and the run file keeps none: give it an ema object "
         "(ema = {decay = 0.999}, or FastVideo's callbacks.ema), or leave --save-ema out");
   }
-  const std::string data_path = !opts.data.empty() ? opts.data : file.data && file.data->path ? file.data->path->string() : "";
+  const std::string data_path = !opts.data.empty()             ? opts.data
+                                : file.data && file.data->path ? file.data->path->string()
+                                                               : "";
   if (data_path.empty()) {
     throw std::invalid_argument(
         "no clips: give --data DIR, or data.path in the run file (FastVideo's training.data.data_path)");
@@ -221,8 +224,8 @@ int run(const options& opts) {
             fmt::print("sampling at each evaluation: {}; negative prompt: {}\n", sampler->options().describe(),
                        opts.negative_text.empty() ? "zeros" : opts.negative_text);
           }
-          fmt::print("data: {} clips to train on, {} held out, from {} ({})\n\n", clips.training_clips(), held, data_path,
-                     clips.parquet() ? "FastVideo's Parquet dataset" : "clip files");
+          fmt::print("data: {} clips to train on, {} held out, from {} ({})\n\n", clips.training_clips(), held,
+                     data_path, clips.parquet() ? "FastVideo's Parquet dataset" : "clip files");
         }
         const double peak = train_options.lr ? train_options.lr->peak : 1e-4;
         // FastVideo's AdamW: betas (0.9, 0.999), eps 1e-8, no weight decay unless the file's optimizer asks.
@@ -269,12 +272,13 @@ int run(const options& opts) {
             at::Generator fixed = loom::step_generator(seed, -1, static_cast<int>(indices[i]), 0);
             const at::Tensor noise = at::randn(share.latents.narrow(0, clip, 1).sizes(), fixed, at::kFloat);
             const at::Tensor latents = sampler->sample(
-                [&](const at::Tensor& x, const at::Tensor& t, const at::Tensor& text) { return job.forward(x, t, text); },
+                [&](const at::Tensor& x, const at::Tensor& t, const at::Tensor& text) {
+                  return job.forward(x, t, text);
+                },
                 loom::to_device(noise, rt.device(), at::kFloat),
-                loom::to_device(share.text.narrow(0, clip, 1), rt.device(), input_dtype), negative_states,
-                input_dtype);
-            const bool first_holder = static_cast<std::size_t>(data.rank) + i * static_cast<std::size_t>(data.world_size) <
-                                      held;
+                loom::to_device(share.text.narrow(0, clip, 1), rt.device(), input_dtype), negative_states, input_dtype);
+            const bool first_holder =
+                static_cast<std::size_t>(data.rank) + i * static_cast<std::size_t>(data.world_size) < held;
             if (first_holder && rt.rank() % group_size == 0) {
               fs::create_directories(folder);
               write_sample(folder / fmt::format("clip-{:04}.safetensors", indices[i]), latents);
@@ -288,25 +292,25 @@ int run(const options& opts) {
                   at::Generator draws = loom::step_generator(seed, step, data.rank, micro, rt.device());
                   return loss_of(clips.next((step - 1) * train_options.accumulate + micro), draws, true);
                 },
-             // The same noise and levels at every evaluation: step 0, which no training step is, and
-             // each held-out clip's index in place of the rank.
-             .eval_loss =
-                 [&] {
-                   const auto [share, indices] = clips.held_out_share();
-                   at::Tensor sum = at::zeros({}, at::TensorOptions().device(rt.device()));
-                   for (std::size_t i = 0; i < indices.size(); ++i) {
-                     at::Generator draws = loom::step_generator(seed, 0, static_cast<int>(indices[i]), 0, rt.device());
-                     const auto clip = static_cast<std::int64_t>(i);
-                     sum += loss_of({share.latents.narrow(0, clip, 1), share.text.narrow(0, clip, 1)}, draws, false);
-                   }
-                   return sum / static_cast<double>(indices.size());
-                 },
+            // The same noise and levels at every evaluation: step 0, which no training step is, and
+            // each held-out clip's index in place of the rank.
+            .eval_loss =
+                [&] {
+                  const auto [share, indices] = clips.held_out_share();
+                  at::Tensor sum = at::zeros({}, at::TensorOptions().device(rt.device()));
+                  for (std::size_t i = 0; i < indices.size(); ++i) {
+                    at::Generator draws = loom::step_generator(seed, 0, static_cast<int>(indices[i]), 0, rt.device());
+                    const auto clip = static_cast<std::int64_t>(i);
+                    sum += loss_of({share.latents.narrow(0, clip, 1), share.text.narrow(0, clip, 1)}, draws, false);
+                  }
+                  return sum / static_cast<double>(indices.size());
+                },
             .validate = sampler ? std::function<void(std::int64_t)>(validate) : nullptr,
             // The Parquet dataset reads in order: its position goes into every checkpoint.
             .data_state = clips.parquet() ? std::function<std::string()>([&] { return clips.state(); }) : nullptr,
-            .restore_data = clips.parquet()
-                                ? std::function<void(const std::string&)>([&](const std::string& at) { clips.restore(at); })
-                                : nullptr};
+            .restore_data = clips.parquet() ? std::function<void(const std::string&)>(
+                                                  [&](const std::string& at) { clips.restore(at); })
+                                            : nullptr};
         const loom::train_result result = averages ? loom::train(job, optimizer, *averages, functions, train_options)
                                                    : loom::train(job, optimizer, functions, train_options);
         if (result.outcome == loom::train_outcome::preempted) return loom::resumable_exit_code;

@@ -45,8 +45,8 @@ inline latent_clips::batch as_tensors(loom::data::latent_batch rows) {
 class source {
  public:
   // `described`: the data as the messages name it ("--data 'clips/'").
-  source(const std::filesystem::path& data, std::uint64_t seed, loom::data_parallel_place place,
-         std::int64_t batch, std::int64_t text_len, const std::string& described)
+  source(const std::filesystem::path& data, std::uint64_t seed, loom::data_parallel_place place, std::int64_t batch,
+         std::int64_t text_len, const std::string& described)
       : place_(place) {
     if (is_parquet(data)) {
       loom::data::latent_parquet_options options{.paths = {data},
@@ -73,9 +73,10 @@ class source {
     training_clips_ = clips.size() - held_out_clips_;
     const auto split = clips.end() - static_cast<std::ptrdiff_t>(held_out_clips_);
     training_files_.emplace(std::vector<std::filesystem::path>(clips.begin(), split), seed, place.rank,
-                            place.world_size, batch, text_len, fmt::format("the clips of {} but its last tenth", described));
-    held_out_files_.emplace(std::vector<std::filesystem::path>(split, clips.end()), seed, place.rank, place.world_size, 1,
-                            text_len, fmt::format("the last tenth of {}", described));
+                            place.world_size, batch, text_len,
+                            fmt::format("the clips of {} but its last tenth", described));
+    held_out_files_.emplace(std::vector<std::filesystem::path>(split, clips.end()), seed, place.rank, place.world_size,
+                            1, text_len, fmt::format("the last tenth of {}", described));
     first_file_ = clips.front();
     text_len_ = text_len;
   }

@@ -32,8 +32,8 @@ namespace loom {
 namespace {
 
 namespace fs = std::filesystem;
-using checkpoint_detail::checkpoint_damage;
 using checkpoint_detail::averages_prefix;
+using checkpoint_detail::checkpoint_damage;
 using checkpoint_detail::damaged;
 using checkpoint_detail::generators;
 using checkpoint_detail::hex;

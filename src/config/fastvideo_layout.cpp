@@ -91,9 +91,10 @@ std::optional<json> fastvideo_models(const json& models, json& flow_matching, fa
                          "enable_gradient_checkpointing_type", "transformer_override_safetensor", "attention_backend"},
                         model, where);
     if (model.contains("_target_")) {
-      reader.note(fmt::format("{}._target_ ({}) is not read: the program builds its model from the checkpoint's "
-                              "config.json",
-                              where, shown(model["_target_"])));
+      reader.note(
+          fmt::format("{}._target_ ({}) is not read: the program builds its model from the checkpoint's "
+                      "config.json",
+                      where, shown(model["_target_"])));
     }
     if (model.contains("init_from")) {
       // FastVideo's teacher and critic roles load models of their own, for distillation.
@@ -117,13 +118,14 @@ std::optional<json> fastvideo_models(const json& models, json& flow_matching, fa
     }
     if (model.contains("disable_custom_init_weights")) {
       reader.boolean(where + ".disable_custom_init_weights", model["disable_custom_init_weights"]);
-      reader.note(fmt::format("{}.disable_custom_init_weights is not read: loom loads every weight from the "
-                              "checkpoint and initialises only LoRA's adapters",
-                              where));
+      reader.note(
+          fmt::format("{}.disable_custom_init_weights is not read: loom loads every weight from the "
+                      "checkpoint and initialises only LoRA's adapters",
+                      where));
     }
     if (model.contains("enable_gradient_checkpointing_type")) {
-      found.recompute =
-          recompute_of(model["enable_gradient_checkpointing_type"], where + ".enable_gradient_checkpointing_type", reader);
+      found.recompute = recompute_of(model["enable_gradient_checkpointing_type"],
+                                     where + ".enable_gradient_checkpointing_type", reader);
     }
     if (model.contains("transformer_override_safetensor") && !model["transformer_override_safetensor"].is_null()) {
       reader.fail(where + ".transformer_override_safetensor",
@@ -131,9 +133,10 @@ std::optional<json> fastvideo_models(const json& models, json& flow_matching, fa
                   "folder of their own and give it as init_from");
     }
     if (model.contains("attention_backend") && !model["attention_backend"].is_null()) {
-      reader.note(fmt::format("{}.attention_backend ({}) is not read: loom's attention is PyTorch's "
-                              "scaled_dot_product_attention, which picks its kernel itself",
-                              where, shown(model["attention_backend"])));
+      reader.note(
+          fmt::format("{}.attention_backend ({}) is not read: loom's attention is PyTorch's "
+                      "scaled_dot_product_attention, which picks its kernel itself",
+                      where, shown(model["attention_backend"])));
     }
     if (model.contains("flow_shift")) {
       if (!shifted_role.empty()) {
@@ -219,7 +222,8 @@ distributed_stages fastvideo_distributed(const json& distributed, fastvideo_read
   // pin_cpu_memory pins host copies for FastVideo's CPU offload; it changes no result.
   if (distributed.contains("pin_cpu_memory")) {
     reader.boolean(at + ".pin_cpu_memory", distributed["pin_cpu_memory"]);
-    reader.note(at + ".pin_cpu_memory is not read: loom offloads only under the fsdp strategy's offload option, "
+    reader.note(at +
+                ".pin_cpu_memory is not read: loom offloads only under the fsdp strategy's offload option, "
                 "which pins its host copies itself");
   }
   const distributed_sizes sizes(distributed, reader);
@@ -336,9 +340,10 @@ std::optional<added_stage> fastvideo_data(const json& data, json& root, json& fl
                             shown(data["preprocessed_data_type"])));
   }
   if (data.contains("dataloader_num_workers")) {
-    reader.note(fmt::format("{}.dataloader_num_workers ({}) is not read: loom reads the clips on its own "
-                            "background thread",
-                            at, shown(data["dataloader_num_workers"])));
+    reader.note(
+        fmt::format("{}.dataloader_num_workers ({}) is not read: loom reads the clips on its own "
+                    "background thread",
+                    at, shown(data["dataloader_num_workers"])));
   }
   std::vector<std::string> sizes;
   for (const char* key : {"num_latent_t", "num_height", "num_width", "num_frames"})
@@ -350,14 +355,15 @@ std::optional<added_stage> fastvideo_data(const json& data, json& root, json& fl
   if (!data.contains("seed")) return std::nullopt;
   reader.move_lines(at + ".seed", "seeded");
   return added_stage{json{{"seeded", data["seed"]}},
-                     {"default_dtype", "pretrained", "quantized", "quantization_config", "mixed_precision",
-                      "recompute", "sequence_parallel", "tensor_parallel", "lora", "trainable", "strategy"}};
+                     {"default_dtype", "pretrained", "quantized", "quantization_config", "mixed_precision", "recompute",
+                      "sequence_parallel", "tensor_parallel", "lora", "trainable", "strategy"}};
 }
 
 // The number of steps a FastVideo schedule decays over: the run's, as training.loop or train gives it.
 std::int64_t run_steps(const json& root, const json& loop, const std::string& key, fastvideo_reader& reader) {
   const json* steps = nullptr;
-  if (loop.is_object() && loop.contains("max_train_steps")) steps = &loop["max_train_steps"];
+  if (loop.is_object() && loop.contains("max_train_steps"))
+    steps = &loop["max_train_steps"];
   else if (root.contains("train") && root["train"].is_object() && root["train"].contains("steps"))
     steps = &root["train"]["steps"];
   if (steps == nullptr || !steps->is_number_integer())
@@ -401,7 +407,8 @@ void fastvideo_optimizer(const json& optimizer, const json& loop, json& root, fa
   json lr = json{{"peak", optimizer["learning_rate"]}};
   const std::string scheduler = optimizer.contains("lr_scheduler") && optimizer["lr_scheduler"].is_string()
                                     ? optimizer["lr_scheduler"].get<std::string>()
-                                    : optimizer.contains("lr_scheduler") ? "" : "constant";
+                                : optimizer.contains("lr_scheduler") ? ""
+                                                                     : "constant";
   const json warmup = optimizer.contains("lr_warmup_steps") ? optimizer["lr_warmup_steps"] : json(0);
   if (!warmup.is_number_integer() || warmup.get<std::int64_t>() < 0)
     reader.fail(at + ".lr_warmup_steps", "give a whole number of steps, 0 or more");
@@ -409,9 +416,10 @@ void fastvideo_optimizer(const json& optimizer, const json& loop, json& root, fa
   if (scheduler == "constant") {
     // FastVideo's constant schedule has no warmup, whatever lr_warmup_steps says.
     if (warmup_steps > 0) {
-      reader.note(fmt::format("{}.lr_warmup_steps ({}) is not used under lr_scheduler constant, as in FastVideo: "
-                              "give constant_with_warmup for a warmup",
-                              at, warmup_steps));
+      reader.note(
+          fmt::format("{}.lr_warmup_steps ({}) is not used under lr_scheduler constant, as in FastVideo: "
+                      "give constant_with_warmup for a warmup",
+                      at, warmup_steps));
     }
   } else if (scheduler == "constant_with_warmup" || scheduler == "linear" || scheduler == "cosine") {
     lr["warmup_steps"] = warmup_steps;
@@ -438,11 +446,13 @@ void fastvideo_optimizer(const json& optimizer, const json& loop, json& root, fa
 // training.checkpoint: the run's folder and how often, and how many, checkpoints are kept.
 void fastvideo_checkpoint(const json& checkpoint, json& root, fastvideo_reader& reader) {
   const std::string at = "training.checkpoint";
-  if (!checkpoint.is_object()) reader.fail(at, "give {output_dir: outputs/run, training_state_checkpointing_steps: 100}");
+  if (!checkpoint.is_object())
+    reader.fail(at, "give {output_dir: outputs/run, training_state_checkpointing_steps: 100}");
   reader.require_keys(
       at, {"output_dir", "resume_from_checkpoint", "training_state_checkpointing_steps", "checkpoints_total_limit"},
       checkpoint, at);
-  if (checkpoint.contains("output_dir")) map_key(root, "train.out", checkpoint["output_dir"], at + ".output_dir", reader);
+  if (checkpoint.contains("output_dir"))
+    map_key(root, "train.out", checkpoint["output_dir"], at + ".output_dir", reader);
   if (checkpoint.contains("training_state_checkpointing_steps")) {
     map_key(root, "train.checkpoint_every", checkpoint["training_state_checkpointing_steps"],
             at + ".training_state_checkpointing_steps", reader);
@@ -459,9 +469,10 @@ void fastvideo_checkpoint(const json& checkpoint, json& root, fastvideo_reader& 
   const json& resume = checkpoint["resume_from_checkpoint"];
   if (resume == "latest") return;  // what loom does
   if (resume.is_null() || resume == "") {
-    reader.note(fmt::format("{}.resume_from_checkpoint is {}, but loom resumes from the latest checkpoint in "
-                            "output_dir when it has one: give a new output_dir to start afresh",
-                            at, resume.is_null() ? "null" : "empty"));
+    reader.note(
+        fmt::format("{}.resume_from_checkpoint is {}, but loom resumes from the latest checkpoint in "
+                    "output_dir when it has one: give a new output_dir to start afresh",
+                    at, resume.is_null() ? "null" : "empty"));
     return;
   }
   reader.fail(at + ".resume_from_checkpoint",
@@ -473,7 +484,8 @@ void fastvideo_checkpoint(const json& checkpoint, json& root, fastvideo_reader& 
 // callbacks: gradient clipping (train.clip_norm), the weights' average ("ema") and validation
 // (train.eval_every and the sampler's options, "sampling").
 void fastvideo_callbacks(const json& callbacks, json& root, fastvideo_reader& reader) {
-  if (!callbacks.is_object()) reader.fail("callbacks", "give each callback by its name: {grad_clip: {max_grad_norm: 1.0}}");
+  if (!callbacks.is_object())
+    reader.fail("callbacks", "give each callback by its name: {grad_clip: {max_grad_norm: 1.0}}");
   reader.require_keys("callbacks", {"grad_clip", "ema", "validation"}, callbacks, "callbacks");
   if (callbacks.contains("grad_clip")) {
     const std::string at = "callbacks.grad_clip";
@@ -484,7 +496,8 @@ void fastvideo_callbacks(const json& callbacks, json& root, fastvideo_reader& re
                  reader);
     // FastVideo's default is 1.0; 0 (or less) clips nothing, as loom's none.
     const json norm = clip.contains("max_grad_norm") ? clip["max_grad_norm"] : json(1.0);
-    if (!norm.is_number()) reader.fail(at + ".max_grad_norm", "give the largest gradient norm, e.g. 1.0 (0: no clipping)");
+    if (!norm.is_number())
+      reader.fail(at + ".max_grad_norm", "give the largest gradient norm, e.g. 1.0 (0: no clipping)");
     map_key(root, "train.clip_norm", norm.get<double>() > 0 ? norm : json(), at + ".max_grad_norm", reader);
     if (clip.contains("log_grad_norms")) reader.boolean(at + ".log_grad_norms", clip["log_grad_norms"]);
     // loom logs the norm at every clip: log_grad_norms has nothing to add.
@@ -534,10 +547,11 @@ void fastvideo_callbacks(const json& callbacks, json& root, fastvideo_reader& re
     for (const char* key : {"pipeline_target", "dataset_file", "num_frames", "output_dir", "run_at_start"})
       if (validation.contains(key) && !validation[key].is_null()) unused.emplace_back(key);
     if (!unused.empty()) {
-      reader.note(fmt::format("{}: {} not read: loom validates on the held-out clips, sampling from their text "
-                              "states with its Euler sampler (not the pipeline's UniPC from the prompts' file), "
-                              "and logs the loss of each to metrics.jsonl",
-                              at, fmt::format("{} {}", fmt::join(unused, ", "), unused.size() == 1 ? "is" : "are")));
+      reader.note(
+          fmt::format("{}: {} not read: loom validates on the held-out clips, sampling from their text "
+                      "states with its Euler sampler (not the pipeline's UniPC from the prompts' file), "
+                      "and logs the loss of each to metrics.jsonl",
+                      at, fmt::format("{} {}", fmt::join(unused, ", "), unused.size() == 1 ? "is" : "are")));
     }
   }
 }
@@ -549,8 +563,9 @@ void fastvideo_training_rest(json& training, fastvideo_reader& reader) {
     if (!tracker.is_object()) reader.fail("training.tracker", "give {project_name: fastvideo, run_name: my_run}");
     reader.require_keys("training.tracker", {"trackers", "project_name", "run_name", "entity"}, tracker,
                         "training.tracker");
-    reader.note("training.tracker is not read: loom has no wandb tracker; it writes the metrics to "
-                "metrics.jsonl in output_dir");
+    reader.note(
+        "training.tracker is not read: loom has no wandb tracker; it writes the metrics to "
+        "metrics.jsonl in output_dir");
     training.erase("tracker");
   }
   if (training.contains("vsa")) {
@@ -569,8 +584,9 @@ void fastvideo_training_rest(json& training, fastvideo_reader& reader) {
                                                         "the plan's mixed_precision stage for lower-precision compute",
                                                         shown(training["dit_precision"])));
     }
-    reader.note("training.dit_precision (fp32) is not read: the trained weights are fp32 unless the plan's "
-                "default_dtype or mixed_precision stage says otherwise");
+    reader.note(
+        "training.dit_precision (fp32) is not read: the trained weights are fp32 unless the plan's "
+        "default_dtype or mixed_precision stage says otherwise");
     training.erase("dit_precision");
   }
 }
@@ -586,7 +602,8 @@ void translate_fastvideo(json& root, fastvideo_reader& reader) {
   json flow_matching = json::object();
   if (root.contains("method")) {
     const json& method = root["method"];
-    if (!method.is_object()) reader.fail("method", "give {_target_: fastvideo.train.methods.fine_tuning.finetune.FineTuneMethod}");
+    if (!method.is_object())
+      reader.fail("method", "give {_target_: fastvideo.train.methods.fine_tuning.finetune.FineTuneMethod}");
     reader.require_keys("method", {"_target_"}, method, "method");
     check_target(method, "method", "FineTuneMethod",
                  "loom fine-tunes one model by flow matching, FastVideo's FineTuneMethod; distillation and the other "
@@ -632,7 +649,8 @@ void translate_fastvideo(json& root, fastvideo_reader& reader) {
       // The loop's keys before the optimizer's, whose schedule decays over max_train_steps.
       const json loop = training.contains("loop") ? training["loop"] : json();
       if (training.contains("loop")) {
-        if (!loop.is_object()) reader.fail("training.loop", "give {max_train_steps: 4000, gradient_accumulation_steps: 1}");
+        if (!loop.is_object())
+          reader.fail("training.loop", "give {max_train_steps: 4000, gradient_accumulation_steps: 1}");
         reader.require_keys("training.loop", {"max_train_steps", "gradient_accumulation_steps"}, loop, "training.loop");
         if (loop.contains("max_train_steps"))
           map_key(root, "train.steps", loop["max_train_steps"], "training.loop.max_train_steps", reader);
@@ -685,13 +703,14 @@ void translate_fastvideo(json& root, fastvideo_reader& reader) {
   }
   if (model_path) {
     if (role.pretrained && role.pretrained->stage["pretrained"] != model_path->stage["pretrained"]) {
-      reader.fail("training.model_path", fmt::format("is {}, but init_from is {}: give one checkpoint",
-                                                     model_path->stage["pretrained"].dump(),
-                                                     role.pretrained->stage["pretrained"].dump()));
+      reader.fail("training.model_path",
+                  fmt::format("is {}, but init_from is {}: give one checkpoint", model_path->stage["pretrained"].dump(),
+                              role.pretrained->stage["pretrained"].dump()));
     }
     if (!role.pretrained) {
-      model_path->later = {"quantized",         "quantization_config", "mixed_precision", "recompute", "sequence_parallel",
-                           "tensor_parallel",   "lora",                "trainable",       "strategy"};
+      model_path->later = {"quantized", "quantization_config", "mixed_precision",
+                           "recompute", "sequence_parallel",   "tensor_parallel",
+                           "lora",      "trainable",           "strategy"};
       role.pretrained = std::move(model_path);
     }
   }
@@ -703,7 +722,8 @@ void translate_fastvideo(json& root, fastvideo_reader& reader) {
   }
   if (root.contains("pipeline")) {
     const json& pipeline = root["pipeline"];
-    if (!pipeline.is_object()) reader.fail("pipeline", "give the validation pipeline's options inline: {flow_shift: 3}");
+    if (!pipeline.is_object())
+      reader.fail("pipeline", "give the validation pipeline's options inline: {flow_shift: 3}");
     reader.require_keys("pipeline", {"flow_shift"}, pipeline, "pipeline");
     if (pipeline.contains("flow_shift")) {
       // The validation pipeline's shift: loom's sampler's, which samples only at validation.
@@ -711,8 +731,9 @@ void translate_fastvideo(json& root, fastvideo_reader& reader) {
         root["sampling"]["shift"] = pipeline["flow_shift"];
         reader.move_lines("pipeline.flow_shift", "sampling.shift");
       } else if (!root.contains("sampling")) {
-        reader.note("pipeline.flow_shift is not read: it is the validation sampler's, and the file has no "
-                    "callbacks.validation");
+        reader.note(
+            "pipeline.flow_shift is not read: it is the validation sampler's, and the file has no "
+            "callbacks.validation");
       } else {
         reader.fail("pipeline.flow_shift", "sets sampling.shift, which the file gives too: give it once");
       }
@@ -730,8 +751,8 @@ void translate_fastvideo(json& root, fastvideo_reader& reader) {
   // Each before the stages the order rules put after it, as a user writing the plan would.
   const auto insert_before = [&plan](json stage, const std::vector<std::string>& later) {
     const auto first_later = std::find_if(plan.begin(), plan.end(), [&later](const json& entry) {
-      return entry.is_object() &&
-             std::any_of(later.begin(), later.end(), [&entry](const std::string& name) { return entry.contains(name); });
+      return entry.is_object() && std::any_of(later.begin(), later.end(),
+                                              [&entry](const std::string& name) { return entry.contains(name); });
     });
     plan.insert(first_later, std::move(stage));
   };
@@ -739,7 +760,8 @@ void translate_fastvideo(json& root, fastvideo_reader& reader) {
   const auto add = [&](std::optional<added_stage>& added) {
     if (!added) return;
     const std::string name = added->stage.begin().key();
-    if (std::any_of(plan.begin(), plan.end(), [&](const json& entry) { return entry.is_object() && entry.contains(name); }))
+    if (std::any_of(plan.begin(), plan.end(),
+                    [&](const json& entry) { return entry.is_object() && entry.contains(name); }))
       reader.fail(name, fmt::format("sets the plan's {} stage, which the plan has too: give it once", name));
     insert_before(std::move(added->stage), added->later);
   };

@@ -46,8 +46,8 @@ std::string lowercase(std::string text) {
 }
 
 // The objects of a run file beside its plan, each read through its options struct's fields().
-constexpr std::array<std::string_view, 7> sections{"train",    "flow_matching", "ema", "sampling",
-                                                   "data",     "optimizer",     "chat"};
+constexpr std::array<std::string_view, 7> sections{"train", "flow_matching", "ema", "sampling",
+                                                   "data",  "optimizer",     "chat"};
 
 const std::vector<std::string> stage_names{
     "seeded",          "default_dtype", "pretrained", "quantized", "mixed_precision", "recompute", "sequence_parallel",
@@ -375,8 +375,8 @@ class reader final : public config_detail::fastvideo_reader {
   // otherwise.
   //
   // A YAML file also takes keys in FastVideo's spelling ("training.distributed.sp_size=2",
-  // "models.transformer.lora.rank=32", "callbacks.ema.decay=0.999"), set where the file would write them before its layout is
-  // translated, so that they are checked as the file's own keys are.
+  // "models.transformer.lora.rank=32", "callbacks.ema.decay=0.999"), set where the file would write them before its
+  // layout is translated, so that they are checked as the file's own keys are.
   void apply_overrides(json& root, std::span<const std::string> overrides) {
     std::vector<std::pair<std::string, json>> in_loom_spelling;
     for (const std::string& text : overrides) {
@@ -918,18 +918,19 @@ run_file read_run_file(const std::filesystem::path& path, std::span<const std::s
   reader file(path);
   json root = file.load();
   file.apply_overrides(root, overrides);
-  run_file read{file.stages(root),
-                file.training(root),
-                file.checked_section<flow_matching_options>(root, "flow_matching", R"({"weighting_scheme": "logit_normal"})"),
-                file.checked_section<ema_options>(root, "ema", R"({"decay": 0.999})"),
-                file.checked_section<flow_euler_sampler_options>(root, "sampling", R"({"num_inference_steps": 50})"),
-                file.checked_section<run_data_options>(root, "data", R"({"path": "clips/", "batch_size": 1})"),
-                file.checked_section<adamw_run_options>(root, "optimizer", R"({"weight_decay": 0.01})"),
-                file.chat(root),
-                file.ranks(),
-                {},
-                {},
-                file.take_notes()};
+  run_file read{
+      file.stages(root),
+      file.training(root),
+      file.checked_section<flow_matching_options>(root, "flow_matching", R"({"weighting_scheme": "logit_normal"})"),
+      file.checked_section<ema_options>(root, "ema", R"({"decay": 0.999})"),
+      file.checked_section<flow_euler_sampler_options>(root, "sampling", R"({"num_inference_steps": 50})"),
+      file.checked_section<run_data_options>(root, "data", R"({"path": "clips/", "batch_size": 1})"),
+      file.checked_section<adamw_run_options>(root, "optimizer", R"({"weight_decay": 0.01})"),
+      file.chat(root),
+      file.ranks(),
+      {},
+      {},
+      file.take_notes()};
   // A group size k > 1, which the job's ranks must be a multiple of, in the file's words for its key.
   const auto group = [&file](std::size_t size, const std::string& key) -> std::optional<ranks_asked> {
     if (size <= 1) return std::nullopt;
@@ -944,9 +945,11 @@ run_file read_run_file(const std::filesystem::path& path, std::span<const std::s
 }
 
 std::optional<option_problem> run_data_options::problem() const {
-  if (path && path->empty()) return option_problem{"path", "is empty; give the folder the recipe reads its examples from"};
+  if (path && path->empty())
+    return option_problem{"path", "is empty; give the folder the recipe reads its examples from"};
   if (batch_size && *batch_size < 1)
-    return option_problem{"batch_size", fmt::format("is {}; give the examples per rank and micro-batch, 1 or more", *batch_size)};
+    return option_problem{"batch_size",
+                          fmt::format("is {}; give the examples per rank and micro-batch, 1 or more", *batch_size)};
   return std::nullopt;
 }
 

@@ -19,8 +19,8 @@ std::optional<option_problem> ema_options::problem() const {
     return option_problem{"decay", fmt::format("is {}; give a decay in [0, 1), e.g. 0.999", decay)};
   }
   if (start_step < 0) {
-    return option_problem{"start_step", fmt::format("is {}; give the step the averaging starts at (0: the first)",
-                                                    start_step)};
+    return option_problem{"start_step",
+                          fmt::format("is {}; give the step the averaging starts at (0: the first)", start_step)};
   }
   return std::nullopt;
 }
@@ -33,8 +33,8 @@ ema::ema(std::vector<at::Tensor> parameters, std::vector<std::string> names, con
     throw_error<std::invalid_argument>("ema: {} {}", found->option, found->problem);
   }
   if (parameters_.size() != names_.size()) {
-    throw_error<std::invalid_argument>("ema: {} parameters but {} names; give one name a parameter",
-                                       parameters_.size(), names_.size());
+    throw_error<std::invalid_argument>("ema: {} parameters but {} names; give one name a parameter", parameters_.size(),
+                                       names_.size());
   }
   const c10::NoGradGuard no_grad;
   averages_.reserve(parameters_.size());
@@ -75,7 +75,8 @@ void ema::load(const tensor_state& state) {
     }
     if (found->second->sizes() != averages_[i].sizes()) {
       throw_error<std::invalid_argument>("ema: the saved average of '{}' has shape [{}], this rank's [{}]", names_[i],
-                                         fmt::join(found->second->sizes(), ", "), fmt::join(averages_[i].sizes(), ", "));
+                                         fmt::join(found->second->sizes(), ", "),
+                                         fmt::join(averages_[i].sizes(), ", "));
     }
     averages_[i].copy_(*found->second);
     by_name.erase(found);

@@ -22,8 +22,8 @@ std::optional<option_problem> flow_euler_sampler_options::problem() const {
     return option_problem{"shift", fmt::format("is {}; give a positive shift (1: none)", shift)};
   }
   if (!std::isfinite(guidance_scale)) {
-    return option_problem{"guidance_scale", fmt::format("is {}; give a finite scale (at most 1: no guidance)",
-                                                        guidance_scale)};
+    return option_problem{"guidance_scale",
+                          fmt::format("is {}; give a finite scale (at most 1: no guidance)", guidance_scale)};
   }
   if (num_train_timesteps < 1) {
     return option_problem{"num_train_timesteps",
@@ -55,10 +55,11 @@ flow_euler_sampler::flow_euler_sampler(const flow_euler_sampler_options& options
   const double step = steps > 1 ? delta / static_cast<double>(steps - 1) : 0.0;
   std::vector<double> sigmas(static_cast<std::size_t>(steps));
   for (std::int64_t i = 0; i < steps; ++i) {
-    double point = i + 1 == steps && steps > 1 ? lowest
-                   : step == 0                 ? static_cast<double>(i) / static_cast<double>(std::max<std::int64_t>(
-                                                                            steps - 1, 1)) * delta + highest
-                                               : static_cast<double>(i) * step + highest;
+    double point =
+        i + 1 == steps && steps > 1 ? lowest
+        : step == 0
+            ? static_cast<double>(i) / static_cast<double>(std::max<std::int64_t>(steps - 1, 1)) * delta + highest
+            : static_cast<double>(i) * step + highest;
     const double sigma = point / static_cast<double>(levels);
     sigmas[static_cast<std::size_t>(i)] = shift * sigma / (1 + (shift - 1) * sigma);
   }

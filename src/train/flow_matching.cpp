@@ -63,8 +63,9 @@ std::optional<option_problem> flow_matching_options::problem() const {
                           fmt::format("is {}; give the schedule's number of levels, e.g. 1000", num_train_timesteps)};
   }
   if (!(training_cfg_rate >= 0 && training_cfg_rate <= 1)) {
-    return option_problem{"training_cfg_rate",
-                          fmt::format("is {}; give a probability in [0, 1] (0: never drop the text)", training_cfg_rate)};
+    return option_problem{
+        "training_cfg_rate",
+        fmt::format("is {}; give a probability in [0, 1] (0: never drop the text)", training_cfg_rate)};
   }
   return std::nullopt;
 }

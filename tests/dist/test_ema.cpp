@@ -137,11 +137,11 @@ std::pair<std::map<std::string, at::Tensor>, double> train_run(const Plan& plan,
   torch::optim::AdamW opt(job.trainable_parameters(), torch::optim::AdamWOptions(1e-2));
   loom::ema averages(job, averaging);
   const at::Tensor held_out = tokens(99, 0);
-  const loom::train_result result = loom::train(
-      job, opt, averages,
-      {.loss = [&](std::int64_t step, int) { return loss_of(job, step); },
-       .eval_loss = [&] { return loom::models::causal_lm_loss(job.forward(held_out), held_out); }},
-      {.steps = until, .out = folder, .checkpoint_every = 2, .eval_every = 1, .log_every = 100});
+  const loom::train_result result =
+      loom::train(job, opt, averages,
+                  {.loss = [&](std::int64_t step, int) { return loss_of(job, step); },
+                   .eval_loss = [&] { return loom::models::causal_lm_loss(job.forward(held_out), held_out); }},
+                  {.steps = until, .out = folder, .checkpoint_every = 2, .eval_every = 1, .log_every = 100});
   REQUIRE(result.last_eval);
   const auto held_out_loss = [&] {
     const c10::NoGradGuard no_grad;

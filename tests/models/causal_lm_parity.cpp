@@ -11,6 +11,8 @@
 // OUT/merged (save_weights after merge(), with FOLDER's config.json) and OUT/logits.safetensors
 // (the ids and the trained model's logits for them); the merged model's logits must equal the
 // unmerged ones here first (in fp32).
+#include "named_tensor.hpp"
+
 #include <loom/io/safetensors.hpp>
 #include <loom/loom.hpp>
 #include <loom/models/causal_lm.hpp>
@@ -30,6 +32,8 @@
 
 namespace {
 
+using loom::testing::named;
+
 namespace fs = std::filesystem;
 
 constexpr double fp32_tolerance = 1e-5;
@@ -44,13 +48,6 @@ struct arguments {
   bool bf16 = false;
   std::optional<fs::path> lora_out;
 };
-
-at::Tensor named(const std::vector<loom::named_tensor>& tensors, std::string_view name) {
-  const auto found =
-      std::find_if(tensors.begin(), tensors.end(), [&](const loom::named_tensor& t) { return t.name == name; });
-  if (found == tensors.end()) throw std::runtime_error(fmt::format("expected.safetensors has no '{}'", name));
-  return found->tensor;
-}
 
 at::Tensor logits_of(auto& job, const at::Tensor& ids) {
   torch::NoGradGuard no_grad;

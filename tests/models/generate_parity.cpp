@@ -6,6 +6,8 @@
 // generates from transformers' prompts and compares token for token: greedy with the kv_cache and
 // without it, with an end token, and sampled with transformers' seed and warpers (with --lora: greedy,
 // with and without the cache, against PEFT's model).
+#include "named_tensor.hpp"
+
 #include <loom/io/safetensors.hpp>
 #include <loom/loom.hpp>
 #include <loom/models/causal_lm.hpp>
@@ -24,6 +26,8 @@
 
 namespace {
 
+using loom::testing::named;
+
 namespace fs = std::filesystem;
 using loom::models::generation_options;
 
@@ -37,13 +41,6 @@ struct arguments {
   std::string_view strategy;
   std::optional<fs::path> adapter{};
 };
-
-at::Tensor named(const std::vector<loom::named_tensor>& tensors, std::string_view name) {
-  const auto found =
-      std::find_if(tensors.begin(), tensors.end(), [&](const loom::named_tensor& t) { return t.name == name; });
-  if (found == tensors.end()) throw std::runtime_error(fmt::format("expected-generate.safetensors has no '{}'", name));
-  return found->tensor;
-}
 
 // One line a comparison; false when the tokens differ.
 bool same_tokens(int rank, const arguments& args, std::string_view what, const at::Tensor& ours,

@@ -12,6 +12,8 @@
 // - logits.safetensors, adapter/: the trained logits of `ids` and job.save_adapter(...) (PEFT's folder);
 // - with --merge, merged/ and merged-logits.safetensors: job.merge() then job.save_pretrained(...), the
 //   base dequantized with the update added, and the merged job's logits of `ids`.
+#include "named_tensor.hpp"
+
 #include <loom/io/safetensors.hpp>
 #include <loom/loom.hpp>
 #include <loom/models/causal_lm.hpp>
@@ -29,6 +31,8 @@
 
 namespace {
 
+using loom::testing::named;
+
 namespace fs = std::filesystem;
 
 struct arguments {
@@ -37,13 +41,6 @@ struct arguments {
   fs::path out;
   bool merge = false;
 };
-
-at::Tensor named(const std::vector<loom::named_tensor>& tensors, std::string_view name) {
-  const auto found =
-      std::find_if(tensors.begin(), tensors.end(), [&](const loom::named_tensor& t) { return t.name == name; });
-  if (found == tensors.end()) throw std::runtime_error(fmt::format("inputs.safetensors has no '{}'", name));
-  return found->tensor;
-}
 
 at::Tensor logits_of(auto& job, const at::Tensor& ids) {
   const torch::NoGradGuard no_grad;

@@ -13,6 +13,8 @@
 //                  adapted and merged.
 // Here first: each saved adapter, loaded into a job built afresh, gives the adapted velocity bit for
 // bit, and the merged velocity equals the adapted one within 1e-5 of its largest magnitude.
+#include "named_tensor.hpp"
+
 #include <loom/io/safetensors.hpp>
 #include <loom/loom.hpp>
 #include <loom/models/wan.hpp>
@@ -30,18 +32,13 @@
 
 namespace {
 
+using loom::testing::named;
+
 namespace fs = std::filesystem;
 
 constexpr double fp32_tolerance = 1e-5;
 constexpr int training_steps = 3;
 constexpr std::int64_t small_shard_bytes = 16 * 1024;
-
-at::Tensor named(const std::vector<loom::named_tensor>& tensors, std::string_view name) {
-  const auto found =
-      std::find_if(tensors.begin(), tensors.end(), [&](const loom::named_tensor& t) { return t.name == name; });
-  if (found == tensors.end()) throw std::runtime_error(fmt::format("inputs.safetensors has no '{}'", name));
-  return found->tensor;
-}
 
 struct inputs {
   at::Tensor latents, timestep, text;

@@ -11,6 +11,8 @@
 // cast_forward_inputs = false: under fsdp() its default (FSDP2's) casts every floating input to bf16,
 // Wan's float timestep too, and a timestep of ~1000 in bf16 (steps of 4 to 8) moves the velocity by
 // 0.30 rms, 20 times the bound (#60: found by this check; diffusers' pipeline passes float timesteps).
+#include "named_tensor.hpp"
+
 #include <loom/io/safetensors.hpp>
 #include <loom/loom.hpp>
 #include <loom/models/wan.hpp>
@@ -30,14 +32,9 @@
 
 namespace {
 
-namespace fs = std::filesystem;
+using loom::testing::named;
 
-at::Tensor named(const std::vector<loom::named_tensor>& tensors, std::string_view name) {
-  const auto found =
-      std::find_if(tensors.begin(), tensors.end(), [&](const loom::named_tensor& t) { return t.name == name; });
-  if (found == tensors.end()) throw std::runtime_error(fmt::format("inputs.safetensors has no '{}'", name));
-  return found->tensor;
-}
+namespace fs = std::filesystem;
 
 template <class Plan>
 void run(const Plan& plan, const fs::path& folder, const fs::path& out) {

@@ -9,6 +9,8 @@
 // text come in bf16, as diffusers' pipeline runs from_pretrained(torch_dtype=torch.bfloat16): the rms
 // difference from diffusers' fp32 velocity at most bf16_margin times that of diffusers' own model in
 // bf16; the largest difference from that model's velocity is printed beside it.
+#include "named_tensor.hpp"
+
 #include <loom/io/safetensors.hpp>
 #include <loom/loom.hpp>
 #include <loom/models/wan.hpp>
@@ -24,6 +26,8 @@
 #include <vector>
 
 namespace {
+
+using loom::testing::named;
 
 namespace fs = std::filesystem;
 
@@ -43,13 +47,6 @@ double largest_difference(const at::Tensor& a, const at::Tensor& b) { return (a 
 // sample of a wide tail, their mean square is stable from one model to the next.
 double rms_difference(const at::Tensor& a, const at::Tensor& b) {
   return (a - b).square().mean().sqrt().item<double>();
-}
-
-at::Tensor named(const std::vector<loom::named_tensor>& tensors, std::string_view name) {
-  const auto found =
-      std::find_if(tensors.begin(), tensors.end(), [&](const loom::named_tensor& t) { return t.name == name; });
-  if (found == tensors.end()) throw std::runtime_error(fmt::format("expected.safetensors has no '{}'", name));
-  return found->tensor;
 }
 
 // describe()'s line of what pretrained(...) read on this rank (the driver checks that under fsdp() a

@@ -6,6 +6,8 @@
 // forward, and on rank 0 writes OUT: every model call's inputs and output in order (call.N.x, .t,
 // .negative, .velocity) and the latents. With --bf16-io the model takes and gives bf16 (the job runs in
 // fp32 between the casts), as a pipeline in bf16 does: the sampler's casts are then checked too.
+#include "named_tensor.hpp"
+
 #include <loom/io/safetensors.hpp>
 #include <loom/loom.hpp>
 #include <loom/models/wan.hpp>
@@ -23,6 +25,8 @@
 
 namespace {
 
+using loom::testing::named;
+
 namespace fs = std::filesystem;
 
 struct arguments {
@@ -31,13 +35,6 @@ struct arguments {
   fs::path out;
   bool bf16_io = false;
 };
-
-at::Tensor named(const std::vector<loom::named_tensor>& tensors, std::string_view name) {
-  const auto found =
-      std::find_if(tensors.begin(), tensors.end(), [&](const loom::named_tensor& t) { return t.name == name; });
-  if (found == tensors.end()) throw std::runtime_error(fmt::format("inputs.safetensors has no '{}'", name));
-  return found->tensor;
-}
 
 template <class Plan>
 void sample(const Plan& plan, const arguments& args) {

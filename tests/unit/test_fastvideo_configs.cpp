@@ -139,9 +139,10 @@ TEST_CASE("FastVideo's Wan 2.1 T2V full fine-tuning config reads key by key", "[
   CHECK_FALSE(has_note(file, "resume_from_checkpoint"));  // latest: what loom does
   CHECK(file.notes.size() == 5);
   // On fewer GPUs, FastVideo's own keys as overrides, and the recipe's folders in loom's.
-  const loom::run_file two = loom::read_run_file(
-      full_config, std::vector<std::string>{"training.distributed.num_gpus=2", "training.distributed.hsdp_replicate_dim=2",
-                                            "pretrained=/models/wan", "data.path=/data/clips"});
+  const loom::run_file two =
+      loom::read_run_file(full_config, std::vector<std::string>{"training.distributed.num_gpus=2",
+                                                                "training.distributed.hsdp_replicate_dim=2",
+                                                                "pretrained=/models/wan", "data.path=/data/clips"});
   CHECK_NOTHROW(loom::check_world_size(two, 2));
   CHECK(two.stages.stages.find<loom::pretrained_stage>()->path() == "/models/wan");
   CHECK(two.data->path == fs::path("/data/clips"));
@@ -150,8 +151,9 @@ TEST_CASE("FastVideo's Wan 2.1 T2V full fine-tuning config reads key by key", "[
 TEST_CASE("FastVideo's schedules, EMA and clipping map to loom's", "[run_file][fastvideo]") {
   SECTION("linear and cosine decay from the warmup's end to zero at the last step") {
     for (const std::string shape : {"linear", "cosine"}) {
-      const loom::run_file file = read_edited("schedule-" + shape, "    lr_scheduler: constant\n    lr_warmup_steps: 0\n",
-                                              "    lr_scheduler: " + shape + "\n    lr_warmup_steps: 2\n");
+      const loom::run_file file =
+          read_edited("schedule-" + shape, "    lr_scheduler: constant\n    lr_warmup_steps: 0\n",
+                      "    lr_scheduler: " + shape + "\n    lr_warmup_steps: 2\n");
       CHECK(file.train.lr->warmup_steps == 2);
       CHECK(file.train.lr->decay_steps == 8);
       CHECK(file.train.lr->floor == 0.0);
@@ -203,8 +205,7 @@ TEST_CASE("each FastVideo key loom refuses is refused with its sentence", "[run_
   refused("method", "finetune.FineTuneMethod", "dmd2.DMD2Method",
           "method._target_: is fastvideo.train.methods.fine_tuning.dmd2.DMD2Method; loom fine-tunes one model by "
           "flow matching, FastVideo's FineTuneMethod; distillation and the other methods are not in loom");
-  refused("teacher", "method:\n",
-          "  teacher:\n    init_from: checkpoints/teacher\n    trainable: false\nmethod:\n",
+  refused("teacher", "method:\n", "  teacher:\n    init_from: checkpoints/teacher\n    trainable: false\nmethod:\n",
           "models.teacher.init_from: models.student has one too; loom trains one model (no teacher or critic)");
   refused("frozen", "trainable: true", "trainable: false",
           "models.student.trainable: is false; loom trains the model it loads");
@@ -238,8 +239,9 @@ TEST_CASE("each FastVideo key loom refuses is refused with its sentence", "[run_
   refused("callback", "callbacks:\n", "callbacks:\n  profiler: {}\n", "callbacks.profiler: unknown key");
   refused("sampling-steps", "sampling_steps: [5]", "sampling_steps: [5, 10]",
           "callbacks.validation.sampling_steps: give one number of sampling steps, as a list: [50]");
-  refused("timesteps", "sampling_steps: [5]", "sampling_steps: [5]\n    sampling_timesteps: [999, 500]",
-          "callbacks.validation.sampling_timesteps: loom's sampler spaces its steps as diffusers' Euler scheduler does");
+  refused(
+      "timesteps", "sampling_steps: [5]", "sampling_steps: [5]\n    sampling_timesteps: [999, 500]",
+      "callbacks.validation.sampling_timesteps: loom's sampler spaces its steps as diffusers' Euler scheduler does");
   refused("pipeline", "flow_shift: 3", "flow_shift: 3\n  vae_tiling: true", "pipeline.vae_tiling: unknown key");
   refused("twice", "gradient_accumulation_steps: 5", "gradient_accumulation_steps: 5\n  steps: 20",
           "training.steps: FastVideo's spelling of it is in the file too: give it once");

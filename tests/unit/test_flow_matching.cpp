@@ -265,6 +265,7 @@ TEST_CASE("training_cfg_rate drops each sample's text to the unconditional state
   at::Generator g = at::make_generator<at::CPUGeneratorImpl>(3);
   const at::Tensor rows = at::randn({2, 3, 2});
   CHECK(at::equal(always.dropped_text(text.narrow(0, 0, 2), rows, g), rows));
-  CHECK_THROWS_WITH(always.dropped_text(text, at::zeros({1, 4, 2}), g),
-                    ContainsSubstring("the unconditional text states have shape [1, 4, 2] and the batch's [4000, 3, 2]"));
+  CHECK_THROWS_WITH(
+      always.dropped_text(text, at::zeros({1, 4, 2}), g),
+      ContainsSubstring("the unconditional text states have shape [1, 4, 2] and the batch's [4000, 3, 2]"));
 }

@@ -269,11 +269,12 @@ TEST_CASE("an unknown key, stage or override names the keys it is close to", "[r
   CHECK_THROWS_WITH(read("top-steps", R"({"plan": [], "steps": 3})"),
                     ContainsSubstring("steps: unknown key; a run file has \"plan\", \"train\"") &&
                         ContainsSubstring("(did you mean 'train.steps'?)"));
-  CHECK_THROWS_WITH(read("override-steps", R"({"train": {"steps": 3}})", {"steps=100"}),
-                    ContainsSubstring("the override steps=100 (over run file '") &&
-                        ContainsSubstring("override-steps.json'): steps: unknown key; an override names a stage, a "
-                                          "stage's key or a key of train, flow_matching, ema, sampling, data, optimizer or chat, as "
-                                          "docs/run_files.md lists them (did you mean 'train.steps'?)"));
+  CHECK_THROWS_WITH(
+      read("override-steps", R"({"train": {"steps": 3}})", {"steps=100"}),
+      ContainsSubstring("the override steps=100 (over run file '") &&
+          ContainsSubstring("override-steps.json'): steps: unknown key; an override names a stage, a "
+                            "stage's key or a key of train, flow_matching, ema, sampling, data, optimizer or chat, as "
+                            "docs/run_files.md lists them (did you mean 'train.steps'?)"));
   CHECK_THROWS_WITH(read("override-out", R"({"train": {"steps": 3}})", {"out=/tmp/run"}),
                     ContainsSubstring("the override out=/tmp/run (over run file '") &&
                         ContainsSubstring("(did you mean 'train.out'?)"));
@@ -663,20 +664,19 @@ TEST_CASE("flow matching's options: loom's flow_matching, or FastVideo's trainin
                     ContainsSubstring(", line 3: models.transformer.flow_shift: is 0; give a positive shift"));
   CHECK(loom::read_run_file(written("flow-x0", "training:\n  model:\n    precondition_outputs: true\n", ".yaml"))
             .flow_matching->precondition_outputs);
-  CHECK_THROWS_WITH(
-      loom::read_run_file(written("flow-key", "training:\n  model:\n    precondition: true\n", ".yaml")),
-      ContainsSubstring("training.model.precondition: unknown key; training.model takes "
-                        "weighting_scheme, logit_mean, logit_std, mode_scale, precondition_outputs"));
+  CHECK_THROWS_WITH(loom::read_run_file(written("flow-key", "training:\n  model:\n    precondition: true\n", ".yaml")),
+                    ContainsSubstring("training.model.precondition: unknown key; training.model takes "
+                                      "weighting_scheme, logit_mean, logit_std, mode_scale, precondition_outputs"));
   CHECK_THROWS_WITH(loom::read_run_file(written("flow-cfg", R"({"flow_matching": {"training_cfg_rate": 1.5}})")),
                     ContainsSubstring("flow_matching.training_cfg_rate: is 1.5; give a probability in [0, 1]"));
-  const loom::run_file averaged =
-      loom::read_run_file(written("ema", R"({"ema": {"decay": 0.99, "start_step": 10}})"), std::vector<std::string>{"ema.decay=0.995"});
+  const loom::run_file averaged = loom::read_run_file(written("ema", R"({"ema": {"decay": 0.99, "start_step": 10}})"),
+                                                      std::vector<std::string>{"ema.decay=0.995"});
   REQUIRE(averaged.ema);
   CHECK(averaged.ema->decay == 0.995);
   CHECK(averaged.ema->start_step == 10);
   CHECK_FALSE(loom::read_run_file(written("ema-none", R"({"plan": []})")).ema.has_value());
-  const loom::run_file sampled = loom::read_run_file(
-      written("sampling", R"({"sampling": {"num_inference_steps": 20, "guidance_scale": 6}})"));
+  const loom::run_file sampled =
+      loom::read_run_file(written("sampling", R"({"sampling": {"num_inference_steps": 20, "guidance_scale": 6}})"));
   REQUIRE(sampled.sampling);
   CHECK(sampled.sampling->num_inference_steps == 20);
   CHECK(sampled.sampling->guidance_scale == 6);

@@ -66,8 +66,8 @@ struct adamw_run_options {
   double weight_decay = 0.0;
 
   static constexpr auto fields() {
-    return std::tuple{option_field{"beta1", &adamw_run_options::beta1}, option_field{"beta2", &adamw_run_options::beta2},
-                      option_field{"eps", &adamw_run_options::eps},
+    return std::tuple{option_field{"beta1", &adamw_run_options::beta1},
+                      option_field{"beta2", &adamw_run_options::beta2}, option_field{"eps", &adamw_run_options::eps},
                       option_field{"weight_decay", &adamw_run_options::weight_decay}};
   }
   [[nodiscard]] std::optional<option_problem> problem() const;

@@ -72,7 +72,7 @@ class heartbeat {
   const job_progress& progress_;
   job_failures& failures_;
   std::chrono::milliseconds hang_check_;
-  bool rank0_hosts_store_;  // else the launcher's agent does
+  bool rank0_hosts_store_;             // else the launcher's agent does
   std::chrono::milliseconds overdue_;  // see hang_watch
   std::mutex mutex_;
   std::condition_variable wake_;
