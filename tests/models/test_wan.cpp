@@ -315,9 +315,17 @@ TEST_CASE("the forward gives the velocity of whole patches and refuses what it c
   // Frames, height and width rounded down to whole patches, as diffusers' strided convolution drops the rest.
   CHECK(model(torch::randn({2, 4, 5, 4, 7}), torch::tensor({10.0, 500.0}), text).sizes() ==
         at::IntArrayRef{2, 4, 4, 4, 6});
-  CHECK_THROWS_WITH(model(torch::randn({2, 4, 4, 4, 4}), torch::ones({2, 8}), text),
-                    ContainsSubstring("the timestep is [2, 8]: per-token timesteps (Wan 2.2 TI2V's "
-                                      "expand_timesteps) are not supported; give one timestep a sample, [batch]"));
+  // A timestep a token (Wan 2.2 TI2V's expand_timesteps), each sample's the same on all its tokens, is the
+  // timestep a sample; one per token otherwise, of the patches' number.
+  const at::Tensor latents = torch::randn({2, 4, 4, 4, 4});  // 2x2x2 = 8 patches
+  const at::Tensor per_sample = torch::tensor({10.0, 500.0});
+  CHECK(torch::equal(model(latents, per_sample.unsqueeze(1).expand({2, 8}).contiguous(), text),
+                     model(latents, per_sample, text)));
+  CHECK_THROWS_WITH(model(latents, torch::ones({2, 7}), text),
+                    ContainsSubstring("the timesteps are [2, 7], one a token, but the latents make 2 × 8 patches "
+                                      "(2x2x2): give [2, 8], as WanPipeline's expand_timesteps makes them"));
+  CHECK_THROWS_WITH(model(latents, torch::ones({2, 8, 1}), text),
+                    ContainsSubstring("the timestep is 3-dimensional: give one a sample, [batch], or one a token"));
   CHECK_THROWS_WITH(model(torch::randn({2, 4, 4, 4, 10}), torch::ones({2}), text),
                     ContainsSubstring("the latents make 2x2x5 patches (frames, height, width), more along one axis "
                                       "than rope_max_seq_len = 4 rotary positions"));
