@@ -51,15 +51,10 @@ flow_euler_sampler::flow_euler_sampler(const flow_euler_sampler_options& options
   // set_timesteps: numpy's linspace between them in float64 (the last point exactly the end), each
   // shifted again in float64, then fp32.
   const std::int64_t steps = options_.num_inference_steps;
-  const double delta = lowest - highest;
-  const double step = steps > 1 ? delta / static_cast<double>(steps - 1) : 0.0;
+  const double step = steps > 1 ? (lowest - highest) / static_cast<double>(steps - 1) : 0.0;
   std::vector<double> sigmas(static_cast<std::size_t>(steps));
   for (std::int64_t i = 0; i < steps; ++i) {
-    double point =
-        i + 1 == steps && steps > 1 ? lowest
-        : step == 0
-            ? static_cast<double>(i) / static_cast<double>(std::max<std::int64_t>(steps - 1, 1)) * delta + highest
-            : static_cast<double>(i) * step + highest;
+    const double point = i + 1 == steps && steps > 1 ? lowest : static_cast<double>(i) * step + highest;
     const double sigma = point / static_cast<double>(levels);
     sigmas[static_cast<std::size_t>(i)] = shift * sigma / (1 + (shift - 1) * sigma);
   }

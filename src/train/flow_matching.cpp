@@ -32,6 +32,13 @@ std::uint64_t mixed(std::uint64_t value) noexcept {
   return value ^ (value >> 31U);
 }
 
+// `values` [B], one a sample, shaped to broadcast over `batch` [B, ...].
+at::Tensor one_a_sample(const at::Tensor& values, const at::Tensor& batch) {
+  std::vector<std::int64_t> shape(static_cast<std::size_t>(batch.dim()), 1);
+  shape.front() = batch.size(0);
+  return values.view(shape);
+}
+
 }  // namespace
 
 std::string_view to_string(timestep_density density) noexcept {
@@ -135,9 +142,7 @@ flow_matching_inputs flow_matching::noise(const at::Tensor& x0, at::Generator& g
   flow_matching_inputs inputs;
   inputs.sigmas = to_device(on_levels_device(sigmas_).index_select(0, chosen), x0.device(), at::kFloat);
   inputs.timesteps = to_device(on_levels_device(timesteps_).index_select(0, chosen), x0.device(), at::kFloat);
-  std::vector<std::int64_t> per_sample(static_cast<std::size_t>(x0.dim()), 1);
-  per_sample.front() = x0.size(0);
-  const at::Tensor sigma = inputs.sigmas.to(x0.scalar_type()).view(per_sample);
+  const at::Tensor sigma = one_a_sample(inputs.sigmas.to(x0.scalar_type()), x0);
   inputs.noisy = (1.0 - sigma) * x0 + sigma * epsilon;
   inputs.velocity = (epsilon - x0).to(at::kFloat);
   if (options_.precondition_outputs) inputs.clean = x0.to(at::kFloat);
@@ -153,9 +158,7 @@ at::Tensor flow_matching::loss(const at::Tensor& prediction, const flow_matching
   if (inputs.clean.defined()) {
     // FastVideo's order and dtypes: σ in the latents' (as it noised them), x̂0 as the operands
     // promote, then the error in fp32.
-    std::vector<std::int64_t> per_sample(static_cast<std::size_t>(prediction.dim()), 1);
-    per_sample.front() = prediction.size(0);
-    const at::Tensor sigma = inputs.sigmas.to(inputs.noisy.scalar_type()).view(per_sample);
+    const at::Tensor sigma = one_a_sample(inputs.sigmas.to(inputs.noisy.scalar_type()), prediction);
     const at::Tensor predicted_clean = inputs.noisy - prediction * sigma;
     return at::mse_loss(predicted_clean.to(at::kFloat), inputs.clean);
   }
@@ -176,9 +179,8 @@ at::Tensor flow_matching::dropped_text(const at::Tensor& text, const at::Tensor&
   if (options_.training_cfg_rate == 0) return text;
   const at::Tensor draws =
       at::rand({text.size(0)}, generator, at::TensorOptions().dtype(at::kFloat).device(generator.device()));
-  std::vector<std::int64_t> per_sample(static_cast<std::size_t>(text.dim()), 1);
-  per_sample.front() = text.size(0);
-  const at::Tensor dropped = to_device(draws < options_.training_cfg_rate, text.device(), at::kBool).view(per_sample);
+  const at::Tensor dropped =
+      one_a_sample(to_device(draws < options_.training_cfg_rate, text.device(), at::kBool), text);
   return at::where(dropped, unconditional.to(text.scalar_type()), text);
 }
 
