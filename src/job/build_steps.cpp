@@ -3,6 +3,7 @@
 #include <loom/base/text.hpp>
 #include <loom/lora/adapter.hpp>
 #include <loom/lora/lora.hpp>
+#include <loom/nn/branch.hpp>
 #include <loom/nn/linear.hpp>
 #include <loom/nn/recompute.hpp>
 #include <loom/nn/unit.hpp>
@@ -150,12 +151,29 @@ std::vector<std::string> choose_recomputed_units(torch::nn::Module& model, const
   return {};
 }
 
+namespace {
+
+// A pass through a model with branches runs one of them, and a split's exchanges are declared for
+// every attention or split layer of the model, checked in one order in every pass.
+void refuse_branches(torch::nn::Module& model, std::string_view model_name, std::string_view stage, int size) {
+  const std::vector<nn::branch_module> branches = nn::find_branches(model);
+  if (branches.empty()) return;
+  throw_error<std::invalid_argument>(
+      "{}({}) with {}: the model has branches ('{}' and the rest), of which a pass runs one, and {}'s exchanges "
+      "are checked in the same order in every pass, over every branch; leave {} out with this model (fsdp() "
+      "shards it, issuing the taken branch's collectives alone)",
+      stage, size, model_name, branches.front().name, stage, stage);
+}
+
+}  // namespace
+
 std::shared_ptr<nn::sequence_split> split_sequences(torch::nn::Module& model, std::string_view model_name,
                                                     const stage_list& stages, const runtime& rt, const dtypes& types,
                                                     const std::vector<std::string>& recomputed_units) {
   const auto stage = stages.find<sequence_parallel_stage>();
   if (!stage || stage->settings().size == 1) return nullptr;
   const int size = static_cast<int>(stage->settings().size);
+  refuse_branches(model, model_name, "sequence_parallel", size);
   auto group = std::make_shared<sequence_group>(rt, size);
   const nn::sequence_modules found = nn::find_sequence_modules(model);
   if (found.attentions.empty()) {
@@ -209,6 +227,7 @@ std::shared_ptr<nn::tensor_split> split_layers(torch::nn::Module& model, std::st
         "drop its own elements of it; pass lora dropout 0 with tensor_parallel",
         size, lora->dropout());
   }
+  refuse_branches(model, model_name, "tensor_parallel", size);
   auto split = std::make_shared<nn::tensor_split>(std::make_shared<tensor_group>(rt, size));
   nn::split_layers(model, model_name, plan, split);
   return split;

@@ -68,8 +68,9 @@ std::int64_t schedule_entry::bytes() const noexcept {
 std::string schedule_entry::to_string() const {
   std::vector<std::string> specs;
   for (const tensor_spec& t : tensors) specs.push_back(t.to_string());
-  return fmt::format("{} {} {} {} B{} [{}]", loom::to_string(op), loom::to_string(phase), group, bytes(),
-                     per_token ? "/token" : "", fmt::join(specs, ", "));
+  return fmt::format("{} {} {} {} B{}{} [{}]", loom::to_string(op), loom::to_string(phase), group, bytes(),
+                     per_token ? "/token" : "", branch.empty() ? std::string() : " if " + branch,
+                     fmt::join(specs, ", "));
 }
 
 void collective_schedule::add(schedule_entry entry) { entries_.push_back(std::move(entry)); }

@@ -1,6 +1,7 @@
 #include <loom/strategies/ddp.hpp>
 
 #include <loom/base/text.hpp>
+#include <loom/nn/branch.hpp>
 #include <loom/runtime/failpoints.hpp>
 #include <loom/schedule/schedule.hpp>
 #include <loom/strategies/buckets.hpp>
@@ -124,6 +125,13 @@ void ddp_engine::setup(strategy_context& context) {
     throw_error<std::invalid_argument>(
         "ddp(): the plan leaves no trainable parameter: there is nothing to synchronise. Check that "
         "lora(...) matches layers or that trainable(...) names parameters, or use local()");
+  }
+  if (const std::vector<nn::branch_module> branches = nn::find_branches(context.module()); !branches.empty()) {
+    throw_error<std::invalid_argument>(
+        "ddp(): the model has branches ('{}' and the rest), of which a pass runs one: c10d's reducer would wait for "
+        "gradients of every branch, and reduce them all each step; use fsdp(), whose schedule issues the collectives "
+        "of the branch a pass takes and no others",
+        branches.front().name);
   }
   if (!rt.is_distributed()) {
     context.note("ddp: a single rank, nothing to synchronise");

@@ -212,6 +212,13 @@ void fsdp_engine::explain_forward_failure(strategy_context& context, std::except
     const bool read_at_rest = dynamic_cast<const nn::parameters_at_rest*>(&failure) != nullptr ||
                               text.find("out of bounds for storage of size 0") != std::string_view::npos ||
                               text.find("its data is not allocated yet") != std::string_view::npos;
+    if (read_at_rest && state_->awaits_branch()) {
+      context.fail(
+          fmt::format("fsdp(): a branch of the model ('{}' or another) was used without being entered through "
+                      "loom::nn::Branch: its parameters are sharded at rest and gathered once a pass takes the branch, "
+                      "through the Branch type's forward, not the inner module's",
+                      state_->branches().front().name));
+    }
     const param_group* skipped = state_->next_unit();
     if (!read_at_rest || skipped == nullptr) return;
     context.fail(fmt::format(

@@ -74,15 +74,20 @@ std::optional<option_problem> flow_matching_options::problem() const {
         "training_cfg_rate",
         fmt::format("is {}; give a probability in [0, 1] (0: never drop the text)", training_cfg_rate)};
   }
+  if (!(boundary_ratio >= 0 && boundary_ratio < 1)) {
+    return option_problem{
+        "boundary_ratio",
+        fmt::format("is {}; give the experts' boundary in (0, 1), e.g. 0.875 (0: one model)", boundary_ratio)};
+  }
   return std::nullopt;
 }
 
 std::string flow_matching_options::describe() const {
   return fmt::format(
       "weighting_scheme={}, logit_mean={}, logit_std={}, mode_scale={}, flow_shift={}, "
-      "num_train_timesteps={}, precondition_outputs={}, training_cfg_rate={}",
+      "num_train_timesteps={}, precondition_outputs={}, training_cfg_rate={}, boundary_ratio={}",
       to_string(weighting_scheme), logit_mean, logit_std, mode_scale, flow_shift, num_train_timesteps,
-      precondition_outputs, training_cfg_rate);
+      precondition_outputs, training_cfg_rate, boundary_ratio);
 }
 
 double shifted_sigma(double sigma, double flow_shift) noexcept {
@@ -98,8 +103,33 @@ flow_matching::flow_matching(const flow_matching_options& options, c10::Device d
   const at::Tensor unshifted =
       at::linspace(1, levels, options_.num_train_timesteps, at::TensorOptions().dtype(at::kFloat)).flip(0) / levels;
   const at::Tensor sigmas = (unshifted * options_.flow_shift) / (unshifted * (options_.flow_shift - 1) + 1);
+  const at::Tensor timesteps = sigmas * levels;
+  // diffusers compares each timestep with the boundary in fp32 (WanPipeline: t >= boundary_timestep).
+  const auto boundary = static_cast<float>(options_.boundary_ratio * levels);
+  high_noise_levels_ = options_.boundary_ratio > 0 ? host_value<std::int64_t>(timesteps.ge(boundary).sum()) : 0;
   sigmas_ = to_device(sigmas, device, at::kFloat);
-  timesteps_ = to_device(sigmas * levels, device, at::kFloat);
+  timesteps_ = to_device(timesteps, device, at::kFloat);
+}
+
+std::string_view to_string(noise_expert expert) noexcept {
+  return expert == noise_expert::high_noise ? "high_noise" : "low_noise";
+}
+
+void flow_matching::require_boundary(std::string_view call) const {
+  if (options_.boundary_ratio > 0) return;
+  throw_error<std::invalid_argument>(
+      "flow_matching::{}: the options give no boundary_ratio, so there are no experts to choose between; set "
+      "boundary_ratio to the pipeline's (model_index.json's, e.g. 0.875) for a model of two experts",
+      call);
+}
+
+noise_expert flow_matching::expert_for_step(std::uint64_t seed, std::int64_t step) const {
+  require_boundary("expert_for_step");
+  // A generator of (seed, step) and no rank: every rank draws the same. rank −1 keeps it apart from
+  // every rank's own draws of the step.
+  at::Generator shared = step_generator(seed, step, -1, 0);
+  const at::Tensor u = at::rand({1}, shared, at::TensorOptions().dtype(at::kDouble));
+  return *u.const_data_ptr<double>() < options_.boundary_ratio ? noise_expert::low_noise : noise_expert::high_noise;
 }
 
 at::Tensor flow_matching::draw_u(std::int64_t batch, at::Generator& generator) const {
@@ -124,6 +154,16 @@ at::Tensor flow_matching::levels(const at::Tensor& u) const {
 }
 
 flow_matching_inputs flow_matching::noise(const at::Tensor& x0, at::Generator& generator) const {
+  return noised(x0, generator, std::nullopt);
+}
+
+flow_matching_inputs flow_matching::noise(const at::Tensor& x0, at::Generator& generator, noise_expert expert) const {
+  require_boundary("noise");
+  return noised(x0, generator, expert);
+}
+
+flow_matching_inputs flow_matching::noised(const at::Tensor& x0, at::Generator& generator,
+                                           std::optional<noise_expert> expert) const {
   if (x0.dim() < 1 || x0.size(0) < 1) {
     throw_error<std::invalid_argument>("flow_matching: the latents have shape [{}]; give [B, ...] with B at least 1",
                                        fmt::join(x0.sizes(), ", "));
@@ -135,7 +175,20 @@ flow_matching_inputs flow_matching::noise(const at::Tensor& x0, at::Generator& g
         sigmas_.device().str(), sigmas_.device().str());
   }
   const at::Tensor epsilon = at::randn(x0.sizes(), generator, x0.options());
-  const at::Tensor chosen = levels(draw_u(x0.size(0), generator));
+  const at::Tensor u = draw_u(x0.size(0), generator);
+  at::Tensor chosen;
+  if (!expert) {
+    chosen = levels(u);
+  } else {
+    const std::int64_t first = *expert == noise_expert::high_noise ? 0 : high_noise_levels_;
+    const std::int64_t end = *expert == noise_expert::high_noise ? high_noise_levels_ : options_.num_train_timesteps;
+    if (end == first) {
+      throw_error<std::invalid_argument>(
+          "flow_matching: boundary_ratio {} leaves the {} expert no level of the {}; give a ratio that splits them",
+          options_.boundary_ratio, to_string(*expert), options_.num_train_timesteps);
+    }
+    chosen = ((u.to(at::kDouble) * static_cast<double>(end - first)).to(at::kLong) + first).clamp(first, end - 1);
+  }
   // The tables where the levels are: already so when the schedule was made for the generator's device,
   // else copied there from pinned memory (no wait either way).
   const auto on_levels_device = [&](const at::Tensor& table) { return to_device(table, chosen.device(), at::kFloat); };

@@ -3,6 +3,7 @@
 // exits 0 when the message and the time are as they should be, 1 otherwise.
 #include "branchy.hpp"
 #include "odd_units.hpp"
+#include "two_experts.hpp"
 #include "world.hpp"
 
 #include <loom/loom.hpp>
@@ -22,6 +23,7 @@
 
 using loom::testing::branchy;
 using loom::testing::odd_units;
+using loom::testing::TwoExperts;
 using loom::testing::world;
 
 namespace {
@@ -265,6 +267,21 @@ const std::map<std::string, scenario>& scenarios() {
       {"fsdp-unit-bypassed",
        {[] { misuse_units(/*bypass=*/true); },
         "fsdp\\(\\): unit 'blocks.1' was used without being entered through loom::nn::Unit"}},
+      {"fsdp-branches-differ",
+       {[] {
+          auto job = loom::build(loom::model<TwoExperts>() | loom::seeded(3) | loom::fsdp(), world());
+          const auto expert = last_rank() ? loom::noise_expert::low_noise : loom::noise_expert::high_noise;
+          job.backward(job.forward(torch::randn({4, loom::testing::width}), expert).square().mean());
+        },
+        "fsdp\\(\\): the ranks took different branches of the model in this pass \\(rank 0 'high', .*rank \\d "
+        "'low'\\): every rank must take the same branch in a pass"}},
+      {"fsdp-two-branches-a-pass",
+       {[] {
+          auto job = loom::build(loom::model<TwoExperts>() | loom::seeded(3) | loom::fsdp(), world());
+          job.backward(job.forward(torch::randn({4, loom::testing::width}), /*both_experts=*/true).square().mean());
+        },
+        "fsdp\\(\\): the pass entered branch 'low' after branch 'high': a pass takes at most one branch of the "
+        "model"}},
       {"fsdp-units-differ",
        {[] { auto job = loom::build(loom::model<units_on_some_ranks>() | loom::seeded(3) | loom::fsdp(), world()); },
         "the ranks' collective schedules differ.*first difference at entry #0: rank 0 has 'all_gather forward world"}},

@@ -198,7 +198,7 @@ TEST_CASE("options out of range are refused naming the option; the loss refuses 
   CHECK_FALSE(loom::timestep_density_named("lognorm").has_value());
   CHECK(loom::flow_matching_options{}.describe() ==
         "weighting_scheme=uniform, logit_mean=0, logit_std=1, mode_scale=1, flow_shift=3, num_train_timesteps=1000, "
-        "precondition_outputs=false, training_cfg_rate=0");
+        "precondition_outputs=false, training_cfg_rate=0, boundary_ratio=0");
   CHECK_THROWS_WITH(loom::flow_matching({.training_cfg_rate = -0.1}),
                     ContainsSubstring("training_cfg_rate is -0.1; give a probability in [0, 1]"));
 
@@ -268,4 +268,44 @@ TEST_CASE("training_cfg_rate drops each sample's text to the unconditional state
   CHECK_THROWS_WITH(
       always.dropped_text(text, at::zeros({1, 4, 2}), g),
       ContainsSubstring("the unconditional text states have shape [1, 4, 2] and the batch's [4000, 3, 2]"));
+}
+
+TEST_CASE("boundary_ratio: each expert's levels are on its side of the boundary, and a step's expert is its own",
+          "[flow_matching]") {
+  // Wan 2.2 A14B's: boundary 0.875 over 1000 levels shifted by 3 (diffusers compares t >= 875 in fp32).
+  const loom::flow_matching method({.boundary_ratio = 0.875});
+  const at::Tensor& timesteps = method.timesteps();
+  const std::int64_t high = method.high_noise_levels();
+  REQUIRE(high > 0);
+  REQUIRE(high < 1000);
+  CHECK(timesteps[high - 1].item<float>() >= 875.0F);
+  CHECK(timesteps[high].item<float>() < 875.0F);
+  auto draws = at::make_generator<at::CPUGeneratorImpl>(7);
+  const at::Tensor x0 = at::randn({4000, 2});
+  const auto high_inputs = method.noise(x0, draws, loom::noise_expert::high_noise);
+  const auto low_inputs = method.noise(x0, draws, loom::noise_expert::low_noise);
+  CHECK(high_inputs.timesteps.min().item<float>() >= 875.0F);
+  CHECK(low_inputs.timesteps.max().item<float>() < 875.0F);
+  // Spread over the whole range of each (u uniform): the ends within a few levels.
+  CHECK(high_inputs.timesteps.max().item<float>() > timesteps[3].item<float>());
+  CHECK(low_inputs.timesteps.min().item<float>() < timesteps[996].item<float>());
+  // ε drawn first, as noise() draws it.
+  auto epsilon_draws = at::make_generator<at::CPUGeneratorImpl>(7);
+  const at::Tensor epsilon = at::randn(x0.sizes(), epsilon_draws, x0.options());
+  CHECK(at::allclose(high_inputs.velocity, epsilon - x0));
+
+  // A step's expert: a function of (seed, step), low-noise at the boundary's rate.
+  int low = 0;
+  for (std::int64_t step = 0; step < 4000; ++step) {
+    const loom::noise_expert expert = method.expert_for_step(3, step);
+    CHECK(expert == method.expert_for_step(3, step));
+    low += expert == loom::noise_expert::low_noise ? 1 : 0;
+  }
+  CHECK(std::abs(low / 4000.0 - 0.875) < 0.02);
+
+  CHECK_THROWS_WITH(loom::flow_matching({.boundary_ratio = 1.0}),
+                    ContainsSubstring("boundary_ratio is 1; give the experts' boundary in (0, 1), e.g. 0.875"));
+  const loom::flow_matching single({});
+  CHECK_THROWS_WITH(single.expert_for_step(3, 0),
+                    ContainsSubstring("flow_matching::expert_for_step: the options give no boundary_ratio"));
 }

@@ -30,10 +30,13 @@ struct schedule_entry {
   // The tensors are one token's (sequence parallelism's all-to-alls): a step sends bytes() times the
   // tokens of the rank's part of its batch.
   bool per_token = false;
+  // The loom::nn::Branch whose collective it is (loom/nn/branch.hpp): issued in a pass that takes
+  // that branch, passed over in the others. Empty: every pass's.
+  std::string branch{};
 
   [[nodiscard]] std::int64_t bytes() const noexcept;
   // One line: "all_reduce backward world 1310720 B [head.bias f32[128], head.weight f32[128,256]]",
-  // or "... 1536 B/token [...]" per token.
+  // or "... 1536 B/token [...]" per token, "... 1024 B if transformer_2 [...]" in a branch.
   [[nodiscard]] std::string to_string() const;
 };
 

@@ -56,6 +56,11 @@ struct flow_matching_options {
   // by the unconditional ones (dropped_text), so the model also learns the unconditional velocity
   // that classifier-free guidance needs.
   double training_cfg_rate = 0.0;
+  // Wan 2.2 A14B's boundary_ratio (FastVideo's and diffusers' name): two experts split the timesteps
+  // at boundary_ratio · num_train_timesteps, the high-noise one (diffusers' `transformer`) at and
+  // above it and the low-noise one (`transformer_2`) below; a step trains one of them
+  // (expert_for_step) on noise levels of its range. 0: a single model.
+  double boundary_ratio = 0.0;
 
   // What a run file's "flow_matching" object sets (FastVideo's training.model and flow_shift).
   static constexpr auto fields() {
@@ -66,7 +71,8 @@ struct flow_matching_options {
                       option_field{"flow_shift", &flow_matching_options::flow_shift},
                       option_field{"num_train_timesteps", &flow_matching_options::num_train_timesteps},
                       option_field{"precondition_outputs", &flow_matching_options::precondition_outputs},
-                      option_field{"training_cfg_rate", &flow_matching_options::training_cfg_rate}};
+                      option_field{"training_cfg_rate", &flow_matching_options::training_cfg_rate},
+                      option_field{"boundary_ratio", &flow_matching_options::boundary_ratio}};
   }
 
   // The first field out of range, if any ("flow_shift", "is 0; give a positive shift").
@@ -77,6 +83,13 @@ struct flow_matching_options {
 
 // The shift of a noise level: flow_shift · σ / (1 + (flow_shift − 1) · σ).
 [[nodiscard]] double shifted_sigma(double sigma, double flow_shift) noexcept;
+
+// Which of two experts split at boundary_ratio a step trains (Wan 2.2 A14B).
+enum class noise_expert : std::uint8_t {
+  high_noise,  // timesteps at or above the boundary: diffusers' `transformer`
+  low_noise,   // below it: `transformer_2`
+};
+[[nodiscard]] std::string_view to_string(noise_expert expert) noexcept;
 
 // One micro-batch's inputs and target; σ and the timesteps are fp32, one a sample.
 struct flow_matching_inputs {
@@ -109,6 +122,18 @@ class flow_matching {
   [[nodiscard]] at::Tensor levels(const at::Tensor& u) const;
   // For clean latents x0 [B, ...]: draws ε like x0, then B levels, from `generator`, in FastVideo's order.
   [[nodiscard]] flow_matching_inputs noise(const at::Tensor& x0, at::Generator& generator) const;
+  // The same with every level in the expert's range: u drawn from the density as above and spread
+  // over the expert's levels alone, k = K + ⌊u · (N − K)⌋ for the low-noise expert and ⌊u · K⌋ for
+  // the high-noise one, where the first K levels have timesteps at or above the boundary. Needs a
+  // boundary_ratio.
+  [[nodiscard]] flow_matching_inputs noise(const at::Tensor& x0, at::Generator& generator, noise_expert expert) const;
+  // The expert that step `step` trains, the same on every rank (it depends on the seed and the step
+  // alone, not on a rank's data, so no rank waits for another's choice): the low-noise one with
+  // probability boundary_ratio, as FastVideo draws it, the high-noise one otherwise. Needs a
+  // boundary_ratio.
+  [[nodiscard]] noise_expert expert_for_step(std::uint64_t seed, std::int64_t step) const;
+  // The number of levels whose timesteps are at or above the boundary (the high-noise expert's).
+  [[nodiscard]] std::int64_t high_noise_levels() const noexcept { return high_noise_levels_; }
   // The mean squared error between the prediction and the velocity, in fp32; with
   // precondition_outputs (inputs.clean defined) between x̂0 = x_σ − σ v̂ and x0, as FastVideo computes it.
   [[nodiscard]] static at::Tensor loss(const at::Tensor& prediction, const flow_matching_inputs& inputs);
@@ -120,8 +145,13 @@ class flow_matching {
                                         at::Generator& generator) const;
 
  private:
+  [[nodiscard]] flow_matching_inputs noised(const at::Tensor& x0, at::Generator& generator,
+                                            std::optional<noise_expert> expert) const;
+  void require_boundary(std::string_view call) const;
+
   flow_matching_options options_;
   at::Tensor sigmas_, timesteps_;
+  std::int64_t high_noise_levels_ = 0;
 };
 
 // A generator on `device` (the CPU's or a CUDA device's kind) seeded by (seed, step, rank, micro):

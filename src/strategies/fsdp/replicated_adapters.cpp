@@ -7,20 +7,30 @@
 
 #include <algorithm>
 #include <numeric>
+#include <string_view>
 #include <utility>
 
 namespace loom::sharding {
 
 replicated_adapters::replicated_adapters(std::vector<named_tensor> adapters, std::int64_t bucket_cap_bytes,
-                                         std::optional<at::ScalarType> reduce)
+                                         std::optional<at::ScalarType> reduce,
+                                         const std::vector<nn::branch_module>& branches)
     : adapters_(std::move(adapters)), reduce_(reduce) {
-  std::sort(adapters_.begin(), adapters_.end(),
-            [](const named_tensor& a, const named_tensor& b) { return a.name < b.name; });
-  std::vector<std::size_t> by_name(adapters_.size());
-  std::iota(by_name.begin(), by_name.end(), std::size_t{0});
-  for (std::vector<std::size_t>& members :
-       assign_buckets(adapters_, by_name, [bucket_cap_bytes](std::size_t) { return bucket_cap_bytes; })) {
-    buckets_.push_back({std::move(members)});
+  const auto branch = [&](const named_tensor& t) { return nn::branch_of(branches, t.name); };
+  std::sort(adapters_.begin(), adapters_.end(), [&](const named_tensor& a, const named_tensor& b) {
+    return std::pair(branch(a), std::string_view(a.name)) < std::pair(branch(b), std::string_view(b.name));
+  });
+  for (std::size_t first = 0; first < adapters_.size();) {
+    const std::size_t in = branch(adapters_[first]);
+    std::size_t last = first;
+    while (last < adapters_.size() && branch(adapters_[last]) == in) ++last;
+    std::vector<std::size_t> by_name(last - first);
+    std::iota(by_name.begin(), by_name.end(), first);
+    for (std::vector<std::size_t>& members :
+         assign_buckets(adapters_, by_name, [bucket_cap_bytes](std::size_t) { return bucket_cap_bytes; })) {
+      buckets_.push_back({std::move(members), in, in < branches.size() ? branches[in].name : std::string()});
+    }
+    first = last;
   }
 }
 
@@ -30,6 +40,7 @@ at::ScalarType replicated_adapters::reduce_dtype(std::size_t bucket) const {
 
 schedule_entry replicated_adapters::bucket_entry(std::size_t bucket) const {
   schedule_entry entry{collective_op::all_reduce, step_phase::backward, {}, "world"};
+  entry.branch = buckets_[bucket].branch_name;
   for (std::size_t i : buckets_[bucket].members) {
     tensor_spec spec = adapters_[i].spec();
     spec.dtype = reduce_dtype(bucket);

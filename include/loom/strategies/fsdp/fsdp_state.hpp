@@ -5,8 +5,11 @@
 // forward and backward (gathers prefetched one unit ahead, reduce-scatters as each unit's backward
 // completes; under hybrid sharding, each reduce-scatter's all-reduce across the replicas just before
 // the next reduce-scatter, ordered after its own on the device), each kind on its own stream on a GPU.
+// A model with branches (loom/nn/branch.hpp) has each branch's units, and its parameters outside
+// them (the branch's root), in collectives of that branch, which a pass issues when it takes it.
 
 #include <loom/dsl/strategies.hpp>
+#include <loom/nn/branch.hpp>
 #include <loom/nn/unit.hpp>
 #include <loom/runtime/mesh.hpp>
 #include <loom/schedule/cursor.hpp>
@@ -20,7 +23,7 @@
 
 namespace loom::sharding {
 
-class fsdp_state : public nn::unit_hooks {
+class fsdp_state : public nn::unit_hooks, public nn::branch_hooks {
  public:
   explicit fsdp_state(const fsdp_options& settings) : settings_(settings) {}
   ~fsdp_state() override;
@@ -44,15 +47,17 @@ class fsdp_state : public nn::unit_hooks {
   [[nodiscard]] const param_group& root() const noexcept { return root_; }
   [[nodiscard]] const std::vector<param_group>& units() const noexcept { return units_; }
 
-  // The root, then the units in registration order.
+  // The root, the branches' roots, then the units in registration order.
   template <class F>
   void for_each_group(F&& each) {
     each(root_);
+    for (param_group& branch_root : branch_roots_) each(branch_root);
     for (param_group& unit : units_) each(unit);
   }
   template <class F>
   void for_each_group(F&& each) const {
     each(root_);
+    for (const param_group& branch_root : branch_roots_) each(branch_root);
     for (const param_group& unit : units_) each(unit);
   }
 
@@ -70,6 +75,12 @@ class fsdp_state : public nn::unit_hooks {
     return next_unit_ < units_.size() ? &units_[next_unit_] : nullptr;
   }
 
+  // In a model with branches, before the pass takes one: the branches' parameters are all at rest.
+  [[nodiscard]] bool awaits_branch() const noexcept {
+    return !branches_.empty() && cursor_.taken_branch() == schedule_cursor::every_branch;
+  }
+  [[nodiscard]] const std::vector<nn::branch_module>& branches() const noexcept { return branches_; }
+
   // Around a change to the whole model, or a call of it outside a step (job.with_whole_module): every
   // group holds its master weights gathered, and the unit hooks stand aside; then each rank takes
   // its rows back and the groups are at rest.
@@ -78,6 +89,9 @@ class fsdp_state : public nn::unit_hooks {
 
   void before_forward(std::size_t unit) override;
   void after_forward(std::size_t unit, const std::vector<at::Tensor>& outputs) override;
+  // The pass takes a branch: every rank checks that every rank took the same one, and the branch's
+  // root and first unit are gathered.
+  void enter_branch(std::size_t branch) override;
 
  private:
   // A unit's collectives in the step: indices into the cursor.
@@ -88,7 +102,19 @@ class fsdp_state : public nn::unit_hooks {
     std::size_t reduce_scatter = none;
   };
 
+  // The units a pass runs as a chain: a branch's, or every unit of a model without branches.
+  struct unit_chain {
+    std::size_t first = 0;
+    std::size_t end = 0;
+    std::size_t branch = schedule_cursor::every_branch;
+  };
+
+  // Finds the branches, attaches their hooks and the chains of units they hold.
+  void find_chains(strategy_context& context, const std::vector<nn::unit_module>& units);
+  [[nodiscard]] const unit_chain& chain_of(std::size_t unit) const { return chains_[unit_chain_[unit]]; }
   void declare_collectives(collective_schedule& schedule);
+  // Gathers every rank's branch of this pass (on the host) and fails unless they agree.
+  void check_branch_taken() const;
   void issue_through(std::size_t collective);
   void retire_reduce_scatter(param_group& group);
   // Waits for a group's reductions and adds them into its shards' gradients (offloaded: copies them
@@ -108,10 +134,16 @@ class fsdp_state : public nn::unit_hooks {
   param_group root_{"(root)"};  // with the policy's reduce dtype, once shard() knows it
   std::vector<param_group> units_;
   std::vector<nn::unit_base*> unit_modules_;
+  std::vector<nn::branch_module> branches_;
+  std::vector<param_group> branch_roots_;  // each branch's parameters outside its units
+  std::vector<unit_chain> chains_;         // one a branch; one in all without branches
+  std::vector<std::size_t> unit_chain_;    // each unit's, an index into chains_
   replicated_adapters adapters_;
   std::vector<at::Tensor> optimizer_order_;
   schedule_cursor cursor_;
   std::size_t root_gather_ = unit_collectives::none;
+  std::size_t branch_check_ = unit_collectives::none;  // with branches: every rank's branch, gathered
+  std::vector<std::size_t> branch_root_gathers_;
   std::vector<unit_collectives> unit_steps_;
   std::vector<at::Tensor> copied_out_;   // offloaded: what the copies out of the last group read
   param_group* last_reduced_ = nullptr;  // the group whose reduce-scatter this step issued last
