@@ -47,7 +47,7 @@ const loom::flow_matching& experts_method() {
 at::Tensor rows(std::int64_t step, int rank) {
   auto gen = at::make_generator<at::CPUGeneratorImpl>(900 + 17 * static_cast<std::uint64_t>(step) +
                                                       static_cast<std::uint64_t>(rank));
-  return torch::randn({3, width}, gen);
+  return torch::randn({3, width}, gen).to(world().device());
 }
 
 template <class Job>
@@ -86,7 +86,7 @@ void train_against_one_process(const Plan& plan, const Reference& reference_plan
     sharded_opt.step();
 
     reference_opt.zero_grad();
-    at::Tensor total = at::zeros({});
+    at::Tensor total = at::zeros({}, at::TensorOptions().device(world().device()));
     for (int r = 0; r < world().world_size(); ++r) total = total + loss_of(reference, rows(step, r), expert);
     reference.backward(total / world().world_size());
     reference_opt.step();
