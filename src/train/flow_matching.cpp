@@ -111,10 +111,6 @@ flow_matching::flow_matching(const flow_matching_options& options, c10::Device d
   timesteps_ = to_device(timesteps, device, at::kFloat);
 }
 
-std::string_view to_string(noise_expert expert) noexcept {
-  return expert == noise_expert::high_noise ? "high_noise" : "low_noise";
-}
-
 void flow_matching::require_boundary(std::string_view call) const {
   if (options_.boundary_ratio > 0) return;
   throw_error<std::invalid_argument>(

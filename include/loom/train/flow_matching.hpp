@@ -13,6 +13,7 @@
 // The draws come from an explicit generator of (seed, step, rank, micro-batch), so a resumed run
 // draws what a run never stopped would have drawn, with no generator state to save.
 
+#include <loom/dsl/noise_expert.hpp>
 #include <loom/dsl/options.hpp>
 #include <loom/train/lr_schedule.hpp>
 
@@ -83,13 +84,6 @@ struct flow_matching_options {
 
 // The shift of a noise level: flow_shift · σ / (1 + (flow_shift − 1) · σ).
 [[nodiscard]] double shifted_sigma(double sigma, double flow_shift) noexcept;
-
-// Which of two experts split at boundary_ratio a step trains (Wan 2.2 A14B).
-enum class noise_expert : std::uint8_t {
-  high_noise,  // timesteps at or above the boundary: diffusers' `transformer`
-  low_noise,   // below it: `transformer_2`
-};
-[[nodiscard]] std::string_view to_string(noise_expert expert) noexcept;
 
 // One micro-batch's inputs and target; σ and the timesteps are fp32, one a sample.
 struct flow_matching_inputs {
