@@ -17,6 +17,7 @@
 #include <map>
 #include <memory>
 #include <set>
+#include <span>
 #include <stdexcept>
 #include <string_view>
 
@@ -37,16 +38,41 @@ constexpr std::array namings{weights_naming::transformers, weights_naming::diffu
 
 }  // namespace
 
-// The safetensors files of a checkpoint (one file, or an index's shards), their headers read and
-// checked, each tensor's bytes read only when it is asked for.
+// The safetensors files of a checkpoint (one file, or an index's shards; or those of each of a
+// pipeline's components), their headers read and checked, each tensor's bytes read only when it is
+// asked for.
 struct pretrained_checkpoint::files {
   struct source {
     io_detail::safetensors_reader* file;
     const io_detail::safetensors_reader::entry* entry;
+    std::string name;  // the model's: the file's, under its component's prefix
+  };
+  struct opened {
+    std::unique_ptr<io_detail::safetensors_reader> reader;
+    std::string label;  // its name as the fingerprint hashes it
   };
 
-  // A .safetensors file, an index, or a folder holding either (transformers' names, or diffusers').
-  explicit files(const std::filesystem::path& path) {
+  // A .safetensors file, an index, or a folder holding either (transformers' names, or diffusers');
+  // with `components`, a pipeline's folder: each component's checkpoint in its folder, its names
+  // under the component's prefix.
+  files(const std::filesystem::path& path, std::span<const std::string_view> components) {
+    if (components.empty()) open_checkpoint(path);
+    for (const std::string_view component : components) {
+      const std::filesystem::path folder = path / component;
+      if (!std::filesystem::is_directory(folder)) {
+        throw_error<std::invalid_argument>(
+            "pretrained(\"{}\"): the model reads each of a pipeline's components ({}) from its folder, and '{}' is "
+            "not a folder: give the pipeline's folder, which holds one folder a component",
+            path.string(), fmt::join(components, ", "), folder.string());
+      }
+      prefix = fmt::format("{}.", component);
+      folder_label = fmt::format("{}/", component);
+      open_folder(folder);
+    }
+    for (std::size_t i = 0; i < sources.size(); ++i) by_name.emplace(sources[i].name, i);
+  }
+
+  void open_checkpoint(const std::filesystem::path& path) {
     if (std::filesystem::is_directory(path)) {
       open_folder(path);
     } else if (path.filename() == "config.json") {
@@ -62,7 +88,6 @@ struct pretrained_checkpoint::files {
         open_file(path);
       }
     }
-    for (std::size_t i = 0; i < sources.size(); ++i) by_name.emplace(sources[i].entry->spec.name, i);
   }
 
   // transformers' index or file, else diffusers'.
@@ -91,18 +116,19 @@ struct pretrained_checkpoint::files {
     std::vector<tensor_spec> specs;
     for (const source& s : sources) {
       tensor_spec& spec = specs.emplace_back(s.entry->spec);
+      spec.name = s.name;
       if (const tensor_slice* slice = slice_of(spec.name))
         spec.shape[static_cast<std::size_t>(slice->dim)] = slice->count;
     }
     return specs;
   }
   [[nodiscard]] at::Tensor read(const source& s) const {
-    const tensor_slice* slice = slice_of(s.entry->spec.name);
+    const tensor_slice* slice = slice_of(s.name);
     if (slice == nullptr) return s.file->read(*s.entry);
     return s.file->read_slice_rows(*s.entry, *slice, 0, slice->dim == 0 ? slice->count : s.entry->spec.shape.front());
   }
   [[nodiscard]] at::Tensor read_rows(const source& s, std::int64_t first, std::int64_t count) const {
-    const tensor_slice* slice = slice_of(s.entry->spec.name);
+    const tensor_slice* slice = slice_of(s.name);
     return slice == nullptr ? s.file->read_rows(*s.entry, first, count)
                             : s.file->read_slice_rows(*s.entry, *slice, first, count);
   }
@@ -112,12 +138,17 @@ struct pretrained_checkpoint::files {
   }
 
   io_detail::safetensors_reader& open(const std::filesystem::path& file) {
-    return *readers.emplace_back(std::make_unique<io_detail::safetensors_reader>(file));
+    auto reader = std::make_unique<io_detail::safetensors_reader>(file);
+    return *readers.emplace_back(opened{std::move(reader), folder_label + file.filename().string()}).reader;
+  }
+
+  void add(io_detail::safetensors_reader& reader, const io_detail::safetensors_reader::entry& e) {
+    sources.push_back({&reader, &e, prefix + e.spec.name});
   }
 
   void open_file(const std::filesystem::path& file) {
     io_detail::safetensors_reader& reader = open(file);
-    for (const auto& e : reader.entries()) sources.push_back({&reader, &e});
+    for (const auto& e : reader.entries()) add(reader, e);
   }
 
   void open_index(const std::filesystem::path& index_path) {
@@ -144,7 +175,7 @@ struct pretrained_checkpoint::files {
       const std::filesystem::path shard = index_path.parent_path() / file;
       io_detail::safetensors_reader& reader = open(shard);
       for (const auto& e : reader.entries()) {
-        if (names.erase(e.spec.name) == 1) sources.push_back({&reader, &e});
+        if (names.erase(e.spec.name) == 1) add(reader, e);
       }
       if (!names.empty()) {
         throw_error<std::invalid_argument>("'{}' puts '{}' in '{}', which does not hold it", index_path.string(),
@@ -161,8 +192,11 @@ struct pretrained_checkpoint::files {
   }
 
   weights_naming naming = weights_naming::transformers;
-  std::vector<std::unique_ptr<io_detail::safetensors_reader>> readers;
+  std::vector<opened> readers;
   std::vector<source> sources;
+  // While a pipeline's component is opened: the prefix of its names and the folder of its files.
+  std::string prefix;
+  std::string folder_label;
   std::map<std::string, std::size_t> by_name;
   std::map<std::string, tensor_slice> slices;  // pretrained_checkpoint::read_slices'
 };
@@ -200,9 +234,9 @@ void save_weights(const std::filesystem::path& folder, const std::vector<named_t
 }
 
 std::vector<named_tensor> load_weights(const std::filesystem::path& path) {
-  const pretrained_checkpoint::files files(path);
+  const pretrained_checkpoint::files files(path, {});
   std::vector<named_tensor> tensors;
-  for (const auto& source : files.tensors()) tensors.push_back({source.entry->spec.name, files.read(source)});
+  for (const auto& source : files.tensors()) tensors.push_back({source.name, files.read(source)});
   return tensors;
 }
 
@@ -260,8 +294,9 @@ weights_report copy_weights(torch::nn::Module& module, const std::vector<named_t
   return planned.report;
 }
 
-pretrained_checkpoint::pretrained_checkpoint(const std::filesystem::path& path)
-    : path_(path), files_(std::make_unique<files>(path)) {}
+pretrained_checkpoint::pretrained_checkpoint(const std::filesystem::path& path,
+                                             std::span<const std::string_view> components)
+    : path_(path), files_(std::make_unique<files>(path, components)) {}
 
 pretrained_checkpoint::~pretrained_checkpoint() = default;
 
@@ -277,7 +312,7 @@ std::uint64_t pretrained_checkpoint::total_bytes() const noexcept {
 
 std::uint64_t pretrained_checkpoint::bytes_read() const noexcept {
   std::uint64_t read = 0;
-  for (const auto& reader : files_->readers) read += reader->bytes_read();
+  for (const auto& opened : files_->readers) read += opened.reader->bytes_read();
   return read;
 }
 
@@ -332,11 +367,10 @@ std::vector<tensor_spec> pretrained_checkpoint::specs() const { return files_->s
 
 weights_fingerprint pretrained_checkpoint::fingerprint() {
   xxh3_stream digest;
-  for (const auto& reader : files_->readers) {
-    // The file's name, so that shards that trade places are others' weights.
-    const std::string name = reader->path().filename().string();
+  for (const auto& [reader, label] : files_->readers) {
+    // The file's name, so that shards (or components) that trade places are others' weights.
     const std::uint64_t sampled = reader->sampled_digest();
-    digest.update(name.data(), name.size() + 1);
+    digest.update(label.data(), label.size() + 1);
     digest.update(&sampled, sizeof sampled);
   }
   return {path_, digest.digest().xxh3};

@@ -18,7 +18,9 @@
 #include <algorithm>
 #include <cstdio>
 #include <map>
+#include <optional>
 #include <stdexcept>
+#include <type_traits>
 
 namespace loom {
 
@@ -255,6 +257,88 @@ lora_layers& job_core::require_lora(std::string_view what) {
   throw_error<std::logic_error>("job.{}() needs a plan with lora(...)", what);
 }
 
+namespace {
+
+// The part of `whole` (the model's adapter) that concerns the pipeline's component `component`, named
+// as that component names its layers: the tensors and layers under "<component>." without the
+// prefix, and the rank and alpha patterns but those keyed under another component's name (one keyed
+// under its own loses the prefix).
+peft_lora_adapter component_part(const peft_lora_adapter& whole, const std::string& component,
+                                 const std::vector<std::string>& components) {
+  const std::string prefix = component + ".";
+  const auto unprefixed = [&](const std::string& name) -> std::optional<std::string> {
+    if (!name.starts_with(prefix)) return std::nullopt;
+    return name.substr(prefix.size());
+  };
+  const auto of_another = [&](const std::string& key) {
+    return std::any_of(components.begin(), components.end(),
+                       [&](const std::string& other) { return other != component && key.starts_with(other + "."); });
+  };
+  const auto patterns = [&](const auto& given) {
+    std::remove_cvref_t<decltype(given)> kept;
+    for (const auto& [key, value] : given) {
+      if (!of_another(key)) kept.emplace_back(unprefixed(key).value_or(key), value);
+    }
+    return kept;
+  };
+  const auto tensors = [&](const std::vector<named_tensor>& given) {
+    std::vector<named_tensor> kept;
+    for (const named_tensor& t : given) {
+      if (auto name = unprefixed(t.name)) kept.push_back({std::move(*name), t.tensor});
+    }
+    return kept;
+  };
+  peft_lora_adapter part = whole;
+  part.rank_pattern = patterns(whole.rank_pattern);
+  part.alpha_pattern = patterns(whole.alpha_pattern);
+  part.tensors = tensors(whole.tensors);
+  part.module_tensors = tensors(whole.module_tensors);
+  part.target_modules.clear();
+  for (const std::string& layer : whole.target_modules) {
+    if (auto name = unprefixed(layer)) part.target_modules.push_back(std::move(*name));
+  }
+  return part;
+}
+
+// The adapters of a pipeline's components, read from their folders under `path`, as one adapter of
+// the model: each one's names under its component's prefix, its patterns confined to its component.
+// The plan's lora(...) has one rank, alpha and use_rslora: components that differ in them are refused.
+peft_lora_adapter joined_components(const std::vector<std::pair<std::string, peft_lora_adapter>>& parts,
+                                    const std::filesystem::path& path) {
+  peft_lora_adapter joined = parts.front().second;
+  joined.rank_pattern.clear();
+  joined.alpha_pattern.clear();
+  joined.tensors.clear();
+  joined.module_tensors.clear();
+  joined.target_modules.clear();
+  joined.modules_to_save.clear();
+  const auto& [first_component, first] = parts.front();
+  for (const auto& [component, part] : parts) {
+    if (part.r != first.r || part.lora_alpha != first.lora_alpha || part.use_rslora != first.use_rslora) {
+      throw_error<std::invalid_argument>(
+          "job.load_adapter('{}'): the adapters of {} and {} differ in rank, alpha or use_rslora (r = {} and {}, "
+          "lora_alpha = {} and {}), and the plan's lora(...) gives every component the same; save them with one",
+          path.string(), first_component, component, first.r, part.r, first.lora_alpha, part.lora_alpha);
+    }
+    // A key matches the end of a layer's name (PEFT's rule): under the component, at any depth.
+    const auto confined = [&](const std::string& key) { return fmt::format("{}\\.(?:.*\\.)?(?:{})", component, key); };
+    for (const auto& [key, rank] : part.rank_pattern) joined.rank_pattern.emplace_back(confined(key), rank);
+    for (const auto& [key, alpha] : part.alpha_pattern) joined.alpha_pattern.emplace_back(confined(key), alpha);
+    const auto prefixed = [&](const std::string& name) { return fmt::format("{}.{}", component, name); };
+    for (const named_tensor& t : part.tensors) joined.tensors.push_back({prefixed(t.name), t.tensor});
+    for (const named_tensor& t : part.module_tensors) joined.module_tensors.push_back({prefixed(t.name), t.tensor});
+    for (const std::string& layer : part.target_modules) joined.target_modules.push_back(prefixed(layer));
+    for (const std::string& module : part.modules_to_save) {
+      if (std::find(joined.modules_to_save.begin(), joined.modules_to_save.end(), module) ==
+          joined.modules_to_save.end())
+        joined.modules_to_save.push_back(module);
+    }
+  }
+  return joined;
+}
+
+}  // namespace
+
 std::string_view job_core::diffusers_component(std::string_view what) const {
   if (identity_.diffusers_component.empty()) {
     throw_error<std::logic_error>(
@@ -287,11 +371,25 @@ void job_core::save_adapter(const std::filesystem::path& folder, adapter_format 
   adapter.base_model_name_or_path = base_model_.string();
   adapter.base_model_class = identity_.peft_base_model_class;
   adapter.parent_library = identity_.peft_parent_library;
-  run_on_rank_zero(context_->world(), "saving the adapter", [&] {
+  const auto save = [&](const std::filesystem::path& into, const peft_lora_adapter& what) {
     if (format == adapter_format::diffusers) {
-      save_diffusers_lora(folder, adapter, component);
+      save_diffusers_lora(into, what, component);
     } else {
-      save_peft_adapter(folder, adapter);
+      save_peft_adapter(into, what);
+    }
+  };
+  run_on_rank_zero(context_->world(), "saving the adapter", [&] {
+    if (identity_.components.empty()) {
+      save(folder, adapter);
+      return;
+    }
+    // One adapter a component, in its folder: what diffusers loads into that component
+    // (load_lora_weights(folder, subfolder=component), with load_into_transformer_2 for transformer_2)
+    // and PEFT into that component's model.
+    for (const std::string& name : identity_.components) {
+      peft_lora_adapter part = component_part(adapter, name, identity_.components);
+      if (!base_model_.empty()) part.base_model_name_or_path = (base_model_ / name).string();
+      save(folder / name, part);
     }
   });
 }
@@ -303,9 +401,26 @@ void job_core::load_adapter(const std::filesystem::path& path, adapter_format fo
         "job.load_adapter(): the adapters are merged into the base weights; call "
         "job.unmerge() first");
   }
-  peft_lora_adapter adapter = format == adapter_format::diffusers
-                                  ? load_diffusers_lora(path, diffusers_component("load_adapter"))
-                                  : load_peft_adapter(path);
+  const auto load = [&](const std::filesystem::path& from) {
+    return format == adapter_format::diffusers ? load_diffusers_lora(from, diffusers_component("load_adapter"))
+                                               : load_peft_adapter(from);
+  };
+  peft_lora_adapter adapter;
+  if (identity_.components.empty()) {
+    adapter = load(path);
+  } else {
+    std::vector<std::pair<std::string, peft_lora_adapter>> parts;
+    for (const std::string& name : identity_.components) {
+      if (!std::filesystem::is_directory(path / name)) {
+        throw_error<std::invalid_argument>(
+            "job.load_adapter('{}'): {} is made of a pipeline's components ({}), whose adapter job.save_adapter() "
+            "writes one folder a component, and '{}' is not a folder: give the folder that holds them",
+            path.string(), model_name_, fmt::join(identity_.components, ", "), (path / name).string());
+      }
+      parts.emplace_back(name, load(path / name));
+    }
+    adapter = joined_components(parts, path);
+  }
   adapter.tensors = split_parts(std::move(adapter.tensors));
   adapter.module_tensors = split_parts(std::move(adapter.module_tensors));
   copy_peft_adapter_into(lora, context_->module(), adapter, path, identity_.tied);
@@ -323,8 +438,9 @@ tensor_state dequantized(const tensor_state& whole, torch::nn::Module& module) {
   }
   if (quantized.empty()) return whole;
   std::map<std::string, at::Tensor> statistics;
-  const std::string statistics_suffix = "." + std::string(quant::quantized_weight::statistics_name);
-  const std::string codes_suffix = "." + std::string(quant::quantized_weight::codes_name);
+  // fmt::format rather than "." + std::string: GCC 12 takes the latter, inlined, for an overlapping copy (-Wrestrict).
+  const std::string statistics_suffix = fmt::format(".{}", quant::quantized_weight::statistics_name);
+  const std::string codes_suffix = fmt::format(".{}", quant::quantized_weight::codes_name);
   for (const named_tensor& t : whole) {
     if (t.name.ends_with(statistics_suffix))
       statistics.emplace(t.name.substr(0, t.name.size() - statistics_suffix.size()), t.tensor);

@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <map>
 #include <memory>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -73,9 +74,16 @@ struct tensor_slice {
 // The plan's pretrained(path): a checkpoint (a .safetensors file, an index or a folder holding
 // either, under transformers' names or diffusers') opened with every file's header read and checked and no tensor yet;
 // its tensors are read on demand, whole or by rows, so that a rank reads only what it keeps.
+//
+// A model made of a pipeline's components (a model type's static pretrained_components: Wan 2.2
+// A14B's {"transformer", "transformer_2"}) reads a diffusers pipeline's folder: each component's
+// checkpoint in path/<component>/, its tensors named "<component>.<name in its files>", so that the
+// model's transformer_2.blocks.0.attn1.to_q.weight is transformer_2/'s blocks.0.attn1.to_q.weight.
 class pretrained_checkpoint {
  public:
-  explicit pretrained_checkpoint(const std::filesystem::path& path);
+  // `components` empty: `path` is the checkpoint. Otherwise `path` is the pipeline's folder, and a
+  // component without a folder there is refused (std::invalid_argument naming it).
+  explicit pretrained_checkpoint(const std::filesystem::path& path, std::span<const std::string_view> components = {});
   ~pretrained_checkpoint();
   pretrained_checkpoint(const pretrained_checkpoint&) = delete;
   pretrained_checkpoint& operator=(const pretrained_checkpoint&) = delete;
@@ -90,9 +98,10 @@ class pretrained_checkpoint {
   [[nodiscard]] bool holds(const std::string& name) const noexcept;
   // Every tensor's name, shape and dtype, as its file's header gives them.
   [[nodiscard]] std::vector<tensor_spec> specs() const;
-  // XXH3-64 over every file's name, header and samples of each tensor's bytes (a few KiB a tensor,
-  // whatever rows this rank reads; src/io/safetensors_reader.hpp): what a training checkpoint records
-  // of the weights it was trained over. Reads the samples on each call.
+  // XXH3-64 over every file's name (with its component's folder, for a pipeline's), header and
+  // samples of each tensor's bytes (a few KiB a tensor, whatever rows this rank reads;
+  // src/io/safetensors_reader.hpp): what a training checkpoint records of the weights it was trained
+  // over. Reads the samples on each call.
   [[nodiscard]] weights_fingerprint fingerprint();
 
   // The module's parameters and buffers against the checkpoint, before a byte of it is read: the

@@ -12,9 +12,11 @@
 #include <loom/strategies/fsdp.hpp>
 #include <loom/strategies/local.hpp>
 
+#include <memory>
 #include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 #include <tuple>
 #include <type_traits>
 #include <utility>
@@ -77,7 +79,25 @@ model_identity identity_of() {
     identity.peft_parent_library = Module::peft_parent_library;
   }
   if constexpr (requires { Module::diffusers_component; }) identity.diffusers_component = Module::diffusers_component;
+  if constexpr (requires { Module::pretrained_components; }) {
+    identity.components.assign(Module::pretrained_components.begin(), Module::pretrained_components.end());
+  }
   return identity;
+}
+
+// pretrained(...)'s checkpoint: the folder's own, or for a model made of a pipeline's components (its
+// static pretrained_components, Wan 2.2 A14B's transformer and transformer_2) each component's folder
+// in it, its tensors under "<component>.".
+template <class Module>
+std::shared_ptr<pretrained_checkpoint> open_checkpoint(const stage_list& stages) {
+  if constexpr (requires { Module::pretrained_components; }) {
+    const auto stage = stages.find<pretrained_stage>();
+    if (!stage) return nullptr;
+    const std::span<const std::string_view> components(Module::pretrained_components);
+    return std::make_shared<pretrained_checkpoint>(stage->path(), components);
+  } else {
+    return build_steps::open_checkpoint(stages);
+  }
 }
 
 // The modules quantized(...) leaves in full precision: the model's output embeddings (as transformers'
@@ -163,7 +183,7 @@ auto build_checked(const plan_value<Args, Strategy>& plan, runtime rt) {
   const build_steps::dtypes dtypes = build_steps::decide_dtypes(plan.stages);
   decided.built_in = dtypes.built_in;
   decided.policy = dtypes.policy;
-  decided.pretrained = build_steps::open_checkpoint(plan.stages);
+  decided.pretrained = open_checkpoint<module_type>(plan.stages);
 
   // An engine that materialises its parameters gets them without bytes where the construction allows.
   // Split layers are cut from the whole, built on every rank as the unsplit run builds them.

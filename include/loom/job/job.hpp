@@ -158,7 +158,10 @@ struct model_identity {
   // ("WanTransformer3DModel") and its module (peft_parent_library), PEFT's auto_mapping.
   std::string peft_base_model_class;
   std::string peft_parent_library;
-  std::string diffusers_component;   // its name in a diffusers pipeline ("transformer"), its LoRA keys' prefix
+  std::string diffusers_component;  // its name in a diffusers pipeline ("transformer"), its LoRA keys' prefix
+  // A model made of a pipeline's components (pretrained_components: "transformer", "transformer_2"):
+  // one adapter a component, in its folder. Empty for a model of one.
+  std::vector<std::string> components;
   std::vector<tied_parameter> tied;  // what it reads rather than holds: a tied head's lm_head.weight
 };
 
