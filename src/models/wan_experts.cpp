@@ -69,6 +69,12 @@ const wan_experts_config& checked(const wan_experts_config& config) {
   return config;
 }
 
+// The expert as the messages name it: its side and its component.
+std::string_view described(noise_expert expert) noexcept {
+  return expert == noise_expert::high_noise ? "the high-noise expert (transformer)"
+                                            : "the low-noise expert (transformer_2)";
+}
+
 }  // namespace
 
 wan_experts_config wan_experts_config::from_pretrained(const std::filesystem::path& pipeline_folder) {
@@ -80,21 +86,16 @@ wan_experts_config wan_experts_config::from_pretrained(const std::filesystem::pa
   return config;
 }
 
-std::string_view to_string(wan_expert expert) noexcept {
-  return expert == wan_expert::high_noise ? "the high-noise expert (transformer)"
-                                          : "the low-noise expert (transformer_2)";
-}
-
 WanExpertsImpl::WanExpertsImpl(const wan_experts_config& config_)
     : config(checked(config_)),
       transformer(register_module("transformer", std::make_shared<loom::nn::Branch<WanImpl>>(config.transformer))),
       transformer_2(
           register_module("transformer_2", std::make_shared<loom::nn::Branch<WanImpl>>(config.transformer_2))) {}
 
-wan_expert WanExpertsImpl::expert_for(float timestep) const noexcept {
+noise_expert WanExpertsImpl::expert_for(float timestep) const noexcept {
   // WanPipeline compares its scheduler's fp32 timestep with the Python float boundary_timestep, which
   // PyTorch takes in the tensor's dtype: fp32.
-  return timestep >= static_cast<float>(boundary_timestep()) ? wan_expert::high_noise : wan_expert::low_noise;
+  return timestep >= static_cast<float>(boundary_timestep()) ? noise_expert::high_noise : noise_expert::low_noise;
 }
 
 at::Tensor WanExpertsImpl::forward(const at::Tensor& latents, const at::Tensor& timestep, const at::Tensor& text) {
@@ -109,23 +110,23 @@ at::Tensor WanExpertsImpl::forward(const at::Tensor& latents, const at::Tensor& 
   const std::span<const float> values(host.data_ptr<float>(), static_cast<std::size_t>(host.numel()));
   std::optional<float> high, low;
   for (const float t : values) {
-    std::optional<float>& side = expert_for(t) == wan_expert::high_noise ? high : low;
+    std::optional<float>& side = expert_for(t) == noise_expert::high_noise ? high : low;
     if (!side) side = t;
   }
   if (high && low) {
     throw_error<std::invalid_argument>(
         "{}: the timesteps fall on both sides of the boundary {} ({} for {}, {} for {}), and a pass runs one "
-        "expert: give the expert explicitly, forward(latents, timestep, text, wan_expert::...)",
-        model_name, static_cast<float>(boundary_timestep()), *high, to_string(wan_expert::high_noise), *low,
-        to_string(wan_expert::low_noise));
+        "expert: give the expert explicitly, forward(latents, timestep, text, loom::noise_expert::...)",
+        model_name, static_cast<float>(boundary_timestep()), *high, described(noise_expert::high_noise), *low,
+        described(noise_expert::low_noise));
   }
-  return forward(latents, timestep, text, high ? wan_expert::high_noise : wan_expert::low_noise);
+  return forward(latents, timestep, text, high ? noise_expert::high_noise : noise_expert::low_noise);
 }
 
 at::Tensor WanExpertsImpl::forward(const at::Tensor& latents, const at::Tensor& timestep, const at::Tensor& text,
-                                   wan_expert expert) {
-  return expert == wan_expert::high_noise ? transformer->forward(latents, timestep, text)
-                                          : transformer_2->forward(latents, timestep, text);
+                                   noise_expert expert) {
+  return expert == noise_expert::high_noise ? transformer->forward(latents, timestep, text)
+                                            : transformer_2->forward(latents, timestep, text);
 }
 
 }  // namespace loom::models

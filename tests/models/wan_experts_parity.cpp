@@ -35,7 +35,7 @@
 
 namespace {
 
-using loom::models::wan_expert;
+using loom::noise_expert;
 using loom::testing::named;
 
 namespace fs = std::filesystem;
@@ -69,7 +69,7 @@ at::Tensor velocity(auto& job, const expected_file& file, const at::Tensor& time
   return job.forward(named(file.tensors, "latents"), timestep, named(file.tensors, "text"));
 }
 
-at::Tensor velocity(auto& job, const expected_file& file, const at::Tensor& timestep, wan_expert expert) {
+at::Tensor velocity(auto& job, const expected_file& file, const at::Tensor& timestep, noise_expert expert) {
   torch::NoGradGuard no_grad;
   return job.forward(named(file.tensors, "latents"), timestep, named(file.tensors, "text"), expert);
 }
@@ -114,10 +114,10 @@ bool compare(const Plan& plan, const expected_file& file, std::string_view strat
     const at::Tensor chosen = velocity(job, file, timestep);
     ok &= report(job, fmt::format("{} {}: velocity against diffusers'", strategy, name), chosen, reference,
                  fp32_tolerance * reference.abs().max().item<double>());
-    const auto expert = static_cast<wan_expert>(file("expert", name).item<std::int64_t>());
+    const auto expert = static_cast<noise_expert>(file("expert", name).item<std::int64_t>());
     ok &= report(job,
                  fmt::format("{} {}: {} given explicitly against the timestep's choice", strategy, name,
-                             loom::models::to_string(expert)),
+                             loom::to_string(expert)),
                  velocity(job, file, timestep, expert), chosen, 0);
   }
   for (const std::string& name : file.cases("mixed")) ok &= refuses_mixed(job, file, name);
@@ -141,13 +141,13 @@ bool refuses(const Plan& plan, std::string_view what) {
 struct batch {
   at::Tensor latents, timestep, text, target;
 };
-batch drawn(const expected_file& file, std::uint64_t seed, wan_expert expert, double boundary) {
+batch drawn(const expected_file& file, std::uint64_t seed, noise_expert expert, double boundary) {
   auto generator = at::make_generator<at::CPUGeneratorImpl>(seed);
   const at::Tensor latents = named(file.tensors, "latents");
   const at::Tensor text = named(file.tensors, "text");
   const at::Tensor unit = torch::rand({latents.size(0)}, generator);
   const at::Tensor timestep =
-      expert == wan_expert::high_noise ? boundary + unit * (1000 - boundary) : unit * (boundary - 1);
+      expert == noise_expert::high_noise ? boundary + unit * (1000 - boundary) : unit * (boundary - 1);
   return {torch::randn(latents.sizes(), generator), timestep, torch::randn(text.sizes(), generator),
           torch::randn(latents.sizes(), generator)};
 }
@@ -157,7 +157,7 @@ bool train_and_save(const Plan& plan, const expected_file& file, const fs::path&
   auto job = loom::build(plan, loom::runtime::from_env());
   torch::optim::SGD optimizer(job.trainable_parameters(), torch::optim::SGDOptions(0.5));
   for (int step = 0; step < training_steps; ++step) {
-    const wan_expert expert = step % 2 == 0 ? wan_expert::high_noise : wan_expert::low_noise;
+    const noise_expert expert = step % 2 == 0 ? noise_expert::high_noise : noise_expert::low_noise;
     const batch b = drawn(file, 100 + static_cast<std::uint64_t>(step), expert, boundary);
     const at::Tensor predicted = job.forward(b.latents, b.timestep, b.text, expert);
     job.backward((predicted - b.target).square().mean());

@@ -9,7 +9,7 @@
 //   const auto config = loom::models::wan_experts_config::from_pretrained(folder);
 //   auto job = loom::build(loom::model<loom::models::WanExperts>(config) | loom::pretrained(folder) | loom::fsdp(),
 //   rt); const at::Tensor velocity = job.forward(latents, timestep, text);  // the expert WanPipeline would take
-//   job.forward(latents, timestep, text, loom::models::wan_expert::low_noise);  // a training step's expert
+//   job.forward(latents, timestep, text, loom::noise_expert::low_noise);  // a training step's expert
 //
 // pretrained(folder) reads each expert from its component's folder (pretrained_components): the
 // parameter transformer_2.blocks.0.attn1.to_q.weight is blocks.0.attn1.to_q.weight of
@@ -17,6 +17,7 @@
 // adapter an expert, in folder/transformer/ and folder/transformer_2/, each as diffusers and PEFT
 // load it into that WanTransformer3DModel; job.load_adapter reads both back.
 
+#include <loom/dsl/noise_expert.hpp>
 #include <loom/dsl/targets.hpp>
 #include <loom/models/wan.hpp>
 #include <loom/nn/branch.hpp>
@@ -54,10 +55,6 @@ struct wan_experts_config {
   [[nodiscard]] static wan_experts_config from_pretrained(const std::filesystem::path& pipeline_folder);
 };
 
-// Which expert a pass runs: WanPipeline's `transformer` or `transformer_2`.
-enum class wan_expert : std::uint8_t { high_noise, low_noise };
-[[nodiscard]] std::string_view to_string(wan_expert expert) noexcept;
-
 class WanExpertsImpl : public torch::nn::Module {
  public:
   // Throws std::invalid_argument for a ratio outside (0, 1), a num_train_timesteps below 1, and what
@@ -68,14 +65,16 @@ class WanExpertsImpl : public torch::nn::Module {
   // where the timestep, in fp32 as the pipeline compares its scheduler's timesteps, is at or above
   // boundary_timestep() (narrowed to fp32), the low-noise one below. The timesteps are read on the
   // host; every sample's (or, [B, S], every token's) must fall on one side, else std::invalid_argument
-  // naming both: give the expert then.
+  // naming both: give the expert then. Under fsdp() every rank must take the same expert, which the
+  // pass checks as it enters it (loom/nn/branch.hpp): with each rank's own timesteps, give it.
   at::Tensor forward(const at::Tensor& latents, const at::Tensor& timestep, const at::Tensor& text);
   // The velocity of `expert`, whatever the timesteps, with nothing read on the host: a training step's,
   // whose expert every rank chose alike (loom::flow_matching::expert_for_step).
-  at::Tensor forward(const at::Tensor& latents, const at::Tensor& timestep, const at::Tensor& text, wan_expert expert);
+  at::Tensor forward(const at::Tensor& latents, const at::Tensor& timestep, const at::Tensor& text,
+                     noise_expert expert);
 
   // The expert WanPipeline takes for a timestep, compared as it compares them (in fp32).
-  [[nodiscard]] wan_expert expert_for(float timestep) const noexcept;
+  [[nodiscard]] noise_expert expert_for(float timestep) const noexcept;
   [[nodiscard]] double boundary_timestep() const noexcept { return config.boundary_timestep(); }
 
   // Where pretrained(folder) reads each expert: folder/<component>/, its names under "<component>.".
