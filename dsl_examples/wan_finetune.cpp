@@ -7,7 +7,9 @@
 // with the file's ema the weights' average is kept, evaluated and saved on asking; with its sampling
 // each evaluation samples the held-out clips (loom/train/euler_sampler.hpp). The adapter is written at
 // the end in PEFT's format, and with --merged the weights with the adapters merged in, as diffusers
-// reads them. README.md has a run.
+// reads them. Given a Wan 2.2 A14B pipeline's folder (model_index.json with its boundary_ratio,
+// transformer/ and transformer_2/), it trains both experts in one plan, one a step, the same on every
+// rank (loom::flow_matching::expert_for_step), and writes an adapter for each. README.md has a run.
 //
 //   build/loom-run --nproc-per-node 2 -- build/dsl_examples/wan-finetune
 //       --config dsl_examples/configs/wan_finetune.yaml --pretrained DIR --data clips/ [--out DIR]
@@ -23,6 +25,7 @@
 #include <loom/io/safetensors.hpp>
 #include <loom/loom.hpp>
 #include <loom/models/wan.hpp>
+#include <loom/models/wan_experts.hpp>
 #include <loom/optim/adamw.hpp>
 #include <loom/precision/precision.hpp>
 #include <loom/runtime/host_reads.hpp>
@@ -40,6 +43,7 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <type_traits>
 #include <variant>
 #include <vector>
 
@@ -164,15 +168,64 @@ void save_merged(Job& job, const Plan& plan, const fs::path& folder) {
   }
 }
 
+// The flow matching the run file asks for, with the pipeline's boundary between two experts (0 for
+// one transformer), which the file may repeat but not contradict.
+loom::flow_matching_options matching_for(const loom::run_file& file, double boundary_ratio,
+                                         const fs::path& checkpoint) {
+  loom::flow_matching_options matching = file.flow_matching.value_or(loom::flow_matching_options{});
+  if (matching.boundary_ratio == 0) matching.boundary_ratio = boundary_ratio;
+  if (matching.boundary_ratio != boundary_ratio) {
+    throw std::invalid_argument(
+        boundary_ratio == 0
+            ? fmt::format("flow_matching.boundary_ratio is {}, but the checkpoint '{}' is one transformer: leave it "
+                          "out, or give a Wan 2.2 A14B pipeline's folder (model_index.json, transformer/, "
+                          "transformer_2/)",
+                          matching.boundary_ratio, checkpoint.string())
+            : fmt::format("flow_matching.boundary_ratio is {}, but the pipeline '{}' splits its experts at {} "
+                          "(model_index.json): leave it out, or give the pipeline's",
+                          matching.boundary_ratio, checkpoint.string(), boundary_ratio));
+  }
+  (void)loom::flow_matching(matching);  // its options checked before a model exists
+  return matching;
+}
+
+template <class Model, class Config>
+int train_model(const options& opts, const loom::run_file& file, const fs::path& checkpoint, const Config& config);
+
 int run(const options& opts) {
   // Everything from the files is checked before a process group or a model exists.
   const std::string& config = opts.run_file.config;
   const std::vector<std::string>& overrides = opts.run_file.overrides;
   const loom::run_file file = loom::read_run_file(config, overrides);
   const fs::path checkpoint = recipes::checkpoint_folder(file, config);
-  const loom::models::wan_config model_config = loom::models::wan_config::from_pretrained(checkpoint);
-  const loom::flow_matching_options matching = file.flow_matching.value_or(loom::flow_matching_options{});
-  (void)loom::flow_matching(matching);  // its options checked before a model exists
+  // A pipeline's folder is Wan 2.2 A14B's two experts; a transformer's, one Wan.
+  if (fs::exists(checkpoint / "model_index.json") && !fs::exists(checkpoint / "config.json")) {
+    return train_model<loom::models::WanExperts>(opts, file, checkpoint,
+                                                 loom::models::wan_experts_config::from_pretrained(checkpoint));
+  }
+  return train_model<loom::models::Wan>(opts, file, checkpoint, loom::models::wan_config::from_pretrained(checkpoint));
+}
+
+template <class Model, class Config>
+int train_model(const options& opts, const loom::run_file& file, const fs::path& checkpoint, const Config& config) {
+  constexpr bool two_experts = std::is_same_v<Model, loom::models::WanExperts>;
+  // The experts share one shape: the clips and the text are checked against the first's.
+  const loom::models::wan_config& model_config = [&]() -> const loom::models::wan_config& {
+    if constexpr (two_experts) {
+      return config.transformer;
+    } else {
+      return config;
+    }
+  }();
+  double boundary_ratio = 0;
+  if constexpr (two_experts) boundary_ratio = config.boundary_ratio;
+  const loom::flow_matching_options matching = matching_for(file, boundary_ratio, checkpoint);
+  if (two_experts && opts.merged) {
+    throw std::invalid_argument(
+        "--merged writes one WanTransformer3DModel, and the pipeline holds two experts: leave --merged out, and "
+        "load each expert's adapter (adapter/transformer, adapter/transformer_2) into the pipeline with diffusers' "
+        "load_lora_weights (load_into_transformer_2=True for the second)");
+  }
   const std::optional<loom::flow_euler_sampler> sampler =
       file.sampling ? std::optional<loom::flow_euler_sampler>(std::in_place, *file.sampling) : std::nullopt;
   if (opts.save_ema && !file.ema) {
@@ -190,8 +243,8 @@ int run(const options& opts) {
   const std::int64_t batch_per_rank =
       opts.batch_per_rank.value_or(file.data && file.data->batch_size ? *file.data->batch_size : 1);
   const std::string described = fmt::format("--data '{}'", data_path);
-  const auto plan = loom::plan_from_file(loom::model<loom::models::Wan>(model_config), file);
-  const auto seeded = plan.find<loom::seeded_stage>();
+  const auto plan = loom::plan_from_file(loom::model<Model>(config), file);
+  const auto seeded = plan.template find<loom::seeded_stage>();
   const std::uint64_t seed = seeded ? seeded->seed() : 0;
   const loom::launch_env env = loom::parse_launch_env();
   loom::check_world_size(file, env.world_size);
@@ -204,7 +257,7 @@ int run(const options& opts) {
   check_clip_splits(first_clip, model_config, file, env.world_size, data_path);
   const std::size_t held = clips.held_out_clips();
   // A base held in bf16 takes bf16 inputs, as FastVideo casts its batch to the training dtype.
-  const auto built_in = plan.find<loom::default_dtype_stage>();
+  const auto built_in = plan.template find<loom::default_dtype_stage>();
   const at::ScalarType input_dtype = built_in ? loom::scalar_type(built_in->type()) : at::kFloat;
   const at::Tensor negative = negative_text_states(opts.negative_text, opts.text_len, model_config.text_dim);
   loom::train_options train_options = file.train;
@@ -219,6 +272,12 @@ int run(const options& opts) {
           for (const std::string& note : file.notes) fmt::print("{}\n", note);
           fmt::print("{}\n", job.describe());
           fmt::print("flow matching: {}\n", matching.describe());
+          if (two_experts) {
+            fmt::print(
+                "experts: transformer at timesteps of at least {}, transformer_2 below; a step trains one, the same on "
+                "every rank, transformer_2 with probability {}\n",
+                matching.boundary_ratio * static_cast<double>(matching.num_train_timesteps), matching.boundary_ratio);
+          }
           if (file.ema) fmt::print("ema: {}\n", file.ema->describe());
           if (sampler) {
             fmt::print("sampling at each evaluation: {}; negative prompt: {}\n", sampler->options().describe(),
@@ -249,13 +308,24 @@ int run(const options& opts) {
         const loom::flow_matching method(matching, rt.device());
         const at::Tensor unconditional =
             loom::to_device(at::zeros({1, opts.text_len, model_config.text_dim}), rt.device(), input_dtype);
-        const auto loss_of = [&](const latent_clips::batch& clips_of, at::Generator& draws, bool training) {
+        // With two experts, the expert is every rank's (and its noise levels on its side); the model
+        // runs it without reading the timesteps.
+        const auto loss_of = [&](const latent_clips::batch& clips_of, at::Generator& draws, bool training,
+                                 loom::noise_expert expert) {
+          const at::Tensor x0 = loom::to_device(clips_of.latents, rt.device(), input_dtype);
           const loom::flow_matching_inputs inputs =
-              method.noise(loom::to_device(clips_of.latents, rt.device(), input_dtype), draws);
+              two_experts ? method.noise(x0, draws, expert) : method.noise(x0, draws);
           at::Tensor text = loom::to_device(clips_of.text, rt.device(), input_dtype);
           // FastVideo's training_cfg_rate drops the text to zeros; held-out losses keep it.
           if (training) text = method.dropped_text(text, unconditional, draws);
-          return loom::flow_matching::loss(job.forward(inputs.noisy, inputs.timesteps, text), inputs);
+          if constexpr (two_experts) {
+            return loom::flow_matching::loss(job.forward(inputs.noisy, inputs.timesteps, text, expert), inputs);
+          } else {
+            return loom::flow_matching::loss(job.forward(inputs.noisy, inputs.timesteps, text), inputs);
+          }
+        };
+        const auto expert_of = [&](std::int64_t step) {
+          return two_experts ? method.expert_for_step(seed, step) : loom::noise_expert::high_noise;
         };
         std::optional<loom::ema> averages;
         if (file.ema) averages.emplace(job, *file.ema);
@@ -290,20 +360,28 @@ int run(const options& opts) {
             .loss =
                 [&](std::int64_t step, int micro) {
                   at::Generator draws = loom::step_generator(seed, step, data.rank, micro, rt.device());
-                  return loss_of(clips.next((step - 1) * train_options.accumulate + micro), draws, true);
+                  return loss_of(clips.next((step - 1) * train_options.accumulate + micro), draws, true,
+                                 expert_of(step));
                 },
             // The same noise and levels at every evaluation: step 0, which no training step is, and
-            // each held-out clip's index in place of the rank.
+            // each held-out clip's index in place of the rank. Two experts are each evaluated on every
+            // clip, on levels of their side: every rank runs the same expert in each pass.
             .eval_loss =
                 [&] {
                   const auto [share, indices] = clips.held_out_share();
                   at::Tensor sum = at::zeros({}, at::TensorOptions().device(rt.device()));
+                  const std::vector<loom::noise_expert> experts =
+                      two_experts ? std::vector{loom::noise_expert::high_noise, loom::noise_expert::low_noise}
+                                  : std::vector{loom::noise_expert::high_noise};
                   for (std::size_t i = 0; i < indices.size(); ++i) {
-                    at::Generator draws = loom::step_generator(seed, 0, static_cast<int>(indices[i]), 0, rt.device());
-                    const auto clip = static_cast<std::int64_t>(i);
-                    sum += loss_of({share.latents.narrow(0, clip, 1), share.text.narrow(0, clip, 1)}, draws, false);
+                    for (const loom::noise_expert expert : experts) {
+                      at::Generator draws = loom::step_generator(seed, 0, static_cast<int>(indices[i]), 0, rt.device());
+                      const auto clip = static_cast<std::int64_t>(i);
+                      sum += loss_of({share.latents.narrow(0, clip, 1), share.text.narrow(0, clip, 1)}, draws, false,
+                                     expert);
+                    }
                   }
-                  return sum / static_cast<double>(indices.size());
+                  return sum / static_cast<double>(indices.size() * experts.size());
                 },
             .validate = sampler ? std::function<void(std::int64_t)>(validate) : nullptr,
             // The Parquet dataset reads in order: its position goes into every checkpoint.

@@ -1,0 +1,139 @@
+#!/usr/bin/env python3
+"""wan-finetune on a Wan 2.2 A14B-shaped pipeline (two random experts split at boundary_ratio 0.5,
+make_wan.py --experts) and random clips: both experts in one plan, one a step, the same on every rank.
+
+- at 1 rank and at 2 (fsdp, hsdp_shard_dim 2) the run says how it splits the experts, the validation
+  loss (each held-out clip under both experts) is logged and falls, each evaluation samples the
+  held-out clip (the experts switched by the timestep, as WanPipeline switches them), and the run
+  writes an adapter for each expert, both trained;
+- a 2-rank run preempted (SIGTERM) and started again ends with both experts' adapters and the last
+  evaluation's sample of an uninterrupted run, byte for byte: each step's expert is its own, whatever
+  the restart;
+- PEFT loads each expert's adapter onto that expert's WanTransformer3DModel, and it changes the velocity;
+- --merged, which writes one transformer, and a run file's boundary_ratio other than the pipeline's are
+  refused in a sentence each.
+
+    wan_experts_finetune_check.py LOOM_RUN WAN_FINETUNE SOURCE_DIR
+"""
+from __future__ import annotations
+
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from preempted_run import preempted_and_resumed
+from wan_finetune_check import distributed, losses, sampled
+
+RUN_FILE = """\
+plan:
+  - seeded: 5
+  - pretrained: {model}
+models:
+  transformer:
+    flow_shift: 3.0
+    lora:
+      enable: true
+      rank: 4
+      alpha: 8
+      target_modules: [to_q, to_k, to_v, to_out]
+training:
+  distributed:
+{distributed}
+  steps: 12
+  checkpoint_every: 100
+  eval_every: 4
+  log_every: 1
+  lr: {{peak: 2e-2, warmup_steps: 1, decay_steps: 11, decay: cosine}}
+sampling:
+  num_inference_steps: 4
+  guidance_scale: 4.0
+"""
+
+EXPERTS = ("transformer", "transformer_2")
+
+
+def main() -> int:
+    loom_run, recipe, source = sys.argv[1], sys.argv[2], Path(sys.argv[3])
+    data = source / "dsl_examples" / "data"
+    failures: list[str] = []
+    with tempfile.TemporaryDirectory(prefix="loom-wan-experts-") as scratch:
+        root = Path(scratch)
+        model, clips = root / "pipeline", root / "clips"
+        subprocess.run([sys.executable, data / "make_wan.py", model, "--text-dim", "32", "--experts", "0.5"],
+                       check=True)
+        subprocess.run([sys.executable, data / "make_wan_latents.py", clips, "--text-dim", "32", "--clips", "10",
+                        "--max-tokens", "6"], check=True)
+
+        def command(ranks: int, out: Path, *extra: str, run_file: str = RUN_FILE) -> list[str]:
+            config = out.with_suffix(".yaml")
+            config.write_text(run_file.format(model=model, distributed=distributed(1, ranks)))
+            return [loom_run, "--nproc-per-node", str(ranks), "--", recipe, "--config", str(config), "--data",
+                    str(clips), "--text-len", "8", f"--train.out={out}", *extra]
+
+        from safetensors.torch import load_file
+
+        for ranks in (1, 2):
+            out = root / f"straight-{ranks}"
+            done = subprocess.run(command(ranks, out), capture_output=True, text=True)
+            if done.returncode != 0:
+                print(done.stdout[-3000:], done.stderr[-3000:])
+                return 1
+            held_out = losses(out, "eval_loss")
+            print(f"{ranks} rank(s): validation {held_out}")
+            if len(held_out) != 3 or held_out[-1] >= held_out[0]:
+                failures.append(f"at {ranks} rank(s) the validation loss was not logged at 4, 8, 12 or did not "
+                                f"fall: {held_out}")
+            said = "experts: transformer at timesteps of at least 500, transformer_2 below; a step trains one"
+            if said not in done.stdout:
+                failures.append(f"at {ranks} rank(s) the run did not say '{said}':\n{done.stdout[:2000]}")
+            failures += sampled(out, ranks)
+            for expert in EXPERTS:
+                adapter = out / "adapter" / expert / "adapter_model.safetensors"
+                if not adapter.is_file():
+                    failures.append(f"at {ranks} rank(s) no adapter for {expert}: {adapter}")
+                    continue
+                # B starts at zero: an expert whose B moved was trained in some step.
+                ups = [t for name, t in load_file(adapter).items() if "lora_B" in name]
+                if not ups or all(t.abs().max().item() == 0 for t in ups):
+                    failures.append(f"at {ranks} rank(s) {expert}'s adapter was never trained")
+
+        straight, preempted = root / "straight-2", root / "preempted"
+        failures += preempted_and_resumed(
+            command(2, preempted), r"wan-finetune step +3/12", preempted, straight,
+            same=tuple(f"adapter/{expert}/adapter_model.safetensors" for expert in EXPERTS) +
+            ("validation/step-00000012/clip-0000.safetensors",))
+
+        import torch
+        from diffusers import WanTransformer3DModel
+        from peft import PeftModel
+
+        generator = torch.Generator().manual_seed(3)
+        inputs = dict(hidden_states=torch.randn(1, 16, 3, 8, 8, generator=generator), timestep=torch.tensor([300]),
+                      encoder_hidden_states=torch.randn(1, 8, 32, generator=generator), return_dict=False)
+        for expert in EXPERTS:
+            base = WanTransformer3DModel.from_pretrained(model / expert).eval()
+            with torch.no_grad():
+                before = base(**inputs)[0]
+                after = PeftModel.from_pretrained(base, straight / "adapter" / expert).eval()(**inputs)[0]
+            if (after - before).abs().max().item() <= 1e-4 * before.abs().max().item():
+                failures.append(f"PEFT's {expert} with its adapter gives the base's velocity")
+
+        refusals = {
+            "--merged writes one WanTransformer3DModel, and the pipeline holds two experts":
+                command(1, root / "merged", "--merged"),
+            "flow_matching.boundary_ratio is 0.875, but the pipeline":
+                command(1, root / "other-boundary", "--flow_matching.boundary_ratio=0.875"),
+        }
+        for sentence, refused_command in refusals.items():
+            refused = subprocess.run(refused_command, capture_output=True, text=True)
+            if refused.returncode == 0 or sentence not in refused.stdout + refused.stderr:
+                failures.append(f"not refused with '{sentence}': {refused.stdout[-800:]}{refused.stderr[-800:]}")
+
+    for failure in failures:
+        print("FAIL:", failure)
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
