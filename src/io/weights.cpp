@@ -350,7 +350,9 @@ std::vector<std::string> copy_model_files(const std::filesystem::path& from, con
                                     "vocab.json",
                                     "merges.txt",
                                     "added_tokens.json",
-                                    "chat_template.jinja"};
+                                    "chat_template.jinja",
+                                    "model_index.json",
+                                    "scheduler_config.json"};
   std::vector<std::string> copied;
   std::filesystem::create_directories(to);
   for (const char* name : names) {

@@ -468,8 +468,21 @@ void job_core::save_weights(const std::filesystem::path& folder, const tensor_st
   for (named_tensor& t : dequantized(whole, context_->module())) {
     if (!lora_adapter::is_adapter_parameter(t.name)) base.push_back(std::move(t));
   }
-  run_on_rank_zero(context_->world(), "saving the weights",
-                   [&] { loom::save_weights(folder, base, max_shard_bytes, weights_naming_); });
+  run_on_rank_zero(context_->world(), "saving the weights", [&] {
+    if (identity_.components.empty()) {
+      loom::save_weights(folder, base, max_shard_bytes, weights_naming_);
+      return;
+    }
+    // A pipeline's components each in its folder, under its own names: what pretrained(folder) reads back.
+    for (const std::string& component : identity_.components) {
+      const std::string prefix = component + ".";
+      std::vector<named_tensor> part;
+      for (const named_tensor& t : base) {
+        if (t.name.starts_with(prefix)) part.push_back({t.name.substr(prefix.size()), t.tensor});
+      }
+      loom::save_weights(folder / component, part, max_shard_bytes, weights_naming_);
+    }
+  });
 }
 
 void job_core::save_pretrained(const std::filesystem::path& folder, const tensor_state& whole,
@@ -492,8 +505,16 @@ void job_core::save_pretrained(const std::filesystem::path& folder, const tensor
     cast.push_back({t.name, recast ? t.tensor.to(saved->second) : t.tensor});
   }
   save_weights(folder, cast, max_shard_bytes);
-  run_on_rank_zero(context_->world(), "copying the model's files",
-                   [&] { (void)copy_model_files(base_model_, folder); });
+  run_on_rank_zero(context_->world(), "copying the model's files", [&] {
+    (void)copy_model_files(base_model_, folder);  // a pipeline's: model_index.json
+    for (const std::string& component : identity_.components) {
+      (void)copy_model_files(base_model_ / component, folder / component);
+    }
+    // The scheduler's config, which a pipeline of components reads its num_train_timesteps from.
+    if (!identity_.components.empty() && std::filesystem::is_directory(base_model_ / "scheduler")) {
+      (void)copy_model_files(base_model_ / "scheduler", folder / "scheduler");
+    }
+  });
 }
 
 void job_core::zero_grad(const std::vector<at::Tensor>& parameters, bool set_to_none) {

@@ -13,8 +13,10 @@
 // local(), each on one expert given explicitly; then
 //   OUT/diffusers  save_adapter(..., adapter_format::diffusers): transformer/ and transformer_2/
 //   OUT/peft       save_adapter(...): PEFT's folder an expert
-//   OUT/outputs.safetensors  "adapted/<case>": the adapted velocity of each case
-// and each saved adapter, loaded into a job built afresh, gives the adapted velocities bit for bit.
+//   OUT/merged     merge(), then save_pretrained(...): a pipeline's folder, an expert a folder
+//   OUT/outputs.safetensors  "adapted/<case>", "merged/<case>": each case's velocity, adapted and merged
+// Each saved adapter, loaded into a job built afresh, gives the adapted velocities bit for bit, and the
+// merged velocities equal the adapted ones within 1e-5 of their largest magnitude.
 #include "named_tensor.hpp"
 
 #include <loom/io/safetensors.hpp>
@@ -170,7 +172,6 @@ bool train_and_save(const Plan& plan, const expected_file& file, const fs::path&
   }
   job.save_adapter(out / "diffusers", loom::adapter_format::diffusers);
   job.save_adapter(out / "peft");
-  if (rank_of(job) == 0) loom::save_safetensors(out / "outputs.safetensors", adapted);
 
   bool ok = true;
   for (const auto& [folder, format] :
@@ -183,6 +184,17 @@ bool train_and_save(const Plan& plan, const expected_file& file, const fs::path&
                    velocity(reloaded, file, file("timestep", name)), t.tensor, 0);
     }
   }
+  job.merge();
+  std::vector<loom::named_tensor> outputs = adapted;
+  for (const loom::named_tensor& t : adapted) {
+    const std::string name = t.name.substr(std::string_view("adapted/").size());
+    const at::Tensor merged = velocity(job, file, file("timestep", name));
+    ok &= report(job, fmt::format("merged, {}: against the adapted velocity", name), merged, t.tensor,
+                 fp32_tolerance * t.tensor.abs().max().item<double>());
+    outputs.push_back({"merged/" + name, merged});
+  }
+  job.save_pretrained(out / "merged");
+  if (rank_of(job) == 0) loom::save_safetensors(out / "outputs.safetensors", outputs);
   return ok;
 }
 

@@ -16,7 +16,9 @@ one small config with different weights, boundary_ratio 0.875 and a FlowMatchEul
   adapters (load_lora_weights(folder, subfolder="transformer"), and subfolder="transformer_2" with
   load_into_transformer_2=True), PEFT each expert's folder, and each gives loom's adapted velocity
   within 1e-5 of its largest magnitude, with no warning; each expert's adapted velocity must move
-  from its base model's. loom itself loads both back bit for bit (the program checks that).
+  from its base model's. loom itself loads both back bit for bit (the program checks that). The merged
+  model, saved with save_pretrained as a pipeline's folder (an expert a folder), loads with
+  WanPipeline.from_pretrained and gives loom's merged velocities.
 
     wan_experts_vs_diffusers.py --loom-run L --program P --ranks N
     wan_experts_vs_diffusers.py make FOLDER      (the pipeline folder alone)
@@ -170,8 +172,10 @@ def compare_adapters(folder: Path, out: Path) -> list[str]:
     for name in ("diffusers", "peft"):
         logging.getLogger(name).addHandler(seen)
     base = load_pipeline(folder)
-    for what, load in {"diffusers' folders, WanPipeline.load_lora_weights": through_pipeline,
-                       "PEFT's folders, PeftModel.from_pretrained": through_peft}.items():
+    loads = {"diffusers' folders, WanPipeline.load_lora_weights": (through_pipeline, "adapted"),
+             "PEFT's folders, PeftModel.from_pretrained": (through_peft, "adapted"),
+             "merged, WanPipeline.from_pretrained": (lambda: load_pipeline(out / "merged"), "merged")}
+    for what, (load, kind) in loads.items():
         seen.seen.clear()
         with warnings.catch_warnings():
             warnings.simplefilter("error")
@@ -180,11 +184,11 @@ def compare_adapters(folder: Path, out: Path) -> list[str]:
             model, _ = chosen(pipeline, timestep)
             with torch.no_grad():
                 output = model.eval()(expected["latents"], timestep, expected["text"], return_dict=False)[0]
-            reference = loom[f"adapted/{name}"]
+            reference = loom[f"{kind}/{name}"]
             difference = (output - reference).abs().max().item()
             allowed = FP32_TOLERANCE * reference.abs().max().item()
             within = difference <= allowed
-            print(f"{what}, {name}: largest difference from loom's adapted velocity {difference:.2e}: "
+            print(f"{what}, {name}: largest difference from loom's {kind} velocity {difference:.2e}: "
                   f"{'within' if within else 'BEYOND'} {allowed:.2e}")
             if not within:
                 failures.append(f"{what}, {name}")

@@ -52,7 +52,8 @@ weights_report copy_weights(torch::nn::Module& module, const std::vector<named_t
                             bool (*skip)(std::string_view name));
 
 // The files of a Hugging Face model folder that are not its weights (config.json,
-// generation_config.json, the tokenizer's), copied from `from` into `to` where they exist: what
+// generation_config.json, the tokenizer's; a diffusers pipeline's model_index.json and its
+// scheduler's scheduler_config.json), copied from `from` into `to` where they exist: what
 // save_pretrained writes beside the weights. The names copied.
 std::vector<std::string> copy_model_files(const std::filesystem::path& from, const std::filesystem::path& to);
 

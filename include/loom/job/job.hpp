@@ -502,7 +502,10 @@ class job {
   // PeftModel.from_pretrained loads, or, for a model that is a diffusers pipeline's component (Wan),
   // as diffusers' pytorch_lora_weights.safetensors that the pipeline's load_lora_weights and the
   // model's load_lora_adapter load; and back, from such a folder (or, for diffusers', a file of its
-  // own name). docs/checkpoints.md. Every rank calls them.
+  // own name). A model of a pipeline's components (WanExperts) has one such folder a component,
+  // folder/<component>/, its names the component's own (diffusers loads each with
+  // load_lora_weights(folder, subfolder=component), transformer_2's with load_into_transformer_2).
+  // docs/checkpoints.md. Every rank calls them.
   // With lora(...)'s modules_to_save, their parameters are read and written whole (a sharding
   // strategy gathers them for the call).
   void save_adapter(const std::filesystem::path& folder, adapter_format format = adapter_format::peft) {
@@ -514,16 +517,18 @@ class job {
 
   // The base weights, whole, without the adapters (after merge(), a plain model with them folded
   // in), as safetensors in Hugging Face's layout (loom/io/weights.hpp), under the file names of
-  // pretrained(...)'s checkpoint (diffusers' for a diffusers folder; transformers' without one);
-  // every rank calls it.
+  // pretrained(...)'s checkpoint (diffusers' for a diffusers folder; transformers' without one), a
+  // model of a pipeline's components (WanExperts) one folder a component, as pretrained(...) reads
+  // them; every rank calls it.
   void save_weights(const std::filesystem::path& folder, std::int64_t max_shard_bytes = default_max_shard_bytes) {
     core_.save_weights(folder, state_dict(), max_shard_bytes);
   }
   // The model as from_pretrained reads it (save_pretrained's files): the base weights as save_weights
   // writes them (diffusion_pytorch_model.safetensors for a diffusers checkpoint, which
   // WanTransformer3DModel.from_pretrained reads), each in the dtype pretrained(...)'s checkpoint holds
-  // it in, and that checkpoint's config.json, generation config and tokenizer files beside them.
-  // LoRA's adapters must be merged first (job.merge()); every rank calls it.
+  // it in, and that checkpoint's config.json, generation config and tokenizer files beside them (a
+  // pipeline's components: each one's config.json in its folder, model_index.json and the
+  // scheduler's config beside them). LoRA's adapters must be merged first (job.merge()); every rank calls it.
   void save_pretrained(const std::filesystem::path& folder, std::int64_t max_shard_bytes = default_max_shard_bytes) {
     core_.save_pretrained(folder, state_dict(), max_shard_bytes);
   }
