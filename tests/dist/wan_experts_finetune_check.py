@@ -2,8 +2,10 @@
 """wan-finetune on a Wan 2.2 A14B-shaped pipeline (two random experts split at boundary_ratio 0.5,
 make_wan.py --experts) and random clips: both experts in one plan, one a step, the same on every rank.
 
+- wan_finetune_check.py's run file (LoRA on FastVideo's targets, logit-normal timesteps, the weights'
+  average, sampling at each evaluation);
 - at 1 rank and at 2 (fsdp, hsdp_shard_dim 2) the run says how it splits the experts, the validation
-  loss (each held-out clip under both experts) is logged and falls, each evaluation samples the
+  loss (each held-out clip under both experts, with the average of both) is logged and falls, each evaluation samples the
   held-out clip (the experts switched by the timestep, as WanPipeline switches them), and the run
   writes an adapter for each expert, both trained;
 - a 2-rank run preempted (SIGTERM) and started again ends with both experts' adapters and the last
@@ -23,32 +25,7 @@ import tempfile
 from pathlib import Path
 
 from preempted_run import preempted_and_resumed
-from wan_finetune_check import distributed, losses, sampled
-
-RUN_FILE = """\
-plan:
-  - seeded: 5
-  - pretrained: {model}
-models:
-  transformer:
-    flow_shift: 3.0
-    lora:
-      enable: true
-      rank: 4
-      alpha: 8
-      target_modules: [to_q, to_k, to_v, to_out]
-training:
-  distributed:
-{distributed}
-  steps: 12
-  checkpoint_every: 100
-  eval_every: 4
-  log_every: 1
-  lr: {{peak: 2e-2, warmup_steps: 1, decay_steps: 11, decay: cosine}}
-sampling:
-  num_inference_steps: 4
-  guidance_scale: 4.0
-"""
+from wan_finetune_check import RUN_FILE, distributed, losses, sampled
 
 EXPERTS = ("transformer", "transformer_2")
 
@@ -65,9 +42,9 @@ def main() -> int:
         subprocess.run([sys.executable, data / "make_wan_latents.py", clips, "--text-dim", "32", "--clips", "10",
                         "--max-tokens", "6"], check=True)
 
-        def command(ranks: int, out: Path, *extra: str, run_file: str = RUN_FILE) -> list[str]:
+        def command(ranks: int, out: Path, *extra: str) -> list[str]:
             config = out.with_suffix(".yaml")
-            config.write_text(run_file.format(model=model, distributed=distributed(1, ranks)))
+            config.write_text(RUN_FILE.format(model=model, distributed=distributed(1, ranks), steps=12, decay=11))
             return [loom_run, "--nproc-per-node", str(ranks), "--", recipe, "--config", str(config), "--data",
                     str(clips), "--text-len", "8", f"--train.out={out}", *extra]
 
