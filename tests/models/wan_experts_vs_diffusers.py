@@ -10,7 +10,8 @@ one small config with different weights, boundary_ratio 0.875 and a FlowMatchEul
   `transformer_2`) within 1e-5 of its largest magnitude (fp32), under local() and fsdp() at 1 rank
   and fsdp() at 2 (each rank reading its share of each expert); the explicit expert's velocity must equal the
   timestep's choice bit for bit; timesteps on both sides of the boundary are refused with the sentence
-  that says to give the expert. At 2 ranks ddp() and tensor_parallel(2) must be refused.
+  that says to give the expert. At 2 ranks ddp() and tensor_parallel(2) must be refused; at 1 a folder
+  without boundary_ratio, with a ratio of 1, or without transformer_2/, each in its sentence.
 - LoRA (to_q, to_k, to_v, to_out.0, alpha 8) on both experts, a few SGD steps under local(), saved
   with save_adapter in diffusers' format (one folder an expert) and PEFT's: the pipeline loads both
   adapters (load_lora_weights(folder, subfolder="transformer"), and subfolder="transformer_2" with
@@ -209,6 +210,39 @@ def compare_adapters(folder: Path, out: Path) -> list[str]:
     return failures
 
 
+def refusals(args, scratch: Path, folder: Path) -> list[str]:
+    """Pipeline folders loom must refuse, each with its sentence: the failures."""
+    import json
+    import shutil
+
+    def changed_index(**keys):
+        def change(copy: Path) -> None:
+            index = json.loads((copy / "model_index.json").read_text())
+            index.update(keys)
+            (copy / "model_index.json").write_text(json.dumps(index))
+        return change
+
+    cases = {
+        "no-boundary-ratio": (changed_index(boundary_ratio=None), "this is a pipeline of one transformer"),
+        "ratio-of-one": (changed_index(boundary_ratio=1.0), "outside (0, 1)"),
+        "no-transformer_2": (lambda copy: shutil.rmtree(copy / "transformer_2"), "transformer_2' cannot be read"),
+    }
+    failures = []
+    for name, (change, sentence) in cases.items():
+        copy = scratch / name
+        shutil.copytree(folder, copy)
+        change(copy)
+        done = subprocess.run([args.loom_run, "--nproc-per-node", "1", "--", args.program, str(copy), "local"],
+                              timeout=120, capture_output=True, text=True)
+        said = done.stdout + done.stderr
+        refused = done.returncode != 0 and sentence in said
+        print(f"{name}: {'refused' if refused else 'NOT refused as expected'}: "
+              + next((line for line in said.splitlines() if "loom:" in line), said.strip()[-300:]))
+        if not refused:
+            failures.append(f"{name} not refused with '{sentence}'")
+    return failures
+
+
 def main() -> None:
     if len(sys.argv) == 3 and sys.argv[1] == "make":
         make(Path(sys.argv[2]))
@@ -225,6 +259,7 @@ def main() -> None:
             out = Path(scratch) / LORA_OUT
             if loom(folder, "lora", str(out)):
                 loom.failures += compare_adapters(folder, out)
+            loom.failures += refusals(args, Path(scratch), folder)
         else:
             loom(folder, "refusals")
         if loom.failures:
