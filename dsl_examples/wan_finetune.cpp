@@ -158,13 +158,16 @@ void write_sample(const fs::path& file, const at::Tensor& latents) {
 }
 
 // The weights with the adapters merged in, as diffusers reads them (diffusion_pytorch_model.safetensors
-// and the checkpoint's config.json). The last thing a run does: the base keeps the adapters folded in.
+// and the checkpoint's config.json; for two experts a pipeline's folder, one folder an expert). The
+// last thing a run does: the base keeps the adapters folded in.
 template <class Job, class Plan>
-void save_merged(Job& job, const Plan& plan, const fs::path& folder) {
+void save_merged(Job& job, const Plan& plan, const fs::path& folder, bool two_experts) {
   if (plan.template find<loom::lora_stage>()) job.merge();
   job.save_pretrained(folder);
   if (job.rt().rank() == 0) {
-    fmt::print("saved {} (diffusers' format: WanTransformer3DModel.from_pretrained)\n", folder.string());
+    fmt::print("saved {} (diffusers' format: {})\n", folder.string(),
+               two_experts ? "a pipeline's transformer/ and transformer_2/, WanPipeline.from_pretrained"
+                           : "WanTransformer3DModel.from_pretrained");
   }
 }
 
@@ -220,12 +223,6 @@ int train_model(const options& opts, const loom::run_file& file, const fs::path&
   double boundary_ratio = 0;
   if constexpr (two_experts) boundary_ratio = config.boundary_ratio;
   const loom::flow_matching_options matching = matching_for(file, boundary_ratio, checkpoint);
-  if (two_experts && opts.merged) {
-    throw std::invalid_argument(
-        "--merged writes one WanTransformer3DModel, and the pipeline holds two experts: leave --merged out, and "
-        "load each expert's adapter (adapter/transformer, adapter/transformer_2) into the pipeline with diffusers' "
-        "load_lora_weights (load_into_transformer_2=True for the second)");
-  }
   const std::optional<loom::flow_euler_sampler> sampler =
       file.sampling ? std::optional<loom::flow_euler_sampler>(std::in_place, *file.sampling) : std::nullopt;
   if (opts.save_ema && !file.ema) {
@@ -397,9 +394,9 @@ int train_model(const options& opts, const loom::run_file& file, const fs::path&
         if (opts.save_ema) {
           const auto in_place = averages->swapped_in();
           recipes::save_adapter_if_adapted(job, plan, train_options.out / "adapter-ema");
-          if (opts.merged) save_merged(job, plan, train_options.out / "merged-ema");
+          if (opts.merged) save_merged(job, plan, train_options.out / "merged-ema", two_experts);
         } else if (opts.merged) {
-          save_merged(job, plan, train_options.out / "merged");
+          save_merged(job, plan, train_options.out / "merged", two_experts);
         }
         return 0;
       },

@@ -13,6 +13,7 @@
 #include <loom/runtime/tensor_group.hpp>
 
 #include <ATen/ATen.h>
+#include <fmt/format.h>
 
 #include <algorithm>
 #include <map>
@@ -35,8 +36,11 @@ dtypes decide_dtypes(const stage_list& stages) {
   return decided;
 }
 
-std::shared_ptr<pretrained_checkpoint> open_checkpoint(const stage_list& stages) {
-  if (const auto stage = stages.find<pretrained_stage>()) return std::make_shared<pretrained_checkpoint>(stage->path());
+std::shared_ptr<pretrained_checkpoint> open_checkpoint(const stage_list& stages,
+                                                       std::span<const std::string_view> components) {
+  if (const auto stage = stages.find<pretrained_stage>()) {
+    return std::make_shared<pretrained_checkpoint>(stage->path(), components);
+  }
   return nullptr;
 }
 
@@ -113,9 +117,9 @@ std::optional<quant::quantized_base> quantize_base(torch::nn::Module& model, std
   quant::quantized_base made;
   for (const auto& item : model.named_modules("", /*include_self=*/false)) {
     auto* linear = item.value()->as<nn::LinearImpl>();
-    const std::string dotted = "." + item.key() + ".";
+    const std::string dotted = fmt::format(".{}.", item.key());
     const bool is_kept = std::any_of(kept.begin(), kept.end(), [&](std::string_view name) {
-      return dotted.find("." + std::string(name) + ".") != std::string::npos;
+      return dotted.find(fmt::format(".{}.", name)) != std::string::npos;
     });
     if (linear == nullptr || is_kept || linear->quantized()) continue;
     const std::string name = item.key() + ".weight";

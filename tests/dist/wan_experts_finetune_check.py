@@ -12,13 +12,15 @@ make_wan.py --experts) and random clips: both experts in one plan, one a step, t
   evaluation's sample of an uninterrupted run, byte for byte: each step's expert is its own, whatever
   the restart;
 - PEFT loads each expert's adapter onto that expert's WanTransformer3DModel, and it changes the velocity;
-- --merged, which writes one transformer, and a run file's boundary_ratio other than the pipeline's are
-  refused in a sentence each.
+- --merged writes a pipeline's folder, each expert with its adapter folded in: diffusers' expert from it
+  gives PEFT's with the adapter, and its model_index.json keeps the boundary;
+- a run file's boundary_ratio other than the pipeline's is refused in a sentence.
 
     wan_experts_finetune_check.py LOOM_RUN WAN_FINETUNE SOURCE_DIR
 """
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import tempfile
@@ -52,7 +54,8 @@ def main() -> int:
 
         for ranks in (1, 2):
             out = root / f"straight-{ranks}"
-            done = subprocess.run(command(ranks, out), capture_output=True, text=True)
+            merged = ("--merged",) if ranks == 2 else ()
+            done = subprocess.run(command(ranks, out, *merged), capture_output=True, text=True)
             if done.returncode != 0:
                 print(done.stdout[-3000:], done.stderr[-3000:])
                 return 1
@@ -93,12 +96,17 @@ def main() -> int:
             with torch.no_grad():
                 before = base(**inputs)[0]
                 after = PeftModel.from_pretrained(base, straight / "adapter" / expert).eval()(**inputs)[0]
+                folded = WanTransformer3DModel.from_pretrained(straight / "merged" / expert).eval()(**inputs)[0]
             if (after - before).abs().max().item() <= 1e-4 * before.abs().max().item():
                 failures.append(f"PEFT's {expert} with its adapter gives the base's velocity")
+            # --merged: a pipeline's folder, each expert with its adapter folded in.
+            if (folded - after).abs().max().item() > 1e-5 * after.abs().max().item():
+                failures.append(f"merged/{expert} and PEFT's {expert} with its adapter differ")
+        index = json.loads((straight / "merged" / "model_index.json").read_text())
+        if index.get("boundary_ratio") != 0.5:
+            failures.append(f"merged/model_index.json does not keep the pipeline's boundary_ratio: {index}")
 
         refusals = {
-            "--merged writes one WanTransformer3DModel, and the pipeline holds two experts":
-                command(1, root / "merged", "--merged"),
             "flow_matching.boundary_ratio is 0.875, but the pipeline":
                 command(1, root / "other-boundary", "--flow_matching.boundary_ratio=0.875"),
         }

@@ -85,16 +85,11 @@ model_identity identity_of() {
   return identity;
 }
 
-// pretrained(...)'s checkpoint: the folder's own, or for a model made of a pipeline's components (its
-// static pretrained_components, Wan 2.2 A14B's transformer and transformer_2) each component's folder
-// in it, its tensors under "<component>.".
+// pretrained(...)'s checkpoint, read by the model's pretrained_components where it names them.
 template <class Module>
 std::shared_ptr<pretrained_checkpoint> open_checkpoint(const stage_list& stages) {
   if constexpr (requires { Module::pretrained_components; }) {
-    const auto stage = stages.find<pretrained_stage>();
-    if (!stage) return nullptr;
-    const std::span<const std::string_view> components(Module::pretrained_components);
-    return std::make_shared<pretrained_checkpoint>(stage->path(), components);
+    return build_steps::open_checkpoint(stages, Module::pretrained_components);
   } else {
     return build_steps::open_checkpoint(stages);
   }

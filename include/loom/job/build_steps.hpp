@@ -37,8 +37,11 @@ struct dtypes {
 [[nodiscard]] dtypes decide_dtypes(const stage_list& stages);
 
 // pretrained(...)'s checkpoint with every header read and checked, before the model is constructed:
-// a missing or truncated file stops the build at once. None without the stage.
-[[nodiscard]] std::shared_ptr<pretrained_checkpoint> open_checkpoint(const stage_list& stages);
+// a missing or truncated file stops the build at once. None without the stage. For a model made of a
+// pipeline's components (its static pretrained_components, Wan 2.2 A14B's transformer and
+// transformer_2), each component's folder in the stage's, its tensors under "<component>.".
+[[nodiscard]] std::shared_ptr<pretrained_checkpoint> open_checkpoint(const stage_list& stages,
+                                                                     std::span<const std::string_view> components = {});
 
 // Whether a construction without bytes stands (loom/nn/deferred_init.hpp). It does not when a layer
 // drew from the generator or wrote a deferred parameter: then `why` names it, and without seeded(...)
