@@ -35,6 +35,7 @@ from pathlib import Path
 
 from loom_runs import LoomRuns, driver_arguments
 
+from wan_adapters_vs_diffusers import WarningsSeen
 from wan_vs_diffusers import random_wan
 
 CONFIG = dict(patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=8, in_channels=4, out_channels=4,
@@ -128,17 +129,6 @@ def make(folder: Path) -> None:
                         f"expert/{name}": torch.tensor(index)})
     tensors.update({f"mixed/{name}": timestep for name, timestep in mixed_cases().items()})
     save_file(tensors, str(folder / "expected.safetensors"))
-
-
-class WarningsSeen(logging.Handler):
-    """diffusers and PEFT warn through logging (a key the adapter has and the model lacks, say)."""
-
-    def __init__(self) -> None:
-        super().__init__(logging.WARNING)
-        self.seen: list[str] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.seen.append(f"{record.name}: {record.getMessage()}")
 
 
 def compare_adapters(folder: Path, out: Path) -> list[str]:
