@@ -43,6 +43,7 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <type_traits>
 #include <variant>
 #include <vector>
@@ -171,25 +172,39 @@ void save_merged(Job& job, const Plan& plan, const fs::path& folder, bool two_ex
   }
 }
 
-// The flow matching the run file asks for, with the pipeline's boundary between two experts (0 for
-// one transformer), which the file may repeat but not contradict.
+// The pipeline's boundary between two experts (0 for one transformer), which the run file's `key`
+// (`given`; 0 when left out) may repeat but not contradict.
+double pipeline_boundary(std::string_view key, double given, double boundary_ratio, const fs::path& checkpoint) {
+  if (given == 0 || given == boundary_ratio) return boundary_ratio;
+  throw std::invalid_argument(
+      boundary_ratio == 0
+          ? fmt::format("{} is {}, but the checkpoint '{}' is one transformer: leave it out, or give a Wan 2.2 A14B "
+                        "pipeline's folder (model_index.json, transformer/, transformer_2/)",
+                        key, given, checkpoint.string())
+          : fmt::format("{} is {}, but the pipeline '{}' splits its experts at {} (model_index.json): leave it "
+                        "out, or give the pipeline's",
+                        key, given, checkpoint.string(), boundary_ratio));
+}
+
+// The flow matching the run file asks for, with the pipeline's boundary.
 loom::flow_matching_options matching_for(const loom::run_file& file, double boundary_ratio,
                                          const fs::path& checkpoint) {
   loom::flow_matching_options matching = file.flow_matching.value_or(loom::flow_matching_options{});
-  if (matching.boundary_ratio == 0) matching.boundary_ratio = boundary_ratio;
-  if (matching.boundary_ratio != boundary_ratio) {
-    throw std::invalid_argument(
-        boundary_ratio == 0
-            ? fmt::format("flow_matching.boundary_ratio is {}, but the checkpoint '{}' is one transformer: leave it "
-                          "out, or give a Wan 2.2 A14B pipeline's folder (model_index.json, transformer/, "
-                          "transformer_2/)",
-                          matching.boundary_ratio, checkpoint.string())
-            : fmt::format("flow_matching.boundary_ratio is {}, but the pipeline '{}' splits its experts at {} "
-                          "(model_index.json): leave it out, or give the pipeline's",
-                          matching.boundary_ratio, checkpoint.string(), boundary_ratio));
-  }
+  matching.boundary_ratio =
+      pipeline_boundary("flow_matching.boundary_ratio", matching.boundary_ratio, boundary_ratio, checkpoint);
   (void)loom::flow_matching(matching);  // its options checked before a model exists
   return matching;
+}
+
+// The sampler the run file asks for, if any, with the pipeline's boundary: two experts' steps below
+// it are guided by sampling.guidance_scale_2.
+std::optional<loom::flow_euler_sampler> sampler_for(const loom::run_file& file, double boundary_ratio,
+                                                    const fs::path& checkpoint) {
+  if (!file.sampling) return std::nullopt;
+  loom::flow_euler_sampler_options sampling = *file.sampling;
+  sampling.boundary_ratio =
+      pipeline_boundary("sampling.boundary_ratio", sampling.boundary_ratio, boundary_ratio, checkpoint);
+  return std::optional<loom::flow_euler_sampler>(std::in_place, sampling);
 }
 
 template <class Model, class Config>
@@ -223,8 +238,7 @@ int train_model(const options& opts, const loom::run_file& file, const fs::path&
   double boundary_ratio = 0;
   if constexpr (two_experts) boundary_ratio = config.boundary_ratio;
   const loom::flow_matching_options matching = matching_for(file, boundary_ratio, checkpoint);
-  const std::optional<loom::flow_euler_sampler> sampler =
-      file.sampling ? std::optional<loom::flow_euler_sampler>(std::in_place, *file.sampling) : std::nullopt;
+  const std::optional<loom::flow_euler_sampler> sampler = sampler_for(file, boundary_ratio, checkpoint);
   if (opts.save_ema && !file.ema) {
     throw std::invalid_argument(
         "--save-ema writes the weights' average, and the run file keeps none: give it an ema object "

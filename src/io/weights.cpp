@@ -12,6 +12,7 @@
 #include <torch/types.h>
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <array>
 #include <fstream>
 #include <map>
@@ -359,6 +360,32 @@ std::vector<std::string> copy_model_files(const std::filesystem::path& from, con
     if (!std::filesystem::is_regular_file(from / name)) continue;
     std::filesystem::copy_file(from / name, to / name, std::filesystem::copy_options::overwrite_existing);
     copied.emplace_back(name);
+  }
+  return copied;
+}
+
+std::vector<std::string> copy_pipeline_files(const std::filesystem::path& from, const std::filesystem::path& to,
+                                             const std::vector<std::string>& written) {
+  const std::filesystem::path index_file = from / "model_index.json";
+  std::ifstream in(index_file);
+  const nlohmann::json index = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+  if (!in.is_open() || !index.is_object()) {
+    throw_error<std::invalid_argument>(
+        "{}: {}; give the folder of a diffusers pipeline, as its save_pretrained writes it", index_file.string(),
+        in.is_open() ? "is not a JSON object" : "cannot be read");
+  }
+  std::filesystem::create_directories(to);
+  std::filesystem::copy_file(index_file, to / "model_index.json", std::filesystem::copy_options::overwrite_existing);
+  std::vector<std::string> copied;
+  for (const auto& [component, entry] : index.items()) {
+    // A component is ["library", "Class"]; the keys starting with "_" and the pipeline's options
+    // (boundary_ratio) are not, and a component left out is [null, null].
+    if (!entry.is_array() || entry.empty() || entry.front().is_null()) continue;
+    if (std::find(written.begin(), written.end(), component) != written.end()) continue;
+    if (!std::filesystem::is_directory(from / component)) continue;
+    std::filesystem::copy(from / component, to / component,
+                          std::filesystem::copy_options::recursive | std::filesystem::copy_options::overwrite_existing);
+    copied.push_back(component);
   }
   return copied;
 }

@@ -506,13 +506,13 @@ void job_core::save_pretrained(const std::filesystem::path& folder, const tensor
   }
   save_weights(folder, cast, max_shard_bytes);
   run_on_rank_zero(context_->world(), "copying the model's files", [&] {
-    (void)copy_model_files(base_model_, folder);  // a pipeline's: model_index.json
+    if (identity_.components.empty()) {
+      (void)copy_model_files(base_model_, folder);
+      return;
+    }
+    (void)copy_pipeline_files(base_model_, folder, identity_.components);
     for (const std::string& component : identity_.components) {
       (void)copy_model_files(base_model_ / component, folder / component);
-    }
-    // The scheduler's config, which a pipeline of components reads its num_train_timesteps from.
-    if (!identity_.components.empty() && std::filesystem::is_directory(base_model_ / "scheduler")) {
-      (void)copy_model_files(base_model_ / "scheduler", folder / "scheduler");
     }
   });
 }

@@ -29,17 +29,46 @@ std::optional<option_problem> flow_euler_sampler_options::problem() const {
     return option_problem{"num_train_timesteps",
                           fmt::format("is {}; give the schedule's number of levels, e.g. 1000", num_train_timesteps)};
   }
+  if (!(boundary_ratio >= 0 && boundary_ratio < 1)) {
+    return option_problem{
+        "boundary_ratio",
+        fmt::format("is {}; give the experts' boundary in (0, 1), the pipeline's (e.g. 0.875), or 0 for one model",
+                    boundary_ratio)};
+  }
+  if (guidance_scale_2) {
+    if (!std::isfinite(*guidance_scale_2)) {
+      return option_problem{"guidance_scale_2", fmt::format("is {}; give a finite scale", *guidance_scale_2)};
+    }
+    // WanPipeline turns guidance on or off by guidance_scale alone, ignoring this one.
+    if (guidance_scale <= 1 && *guidance_scale_2 > 1) {
+      return option_problem{
+          "guidance_scale_2",
+          fmt::format("is {}, but guidance_scale {} (at most 1) turns guidance off for both experts, as WanPipeline "
+                      "does: give a guidance_scale above 1 as well, or leave guidance_scale_2 out",
+                      *guidance_scale_2, guidance_scale)};
+    }
+  }
   return std::nullopt;
 }
 
 std::string flow_euler_sampler_options::describe() const {
-  return fmt::format("num_inference_steps={}, shift={}, guidance_scale={}, num_train_timesteps={}", num_inference_steps,
-                     shift, guidance_scale, num_train_timesteps);
+  return fmt::format(
+      "num_inference_steps={}, shift={}, guidance_scale={}, num_train_timesteps={}, guidance_scale_2={}, "
+      "boundary_ratio={}",
+      num_inference_steps, shift, guidance_scale, num_train_timesteps,
+      guidance_scale_2 ? fmt::format("{}", *guidance_scale_2) : std::string("none"), boundary_ratio);
 }
 
 flow_euler_sampler::flow_euler_sampler(const flow_euler_sampler_options& options) : options_(options) {
   if (const auto found = options_.problem()) {
     throw_error<std::invalid_argument>("flow_euler_sampler: {} {}", found->option, found->problem);
+  }
+  // Not an option's problem: a run file may leave the boundary to the pipeline its recipe reads.
+  if (options_.guidance_scale_2 && options_.boundary_ratio == 0) {
+    throw_error<std::invalid_argument>(
+        "flow_euler_sampler: guidance_scale_2 is {}, the low-noise expert's scale, and boundary_ratio is 0 (one "
+        "model): give the pipeline's boundary_ratio, or leave guidance_scale_2 out",
+        *options_.guidance_scale_2);
   }
   const std::int64_t levels = options_.num_train_timesteps;
   const double shift = options_.shift;
@@ -61,6 +90,16 @@ flow_euler_sampler::flow_euler_sampler(const flow_euler_sampler_options& options
   const at::Tensor chosen = at::tensor(sigmas, at::TensorOptions().dtype(at::kDouble)).to(at::kFloat);
   timesteps_ = chosen * levels;
   sigmas_ = at::cat({chosen, at::zeros({1}, at::kFloat)});
+  // WanPipeline compares its fp32 timestep with boundary_ratio · N; each timestep is the fp32 product
+  // σ · N, as timesteps_ computes it.
+  const auto boundary = static_cast<float>(options_.boundary_ratio * static_cast<double>(levels));
+  guidance_scales_.reserve(sigmas.size());
+  for (const double sigma : sigmas) {
+    const float timestep = static_cast<float>(sigma) * static_cast<float>(levels);
+    const bool low_noise = options_.boundary_ratio > 0 && !(timestep >= boundary);
+    guidance_scales_.push_back(low_noise ? options_.guidance_scale_2.value_or(options_.guidance_scale)
+                                         : options_.guidance_scale);
+  }
 }
 
 at::Tensor flow_euler_sampler::sample(const velocity_model& model, const at::Tensor& noise, const at::Tensor& text,
@@ -85,7 +124,7 @@ at::Tensor flow_euler_sampler::sample(const velocity_model& model, const at::Ten
     at::Tensor velocity = model(input, timestep, text);
     if (guided()) {
       const at::Tensor unconditional = model(input, timestep, negative_text);
-      velocity = unconditional + (velocity - unconditional) * options_.guidance_scale;
+      velocity = unconditional + (velocity - unconditional) * guidance_scales_[static_cast<std::size_t>(i)];
     }
     // The scheduler's step: the sample in fp32, the move by a 0-d σ difference (which takes the
     // velocity's dtype for the product), and the result in the velocity's dtype.

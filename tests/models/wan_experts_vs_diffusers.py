@@ -19,7 +19,8 @@ one small config with different weights, boundary_ratio 0.875 and a FlowMatchEul
   within 1e-5 of its largest magnitude, with no warning; each expert's adapted velocity must move
   from its base model's. loom itself loads both back bit for bit (the program checks that). The merged
   model, saved with save_pretrained as a pipeline's folder (an expert a folder), loads with
-  WanPipeline.from_pretrained and gives loom's merged velocities.
+  WanPipeline.from_pretrained and gives loom's merged velocities; the pipeline's VAE, which loom does
+  not train, is carried over whole and loads equal.
 
     wan_experts_vs_diffusers.py --loom-run L --program P --ranks N
     wan_experts_vs_diffusers.py make FOLDER      (the pipeline folder alone)
@@ -76,11 +77,22 @@ def mixed_cases():
     return {"samples": torch.tensor([900.0, 100.0]), "tokens": per_token}
 
 
+def tiny_vae():
+    """A random AutoencoderKLWan of a few thousand weights: a component the pipeline holds and loom does not
+    train, which a merged pipeline must carry over."""
+    import torch
+    from diffusers import AutoencoderKLWan
+
+    torch.manual_seed(402)
+    return AutoencoderKLWan(base_dim=8, z_dim=4, dim_mult=[1, 1], num_res_blocks=1, attn_scales=[],
+                            temperal_downsample=[False])
+
+
 def wan_pipeline(folder: Path | None = None):
     """The pipeline, with two random experts (written to `folder` by save_pretrained when given)."""
     from diffusers import FlowMatchEulerDiscreteScheduler, WanPipeline
 
-    pipeline = WanPipeline(tokenizer=None, text_encoder=None, vae=None,
+    pipeline = WanPipeline(tokenizer=None, text_encoder=None, vae=tiny_vae(),
                            scheduler=FlowMatchEulerDiscreteScheduler(shift=5.0,
                                                                      num_train_timesteps=NUM_TRAIN_TIMESTEPS),
                            transformer=random_wan(CONFIG, 400), transformer_2=random_wan(CONFIG, 401),
@@ -91,11 +103,11 @@ def wan_pipeline(folder: Path | None = None):
 
 
 def load_pipeline(folder: Path):
-    """The saved pipeline as a user loads it (WanPipeline.from_pretrained), its text encoder, tokenizer
-    and VAE none."""
+    """The saved pipeline as a user loads it (WanPipeline.from_pretrained), its text encoder and
+    tokenizer none, its VAE the folder's."""
     from diffusers import WanPipeline
 
-    return WanPipeline.from_pretrained(folder, tokenizer=None, text_encoder=None, vae=None)
+    return WanPipeline.from_pretrained(folder, tokenizer=None, text_encoder=None)
 
 
 def chosen(pipeline, timestep):
@@ -185,6 +197,12 @@ def compare_adapters(folder: Path, out: Path) -> list[str]:
                 failures.append(f"{what}, {name}")
         if seen.seen:
             failures.append(f"{what} warned: " + "; ".join(seen.seen))
+    merged_vae = load_pipeline(out / "merged").vae.state_dict()
+    if merged_vae.keys() != base.vae.state_dict().keys() or not all(
+            torch.equal(merged_vae[k], v) for k, v in base.vae.state_dict().items()):
+        failures.append("the merged pipeline's VAE is not the pipeline's")
+    else:
+        print(f"merged, WanPipeline.from_pretrained: the VAE is the pipeline's ({len(merged_vae)} tensors, equal)")
     for name in ("high-noise", "low-noise"):
         timestep = cases()[name]
         model, _ = chosen(base, timestep)

@@ -16,6 +16,7 @@
 //   loss = torch.nn.functional.mse_loss(torch.full_like(x0, 0.25), noise - x0)
 //
 // The draws' moments and the shift are checked against their closed forms.
+#include <loom/train/euler_sampler.hpp>
 #include <loom/train/flow_matching.hpp>
 
 #include <ATen/ATen.h>
@@ -308,4 +309,44 @@ TEST_CASE("boundary_ratio: each expert's levels are on its side of the boundary,
   const loom::flow_matching single({});
   CHECK_THROWS_WITH(single.expert_for_step(3, 0),
                     ContainsSubstring("flow_matching::expert_for_step: the options give no boundary_ratio"));
+}
+
+TEST_CASE("the sampler guides the low-noise expert's steps by guidance_scale_2, as WanPipeline switches them",
+          "[flow_matching]") {
+  // shift 3, 7 steps: timesteps 1000, 937.7, 857.7, 751.1, 602.2, 379.2, 8.9.
+  const loom::flow_euler_sampler two(
+      {.num_inference_steps = 7, .shift = 3, .guidance_scale = 5, .guidance_scale_2 = 2, .boundary_ratio = 0.8});
+  const at::Tensor high = two.timesteps().ge(static_cast<float>(0.8 * 1000));
+  REQUIRE(two.guidance_scales().size() == 7);
+  for (std::size_t i = 0; i < 7; ++i) {
+    CAPTURE(i);
+    CHECK(two.guidance_scales()[i] == (high[static_cast<std::int64_t>(i)].item<bool>() ? 5.0 : 2.0));
+  }
+  CHECK(high.sum().item<std::int64_t>() == 3);
+  // A boundary at a step's own fp32 timestep: that step is the high-noise expert's.
+  const float third = two.timesteps()[2].item<float>();
+  const loom::flow_euler_sampler at_a_step({.num_inference_steps = 7,
+                                            .shift = 3,
+                                            .guidance_scale = 5,
+                                            .guidance_scale_2 = 2,
+                                            .boundary_ratio = third / 1000.0});
+  CHECK(at_a_step.guidance_scales()[2] == 5.0);
+  CHECK(at_a_step.guidance_scales()[3] == 2.0);
+  // Unset, the low-noise expert takes guidance_scale, as WanPipeline defaults it; one model, one scale.
+  const loom::flow_euler_sampler unset({.num_inference_steps = 7, .guidance_scale = 4, .boundary_ratio = 0.8});
+  const loom::flow_euler_sampler one({.num_inference_steps = 7, .guidance_scale = 4});
+  CHECK(unset.guidance_scales() == std::vector<double>(7, 4.0));
+  CHECK(one.guidance_scales() == std::vector<double>(7, 4.0));
+  CHECK(loom::flow_euler_sampler_options{.guidance_scale_2 = 2, .boundary_ratio = 0.875}.describe() ==
+        "num_inference_steps=50, shift=3, guidance_scale=5, num_train_timesteps=1000, guidance_scale_2=2, "
+        "boundary_ratio=0.875");
+
+  CHECK_THROWS_WITH(loom::flow_euler_sampler({.guidance_scale_2 = 2}),
+                    ContainsSubstring("guidance_scale_2 is 2, the low-noise expert's scale, and boundary_ratio is 0"));
+  CHECK_FALSE(loom::flow_euler_sampler_options{.guidance_scale_2 = 2}.problem());  // a run file may leave it out
+  CHECK_THROWS_WITH(loom::flow_euler_sampler({.guidance_scale = 1, .guidance_scale_2 = 3, .boundary_ratio = 0.875}),
+                    ContainsSubstring("guidance_scale 1 (at most 1) turns guidance off for both experts"));
+  CHECK_THROWS_WITH(loom::flow_euler_sampler({.boundary_ratio = 1}), ContainsSubstring("boundary_ratio is 1; give"));
+  CHECK_THROWS_WITH(loom::flow_euler_sampler({.guidance_scale_2 = NAN, .boundary_ratio = 0.875}),
+                    ContainsSubstring("guidance_scale_2 is nan; give a finite scale"));
 }

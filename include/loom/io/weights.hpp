@@ -57,6 +57,14 @@ weights_report copy_weights(torch::nn::Module& module, const std::vector<named_t
 // save_pretrained writes beside the weights. The names copied.
 std::vector<std::string> copy_model_files(const std::filesystem::path& from, const std::filesystem::path& to);
 
+// A diffusers pipeline's folder `from` (model_index.json) copied into `to` but for the components in
+// `written`, whose weights the caller writes: model_index.json, and each other component it names
+// whole (the scheduler's config, a text encoder's or a VAE's weights), so that `to` loads as the
+// pipeline did. The components copied whole. Throws std::invalid_argument naming the file when
+// model_index.json is missing or not a JSON object.
+std::vector<std::string> copy_pipeline_files(const std::filesystem::path& from, const std::filesystem::path& to,
+                                             const std::vector<std::string>& written);
+
 // What tells pretrained weights from others of the same names and shapes: where the plan read them,
 // and pretrained_checkpoint::fingerprint()'s digest of their files, which every rank computes alike.
 struct weights_fingerprint {

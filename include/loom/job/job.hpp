@@ -528,7 +528,8 @@ class job {
   // WanTransformer3DModel.from_pretrained reads), each in the dtype pretrained(...)'s checkpoint holds
   // it in, and that checkpoint's config.json, generation config and tokenizer files beside them (a
   // pipeline's components: each one's config.json in its folder, model_index.json and the
-  // scheduler's config beside them). LoRA's adapters must be merged first (job.merge()); every rank calls it.
+  // pipeline's other components, copied whole, beside them). LoRA's adapters must be merged first
+  // (job.merge()); every rank calls it.
   void save_pretrained(const std::filesystem::path& folder, std::int64_t max_shard_bytes = default_max_shard_bytes) {
     core_.save_pretrained(folder, state_dict(), max_shard_bytes);
   }
