@@ -93,9 +93,7 @@ WanExpertsImpl::WanExpertsImpl(const wan_experts_config& config_)
           register_module("transformer_2", std::make_shared<loom::nn::Branch<WanImpl>>(config.transformer_2))) {}
 
 noise_expert WanExpertsImpl::expert_for(float timestep) const noexcept {
-  // WanPipeline compares its scheduler's fp32 timestep with the Python float boundary_timestep, which
-  // PyTorch takes in the tensor's dtype: fp32.
-  return timestep >= static_cast<float>(boundary_timestep()) ? noise_expert::high_noise : noise_expert::low_noise;
+  return expert_at(timestep, config.boundary_ratio, config.num_train_timesteps);
 }
 
 at::Tensor WanExpertsImpl::forward(const at::Tensor& latents, const at::Tensor& timestep, const at::Tensor& text) {
@@ -117,8 +115,8 @@ at::Tensor WanExpertsImpl::forward(const at::Tensor& latents, const at::Tensor& 
     throw_error<std::invalid_argument>(
         "{}: the timesteps fall on both sides of the boundary {} ({} for {}, {} for {}), and a pass runs one "
         "expert: give the expert explicitly, forward(latents, timestep, text, loom::noise_expert::...)",
-        model_name, static_cast<float>(boundary_timestep()), *high, described(noise_expert::high_noise), *low,
-        described(noise_expert::low_noise));
+        model_name, loom::boundary_timestep(config.boundary_ratio, config.num_train_timesteps), *high,
+        described(noise_expert::high_noise), *low, described(noise_expert::low_noise));
   }
   return forward(latents, timestep, text, high ? noise_expert::high_noise : noise_expert::low_noise);
 }

@@ -1,6 +1,7 @@
 #include <loom/train/euler_sampler.hpp>
 
 #include <loom/base/text.hpp>
+#include <loom/dsl/noise_expert.hpp>
 #include <loom/runtime/host_reads.hpp>
 
 #include <ATen/ATen.h>
@@ -90,13 +91,11 @@ flow_euler_sampler::flow_euler_sampler(const flow_euler_sampler_options& options
   const at::Tensor chosen = at::tensor(sigmas, at::TensorOptions().dtype(at::kDouble)).to(at::kFloat);
   timesteps_ = chosen * levels;
   sigmas_ = at::cat({chosen, at::zeros({1}, at::kFloat)});
-  // WanPipeline compares its fp32 timestep with boundary_ratio · N; each timestep is the fp32 product
-  // σ · N, as timesteps_ computes it.
-  const auto boundary = static_cast<float>(options_.boundary_ratio * static_cast<double>(levels));
-  guidance_scales_.reserve(sigmas.size());
-  for (const double sigma : sigmas) {
-    const float timestep = static_cast<float>(sigma) * static_cast<float>(levels);
-    const bool low_noise = options_.boundary_ratio > 0 && !(timestep >= boundary);
+  guidance_scales_.reserve(static_cast<std::size_t>(steps));
+  for (std::int64_t i = 0; i < steps; ++i) {
+    const bool low_noise =
+        options_.boundary_ratio > 0 &&
+        expert_at(host_value<float>(timesteps_[i]), options_.boundary_ratio, levels) == noise_expert::low_noise;
     guidance_scales_.push_back(low_noise ? options_.guidance_scale_2.value_or(options_.guidance_scale)
                                          : options_.guidance_scale);
   }

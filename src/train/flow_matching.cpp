@@ -104,8 +104,8 @@ flow_matching::flow_matching(const flow_matching_options& options, c10::Device d
       at::linspace(1, levels, options_.num_train_timesteps, at::TensorOptions().dtype(at::kFloat)).flip(0) / levels;
   const at::Tensor sigmas = (unshifted * options_.flow_shift) / (unshifted * (options_.flow_shift - 1) + 1);
   const at::Tensor timesteps = sigmas * levels;
-  // diffusers compares each timestep with the boundary in fp32 (WanPipeline: t >= boundary_timestep).
-  const auto boundary = static_cast<float>(options_.boundary_ratio * levels);
+  // The timesteps are fp32 and descending: the high-noise expert's come first (expert_at's rule).
+  const float boundary = boundary_timestep(options_.boundary_ratio, options_.num_train_timesteps);
   high_noise_levels_ = options_.boundary_ratio > 0 ? host_value<std::int64_t>(timesteps.ge(boundary).sum()) : 0;
   sigmas_ = to_device(sigmas, device, at::kFloat);
   timesteps_ = to_device(timesteps, device, at::kFloat);
